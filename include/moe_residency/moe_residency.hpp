@@ -1,0 +1,7 @@
+#pragma once
+/// moe-residency umbrella header: every component except engine adapters
+/// (include those, e.g. moe_residency/adapters/llama_cpp.hpp, yourself).
+
+#include "moe_residency/version.hpp"
+#include "moe_residency/error.hpp"
+#include "moe_residency/core.hpp"

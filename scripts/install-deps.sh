@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs, through apt-get, the Debian packages moe-residency needs that are
+# not installed yet. Safe to run again: it does nothing when all are present.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build pkg-config    # toolchain (CMake >= 3.25: Debian 12 ships 3.25.1)
+  libeigen3-dev libxsimd-dev          # the library's two dependencies
+  doctest-dev                         # tests
+  libcli11-dev nlohmann-json3-dev     # the moe-residency command-line tool
+  libbenchmark-dev                    # benchmarks (built in CI so they cannot rot)
+  clang libclang-rt-dev               # the second compiler CI builds with, and its sanitizer runtimes
+  gnuplot-nox                         # `moe-residency replay --plot`
+)
+if [[ "${1:-}" == "--minimal" ]]; then
+  packages=(g++ cmake ninja-build libeigen3-dev libxsimd-dev doctest-dev libcli11-dev nlohmann-json3-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
