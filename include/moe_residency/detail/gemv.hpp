@@ -1,0 +1,352 @@
+#pragma once
+/// GEMV kernels for router matrices: y[r] = dot(row r, x). Internal; the
+/// public entry points are in moe_residency/router.hpp.
+///
+/// Accumulation order. Every kernel here (SIMD for any xsimd architecture, and
+/// the scalar reference) reproduces the order of ggml's CPU dot products as
+/// built for x86 AVX/AVX2 (ggml_vec_dot_f32 / _f16 / _bf16, the path
+/// llama.cpp takes for a one-token router MUL_MAT): element e of the first
+/// n - n % 32 accumulates into lane e % 32 (four 8-lane accumulators),
+/// multiply-add fused iff MOE_RESIDENCY_FUSED_MADD, then a fixed pairwise
+/// reduction, then the n % 32 tail sequentially (f32: in float; f16/bf16: in
+/// double). The SIMD kernels are therefore bit-identical to the scalar one.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip
+// -Wmaybe-uninitialized once inlined (GCC bug 105593, fixed in GCC 13). The
+// warning is located in the intrinsic headers, so it is silenced for them by
+// including them here, first, under the pragma.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <xsimd/xsimd.hpp>
+
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__) || defined(__FMA__) || \
+    defined(__SSE2__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include "moe_residency/detail/half.hpp"
+
+/// 1 when the GEMV multiply-add is fused (one rounding), as ggml's is when
+/// built with FMA (x86 -mfma/-march=native, every aarch64). Defaults to what
+/// the translation unit is compiled for; override to model a different engine
+/// build. Bit-identity of the SIMD and scalar kernels assumes the target can
+/// fuse when this is 1.
+#ifndef MOE_RESIDENCY_FUSED_MADD
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__aarch64__) || defined(__ARM_FEATURE_FMA)
+#define MOE_RESIDENCY_FUSED_MADD 1
+#else
+#define MOE_RESIDENCY_FUSED_MADD 0
+#endif
+#endif
+
+namespace moe_residency {
+
+/// Element type of a router matrix.
+enum class element_type : std::uint8_t { f32, f16, bf16 };
+
+/// How the activation is treated before the dot product.
+/// `engine`: like ggml's CPU path, x is first rounded to the weight's 16-bit
+/// type (f16: IEEE round-to-nearest-even; bf16: ggml's rounding), accumulation
+/// in f32. No effect on f32 weights. `none`: x is used as given.
+enum class activation_rounding : std::uint8_t { engine, none };
+
+namespace detail {
+
+inline constexpr std::size_t gemv_lanes = 32;      // ggml AVX2: 4 accumulators x 8 lanes
+inline constexpr std::size_t gemv_row_block = 32;  // rows sharing one rounded x block
+inline constexpr std::size_t gemv_col_block = 512; // floats of rounded x kept on the stack
+
+inline float madd_scalar(float a, float b, float c) noexcept {
+#if MOE_RESIDENCY_FUSED_MADD
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
+
+/// ggml's reduction of the 32 lanes (GGML_F32x8_REDUCE for f32/f16; the
+/// hand-written movehl/movehdup sum of ggml_vec_dot_bf16 for bf16).
+inline float reduce_lanes(const float* lane, element_type t) noexcept {
+  float a[8];
+  for (std::size_t i = 0; i < 8; ++i)
+    a[i] = (lane[i] + lane[16 + i]) + (lane[8 + i] + lane[24 + i]);
+  float h[4];
+  for (std::size_t i = 0; i < 4; ++i) h[i] = a[i] + a[i + 4];
+  if (t == element_type::bf16) return (h[0] + h[2]) + (h[1] + h[3]);
+  return (h[0] + h[1]) + (h[2] + h[3]);
+}
+
+inline float load_scalar(const void* row, element_type t, std::size_t i) noexcept {
+  switch (t) {
+    case element_type::f16: return f16_to_f32(static_cast<const std::uint16_t*>(row)[i]);
+    case element_type::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(row)[i]);
+    case element_type::f32: break;
+  }
+  return static_cast<const float*>(row)[i];
+}
+
+inline float round_activation(float x, element_type t, activation_rounding r) noexcept {
+  if (r == activation_rounding::none) return x;
+  if (t == element_type::f16) return round_to_f16(x);
+  if (t == element_type::bf16) return round_to_bf16(x);
+  return x;
+}
+
+/// The tail after the 32-lane part, and the final value, as ggml forms it.
+inline float finish_dot(float reduced, const void* row, const float* x, std::size_t from,
+                        std::size_t to, element_type t, activation_rounding r) noexcept {
+  if (t == element_type::f32) {
+    float s = reduced;
+    for (std::size_t i = from; i < to; ++i) s = madd_scalar(load_scalar(row, t, i), x[i], s);
+    return s;
+  }
+  double s = static_cast<double>(reduced);
+  for (std::size_t i = from; i < to; ++i)
+    s += static_cast<double>(load_scalar(row, t, i) * round_activation(x[i], t, r));
+  return static_cast<float>(s);
+}
+
+/// Scalar reference kernel (always built). rows x cols at `data` with
+/// `stride` bytes between rows.
+inline void gemv_scalar_impl(const void* data, element_type t, std::size_t rows,
+                             std::size_t cols, std::size_t stride, const float* x, float* y,
+                             activation_rounding r) noexcept {
+  const std::size_t np = cols - cols % gemv_lanes;
+  for (std::size_t row = 0; row < rows; ++row) {
+    const void* p = static_cast<const char*>(data) + row * stride;
+    float lane[gemv_lanes] = {};
+    for (std::size_t i = 0; i < np; ++i)
+      lane[i % gemv_lanes] =
+          madd_scalar(load_scalar(p, t, i), round_activation(x[i], t, r), lane[i % gemv_lanes]);
+    y[row] = finish_dot(reduce_lanes(lane, t), p, x, np, cols, t, r);
+  }
+}
+
+// ---- SIMD building blocks, per xsimd architecture --------------------------
+
+// Which native register a batch is, told apart by width on each platform
+// (comparing the vector types themselves trips -Wignored-attributes): on x86
+// every 4/8/16-float batch is __m128/__m256/__m512, on aarch64 a 4-float one
+// is float32x4_t.
+template <class Arch>
+constexpr std::size_t batch_width() noexcept {
+  return xsimd::batch<float, Arch>::size;
+}
+
+/// a*b + c with the rounding MOE_RESIDENCY_FUSED_MADD asks for.
+template <class Arch>
+inline xsimd::batch<float, Arch> madd(const xsimd::batch<float, Arch>& a,
+                                      const xsimd::batch<float, Arch>& b,
+                                      const xsimd::batch<float, Arch>& c) noexcept {
+#if MOE_RESIDENCY_FUSED_MADD
+  using B = xsimd::batch<float, Arch>;
+  using R = typename B::register_type;
+  (void)sizeof(R);
+#if defined(__AVX512F__)
+  if constexpr (batch_width<Arch>() == 16)
+    return B(_mm512_fmadd_ps(static_cast<R>(a), static_cast<R>(b), static_cast<R>(c)));
+  else
+#endif
+#if defined(__FMA__)
+  if constexpr (batch_width<Arch>() == 8)
+    return B(_mm256_fmadd_ps(static_cast<R>(a), static_cast<R>(b), static_cast<R>(c)));
+  else if constexpr (batch_width<Arch>() == 4)
+    return B(_mm_fmadd_ps(static_cast<R>(a), static_cast<R>(b), static_cast<R>(c)));
+  else
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+  if constexpr (batch_width<Arch>() == 4)
+    return B(vfmaq_f32(static_cast<R>(c), static_cast<R>(a), static_cast<R>(b)));
+  else
+#endif
+  {
+    // An architecture without a fused instruction we know of: fuse per lane.
+    alignas(64) float va[B::size], vb[B::size], vc[B::size];
+    a.store_aligned(va);
+    b.store_aligned(vb);
+    c.store_aligned(vc);
+    for (std::size_t i = 0; i < B::size; ++i) va[i] = std::fma(va[i], vb[i], vc[i]);
+    return B::load_aligned(va);
+  }
+#else
+  return a * b + c;
+#endif
+}
+
+/// B::size binary16 values from p, converted natively where possible.
+template <class Arch>
+inline xsimd::batch<float, Arch> load_f16(const std::uint16_t* p) noexcept {
+  using B = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+  if constexpr (batch_width<Arch>() == 16)
+    return B(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+  else
+#endif
+#if defined(__F16C__)
+  if constexpr (batch_width<Arch>() == 8)
+    return B(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  else if constexpr (batch_width<Arch>() == 4)
+    return B(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  else
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+  if constexpr (batch_width<Arch>() == 4)
+    return B(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))));
+  else
+#endif
+#if (defined(__SSE2__) || defined(_M_X64)) && !defined(__F16C__)
+  if constexpr (batch_width<Arch>() == 4) {
+    // SSE2 without F16C (the default x86-64 build): f16_to_f32 in 4 lanes.
+    const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                                         _mm_setzero_si128());
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
+    const __m128i em = _mm_and_si128(h, _mm_set1_epi32(0x7fff));
+    __m128i normal = _mm_add_epi32(_mm_slli_epi32(em, 13), _mm_set1_epi32(0x38000000));
+    const __m128i infnan = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7bff));
+    const __m128i nan = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7c00));
+    normal = _mm_add_epi32(normal, _mm_and_si128(infnan, _mm_set1_epi32(0x38000000)));
+    normal = _mm_or_si128(normal, _mm_and_si128(nan, _mm_set1_epi32(0x00400000)));
+    const __m128i sub = _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(em), _mm_set1_ps(0x1p-24f)));
+    const __m128i is_sub = _mm_cmplt_epi32(em, _mm_set1_epi32(0x0400));
+    const __m128i mag = _mm_or_si128(_mm_and_si128(is_sub, sub), _mm_andnot_si128(is_sub, normal));
+    return B(_mm_castsi128_ps(_mm_or_si128(sign, mag)));
+  } else
+#endif
+  {
+    // Portable: branch-free integer conversion the compiler vectorises.
+    alignas(64) float tmp[B::size];
+    for (std::size_t i = 0; i < B::size; ++i) tmp[i] = f16_to_f32(p[i]);
+    return B::load_aligned(tmp);
+  }
+}
+
+/// B::size bfloat16 values from p (a shift into the upper half).
+template <class Arch>
+inline xsimd::batch<float, Arch> load_bf16(const std::uint16_t* p) noexcept {
+  using B = xsimd::batch<float, Arch>;
+#if defined(__AVX512F__)
+  if constexpr (batch_width<Arch>() == 16)
+    return B(_mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16)));
+  else
+#endif
+#if defined(__AVX2__)
+  if constexpr (batch_width<Arch>() == 8)
+    return B(_mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)));
+  else
+#endif
+#if defined(__SSE2__) || defined(_M_X64)
+  if constexpr (batch_width<Arch>() == 4)
+    return B(_mm_castsi128_ps(_mm_unpacklo_epi16(
+        _mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+  else
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+  if constexpr (batch_width<Arch>() == 4)
+    return B(vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)));
+  else
+#endif
+  {
+    alignas(64) float tmp[B::size];
+    for (std::size_t i = 0; i < B::size; ++i) tmp[i] = bf16_to_f32(p[i]);
+    return B::load_aligned(tmp);
+  }
+}
+
+/// n (a multiple of 32) activations rounded to the weight's 16-bit type.
+inline void round_block(const float* x, float* out, std::size_t n, element_type t) noexcept {
+  std::size_t i = 0;
+  if (t == element_type::f16) {
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+    for (; i + 4 <= n; i += 4)
+      vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+#endif
+    for (; i < n; ++i) out[i] = round_to_f16(x[i]);
+  } else {
+    for (; i < n; ++i) out[i] = round_to_bf16(x[i]);
+  }
+}
+
+template <class Arch>
+inline xsimd::batch<float, Arch> load_weights(const void* row, element_type t,
+                                              std::size_t i) noexcept {
+  using B = xsimd::batch<float, Arch>;
+  if (t == element_type::f16) return load_f16<Arch>(static_cast<const std::uint16_t*>(row) + i);
+  if (t == element_type::bf16) return load_bf16<Arch>(static_cast<const std::uint16_t*>(row) + i);
+  return B::load_unaligned(static_cast<const float*>(row) + i);
+}
+
+/// The SIMD kernel: rows in blocks of 32 share one rounded copy of x, built
+/// 512 columns at a time on the stack (no allocation); the 32 lanes of each
+/// row live in NA = 32 / W batches exactly as in the scalar kernel.
+template <class Arch>
+inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
+                           std::size_t stride, const float* x, float* y,
+                           activation_rounding r) noexcept {
+  using B = xsimd::batch<float, Arch>;
+  constexpr std::size_t W = B::size;
+  if constexpr (gemv_lanes % W != 0) {
+    gemv_scalar_impl(data, t, rows, cols, stride, x, y, r);
+  } else {
+    constexpr std::size_t NA = gemv_lanes / W;
+    const bool round = r == activation_rounding::engine && t != element_type::f32;
+    const std::size_t np = cols - cols % gemv_lanes;
+    alignas(64) float xbuf[gemv_col_block];
+    alignas(64) float acc[gemv_row_block][gemv_lanes];
+    for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
+      const std::size_t nr = std::min(gemv_row_block, rows - r0);
+      std::memset(acc, 0, sizeof acc);
+      for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
+        const std::size_t cn = std::min(gemv_col_block, np - c0);
+        const float* xs = x + c0;
+        if (round) {
+          round_block(x + c0, xbuf, cn, t);
+          xs = xbuf;
+        }
+        for (std::size_t rr = 0; rr < nr; ++rr) {
+          const void* p = static_cast<const char*>(data) + (r0 + rr) * stride;
+          B a[NA];
+          for (std::size_t j = 0; j < NA; ++j) a[j] = B::load_aligned(acc[rr] + j * W);
+          for (std::size_t e = 0; e < cn; e += gemv_lanes)
+            for (std::size_t j = 0; j < NA; ++j)
+              a[j] = madd<Arch>(load_weights<Arch>(p, t, c0 + e + j * W),
+                                B::load_unaligned(xs + e + j * W), a[j]);
+          for (std::size_t j = 0; j < NA; ++j) a[j].store_aligned(acc[rr] + j * W);
+        }
+      }
+      for (std::size_t rr = 0; rr < nr; ++rr) {
+        const void* p = static_cast<const char*>(data) + (r0 + rr) * stride;
+        y[r0 + rr] = finish_dot(reduce_lanes(acc[rr], t), p, x, np, cols, t, r);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace moe_residency
