@@ -1,0 +1,165 @@
+// Route traces: binary read vs CSV parse vs a raw memcpy of the same bytes.
+//
+// The headline figures are ratios within one run (docs/traces.md):
+//   binary read time / memcpy of the binary file's bytes   (the roofline)
+//   CSV parse time   / binary read time
+// Input: the real qwen trace (44766 rows) from MOE_RESIDENCY_TRACES or
+// ../shared/traces; the benchmarks report an error if it is missing.
+
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moe_residency/trace.hpp"
+
+namespace {
+
+using namespace moe_residency;
+
+struct inputs {
+  std::string csv, binary;
+  std::size_t rows = 0;
+  bool ok = false;
+};
+
+const inputs& get_inputs() {
+  static const inputs in = [] {
+    inputs r;
+    std::string dir = MOE_RESIDENCY_DEFAULT_TRACES;
+    if (const char* env = std::getenv("MOE_RESIDENCY_TRACES"); env && *env) dir = env;
+    std::ifstream f(dir + "/qwen.route.csv", std::ios::binary);
+    if (!f) return r;
+    std::ostringstream s;
+    s << f.rdbuf();
+    r.csv = s.str();
+    const route_trace t = parse_route_trace_csv(r.csv, "qwen.route.csv");
+    std::ostringstream b;
+    write_route_trace_binary(t, b);
+    r.binary = b.str();
+    r.rows = t.rows.size();
+    r.ok = true;
+    return r;
+  }();
+  return in;
+}
+
+bool ready(benchmark::State& state) {
+  if (get_inputs().ok) return true;
+  state.SkipWithError("qwen.route.csv not found: set MOE_RESIDENCY_TRACES to the shared/traces folder");
+  return false;
+}
+
+void finish(benchmark::State& state, std::size_t bytes) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * get_inputs().rows));
+  state.counters["input_bytes"] = static_cast<double>(bytes);
+}
+
+void bm_csv_parse(benchmark::State& state) {
+  if (!ready(state)) return;
+  const inputs& in = get_inputs();
+  for (auto _ : state) {
+    route_trace t = parse_route_trace_csv(in.csv, "qwen.route.csv");
+    benchmark::DoNotOptimize(t.rows.data());
+  }
+  finish(state, in.csv.size());
+}
+BENCHMARK(bm_csv_parse)->Unit(benchmark::kMicrosecond);
+
+void bm_binary_read(benchmark::State& state) {
+  if (!ready(state)) return;
+  const inputs& in = get_inputs();
+  for (auto _ : state) {
+    route_trace t = parse_route_trace_binary(in.binary, "qwen.route.bin");
+    benchmark::DoNotOptimize(t.rows.data());
+  }
+  finish(state, in.binary.size());
+}
+BENCHMARK(bm_binary_read)->Unit(benchmark::kMicrosecond);
+
+// The roofline: copy the binary file's bytes into a buffer allocated per
+// iteration, as the reader allocates its rows.
+void bm_memcpy_binary_bytes(benchmark::State& state) {
+  if (!ready(state)) return;
+  const inputs& in = get_inputs();
+  for (auto _ : state) {
+    std::vector<char> dst(in.binary.size());
+    std::memcpy(dst.data(), in.binary.data(), in.binary.size());
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, in.binary.size());
+}
+BENCHMARK(bm_memcpy_binary_bytes)->Unit(benchmark::kMicrosecond);
+
+// A second reference: the bytes of the rows the reader produces
+// (sizeof(trace_row) = 48 per row), which any in-memory reader must write.
+void bm_memcpy_row_bytes(benchmark::State& state) {
+  if (!ready(state)) return;
+  const inputs& in = get_inputs();
+  const std::vector<trace_row> src(in.rows);
+  for (auto _ : state) {
+    std::vector<trace_row> dst;
+    dst.reserve(src.size());
+    dst.insert(dst.end(), src.begin(), src.end());
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, in.rows * sizeof(trace_row));
+}
+BENCHMARK(bm_memcpy_row_bytes)->Unit(benchmark::kMicrosecond);
+
+void bm_csv_write(benchmark::State& state) {
+  if (!ready(state)) return;
+  const inputs& in = get_inputs();
+  const route_trace t = parse_route_trace_csv(in.csv, "qwen.route.csv");
+  for (auto _ : state) {
+    std::ostringstream out;
+    write_route_trace_csv(t, out);
+    benchmark::DoNotOptimize(out);
+  }
+  finish(state, in.csv.size());
+}
+BENCHMARK(bm_csv_write)->Unit(benchmark::kMicrosecond);
+
+void bm_binary_write(benchmark::State& state) {
+  if (!ready(state)) return;
+  const inputs& in = get_inputs();
+  const route_trace t = parse_route_trace_csv(in.csv, "qwen.route.csv");
+  for (auto _ : state) {
+    std::ostringstream out;
+    write_route_trace_binary(t, out);
+    benchmark::DoNotOptimize(out);
+  }
+  finish(state, in.binary.size());
+}
+BENCHMARK(bm_binary_write)->Unit(benchmark::kMicrosecond);
+
+void bm_group_load_batches(benchmark::State& state) {
+  if (!ready(state)) return;
+  const route_trace t = parse_route_trace_csv(get_inputs().csv, "qwen.route.csv");
+  for (auto _ : state) {
+    load_batches b = group_load_batches(t);
+    benchmark::DoNotOptimize(b.batches.data());
+  }
+  finish(state, t.rows.size() * sizeof(trace_row));
+}
+BENCHMARK(bm_group_load_batches)->Unit(benchmark::kMicrosecond);
+
+void bm_validate(benchmark::State& state) {
+  if (!ready(state)) return;
+  const route_trace t = parse_route_trace_csv(get_inputs().csv, "qwen.route.csv");
+  for (auto _ : state) {
+    validate_route_trace(t);
+    benchmark::ClobberMemory();
+  }
+  finish(state, t.rows.size() * sizeof(trace_row));
+}
+BENCHMARK(bm_validate)->Unit(benchmark::kMicrosecond);
+
+}  // namespace

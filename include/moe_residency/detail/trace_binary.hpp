@@ -1,0 +1,70 @@
+#pragma once
+// Layout of the binary route trace (version 1) and little-endian loads and
+// stores that compile to plain moves on little-endian hosts.
+//
+//   offset  size  field
+//        0     8  magic "\x89MRTRACE" (0x89 marks it binary, like PNG)
+//        8     4  version (1)
+//       12     4  record size in bytes (20)
+//       16     4  flags: bit 0 = the CSV had a dropped column
+//       20     4  n_layer
+//       24     4  n_expert
+//       28     4  n_expert_used
+//       32     8  row count
+//       40     4  model length M
+//       44     4  arch length A
+//       48   M+A  model, arch (no terminator); zero padding to a multiple of 8
+//            8·L  expert_bytes per layer
+//            8·L  dense_bytes per layer
+//              L  1 if the layer had a "# layer=" line, else 0; zero padding to 8
+//          20·N   records:
+//                  0 u32 turn   4 u32 step   8 f32 weight (IEEE-754 bits)
+//                 12 u16 layer 14 u16 expert 16 u8 slot 17 u8 phase
+//                 18 u8 residency
+//                 19 u8 bits: bit 0 = expert_bytes is the layer's bytes (else 0)
+//                             bits 1-2 = dropped + 1 (0 = no dropped column)
+// All integers little-endian. The file ends right after the last record.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace moe_residency {
+namespace detail {
+
+inline constexpr char binary_trace_magic[8] = {'\x89', 'M', 'R', 'T', 'R', 'A', 'C', 'E'};
+inline constexpr std::uint32_t binary_trace_version = 1;
+inline constexpr std::size_t binary_trace_record_size = 20;
+inline constexpr std::size_t binary_trace_fixed_header = 48;
+
+inline constexpr std::size_t pad8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
+
+template <class T>
+inline T load_le(const unsigned char* p) noexcept {
+  static_assert(std::is_unsigned<T>::value, "load_le reads unsigned integers");
+  T v = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) v = static_cast<T>(v | (static_cast<T>(p[i]) << (8 * i)));
+  return v;
+}
+
+template <class T>
+inline void store_le(unsigned char* p, T v) noexcept {
+  static_assert(std::is_unsigned<T>::value, "store_le writes unsigned integers");
+  for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+inline float float_from_bits(std::uint32_t bits) noexcept {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline std::uint32_t bits_of_float(float f) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+}  // namespace detail
+}  // namespace moe_residency

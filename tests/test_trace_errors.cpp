@@ -1,0 +1,490 @@
+// Malformed route traces: each defect throws moe_residency::error naming the
+// file, line and column (1-based field) and the offending value.
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moe_residency/trace.hpp"
+
+using namespace moe_residency;
+
+namespace {
+
+// A valid trace: 3 layers, 16 experts, top-2; a 2-token prompt (layer 2 only
+// for the last token), then decode tokens 2 and 3.
+const std::vector<std::string> base_lines = {
+    "# route_trace v1",                                                   // 1
+    "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=2",  // 2
+    "# layer=0 expert_bytes=1000 dense_bytes=50",                         // 3
+    "# layer=1 expert_bytes=2000 dense_bytes=50",                         // 4
+    "# layer=2 expert_bytes=1000 dense_bytes=50",                         // 5
+    "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes",    // 6
+    "0,0,0,0,0,5,0.6,0,1000",                                             // 7
+    "0,0,0,0,1,9,0.4,0,1000",                                             // 8
+    "0,0,1,0,0,5,0.7,0,0",                                                // 9
+    "0,0,1,0,1,3,0.3,0,1000",                                             // 10
+    "0,0,0,1,0,2,0.5,0,2000",                                             // 11
+    "0,0,0,1,1,1,0.5,0,2000",                                             // 12
+    "0,0,1,1,0,2,0.9,0,0",                                                // 13
+    "0,0,1,1,1,4,0.1,0,2000",                                             // 14
+    "0,0,1,2,0,7,0.8,0,1000",                                             // 15
+    "0,0,1,2,1,8,0.2,0,1000",                                             // 16
+    "0,1,2,0,0,5,0.6,1,0",                                                // 17
+    "0,1,2,0,1,6,0.4,0,1000",                                             // 18
+    "0,1,2,1,0,2,0.5,1,0",                                                // 19
+    "0,1,2,1,1,3,nan,0,2000",                                             // 20
+    "0,1,2,2,0,7,0.8,1,0",                                                // 21
+    "0,1,2,2,1,8,0.2,1,0",                                                // 22
+    "0,1,3,0,0,5,0.6,1,0",                                                // 23
+    "0,1,3,0,1,6,0.4,1,0",                                                // 24
+    "0,1,3,1,0,2,0.5,1,0",                                                // 25
+    "0,1,3,1,1,3,0.5,1,0",                                                // 26
+    "0,1,3,2,0,7,0.8,1,0",                                                // 27
+    "0,1,3,2,1,8,0.2,1,0",                                                // 28
+};
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+/// The base trace with line n (1-based) replaced.
+std::string with_line(std::size_t n, const std::string& text) {
+  auto lines = base_lines;
+  lines.at(n - 1) = text;
+  return join(lines);
+}
+
+std::string without_line(std::size_t n) {
+  auto lines = base_lines;
+  lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(n - 1));
+  return join(lines);
+}
+
+std::string with_inserted(std::size_t before, const std::string& text) {
+  auto lines = base_lines;
+  lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(before - 1), text);
+  return join(lines);
+}
+
+route_trace parse(const std::string& text) { return parse_route_trace_csv(text, "t.csv"); }
+
+std::string binary_of(const route_trace& t) {
+  std::ostringstream s;
+  write_route_trace_binary(t, s);
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("the base fixture is valid (so each error below is the one defect)") {
+  const route_trace t = parse(join(base_lines));
+  CHECK(t.rows.size() == 22);
+  CHECK(group_load_batches(t).batches.size() == 3 + 6);
+}
+
+TEST_CASE("CSV: magic and header lines") {
+  SUBCASE("empty file") {
+    CHECK_THROWS_WITH_AS(parse(""),
+                         "t.csv: line 1, column 1: empty file; expected '# route_trace v1' (CSV) or a binary route trace",
+                         error);
+  }
+  SUBCASE("missing magic line") {
+    CHECK_THROWS_WITH_AS(parse(without_line(1)),
+                         "t.csv: line 1, column 1: missing magic line: found '# model=m.gguf arch=qwen3moe n_layer=3 "
+                         "n...'; expected '# route_trace v1'",
+                         error);
+  }
+  SUBCASE("unknown version") {
+    CHECK_THROWS_WITH_AS(parse(with_line(1, "# route_trace v2")),
+                         "t.csv: line 1, column 2: unsupported version 'v2'; expected 'v1'", error);
+  }
+  SUBCASE("CRLF line endings are named") {
+    CHECK_THROWS_WITH_AS(parse(with_line(1, "# route_trace v1\r")),
+                         "t.csv: line 1, column 2: unsupported version 'v1\\r'; expected 'v1' (the file has CRLF "
+                         "line endings; expected LF)",
+                         error);
+  }
+  SUBCASE("unknown header key") {
+    CHECK_THROWS_WITH_AS(
+        parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layers=3 n_expert=16 n_expert_used=2")),
+        "t.csv: line 2, column 3: unknown header key 'n_layers'; expected 'n_layer=' (keys: model, arch, n_layer, "
+        "n_expert, n_expert_used)",
+        error);
+  }
+  SUBCASE("header keys out of order") {
+    CHECK_THROWS_WITH_AS(
+        parse(with_line(2, "# model=m.gguf arch=qwen3moe n_expert=16 n_layer=3 n_expert_used=2")),
+        "t.csv: line 2, column 3: header key 'n_expert'; expected 'n_layer=' (keys: model, arch, n_layer, "
+        "n_expert, n_expert_used)",
+        error);
+  }
+  SUBCASE("missing header key") {
+    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16")),
+                         "t.csv: line 2, column 5: missing header key 'n_expert_used'", error);
+  }
+  SUBCASE("extra header field") {
+    CHECK_THROWS_WITH_AS(
+        parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=2 seed=1")),
+        "t.csv: line 2, column 6: unknown header field 'seed=1'; expected nothing after n_expert_used", error);
+  }
+  SUBCASE("non-numeric header value") {
+    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=three n_expert=16 n_expert_used=2")),
+                         "t.csv: line 2, column 3: n_layer 'three' is not an unsigned integer", error);
+  }
+  SUBCASE("n_expert_used beyond n_expert") {
+    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=17")),
+                         "t.csv: line 2, column 5: n_expert_used 17 out of range [1, 16]", error);
+  }
+  SUBCASE("n_layer zero") {
+    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=0 n_expert=16 n_expert_used=2")),
+                         "t.csv: line 2, column 3: n_layer 0 out of range [1, 65535]", error);
+  }
+  SUBCASE("header ends early") {
+    CHECK_THROWS_WITH_AS(parse("# route_trace v1\n"),
+                         "t.csv: line 2, column 1: unexpected end of file; expected '# model=... arch=... n_layer=...'",
+                         error);
+  }
+}
+
+TEST_CASE("CSV: '# layer=' lines and the column header") {
+  SUBCASE("duplicate layer line") {
+    CHECK_THROWS_WITH_AS(parse(with_line(5, "# layer=1 expert_bytes=2000 dense_bytes=50")),
+                         "t.csv: line 5, column 1: duplicate '# layer=1' line (first on line 4)", error);
+  }
+  SUBCASE("layer lines out of order") {
+    auto lines = base_lines;
+    std::swap(lines[2], lines[3]);
+    CHECK_THROWS_WITH_AS(parse(join(lines)),
+                         "t.csv: line 4, column 1: layer 0 after layer 1; expected '# layer=' lines in ascending order",
+                         error);
+  }
+  SUBCASE("layer line beyond n_layer") {
+    CHECK_THROWS_WITH_AS(parse(with_line(5, "# layer=3 expert_bytes=1000 dense_bytes=50")),
+                         "t.csv: line 5, column 1: layer 3 out of range [0, 2]", error);
+  }
+  SUBCASE("bad key in a layer line") {
+    CHECK_THROWS_WITH_AS(parse(with_line(4, "# layer=1 bytes=2000 dense_bytes=50")),
+                         "t.csv: line 4, column 2: unknown key 'bytes' in '# layer=' line; expected 'expert_bytes='",
+                         error);
+  }
+  SUBCASE("missing layer line for a routed layer") {
+    // Layer 1's rows move up one line (11 -> 10).
+    CHECK_THROWS_WITH_AS(parse(without_line(4)),
+                         "t.csv: line 10, column 4: layer 1 is routed but has no '# layer=' line; expected its "
+                         "expert bytes in the header",
+                         error);
+  }
+  SUBCASE("routed layer with zero expert bytes") {
+    CHECK_THROWS_WITH_AS(parse(with_line(4, "# layer=1 expert_bytes=0 dense_bytes=50")),
+                         "t.csv: line 11, column 4: layer 1 is routed but its expert_bytes is 0; expected > 0", error);
+  }
+  SUBCASE("unknown comment line in the header") {
+    CHECK_THROWS_WITH_AS(parse(with_inserted(6, "# seed=42")),
+                         "t.csv: line 6, column 1: unknown header line '# seed=42'; expected '# layer=<l> "
+                         "expert_bytes=<b> dense_bytes=<b>'",
+                         error);
+  }
+  SUBCASE("missing column header") {
+    CHECK_THROWS_WITH_AS(parse(without_line(6)),
+                         "t.csv: line 6, column 1: column header field '0'; expected 'turn' (the header line is "
+                         "'turn,phase,step,layer,slot,expert,weight,residency,expert_bytes[,dropped]')",
+                         error);
+  }
+  SUBCASE("misspelt column") {
+    CHECK_THROWS_WITH_AS(parse(with_line(6, "turn,phase,step,layer,rank,expert,weight,residency,expert_bytes")),
+                         "t.csv: line 6, column 5: column header field 'rank'; expected 'slot' (the header line is "
+                         "'turn,phase,step,layer,slot,expert,weight,residency,expert_bytes[,dropped]')",
+                         error);
+  }
+}
+
+TEST_CASE("CSV: row fields") {
+  SUBCASE("non-numeric field") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1a,0,0,5,0.7,0,0")),
+                         "t.csv: line 9, column 3: step '1a' is not an unsigned integer", error);
+  }
+  SUBCASE("empty field") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,,0,5,0.7,0,0")),
+                         "t.csv: line 9, column 4: layer is empty; expected an unsigned integer", error);
+  }
+  SUBCASE("negative number") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "-1,0,1,0,0,5,0.7,0,0")),
+                         "t.csv: line 9, column 1: turn '-1' is negative; expected an unsigned integer", error);
+  }
+  SUBCASE("too few columns") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0")),
+                         "t.csv: line 9, column 9: row has 8 fields; expected 9", error);
+  }
+  SUBCASE("too many columns") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0,0,0")),
+                         "t.csv: line 9, column 10: row has 10 fields; expected 9", error);
+  }
+  SUBCASE("a row with only a few fields") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1")), "t.csv: line 9, column 4: row has 3 fields; expected 9",
+                         error);
+  }
+  SUBCASE("expert id out of range") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,16,0.7,0,0")),
+                         "t.csv: line 9, column 6: expert 16 out of range [0, 16)", error);
+  }
+  SUBCASE("layer out of range") {
+    CHECK_THROWS_WITH_AS(parse(with_line(16, "0,0,1,3,1,8,0.2,0,1000")),
+                         "t.csv: line 16, column 4: layer 3 out of range [0, 3)", error);
+  }
+  SUBCASE("slot >= n_expert_used") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,2,5,0.7,0,0")),
+                         "t.csv: line 9, column 5: slot 2 out of range [0, 2) (n_expert_used=2)", error);
+  }
+  SUBCASE("slot > 32 (beyond any routing the library holds)") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,33,5,0.7,0,0")),
+                         "t.csv: line 9, column 5: slot 33 out of range [0, 2) (n_expert_used=2)", error);
+  }
+  SUBCASE("phase not 0/1") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,2,1,0,0,5,0.7,0,0")),
+                         "t.csv: line 9, column 2: phase 2 out of range; expected 0 (prefill) or 1 (decode)", error);
+  }
+  SUBCASE("residency not 0/1/2") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,3,0")),
+                         "t.csv: line 9, column 8: residency 3 out of range; expected 0 (miss), 1 (hit) or 2 (hit "
+                         "thanks to a speculative read)",
+                         error);
+  }
+  SUBCASE("weight not a number") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,heavy,0,0")),
+                         "t.csv: line 9, column 7: weight 'heavy' is not a float ('%g', or 'nan')", error);
+  }
+  SUBCASE("weight outside float's range") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,1e39,0,0")),
+                         "t.csv: line 9, column 7: weight '1e39' is outside float's range", error);
+  }
+  SUBCASE("turn beyond 32 bits") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "4294967296,0,1,0,0,5,0.7,0,0")),
+                         "t.csv: line 9, column 1: turn 4294967296 out of range [0, 4294967296)", error);
+  }
+  SUBCASE("number beyond 64 bits") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0,99999999999999999999")),
+                         "t.csv: line 9, column 9: expert_bytes '99999999999999999999' does not fit in 64 bits", error);
+  }
+  SUBCASE("expert_bytes neither 0 nor the layer's bytes") {
+    CHECK_THROWS_WITH_AS(parse(with_line(10, "0,0,1,0,1,3,0.3,0,2000")),
+                         "t.csv: line 10, column 9: expert_bytes 2000 for layer 0; expected 0 or the layer's 1000",
+                         error);
+  }
+  SUBCASE("a hit that read bytes") {
+    CHECK_THROWS_WITH_AS(parse(with_line(17, "0,1,2,0,0,5,0.6,1,1000")),
+                         "t.csv: line 17, column 9: expert_bytes 1000 on a hit (residency 1); expected 0 (only a miss "
+                         "reads)",
+                         error);
+  }
+  SUBCASE("CRLF in a row") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0,0\r")),
+                         "t.csv: line 9, column 9: expert_bytes '0\\r' is not an unsigned integer (the file has CRLF "
+                         "line endings; expected LF)",
+                         error);
+  }
+  SUBCASE("dropped column out of range") {
+    auto lines = base_lines;
+    lines[5] += ",dropped";
+    for (std::size_t i = 6; i < lines.size(); ++i) lines[i] += ",0";
+    lines[8] = "0,0,1,0,0,5,0.7,0,0,2";
+    CHECK_THROWS_WITH_AS(parse(join(lines)),
+                         "t.csv: line 9, column 10: dropped 2 out of range; expected 0 or 1", error);
+  }
+  SUBCASE("empty line and comment among the rows") {
+    CHECK_THROWS_WITH_AS(parse(with_inserted(9, "")),
+                         "t.csv: line 9, column 1: empty line; expected a row of 9 fields", error);
+    CHECK_THROWS_WITH_AS(parse(with_inserted(9, "# note")),
+                         "t.csv: line 9, column 1: comment line '# note' after the column header; expected a row",
+                         error);
+  }
+}
+
+TEST_CASE("CSV: row order") {
+  SUBCASE("step going backwards within decode") {
+    CHECK_THROWS_WITH_AS(parse(with_line(23, "0,1,1,0,0,5,0.6,1,0")),
+                         "t.csv: line 23, column 3: step 1 after step 2 in decode of turn 0; expected non-decreasing "
+                         "steps",
+                         error);
+  }
+  SUBCASE("layers descending within a decode token") {
+    auto lines = base_lines;
+    std::swap(lines[22], lines[24]);  // token 3: layer 1 before layer 0
+    std::swap(lines[23], lines[25]);
+    CHECK_THROWS_WITH_AS(parse(join(lines)),
+                         "t.csv: line 25, column 4: layer 0 after layer 1 at decode step 3; expected ascending "
+                         "layers within a token",
+                         error);
+  }
+  SUBCASE("prefill steps going backwards within a layer") {
+    auto lines = base_lines;
+    std::swap(lines[6], lines[8]);
+    std::swap(lines[7], lines[9]);
+    CHECK_THROWS_WITH_AS(parse(join(lines)),
+                         "t.csv: line 9, column 3: step 0 after step 1 in prefill of layer 0, turn 0; expected "
+                         "ascending steps within a layer (rows layer-major)",
+                         error);
+  }
+  SUBCASE("prefill after decode in the same turn") {
+    CHECK_THROWS_WITH_AS(parse(join(base_lines) + "0,0,4,0,0,5,0.6,1,0\n"),
+                         "t.csv: line 29, column 2: prefill row after decode rows of turn 0; expected each turn's "
+                         "prefill before its decode",
+                         error);
+  }
+  SUBCASE("turn going backwards") {
+    CHECK_THROWS_WITH_AS(parse(join(base_lines) + "1,1,4,0,0,5,0.6,1,0\n1,1,4,0,1,6,0.4,1,0\n0,1,5,0,0,5,0.6,1,0\n"),
+                         "t.csv: line 31, column 1: turn 0 after turn 1; expected non-decreasing turns", error);
+  }
+  SUBCASE("slots out of rank order") {
+    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,1,5,0.7,0,0")),
+                         "t.csv: line 9, column 5: slot 1 starts a routing; expected 0 (rows in rank order)", error);
+  }
+  SUBCASE("the same expert twice in one routing") {
+    CHECK_THROWS_WITH_AS(parse(with_line(10, "0,0,1,0,1,5,0.3,0,0")),
+                         "t.csv: line 10, column 6: expert 5 already routed at slot 0 of this routing; expected "
+                         "distinct experts",
+                         error);
+  }
+  SUBCASE("a second prompt batch repeating tokens") {
+    CHECK_THROWS_WITH_AS(parse(with_inserted(17, "0,0,0,0,0,5,0.6,1,0")),
+                         "t.csv: line 17, column 3: step 0 in a prefill batch of turn 0 that follows step 1; "
+                         "expected each batch's tokens after the previous batch's",
+                         error);
+  }
+}
+
+TEST_CASE("binary: magic, version, truncation, records") {
+  const route_trace t = parse(join(base_lines));
+  const std::string good = binary_of(t);
+  CHECK(good.size() == 48 + 16 + 3 * 16 + 8 + 22 * 20);  // model+arch "m.gguf""qwen3moe" pad to 16
+  SUBCASE("bad magic") {
+    std::string b = good;
+    b[1] = 'X';
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         "t.bin: not a binary route trace: bad magic '\\x89XRTRACE'; expected '\\x89MRTRACE'", error);
+  }
+  SUBCASE("bad version") {
+    std::string b = good;
+    b[8] = 2;
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         "t.bin: unsupported binary version 2; this reader supports 1", error);
+  }
+  SUBCASE("truncated in the fixed header") {
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, 20), "t.bin"),
+                         "t.bin: truncated: 20 bytes; the fixed header alone is 48", error);
+  }
+  SUBCASE("truncated in the layer table") {
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, 70), "t.bin"),
+                         "t.bin: truncated: 70 bytes; the header needs 120", error);
+  }
+  SUBCASE("truncated in the records") {
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, good.size() - 7), "t.bin"),
+                         "t.bin: truncated: 433 bytes of records for 22 rows; expected 440", error);
+  }
+  SUBCASE("bytes after the last record") {
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(good + "xx", "t.bin"),
+                         "t.bin: 2 bytes after the last of 22 records; expected the file to end there", error);
+  }
+  SUBCASE("a record out of range is validated like a CSV row") {
+    std::string b = good;
+    b[120 + 3 * 20 + 14] = 16;  // record 3's expert
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         "t.bin: record 3, column expert: expert 16 out of range [0, 16)", error);
+  }
+  SUBCASE("a record's flag bits") {
+    std::string b = good;
+    b[120 + 19] = 4;  // dropped = 1 without a dropped column
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         "t.bin: record 0, column dropped: bits 4; expected no dropped value (no column)", error);
+  }
+  SUBCASE("through read_route_trace, the path names the file") {
+    const std::string path = "test_trace_errors_truncated.bin";
+    {
+      std::ofstream f(path, std::ios::binary);
+      f << good.substr(0, good.size() - 1);
+    }
+    CHECK_THROWS_WITH_AS(read_route_trace(path),
+                         "test_trace_errors_truncated.bin: truncated: 439 bytes of records for 22 rows; expected 440",
+                         error);
+    std::remove(path.c_str());
+  }
+}
+
+TEST_CASE("hand-built traces are validated before anything is written or derived") {
+  route_trace t = parse(join(base_lines));
+  SUBCASE("writer refuses and writes nothing") {
+    t.rows[4].expert = expert_id{200};
+    std::ostringstream out;
+    CHECK_THROWS_WITH_AS(write_route_trace_csv(t, out),
+                         "route_trace: rows[4], column expert: expert 200 out of range [0, 16)", error);
+    CHECK(out.str().empty());
+    CHECK_THROWS_WITH_AS(write_route_trace_binary(t, out),
+                         "route_trace: rows[4], column expert: expert 200 out of range [0, 16)", error);
+    CHECK(out.str().empty());
+    CHECK_THROWS_AS(group_load_batches(t), error);
+    CHECK_THROWS_AS(collect_routings(t), error);
+  }
+  SUBCASE("header vectors of the wrong size") {
+    t.header.expert_bytes.pop_back();
+    CHECK_THROWS_WITH_AS(validate_route_trace(t),
+                         "route_trace: header: expert_bytes has 2 and dense_bytes 3 entries; expected n_layer (3) each",
+                         error);
+  }
+  SUBCASE("shape() of a routed layer with zero bytes") {
+    t.header.expert_bytes[1] = 0;
+    CHECK_THROWS_WITH_AS(t.shape(),
+                         "route_trace 'qwen3moe': layer 1 is routed but has 0 expert bytes; expected its expert bytes "
+                         "> 0",
+                         error);
+  }
+  SUBCASE("dropped value without a dropped column") {
+    t.rows[0].dropped = 0;
+    CHECK_THROWS_WITH_AS(validate_route_trace(t, "mine"),
+                         "mine: rows[0], column dropped: dropped 0 but the trace has no dropped column; expected -1",
+                         error);
+  }
+}
+
+TEST_CASE("corrupted input either parses into a valid trace or throws moe_residency::error") {
+  // Random single-byte damage with fixed seeds; run under ASan/UBSan in CI.
+  const std::string csv = join(base_lines);
+  const route_trace t = parse(csv);
+  const std::string bin = binary_of(t);
+  std::mt19937 rng(412);
+  const std::string alphabet = "0123456789,-\n#.nax =\r";
+  std::size_t parsed = 0, rejected = 0, other = 0, invalid_but_parsed = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string damaged = (i % 2) ? bin : csv;
+    const std::size_t n_edits = 1 + rng() % 3;
+    for (std::size_t e = 0; e < n_edits; ++e) {
+      const std::size_t at = rng() % damaged.size();
+      damaged[at] = (i % 2) ? static_cast<char>(rng() & 0xff) : alphabet[rng() % alphabet.size()];
+    }
+    if (rng() % 8 == 0) damaged.resize(rng() % damaged.size());
+    try {
+      const route_trace d = (i % 2) ? parse_route_trace_binary(damaged, "d.bin") : parse(damaged);
+      ++parsed;
+      try {
+        validate_route_trace(d);
+      } catch (const error& ex) {
+        ++invalid_but_parsed;
+        MESSAGE("parsed but invalid: " << std::string(ex.what()));
+      }
+    } catch (const error&) {
+      ++rejected;
+    } catch (...) {
+      ++other;
+    }
+  }
+  CHECK(other == 0);
+  CHECK(invalid_but_parsed == 0);
+  CHECK(rejected > 1000);  // most damage is caught
+  CHECK(parsed > 0);       // and some is harmless (a weight digit, a hit flag)
+}
