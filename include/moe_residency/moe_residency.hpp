@@ -5,3 +5,5 @@
 #include "moe_residency/version.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/core.hpp"
+#include "moe_residency/router.hpp"
+#include "moe_residency/trace.hpp"
