@@ -7,3 +7,5 @@
 #include "moe_residency/core.hpp"
 #include "moe_residency/router.hpp"
 #include "moe_residency/trace.hpp"
+#include "moe_residency/cache.hpp"
+#include "moe_residency/replay.hpp"

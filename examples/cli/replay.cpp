@@ -1,0 +1,193 @@
+// `moe-residency replay`: a route trace through policy x budget cells, in
+// parallel; table, CSV (the reference curves' columns) or JSON; optional
+// gnuplot SVG of hit % against budget with the token cycle marked.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "command.hpp"
+#include "moe_residency/replay.hpp"
+
+namespace {
+
+using namespace moe_residency;
+
+struct replay_args {
+  std::string trace;
+  std::string budgets = "250,500,750,1000,1500,2000,2500,3000,4000,6000,8000";
+  std::string policies = "lru,lfu,layer,layerlfu,belady,cycle";
+  std::string format = "table";
+  std::string plot;
+  unsigned threads = 0;
+  std::uint64_t seed = 0x5eed;
+  double decay = cycle_policy_options{}.decay;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::vector<double> parse_budgets(const std::string& s) {
+  std::vector<double> out;
+  for (const auto& item : split(s)) {
+    char* end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    if (end == item.c_str() || *end != '\0')
+      throw error("--budgets: '" + item + "' is not a number; expected MiB values like 500,1000,4000");
+    if (!(v > 0)) throw error("--budgets: " + item + " MiB; expected a budget > 0 MiB");
+    out.push_back(v);
+  }
+  if (out.empty()) throw error("--budgets: empty; expected MiB values like 500,1000,4000");
+  return out;
+}
+
+std::string fmt_mib(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+void write_plot(const std::string& svg, const std::string& title, const std::vector<replay_result>& rs) {
+  if (!have_gnuplot()) {
+    std::cerr << "moe-residency replay: --plot needs gnuplot, which is not installed; install it with "
+                 "'apt-get install gnuplot-nox' (Debian/Ubuntu) or 'brew install gnuplot' (macOS). "
+                 "Tip: --format csv gives the same curves as data.\n";
+    return;
+  }
+  std::vector<std::string> pols;
+  for (const auto& r : rs)
+    if (std::find(pols.begin(), pols.end(), r.policy) == pols.end()) pols.push_back(r.policy);
+  const std::string data = svg + ".dat", script = svg + ".gp";
+  {
+    std::ofstream d(data);
+    for (const auto& p : pols) {
+      d << "# " << p << "\n";
+      for (const auto& r : rs)
+        if (r.policy == p) d << r.budget_mib << " " << r.hit_pct_decode() << "\n";
+      d << "\n\n";
+    }
+  }
+  const double cycle = rs.empty() ? 0 : to_mib(rs.front().token_cycle_bytes);
+  {
+    std::ofstream g(script);
+    g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
+      << "set output '" << svg << "'\n"
+      << "set title \"" << title << "\" noenhanced\n"
+      << "set xlabel 'cache budget (MiB)'\nset ylabel 'decode hit rate (%)'\n"
+      << "set key left top\nset grid\nset yrange [0:100]\n"
+      << "set arrow from " << cycle << ", graph 0 to " << cycle << ", graph 1 nohead dt 2 lw 2 lc rgb '#aa0000'\n"
+      << "set label 'token cycle " << fmt_mib(cycle) << " MiB' at " << cycle << ", graph 0.95 offset 0.5,0 "
+      << "tc rgb '#aa0000'\n"
+      << "plot ";
+    for (std::size_t i = 0; i < pols.size(); ++i)
+      g << (i ? ", " : "") << "'" << data << "' index " << i << " with linespoints lw 2 title '" << pols[i]
+        << "' noenhanced";
+    g << "\n";
+  }
+  const int rc = std::system(("gnuplot '" + script + "'").c_str());
+  std::remove(data.c_str());
+  std::remove(script.c_str());
+  if (rc != 0) throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  std::cerr << "moe-residency replay: wrote " << svg << "\n";
+}
+
+void run(const replay_args& a) {
+  const auto budgets = parse_budgets(a.budgets);
+  const auto policies = split(a.policies);
+  if (a.format != "table" && a.format != "csv" && a.format != "json")
+    throw error("--format: '" + a.format + "'; expected table, csv or json");
+  for (const auto& p : policies) check_replay_cell(p, budgets.front());
+  const replay_input in = replay_input::from_file(a.trace);
+
+  replay_options o;
+  o.threads = a.threads;
+  o.seed = a.seed;
+  o.cycle.decay = a.decay;
+  const auto t0 = std::chrono::steady_clock::now();
+  double last = 0;  // progress is called under the grid's lock
+  o.progress = [&](std::size_t done, std::size_t total) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s < 0.5) return;  // short runs stay quiet
+    if (done != total && s - last < 0.25) return;
+    last = s;
+    std::fprintf(stderr, "\rreplay: %zu/%zu cells, %.1f s", done, total, s);
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  const auto rs = replay_grid(in, budgets, policies, o);
+
+  std::set<std::string> collapsing;
+  for (const auto& r : rs)
+    if (!r.warning.empty()) collapsing.insert(r.policy);
+  if (!collapsing.empty()) {
+    std::string names;
+    for (const auto& p : collapsing) names += (names.empty() ? "" : ", ") + p;
+    std::cerr << "note: budgets below the token cycle (" << fmt_mib(to_mib(token_cycle_bytes(in.shape())))
+              << " MiB) collapse recency policies (" << names << ") to ~0% hit; see docs/replay.md\n";
+  }
+
+  if (a.format == "csv") {
+    std::cout << replay_csv(rs);
+  } else if (a.format == "json") {
+    nlohmann::json j;
+    j["trace"] = a.trace;
+    j["model"] = in.shape().name();
+    j["token_cycle_mib"] = to_mib(token_cycle_bytes(in.shape()));
+    j["cells"] = nlohmann::json::array();
+    for (const auto& r : rs)
+      j["cells"].push_back({{"budget_mib", r.budget_mib},
+                            {"policy", r.policy},
+                            {"hit_pct_cum", r.hit_pct_cum()},
+                            {"hit_pct_decode", r.hit_pct_decode()},
+                            {"read_mib", r.read_mib()},
+                            {"lookups", r.stats.all.lookups},
+                            {"decode_lookups", r.stats.decode.lookups},
+                            {"evictions", r.stats.all.evictions},
+                            {"peak_resident_mib", to_mib(r.stats.peak_bytes)},
+                            {"below_token_cycle", r.budget_bytes < r.token_cycle_bytes},
+                            {"seconds", r.seconds}});
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << in.shape().name() << " (" << a.trace << "): " << in.batches().batches.size() << " load batches, "
+              << in.batches().experts.size() << " routed ids\n"
+              << replay_table(rs);
+  }
+  if (!a.plot.empty()) write_plot(a.plot, in.shape().name() + ": decode hit rate vs budget", rs);
+}
+
+const moe_residency_cli::command_registrar reg{
+    "replay", "Replay a route trace through cache policies x budgets (hit %, MiB read)", [](CLI::App& sub) {
+      auto a = std::make_shared<replay_args>();
+      sub.add_option("--trace", a->trace, "route trace, CSV or binary")->required();
+      sub.add_option("--budgets", a->budgets, "cache budgets in MiB (1 MiB = 1048576 bytes), comma-separated")
+          ->capture_default_str();
+      sub.add_option("--policies", a->policies,
+                     "comma-separated: lru, lfu, random, layer, layerlfu, belady, arc, s3fifo, sieve, cycle; "
+                     "<policy>+prev or <policy>+oracle adds retention")
+          ->capture_default_str();
+      sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
+      sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
+      sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")->capture_default_str();
+      sub.add_option("--seed", a->seed, "seed of the random policy")->capture_default_str();
+      sub.add_option("--decay", a->decay, "usage decay per token of the cycle policy, in (0, 1)")
+          ->capture_default_str();
+      sub.callback([a] { run(*a); });
+    }};
+
+}  // namespace
