@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh --minimal
 cmake --preset release -DMOE_RESIDENCY_BUILD_TESTS=OFF >/dev/null
 cmake --build --preset release --target moe_residency_cli
-exec build/release/bin/moe-residency shape "$@"
+exec build/release/bin/moe-residency demo "$@"

@@ -9,3 +9,7 @@
 #include "moe_residency/trace.hpp"
 #include "moe_residency/cache.hpp"
 #include "moe_residency/replay.hpp"
+#include "moe_residency/predict.hpp"
+#include "moe_residency/score.hpp"
+#include "moe_residency/session.hpp"
+#include "moe_residency/synthetic.hpp"

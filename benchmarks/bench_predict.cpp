@@ -1,0 +1,204 @@
+// The session's observer cost per decode token on the Qwen3-30B-shaped
+// synthetic workload (48 layers x 128 experts x 2048, top-8), as ratios
+// measured in the same run against two references:
+//   - the engine's own router work for that token (48 x GEMV + selection),
+//   - the memory-bandwidth roofline of the bytes the observer must read
+//     (stale-gate and control each read every router matrix once per token).
+// Run: build with -DMOE_RESIDENCY_BUILD_BENCHMARKS=ON, then
+//   build/benchmarks/bench_predict --benchmark_min_time=0.5
+// The last benchmark, BM_ratios, prints the headline ratios as counters.
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ctime>
+
+#include "moe_residency/session.hpp"
+#include "moe_residency/synthetic.hpp"
+
+using namespace moe_residency;
+
+namespace {
+
+constexpr std::size_t n_tokens = 32;  // a pool of decode tokens, cycled
+
+struct workload {
+  std::unique_ptr<synthetic_model> model;
+  std::vector<std::vector<float>> gate;      // [token] L x d
+  std::vector<std::vector<routing>> routed;  // [token] L
+};
+
+workload& get_workload(element_type t) {
+  static std::map<int, workload> cache;
+  workload& w = cache[static_cast<int>(t)];
+  if (!w.model) {
+    w.model = std::make_unique<synthetic_model>(synthetic_presets::qwen3_30b(t));
+    synthetic_stream st(*w.model);
+    const std::size_t L = w.model->shape().n_layers(), d = w.model->n_embd();
+    for (std::size_t i = 0; i < n_tokens; ++i) {
+      st.next(1);
+      std::vector<float> g(L * d);
+      std::vector<routing> r(L);
+      for (std::size_t l = 0; l < L; ++l) {
+        const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
+        std::memcpy(&g[l * d], st.gate_inputs(lid), d * sizeof(float));
+        r[l] = st.routed(lid, 0);
+      }
+      w.gate.push_back(std::move(g));
+      w.routed.push_back(std::move(r));
+    }
+  }
+  return w;
+}
+
+// Thread CPU time: on a shared machine wall time also counts other tenants.
+double cpu_seconds() {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+#else
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
+}
+
+std::map<std::string, double>& results() {  // seconds per token (or bytes/s)
+  static std::map<std::string, double> r;
+  return r;
+}
+
+
+element_type type_of(std::int64_t i) {
+  return i == 0 ? element_type::f32 : i == 1 ? element_type::f16 : element_type::bf16;
+}
+
+// Streams `bytes` from p with a reduction the compiler vectorises: the read
+// half of a GEMV with no arithmetic, i.e. the roofline of reading those bytes.
+std::uint64_t stream_read(const void* p, std::size_t bytes) noexcept {
+  const auto* u = static_cast<const std::uint64_t*>(p);
+  const std::size_t n = bytes / 8;
+  std::uint64_t a[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (std::size_t j = 0; j < 8; ++j) a[j] ^= u[i + j];
+  for (; i < n; ++i) a[0] ^= u[i];
+  return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
+}
+
+// The roofline reference: one streaming read of every router matrix of the
+// model (where the observer's GEMVs find them: cache or DRAM), per token.
+void BM_stream_routers(benchmark::State& state) {
+  workload& w = get_workload(type_of(state.range(0)));
+  const synthetic_model& m = *w.model;
+  const double t0 = cpu_seconds();
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    std::uint64_t x = 0;
+    for (std::size_t l = 0; l < m.shape().n_layers(); ++l) {
+      const matrix_view v = m.router(layer_id(static_cast<std::uint16_t>(l)));
+      x ^= stream_read(v.data, v.bytes());
+    }
+    benchmark::DoNotOptimize(x);
+    ++iters;
+  }
+  const double secs = cpu_seconds() - t0;
+  results()["stream/" + std::string(to_string(type_of(state.range(0))))] = secs / static_cast<double>(iters);
+  state.SetBytesProcessed(static_cast<std::int64_t>(m.router_bytes()) * state.iterations());
+  state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " router bytes, per token");
+}
+BENCHMARK(BM_stream_routers)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
+// The engine's own router work for one decode token: per layer, GEMV +
+// selection (route_token).
+void BM_engine_router(benchmark::State& state) {
+  workload& w = get_workload(type_of(state.range(0)));
+  const synthetic_model& m = *w.model;
+  const std::size_t L = m.shape().n_layers(), d = m.n_embd();
+  router_workspace ws(m.shape().n_experts());
+  routing r;
+  std::size_t tok = 0;
+  const double t0 = cpu_seconds();
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    const std::vector<float>& g = w.gate[tok++ % n_tokens];
+    for (std::size_t l = 0; l < L; ++l) {
+      const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
+      route_token(m.router(lid), &g[l * d], m.spec(lid), r, ws);
+      benchmark::DoNotOptimize(r);
+    }
+    ++iters;
+  }
+  const double secs = cpu_seconds() - t0;
+  results()["engine/" + std::string(to_string(type_of(state.range(0))))] = secs / static_cast<double>(iters);
+  state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " routers, per token");
+}
+BENCHMARK(BM_engine_router)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
+// The session with stale-gate, prev-token and the control, fed one decode
+// token's events (begin_batch, per layer gate_input + routed + layer_loaded).
+template <class Session>
+void run_session(benchmark::State& state, const std::string& key) {
+  workload& w = get_workload(type_of(state.range(0)));
+  const synthetic_model& m = *w.model;
+  const std::size_t L = m.shape().n_layers(), d = m.n_embd();
+  Session s(m.shape());
+  install_routers(s, m);
+  std::uint32_t pos = 0;
+  const double t0 = cpu_seconds();
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    const std::size_t tok = pos % n_tokens;
+    s.begin_batch(run_phase::decode, pos++);
+    for (std::size_t l = 0; l < L; ++l) {
+      const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
+      s.gate_input(lid, &w.gate[tok][l * d], d);
+      s.routed(w.routed[tok][l]);
+      s.layer_loaded(lid);
+    }
+    ++iters;
+  }
+  const double secs = cpu_seconds() - t0;
+  results()[key + "/" + to_string(type_of(state.range(0)))] = secs / static_cast<double>(iters);
+  state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " routers, per token");
+}
+
+void BM_session_standard(benchmark::State& state) {
+  run_session<standard_session>(state, "standard");
+}
+BENCHMARK(BM_session_standard)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
+// Only the history predictor: the session's bookkeeping without any GEMV.
+void BM_session_prev_token_only(benchmark::State& state) {
+  run_session<session<predictor_set<prev_token_predictor>>>(state, "history");
+}
+BENCHMARK(BM_session_prev_token_only)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+// The headline ratios from the runs above (same process, thread CPU time).
+void BM_ratios(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(results().size());
+  auto& r = results();
+  for (const char* t : {"f32", "f16", "bf16"}) {
+    const std::string ts = t;
+    const double engine = r["engine/" + ts], observer = r["standard/" + ts],
+                 stream = r["stream/" + ts];
+    if (engine <= 0 || observer <= 0 || stream <= 0) continue;
+    // The observer runs two GEMVs per layer (stale-gate and control): its
+    // floor is two of the engine's router passes and two streams of the bytes.
+    state.counters["observer_us_" + ts] = observer * 1e6;
+    state.counters["observer_over_engine_" + ts] = observer / engine;
+    state.counters["observer_over_2x_engine_" + ts] = observer / (2 * engine);
+    state.counters["observer_over_roofline_" + ts] = observer / (2 * stream);
+  }
+  if (r["history/f16"] > 0 && r["engine/f16"] > 0)
+    state.counters["history_only_over_engine_f16"] = r["history/f16"] / r["engine/f16"];
+}
+BENCHMARK(BM_ratios)->Iterations(1);
+
+}  // namespace

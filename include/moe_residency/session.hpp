@@ -1,0 +1,691 @@
+#pragma once
+/// The session: the one object an engine feeds events to. It owns the
+/// configured predictors (a compile-time set, no virtual call per expert),
+/// the slot-overlap scorer, the router views, and any extensions (a cache,
+/// a planner, a read scheduler in later components) — all on the host's
+/// thread. See docs/session.md.
+///
+/// Events, per batch (a decode token is a batch of one):
+/// ```
+///   s.begin_batch(run_phase::decode, position);        // token boundary
+///   for each MoE layer l:
+///     s.gate_input(l, x, n_embd);                       // what the router multiplies
+///     s.routed(l, ids, weights, k);                     // what the layer chose
+///     s.layer_loaded(l);                                // its demanded experts are in
+///   s.end_batch();                                      // optional
+/// ```
+/// Out-of-order or malformed events are anomalies: with
+/// `anomaly_action::throw_error` (the default) they throw `error` naming the
+/// event; with `anomaly_action::count` they are counted, reported, and the
+/// event is ignored — never scored wrongly.
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "moe_residency/core.hpp"
+#include "moe_residency/error.hpp"
+#include "moe_residency/predict.hpp"
+#include "moe_residency/router.hpp"
+#include "moe_residency/score.hpp"
+
+namespace moe_residency {
+
+/// What the session does with an out-of-order or malformed event.
+enum class anomaly_action {
+  throw_error,  ///< throw `error` naming the event (tests, development)
+  count,        ///< count it, report it, ignore the event (engines, C callbacks)
+};
+
+/// The kinds of anomaly the session detects.
+enum class anomaly_kind : std::uint8_t {
+  no_batch,                    ///< an event before begin_batch
+  bad_batch,                   ///< begin_batch with 0 tokens
+  layer_out_of_range,          ///< a layer index beyond the shape
+  dense_layer,                 ///< a gate input or routing for a dense layer
+  token_boundary_mid_layer,    ///< a batch ended after a gate input but before its routing
+  routing_without_gate_input,  ///< a routing for a layer whose gate input never came
+  duplicate_gate_input,        ///< a second gate input for a layer in one batch
+  duplicate_routing,           ///< a second routing for a layer in one batch
+  gate_input_shape,            ///< null data, wrong length, short stride, wrong token count
+  nan_gate_input,              ///< a NaN (or infinity) in a gate input
+  routing_shape,               ///< null ids, k of 0, wrong token count
+  expert_out_of_range,         ///< an expert id outside [0, n_experts)
+  duplicate_expert,            ///< an expert twice in one routing
+  loaded_without_routing,      ///< layer_loaded before the layer's routing
+};
+inline constexpr std::size_t anomaly_kind_count = 14;
+
+inline const char* to_string(anomaly_kind k) noexcept {
+  switch (k) {
+    case anomaly_kind::no_batch: return "event before begin_batch";
+    case anomaly_kind::bad_batch: return "empty batch";
+    case anomaly_kind::layer_out_of_range: return "layer out of range";
+    case anomaly_kind::dense_layer: return "event for a dense layer";
+    case anomaly_kind::token_boundary_mid_layer: return "token boundary mid-layer";
+    case anomaly_kind::routing_without_gate_input: return "routing without gate input";
+    case anomaly_kind::duplicate_gate_input: return "duplicate gate input";
+    case anomaly_kind::duplicate_routing: return "duplicate routing";
+    case anomaly_kind::gate_input_shape: return "malformed gate input";
+    case anomaly_kind::nan_gate_input: return "NaN in a gate input";
+    case anomaly_kind::routing_shape: return "malformed routing";
+    case anomaly_kind::expert_out_of_range: return "expert out of range";
+    case anomaly_kind::duplicate_expert: return "duplicate expert in a routing";
+    case anomaly_kind::loaded_without_routing: return "layer loaded before its routing";
+  }
+  return "anomaly";
+}
+
+/// Whether a routing must follow a gate input of the same layer.
+enum class gate_input_requirement {
+  automatic,  ///< required when a gate predictor is configured
+  required,
+  optional,
+};
+
+/// Configuration of a session.
+struct session_options {
+  anomaly_action on_anomaly = anomaly_action::throw_error;
+  scorer_options scoring;  ///< decode only by default
+  gate_input_requirement gate_inputs = gate_input_requirement::automatic;
+  bool check_gate_inputs = true;  ///< scan gate inputs for NaN / infinity (d floats per layer)
+};
+
+/// A batch of gate inputs for one layer: `n_tokens` rows of `length` floats,
+/// row t at `data + t·row_stride_bytes` (ggml's nb[1]; 0 = packed).
+struct gate_input_view {
+  const float* data = nullptr;
+  std::size_t length = 0;
+  std::size_t n_tokens = 1;
+  std::size_t row_stride_bytes = 0;
+};
+
+/// A batch of routings for one layer as engines store them: `n_tokens` rows of
+/// `k` int32 expert ids in rank order (ggml's ffn_moe_topk: row stride
+/// n_expert·4, not k·4), and optionally their weights.
+struct routing_batch_view {
+  const std::int32_t* ids = nullptr;
+  std::size_t k = 0;
+  std::size_t n_tokens = 1;
+  std::size_t ids_row_stride_bytes = 0;  ///< 0 = packed (k·4)
+  const float* weights = nullptr;        ///< may be null (weights NaN)
+  std::size_t weights_row_stride_bytes = 0;  ///< 0 = packed (k·4)
+};
+
+/// Counted anomalies, by kind, and the first one's message.
+struct anomaly_counts {
+  std::array<std::uint64_t, anomaly_kind_count> by_kind{};
+  std::string first_message;
+  std::uint64_t total() const noexcept {
+    std::uint64_t t = 0;
+    for (auto v : by_kind) t += v;
+    return t;
+  }
+  std::uint64_t operator[](anomaly_kind k) const noexcept {
+    return by_kind[static_cast<std::size_t>(k)];
+  }
+};
+
+/// The set of predictors a session owns, in report order.
+template <class... Predictors>
+struct predictor_set {};
+
+template <class PredictorSet, class... Extensions>
+class session;
+
+/// A session owning predictors P... and extensions X....
+///
+/// Extensions (issue 5's cache, drop policy, planner, scheduler; a trace
+/// recorder) receive the events after the session checked them, through any
+/// of these optional members, found at compile time:
+/// ```
+///   void on_begin_batch(Session&, run_phase, std::uint32_t first_token, std::size_t n_tokens);
+///   void on_gate_input(Session&, layer_id, const gate_input_view&);
+///   void on_routings(Session&, layer_id, span<const routing>, span<std::uint32_t> drop_masks);
+///   void on_layer_loaded(Session&, layer_id);
+///   void on_end_batch(Session&);
+///   void append_notes(std::vector<std::string>& report_lines) const;
+/// ```
+/// `drop_masks[t]` bit i set = the extension asks the host to skip slot i of
+/// token t's routing; the host reads them with `drop_mask(t)` after `routed`.
+template <class... P, class... X>
+class session<predictor_set<P...>, X...> {
+  static_assert(sizeof...(P) > 0, "session: give at least one predictor");
+  static_assert(((is_history_predictor_v<P> || is_gate_predictor_v<P>) && ...),
+                "session: every predictor must satisfy the predictor contract "
+                "(predict/contract.hpp)");
+
+ public:
+  static constexpr std::size_t n_predictors = sizeof...(P);
+  static constexpr bool has_gate_predictor = (is_gate_predictor_v<P> || ...);
+
+  /// Predictors and extensions default-constructed. Throws `error` on a bad shape.
+  explicit session(model_shape shape, session_options options = {})
+      : session(std::move(shape), options, std::tuple<P...>{}, std::tuple<X...>{}) {}
+
+  /// Predictors (and extensions) given, e.g. a configured frequency_predictor.
+  session(model_shape shape, session_options options, std::tuple<P...> predictors,
+          std::tuple<X...> extensions = {})
+      : shape_(std::move(shape)),
+        options_(options),
+        bank_(shape_),
+        predictors_(std::move(predictors)),
+        extensions_(std::move(extensions)),
+        scorer_({P::label()...}, shape_.n_layers(), options.scoring) {
+    std::apply([this](auto&... p) { (p.reset(shape_), ...); }, predictors_);
+    for (std::size_t i = 0; i < n_predictors; ++i) {
+      board_[i].assign(shape_.n_layers(), ranking{});
+      stamp_[i].assign(shape_.n_layers(), 0);
+    }
+    layer_state_.assign(shape_.n_layers(), 0);
+    drop_masks_.assign(1, 0);
+    gate_required_ = options_.gate_inputs == gate_input_requirement::required ||
+                     (options_.gate_inputs == gate_input_requirement::automatic &&
+                      has_gate_predictor);
+  }
+
+  // ---- configuration ------------------------------------------------------
+
+  /// Describes MoE layer l's router: a view of the dense weight (never
+  /// copied; keep it alive) and its selection rule. Layers without one are
+  /// not ranked by gate predictors. Throws `error` (see router_bank::set).
+  void set_router(layer_id l, const matrix_view& w, router_spec spec) {
+    bank_.set(l, w, std::move(spec));
+  }
+  const router_bank& routers() const noexcept { return bank_; }
+  const model_shape& shape() const noexcept { return shape_; }
+  const session_options& options() const noexcept { return options_; }
+
+  template <std::size_t I>
+  auto& predictor() noexcept { return std::get<I>(predictors_); }
+  template <std::size_t I>
+  const auto& predictor() const noexcept { return std::get<I>(predictors_); }
+  template <std::size_t I>
+  auto& extension() noexcept { return std::get<I>(extensions_); }
+  template <std::size_t I>
+  const auto& extension() const noexcept { return std::get<I>(extensions_); }
+
+  // ---- events ---------------------------------------------------------------
+
+  /// A token boundary: a batch of `n_tokens` tokens starting at position
+  /// `first_token` begins (decode: one token). Ends the previous batch.
+  /// Returns false on an anomaly (counted, or thrown as configured).
+  bool begin_batch(run_phase phase, std::uint32_t first_token, std::size_t n_tokens = 1) {
+    if (in_batch_) close_batch("begin_batch");  // an anomaly there is counted; the batch begins
+    if (n_tokens == 0)
+      return anomaly(anomaly_kind::bad_batch, "begin_batch: 0 tokens; expected >= 1");
+    in_batch_ = true;
+    phase_ = phase;
+    first_token_ = first_token;
+    n_tokens_ = n_tokens;
+    ++serial_;
+    std::memset(layer_state_.data(), 0, layer_state_.size());
+    if (drop_masks_.size() < n_tokens) drop_masks_.resize(n_tokens);
+    std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n_tokens), 0u);
+    if (phase == run_phase::decode) decode_tokens_ += n_tokens; else prefill_tokens_ += n_tokens;
+    for_each_extension([&](auto& x) {
+      if constexpr (has_on_begin_batch<decltype(x)>::value)
+        x.on_begin_batch(*this, phase, first_token, n_tokens);
+    });
+    return true;
+  }
+
+  /// Ends the current batch (optional: the next begin_batch ends it too).
+  bool end_batch() {
+    if (!in_batch_) return anomaly(anomaly_kind::no_batch, "end_batch: no batch has begun");
+    const bool ok = close_batch("end_batch");
+    in_batch_ = false;
+    return ok;
+  }
+
+  /// The gate input of MoE layer l for every token of the batch.
+  bool gate_input(layer_id l, const gate_input_view& g) {
+    if (!check_layer(l, "gate_input")) return false;
+    std::uint8_t& st = layer_state_[to_index(l)];
+    if (st & gate_seen)
+      return anomaly(anomaly_kind::duplicate_gate_input,
+                     where(l) + "gate_input: a second gate input for this layer in one batch");
+    const std::size_t stride = g.row_stride_bytes ? g.row_stride_bytes : g.length * sizeof(float);
+    if (!g.data || g.length == 0 || !batch_size_ok(g.n_tokens) ||
+        stride < g.length * sizeof(float) || stride % sizeof(float) != 0 ||
+        (bank_.n_embd() != 0 && g.length != bank_.n_embd()))
+      return anomaly(anomaly_kind::gate_input_shape,
+                     where(l) + "gate_input: " + describe(g, stride) + "; expected " +
+                         std::to_string(n_tokens_) + " token(s) of " +
+                         (bank_.n_embd() ? std::to_string(bank_.n_embd()) : std::string("> 0")) +
+                         " floats, stride >= a row, non-null data");
+    st |= gate_seen;
+    if (options_.check_gate_inputs) {
+      for (std::size_t t = 0; t < g.n_tokens; ++t) {
+        const float* x = row(g.data, t, stride);
+        for (std::size_t i = 0; i < g.length; ++i)
+          if (!std::isfinite(x[i]))
+            return anomaly(anomaly_kind::nan_gate_input,
+                           where(l) + "gate_input: token " +
+                               std::to_string(first_token_ + (n_tokens_ - g.n_tokens) + t) +
+                               " element " + std::to_string(i) + " is " +
+                               detail::format_float(x[i]) + "; expected a finite value");
+      }
+    }
+    st |= gate_ok;
+    if (n_tokens_ == 1 && g.n_tokens == 1 && scorer_.scores_phase(phase_))
+      predict_from_gate(l, g.data);
+    for_each_extension([&](auto& x) {
+      if constexpr (has_on_gate_input<decltype(x)>::value) x.on_gate_input(*this, l, g);
+    });
+    return true;
+  }
+  /// One token's gate input (`length` floats).
+  bool gate_input(layer_id l, const float* x, std::size_t length) {
+    return gate_input(l, gate_input_view{x, length, 1, 0});
+  }
+  /// A batch's gate inputs, row t at x + t·row_stride_bytes.
+  bool gate_input(layer_id l, const float* x, std::size_t length, std::size_t n_tokens,
+                  std::size_t row_stride_bytes) {
+    return gate_input(l, gate_input_view{x, length, n_tokens, row_stride_bytes});
+  }
+
+  /// What MoE layer l routed for the batch's tokens (token-major). Each
+  /// routing's layer must be l; phase and token come from the batch.
+  bool routed(layer_id l, span<const routing> routings) {
+    if (!check_routing_event(l, routings.size())) return false;
+    const std::size_t n = routings.size();
+    if (buffer_.size() < n) buffer_.resize(n);
+    for (std::size_t t = 0; t < n; ++t) {
+      if (routings[t].layer != l)
+        return anomaly(anomaly_kind::routing_shape,
+                       where(l) + "routed: token " + std::to_string(first_token_ + t) +
+                           " carries layer " + std::to_string(to_index(routings[t].layer)) +
+                           "; expected the event's layer");
+      buffer_[t] = routings[t];
+    }
+    return accept_routings(l, n, nullptr);
+  }
+  /// One token's routing (its layer field names the layer).
+  bool routed(const routing& r) { return routed(r.layer, span<const routing>(&r, 1)); }
+  /// One token's routing as ids (rank order) and weights (may be null). A
+  /// routing wider than 32 is declined (counted, not scored).
+  bool routed(layer_id l, const expert_id* ids, const float* weights, std::size_t k) {
+    if (!check_routing_event(l, 1)) return false;
+    if (!ids || k == 0)
+      return anomaly(anomaly_kind::routing_shape,
+                     where(l) + "routed: null ids or k = 0; expected k >= 1 ids");
+    if (buffer_.empty()) buffer_.resize(1);
+    bool declined = false;
+    if (k > max_top_k) {
+      declined = true;
+    } else {
+      buffer_[0].assign(ids, weights, k);
+      buffer_[0].layer = l;
+    }
+    return accept_routings(l, 1, declined ? &declined : nullptr);
+  }
+  /// A batch of routings as the engine stores them (see routing_batch_view).
+  bool routed(layer_id l, const routing_batch_view& b) {
+    if (!check_routing_event(l, b.n_tokens)) return false;
+    const std::size_t is = b.ids_row_stride_bytes ? b.ids_row_stride_bytes : b.k * 4;
+    const std::size_t ws = b.weights_row_stride_bytes ? b.weights_row_stride_bytes : b.k * 4;
+    if (!b.ids || b.k == 0 || is < b.k * 4 || is % 4 || (b.weights && (ws < b.k * 4 || ws % 4)))
+      return anomaly(anomaly_kind::routing_shape,
+                     where(l) + "routed: ids null, k 0, or a row stride shorter than k; got k " +
+                         std::to_string(b.k) + ", ids stride " + std::to_string(is) + " bytes");
+    const std::size_t n = b.n_tokens;
+    if (buffer_.size() < n) buffer_.resize(n);
+    if (b.k > max_top_k) {
+      bool declined = true;
+      return accept_routings(l, n, &declined);
+    }
+    for (std::size_t t = 0; t < n; ++t) {
+      const auto* ids = reinterpret_cast<const std::int32_t*>(
+          reinterpret_cast<const unsigned char*>(b.ids) + t * is);
+      const float* w = b.weights ? row(b.weights, t, ws) : nullptr;
+      routing& r = buffer_[t];
+      r.clear();
+      r.layer = l;
+      for (std::size_t i = 0; i < b.k; ++i) {
+        if (ids[i] < 0 || static_cast<std::size_t>(ids[i]) >= shape_.n_experts())
+          return anomaly(anomaly_kind::expert_out_of_range,
+                         where(l) + "routed: token " +
+                             std::to_string(first_token_ + (n_tokens_ - n) + t) + " slot " + std::to_string(i) + ": expert " + std::to_string(ids[i]) +
+                             " out of range [0, " + std::to_string(shape_.n_experts()) + ")");
+        r.push_back(expert_id(static_cast<std::uint16_t>(ids[i])),
+                    w ? w[i] : std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+    return accept_routings(l, n, nullptr);
+  }
+
+  /// Layer l's demanded experts are loaded (the point where a read scheduler
+  /// may start speculating on later layers).
+  bool layer_loaded(layer_id l) {
+    if (!check_layer(l, "layer_loaded")) return false;
+    std::uint8_t& st = layer_state_[to_index(l)];
+    if (!(st & routed_seen))
+      return anomaly(anomaly_kind::loaded_without_routing,
+                     where(l) + "layer_loaded: the layer's routing has not arrived");
+    st |= loaded_seen;
+    for_each_extension([&](auto& x) {
+      if constexpr (has_on_layer_loaded<decltype(x)>::value) x.on_layer_loaded(*this, l);
+    });
+    return true;
+  }
+
+  // ---- state for extensions and hosts ----------------------------------------
+
+  bool in_batch() const noexcept { return in_batch_; }
+  run_phase phase() const noexcept { return phase_; }
+  std::uint32_t first_token() const noexcept { return first_token_; }
+  std::size_t batch_tokens() const noexcept { return n_tokens_; }
+  /// Slots of token t's last routing an extension asked to skip (bit i = slot i).
+  std::uint32_t drop_mask(std::size_t t = 0) const noexcept {
+    return t < drop_masks_.size() ? drop_masks_[t] : 0u;
+  }
+
+  /// Predictor I's ranking of MoE layer `target` for the current one-token
+  /// batch, or null when it cannot rank it (yet). A gate predictor's ranking
+  /// exists once the gate input `horizon` MoE layers earlier arrived; a
+  /// history predictor ranks on demand. noexcept, allocation-free.
+  template <std::size_t I>
+  const ranking* prediction(layer_id target) noexcept {
+    using PI = std::tuple_element_t<I, std::tuple<P...>>;
+    const std::size_t l = to_index(target);
+    if (!in_batch_ || n_tokens_ != 1 || l >= shape_.n_layers()) return nullptr;
+    if (stamp_[I][l] == serial_) return &board_[I][l];
+    if constexpr (is_history_predictor_v<PI>) {
+      if (std::get<I>(predictors_).predict(target, board_[I][l])) {
+        stamp_[I][l] = serial_;
+        return &board_[I][l];
+      }
+    }
+    return nullptr;
+  }
+
+  // ---- results ----------------------------------------------------------------
+
+  const anomaly_counts& anomalies() const noexcept { return anomalies_; }
+  /// Decode routings in batches of more than one token (accepted, not scored).
+  std::uint64_t unscored_batched() const noexcept { return unscored_batched_; }
+  std::uint64_t decode_tokens() const noexcept { return decode_tokens_; }
+  std::uint64_t prefill_tokens() const noexcept { return prefill_tokens_; }
+  const slot_overlap_scorer& scorer() const noexcept { return scorer_; }
+
+  /// The scorer's report plus the session's own lines (anomalies, unscored
+  /// batches) and the extensions' notes.
+  prediction_report report() const {
+    prediction_report r = scorer_.report();
+    if (anomalies_.total()) {
+      std::string s = std::to_string(anomalies_.total()) + " anomalies ignored (";
+      bool first = true;
+      for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
+        if (!anomalies_.by_kind[k]) continue;
+        s += (first ? "" : ", ") + std::to_string(anomalies_.by_kind[k]) + " " +
+             to_string(static_cast<anomaly_kind>(k));
+        first = false;
+      }
+      s += "); first: " + anomalies_.first_message;
+      r.notes.push_back(std::move(s));
+    }
+    if (unscored_batched_)
+      r.notes.push_back(std::to_string(unscored_batched_) +
+                        " decode routings came in multi-token batches and were not scored");
+    for_each_extension_const([&](const auto& x) {
+      if constexpr (has_append_notes<decltype(x)>::value) x.append_notes(r.notes);
+    });
+    return r;
+  }
+
+ private:
+  enum : std::uint8_t { gate_seen = 1, gate_ok = 2, routed_seen = 4, loaded_seen = 8 };
+
+  // Extension hook detection.
+  template <class T, class = void>
+  struct has_on_begin_batch : std::false_type {};
+  template <class T>
+  struct has_on_begin_batch<T, std::void_t<decltype(std::declval<T>().on_begin_batch(
+                                   std::declval<session&>(), run_phase{}, std::uint32_t{},
+                                   std::size_t{}))>> : std::true_type {};
+  template <class T, class = void>
+  struct has_on_gate_input : std::false_type {};
+  template <class T>
+  struct has_on_gate_input<T, std::void_t<decltype(std::declval<T>().on_gate_input(
+                                  std::declval<session&>(), layer_id{},
+                                  std::declval<const gate_input_view&>()))>> : std::true_type {};
+  template <class T, class = void>
+  struct has_on_routings : std::false_type {};
+  template <class T>
+  struct has_on_routings<T, std::void_t<decltype(std::declval<T>().on_routings(
+                                std::declval<session&>(), layer_id{}, span<const routing>{},
+                                span<std::uint32_t>{}))>> : std::true_type {};
+  template <class T, class = void>
+  struct has_on_layer_loaded : std::false_type {};
+  template <class T>
+  struct has_on_layer_loaded<T, std::void_t<decltype(std::declval<T>().on_layer_loaded(
+                                    std::declval<session&>(), layer_id{}))>> : std::true_type {};
+  template <class T, class = void>
+  struct has_on_end_batch : std::false_type {};
+  template <class T>
+  struct has_on_end_batch<
+      T, std::void_t<decltype(std::declval<T>().on_end_batch(std::declval<session&>()))>>
+      : std::true_type {};
+  template <class T, class = void>
+  struct has_append_notes : std::false_type {};
+  template <class T>
+  struct has_append_notes<T, std::void_t<decltype(std::declval<T>().append_notes(
+                                 std::declval<std::vector<std::string>&>()))>> : std::true_type {};
+
+  template <class F>
+  void for_each_extension(F&& f) {
+    std::apply([&](auto&... x) { (f(x), ...); }, extensions_);
+  }
+  template <class F>
+  void for_each_extension_const(F&& f) const {
+    std::apply([&](const auto&... x) { (f(x), ...); }, extensions_);
+  }
+
+  static const float* row(const float* base, std::size_t t, std::size_t stride_bytes) noexcept {
+    return reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(base) +
+                                          t * stride_bytes);
+  }
+
+  std::string where(layer_id l) const {
+    return "session: " + std::string(to_string(phase_)) + " token " +
+           std::to_string(first_token_) + " layer " + std::to_string(to_index(l)) + ": ";
+  }
+  static std::string describe(const gate_input_view& g, std::size_t stride) {
+    return std::string(g.data ? "" : "null data, ") + std::to_string(g.n_tokens) +
+           " token(s) of " + std::to_string(g.length) + " floats, stride " +
+           std::to_string(stride) + " bytes";
+  }
+
+  bool anomaly(anomaly_kind k, std::string message) {
+    if (options_.on_anomaly == anomaly_action::throw_error) throw error(std::move(message));
+    ++anomalies_.by_kind[static_cast<std::size_t>(k)];
+    if (anomalies_.first_message.empty()) anomalies_.first_message = std::move(message);
+    return false;
+  }
+
+  bool check_layer(layer_id l, const char* event) {
+    if (!in_batch_)
+      return anomaly(anomaly_kind::no_batch, std::string("session: ") + event + "(layer " +
+                                                 std::to_string(to_index(l)) +
+                                                 "): no batch has begun; call begin_batch first");
+    if (to_index(l) >= shape_.n_layers())
+      return anomaly(anomaly_kind::layer_out_of_range,
+                     where(l) + event + ": layer out of range [0, " +
+                         std::to_string(shape_.n_layers()) + ")");
+    if (!shape_.is_moe(l))
+      return anomaly(anomaly_kind::dense_layer,
+                     where(l) + event + ": the layer is dense in model '" + shape_.name() + "'");
+    return true;
+  }
+
+  // A batch's event covers every token, except that a prefill batch's layer
+  // may see only its last rows (llama.cpp computes the last layer of a prompt
+  // for the output rows only): those are the batch's last n tokens.
+  bool batch_size_ok(std::size_t n) const noexcept {
+    return n == n_tokens_ || (phase_ == run_phase::prefill && n >= 1 && n < n_tokens_);
+  }
+
+  bool check_routing_event(layer_id l, std::size_t n_tokens) {
+    if (!check_layer(l, "routed")) return false;
+    const std::uint8_t st = layer_state_[to_index(l)];
+    if (st & routed_seen)
+      return anomaly(anomaly_kind::duplicate_routing,
+                     where(l) + "routed: a second routing for this layer in one batch");
+    if (!batch_size_ok(n_tokens))
+      return anomaly(anomaly_kind::routing_shape,
+                     where(l) + "routed: " + std::to_string(n_tokens) +
+                         " token(s); expected the batch's " + std::to_string(n_tokens_));
+    if (gate_required_ && !(st & gate_seen))
+      return anomaly(anomaly_kind::routing_without_gate_input,
+                     where(l) + "routed: the layer's gate input never came; expected "
+                                "gate_input before routed");
+    return true;
+  }
+
+  // Ends the batch: a layer with a gate input but no routing is a token
+  // boundary mid-layer.
+  bool close_batch(const char* event) {
+    bool ok = true;
+    for (std::size_t l = 0; l < layer_state_.size(); ++l) {
+      if ((layer_state_[l] & gate_seen) && !(layer_state_[l] & routed_seen)) {
+        layer_state_[l] |= routed_seen;  // report each layer once
+        ok = anomaly(anomaly_kind::token_boundary_mid_layer,
+                     where(layer_id(static_cast<std::uint16_t>(l))) + event +
+                         ": the layer's gate input came but its routing did not") &&
+             ok;
+      }
+    }
+    for_each_extension([&](auto& x) {
+      if constexpr (has_on_end_batch<decltype(x)>::value) x.on_end_batch(*this);
+    });
+    return ok;
+  }
+
+  template <std::size_t I>
+  void predict_one_from_gate(layer_id source, const float* x) noexcept {
+    using PI = std::tuple_element_t<I, std::tuple<P...>>;
+    if constexpr (is_gate_predictor_v<PI>) {
+      layer_id target{};
+      if (!moe_layer_ahead(shape_, source, PI::horizon, target)) return;
+      const std::size_t t = to_index(target);
+      if (std::get<I>(predictors_).predict(bank_, source, target, x, board_[I][t]))
+        stamp_[I][t] = serial_;
+    }
+  }
+  template <std::size_t... I>
+  void predict_from_gate_impl(layer_id source, const float* x, std::index_sequence<I...>) noexcept {
+    (predict_one_from_gate<I>(source, x), ...);
+  }
+  void predict_from_gate(layer_id source, const float* x) noexcept {
+    predict_from_gate_impl(source, x, std::index_sequence_for<P...>{});
+  }
+
+  template <std::size_t... I>
+  void gather_impl(layer_id l, std::index_sequence<I...>) noexcept {
+    ((ptrs_[I] = [&]() -> const ranking* {
+       using PI = std::tuple_element_t<I, std::tuple<P...>>;
+       const std::size_t t = to_index(l);
+       if constexpr (is_gate_predictor_v<PI>) {
+         // Only a ranking made from this batch's gate input, and only when
+         // this layer's own input was sound (a NaN input is no prediction).
+         return stamp_[I][t] == serial_ ? &board_[I][t] : nullptr;
+       } else {
+         return prediction<I>(l);
+       }
+     }()),
+     ...);
+  }
+
+  bool accept_routings(layer_id l, std::size_t n, const bool* declined) {
+    const std::size_t li = to_index(l);
+    if (declined) {
+      for (std::size_t t = 0; t < n; ++t) scorer_.decline(l, phase_);
+      layer_state_[li] |= routed_seen;
+      return true;
+    }
+    for (std::size_t t = 0; t < n; ++t) {
+      routing& r = buffer_[t];
+      r.phase = phase_;
+      r.token = first_token_ + static_cast<std::uint32_t>(n_tokens_ - n + t);
+      for (std::size_t i = 0; i < r.size(); ++i) {
+        if (to_index(r.id(i)) >= shape_.n_experts())
+          return anomaly(anomaly_kind::expert_out_of_range,
+                         where(l) + "routed: slot " + std::to_string(i) + ": expert " +
+                             std::to_string(to_index(r.id(i))) + " out of range [0, " +
+                             std::to_string(shape_.n_experts()) + ")");
+        for (std::size_t j = 0; j < i; ++j)
+          if (r.id(j) == r.id(i))
+            return anomaly(anomaly_kind::duplicate_expert,
+                           where(l) + "routed: expert " + std::to_string(to_index(r.id(i))) +
+                               " in slots " + std::to_string(j) + " and " + std::to_string(i));
+      }
+      if (r.empty())
+        return anomaly(anomaly_kind::routing_shape, where(l) + "routed: an empty routing");
+    }
+    layer_state_[li] |= routed_seen;
+    if (scorer_.scores_phase(phase_)) {
+      if (n == 1) {
+        gather_impl(l, std::index_sequence_for<P...>{});
+        scorer_.record(buffer_[0], span<const ranking* const>(ptrs_.data(), ptrs_.size()),
+                       span<const bool>(ties_.data(), ties_.size()));
+      } else {
+        unscored_batched_ += n;
+      }
+    } else {
+      scorer_.ignore_phase(n);
+    }
+    for_each_extension([&](auto& x) {
+      if constexpr (has_on_routings<decltype(x)>::value)
+        x.on_routings(*this, l, span<const routing>(buffer_.data(), n),
+                      span<std::uint32_t>(drop_masks_.data(), n));
+    });
+    std::apply(
+        [&](auto&... p) {
+          for (std::size_t t = 0; t < n; ++t) (p.observe(buffer_[t]), ...);
+        },
+        predictors_);
+    return true;
+  }
+
+  model_shape shape_;
+  session_options options_;
+  router_bank bank_;
+  std::tuple<P...> predictors_;
+  std::tuple<X...> extensions_;
+  slot_overlap_scorer scorer_;
+  bool gate_required_ = false;
+
+  std::array<std::vector<ranking>, sizeof...(P)> board_;
+  std::array<std::vector<std::uint64_t>, sizeof...(P)> stamp_;
+  std::array<const ranking*, sizeof...(P)> ptrs_{};
+  static constexpr std::array<bool, sizeof...(P)> ties_{P::tie_aware...};
+
+  bool in_batch_ = false;
+  run_phase phase_ = run_phase::decode;
+  std::uint32_t first_token_ = 0;
+  std::size_t n_tokens_ = 0;
+  std::uint64_t serial_ = 0;
+  std::vector<std::uint8_t> layer_state_;
+  std::vector<routing> buffer_;
+  std::vector<std::uint32_t> drop_masks_;
+
+  anomaly_counts anomalies_;
+  std::uint64_t unscored_batched_ = 0;
+  std::uint64_t decode_tokens_ = 0;
+  std::uint64_t prefill_tokens_ = 0;
+};
+
+/// The session of the demo and the published measurement: stale-gate,
+/// prev-token and the fresh-gate control, in report order.
+using standard_session =
+    session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>>;
+
+}  // namespace moe_residency

@@ -1,0 +1,299 @@
+#include "moe_residency/session.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "moe_residency/synthetic.hpp"
+#include "moe_residency/trace.hpp"
+#include "support.hpp"
+
+using namespace moe_residency;
+
+namespace {
+layer_id L(std::size_t l) { return layer_id(static_cast<std::uint16_t>(l)); }
+expert_id E(std::size_t e) { return expert_id(static_cast<std::uint16_t>(e)); }
+
+synthetic_config small_cfg() {
+  return synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 32, 64, 4);
+}
+
+// Records what the extension hooks saw; asks to drop slot 3 of every decode routing.
+struct recorder {
+  int begins = 0, gates = 0, routings = 0, loads = 0, ends = 0;
+  std::size_t predicted_next = 0;
+  template <class S>
+  void on_begin_batch(S&, run_phase, std::uint32_t, std::size_t) { ++begins; }
+  template <class S>
+  void on_gate_input(S&, layer_id, const gate_input_view&) { ++gates; }
+  template <class S>
+  void on_routings(S& s, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
+    routings += static_cast<int>(rs.size());
+    if (s.phase() == run_phase::decode) drop[0] = 1u << 3;
+  }
+  template <class S>
+  void on_layer_loaded(S& s, layer_id l) {
+    ++loads;
+    // What a planner does here: read the stale-gate's ranking of the next layer.
+    if (s.template prediction<0>(L(to_index(l) + 1))) ++predicted_next;
+  }
+  template <class S>
+  void on_end_batch(S&) { ++ends; }
+  void append_notes(std::vector<std::string>& notes) const { notes.push_back("recorder: ok"); }
+};
+}  // namespace
+
+TEST_CASE("prefill is accepted and not scored; decode is") {
+  const synthetic_model m(small_cfg());
+  synthetic_stream st(m);
+  standard_session s(m.shape());
+  install_routers(s, m);
+  st.next(5);
+  REQUIRE(feed_batch(s, st, run_phase::prefill));
+  CHECK(s.report().offered[1] == 0);
+  CHECK(s.report().ignored_phase == 4 * 5);
+  for (int t = 0; t < 3; ++t) {
+    st.next(1);
+    REQUIRE(feed_batch(s, st, run_phase::decode));
+  }
+  const prediction_report r = s.report();
+  CHECK(r.offered[1] == 3);
+  CHECK(r.totals[0].routings == 3 * 3);  // stale-gate: layers 1..3
+  CHECK(r.totals[0].unscored == 3);       // layer 0 of each token
+  CHECK(r.totals[1].unscored == 4);       // prev-token: the first decode token
+  CHECK(r.totals[2].routings == 12);
+  CHECK(s.decode_tokens() == 3);
+  CHECK(s.prefill_tokens() == 5);
+  CHECK(format_text(r).find("      0       -") != std::string::npos);
+}
+
+TEST_CASE("engine-layout routing batches: int32 ids with an n_expert row stride") {
+  const synthetic_model m(small_cfg());
+  synthetic_stream st(m);
+  st.next(3);
+  session<predictor_set<fresh_gate_control, prev_token_predictor>> s(m.shape());
+  install_routers(s, m);
+  // Decode, one token at a time, ids laid out like ggml's ffn_moe_topk.
+  for (std::size_t t = 0; t < 3; ++t) {
+    REQUIRE(s.begin_batch(run_phase::decode, static_cast<std::uint32_t>(t)));
+    for (std::size_t l = 0; l < 4; ++l) {
+      std::vector<std::int32_t> ids(32, -1);  // row stride n_expert * 4 bytes
+      std::vector<float> w(4);
+      const routing& r = st.routed(L(l), t);
+      for (std::size_t i = 0; i < 4; ++i) {
+        ids[i] = static_cast<std::int32_t>(to_index(r.id(i)));
+        w[i] = r.weight(i);
+      }
+      REQUIRE(s.gate_input(L(l), st.gate_inputs(L(l)) + t * 64, 64));
+      REQUIRE(s.routed(L(l), routing_batch_view{ids.data(), 4, 1, 32 * 4, w.data(), 0}));
+      REQUIRE(s.layer_loaded(L(l)));
+    }
+  }
+  CHECK(s.report().totals[0].perfect());
+  CHECK(s.report().totals[0].routings == 12);
+}
+
+TEST_CASE("extensions see every checked event and can ask for drops") {
+  const synthetic_model m(small_cfg());
+  synthetic_stream st(m);
+  session<predictor_set<stale_gate_predictor, stale_gate_l2_predictor, fresh_gate_control>, recorder>
+      s(m.shape());
+  install_routers(s, m);
+  st.next(2);
+  REQUIRE(feed_batch(s, st, run_phase::prefill));
+  st.next(1);
+  REQUIRE(feed_batch(s, st, run_phase::decode));
+  const recorder& x = s.extension<0>();
+  CHECK(x.begins == 2);
+  CHECK(x.ends == 2);
+  CHECK(x.gates == 8);
+  CHECK(x.routings == 2 * 4 + 4);
+  CHECK(x.loads == 8);
+  CHECK(x.predicted_next == 3);  // decode layers 0..2 had a stale-gate ranking of the next
+  CHECK(s.drop_mask(0) == (1u << 3));
+  const prediction_report r = s.report();
+  CHECK(r.predictors[1].name == "stale-gate l+2");
+  CHECK(r.totals[1].unscored == 2);  // layers 0 and 1 cannot be ranked two layers early
+  CHECK(r.notes.back() == "recorder: ok");
+}
+
+TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomaly") {
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
+                                                   element_type::f32, 4, 32, 64, 4, true));
+  synthetic_stream st(m);
+  st.next(1);
+  const float* x1 = st.gate_inputs(L(1));
+  const routing& r1 = st.routed(L(1), 0);
+
+  SUBCASE("errors name the event") {
+    standard_session s(m.shape());
+    install_routers(s, m);
+    CHECK_THROWS_WITH_AS(s.gate_input(L(1), x1, 64),
+                         "session: gate_input(layer 1): no batch has begun; call begin_batch first",
+                         error);
+    REQUIRE(s.begin_batch(run_phase::decode, 7));
+    CHECK_THROWS_WITH_AS(s.routed(r1),
+                         "session: decode token 7 layer 1: routed: the layer's gate input never "
+                         "came; expected gate_input before routed",
+                         error);
+    CHECK_THROWS_WITH_AS(s.gate_input(L(9), x1, 64),
+                         "session: decode token 7 layer 9: gate_input: layer out of range [0, 4)",
+                         error);
+    CHECK_THROWS_WITH_AS(s.gate_input(L(0), x1, 64),
+                         "session: decode token 7 layer 0: gate_input: the layer is dense in "
+                         "model 'synthetic-qwen3moe'",
+                         error);
+    CHECK_THROWS_AS(s.gate_input(L(1), x1, 63), error);
+    std::vector<float> nan(x1, x1 + 64);
+    nan[5] = std::nanf("");
+    CHECK_THROWS_WITH_AS(s.gate_input(L(2), nan.data(), 64),
+                         "session: decode token 7 layer 2: gate_input: token 7 element 5 is nan; "
+                         "expected a finite value",
+                         error);
+    REQUIRE(s.gate_input(L(1), x1, 64));
+    CHECK_THROWS_AS(s.gate_input(L(1), x1, 64), error);  // duplicate
+    const std::int32_t bad[] = {3, 40, 1, 2};
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{bad, 4}),
+                         "session: decode token 7 layer 1: routed: token 7 slot 1: expert 40 out "
+                         "of range [0, 32)",
+                         error);
+    const expert_id dup[] = {E(3), E(4), E(3), E(5)};
+    CHECK_THROWS_AS(s.routed(L(1), dup, nullptr, 4), error);
+    CHECK_THROWS_AS(s.layer_loaded(L(1)), error);  // no routing yet
+    // A token boundary mid-layer: layer 1's gate input came, its routing did not.
+    CHECK_THROWS_WITH_AS(s.begin_batch(run_phase::decode, 8),
+                         "session: decode token 7 layer 1: begin_batch: the layer's gate input "
+                         "came but its routing did not",
+                         error);
+  }
+
+  SUBCASE("counted anomalies are ignored, reported, and never scored") {
+    session_options o;
+    o.on_anomaly = anomaly_action::count;
+    standard_session s(m.shape(), o);
+    install_routers(s, m);
+    CHECK_FALSE(s.gate_input(L(1), x1, 64));                 // no batch
+    REQUIRE(s.begin_batch(run_phase::decode, 0));
+    CHECK_FALSE(s.routed(r1));                                // no gate input
+    CHECK_FALSE(s.gate_input(L(3), x1, 64, 2, 0));            // 2 tokens in a 1-token batch
+    std::vector<float> nan(x1, x1 + 64);
+    nan[0] = std::nanf("");
+    CHECK_FALSE(s.gate_input(L(2), nan.data(), 64));          // NaN: layer 2's input rejected
+    REQUIRE(s.gate_input(L(1), x1, 64));
+    REQUIRE(s.routed(r1));
+    CHECK_FALSE(s.routed(r1));                                // duplicate routing
+    CHECK(s.routed(st.routed(L(2), 0)));                       // after a NaN input: scored, gate predictors unscored
+    REQUIRE(s.begin_batch(run_phase::decode, 1));
+    const auto& a = s.anomalies();
+    CHECK(a[anomaly_kind::no_batch] == 1);
+    CHECK(a[anomaly_kind::routing_without_gate_input] == 1);
+    CHECK(a[anomaly_kind::gate_input_shape] == 1);
+    CHECK(a[anomaly_kind::nan_gate_input] == 1);
+    CHECK(a[anomaly_kind::duplicate_routing] == 1);
+    CHECK(a.total() == 5);
+    const prediction_report r = s.report();
+    CHECK(r.totals[2].routings == 1);  // only layer 1's routing was scored by the control
+    CHECK(r.totals[2].unscored == 1);  // layer 2's: its gate input was a NaN
+    CHECK(r.totals[2].perfect());
+    CHECK(format_text(r).find("prev-token - (-) |") != std::string::npos);
+    CHECK(format_text(r).find("moe-predict: 5 anomalies ignored (1 event before begin_batch, 1 "
+                              "routing without gate input, 1 duplicate routing, 1 malformed gate "
+                              "input, 1 NaN in a gate input); first: session: gate_input(layer "
+                              "1): no batch has begun") != std::string::npos);
+  }
+}
+
+TEST_CASE("routings wider than 32 are declined, counted, never scored") {
+  const model_shape shape("wide", 64, 4, {1, 1});
+  session<predictor_set<prev_token_predictor>> s(shape);
+  std::vector<expert_id> ids;
+  for (std::size_t i = 0; i < 33; ++i) ids.push_back(E(i));
+  for (std::uint32_t t = 0; t < 3; ++t) {
+    REQUIRE(s.begin_batch(run_phase::decode, t));
+    REQUIRE(s.routed(L(0), ids.data(), nullptr, 33));
+    REQUIRE(s.routed(L(1), ids.data(), nullptr, 4));
+  }
+  const prediction_report r = s.report();
+  CHECK(r.declined == 3);
+  CHECK(r.declined_by_layer[0] == 3);
+  CHECK(r.offered[0] == 0);
+  CHECK(r.totals[0].routings == 2);
+  CHECK(r.totals[0].slots == 8);
+  CHECK(r.totals[0].slot_pct() == doctest::Approx(100.0));
+  CHECK(format_text(r).find("      0       -          0\n") != std::string::npos);
+}
+
+TEST_CASE("multi-token decode batches are accepted and not scored") {
+  const synthetic_model m(small_cfg());
+  synthetic_stream st(m);
+  standard_session s(m.shape());
+  install_routers(s, m);
+  st.next(3);
+  REQUIRE(feed_batch(s, st, run_phase::decode));
+  CHECK(s.unscored_batched() == 12);
+  CHECK(s.report().offered[0] == 0);
+  CHECK(format_text(s.report()).find("12 decode routings came in multi-token batches") !=
+        std::string::npos);
+}
+
+TEST_CASE("a session fed a recorded trace scores like score_routings") {
+  const std::string path = moe_residency_test::real_trace("gptoss.route.csv");
+  if (path.empty()) return;
+  const route_trace t = read_route_trace(path);
+  const trace_routings rs = collect_routings(t);
+  session<predictor_set<prev_token_predictor, frequency_predictor>> s(t.shape());
+  // The prompt as one prefill batch (token-major per layer), then decode token by token.
+  std::vector<std::vector<routing>> prefill(t.shape().n_layers());
+  for (const routing& r : rs.routings)
+    if (r.phase == run_phase::prefill) prefill[to_index(r.layer)].push_back(r);
+  REQUIRE(s.begin_batch(run_phase::prefill, prefill[0].front().token, prefill[0].size()));
+  for (std::size_t l = 0; l < prefill.size(); ++l) {
+    std::sort(prefill[l].begin(), prefill[l].end(),
+              [](const routing& a, const routing& b) { return a.token < b.token; });
+    REQUIRE(s.routed(L(l), span<const routing>(prefill[l])));
+  }
+  for (const routing& r : rs.routings) {
+    if (r.phase != run_phase::decode) continue;
+    if (to_index(r.layer) == 0) REQUIRE(s.begin_batch(r.phase, r.token));
+    REQUIRE(s.routed(r));
+  }
+  prev_token_predictor p;
+  frequency_predictor f;
+  const prediction_report want =
+      score_routings(t.shape(), span<const routing>(rs.routings), rs.declined, {}, p, f);
+  const prediction_report got = s.report();
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(got.totals[i].slot_hits == want.totals[i].slot_hits);
+    CHECK(got.totals[i].slots == want.totals[i].slots);
+    CHECK(got.totals[i].whole_hits == want.totals[i].whole_hits);
+  }
+  CHECK(format_text(got).rfind("moe-predict: prev-token 17.9% of routed slots", 0) == 0);
+}
+
+TEST_CASE("docs/session.md integration") {
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f16,
+                                                   4, 128, 256, 8));
+  synthetic_stream st(m);
+  // --- as in docs/session.md ---
+  standard_session s(m.shape());
+  for (std::size_t l = 0; l < 4; ++l)
+    s.set_router(L(l), matrix_view::f16(static_cast<const std::uint16_t*>(m.router(L(l)).data), 128, 256),
+                 router_spec::qwen3moe(128, 8));
+  for (std::uint32_t position = 0; position < 4; ++position) {
+    st.next(1);
+    s.begin_batch(run_phase::decode, position);
+    for (std::size_t l = 0; l < 4; ++l) {
+      const routing& r = st.routed(L(l), 0);
+      s.gate_input(L(l), st.gate_inputs(L(l)), 256);
+      s.routed(L(l), r.ids().data(), r.weights().data(), 8);
+      s.layer_loaded(L(l));
+    }
+  }
+  const std::string text = format_text(s.report());
+  // ---
+  CHECK(text.find("fresh-gate control 100.0% (100.0%)") != std::string::npos);
+  CHECK(text.find("control 16 routings/128 slots; 4 routings the stale-gate could not rank, 4 the "
+                  "prev-token could not rank\n") != std::string::npos);
+}

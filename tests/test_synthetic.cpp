@@ -1,0 +1,193 @@
+#include "moe_residency/synthetic.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "moe_residency/score.hpp"
+#include "moe_residency/session.hpp"
+
+using namespace moe_residency;
+
+namespace {
+layer_id L(std::size_t l) { return layer_id(static_cast<std::uint16_t>(l)); }
+
+prediction_report run(const synthetic_model& m, std::size_t prompt, std::size_t tokens) {
+  synthetic_stream st(m);
+  standard_session s(m.shape());
+  install_routers(s, m);
+  if (prompt) {
+    st.next(prompt);
+    REQUIRE(feed_batch(s, st, run_phase::prefill));
+  }
+  for (std::size_t t = 0; t < tokens; ++t) {
+    st.next(1);
+    REQUIRE(feed_batch(s, st, run_phase::decode));
+  }
+  return s.report();
+}
+
+void check_control_exact(const prediction_report& r, std::size_t tokens) {
+  const std::size_t c = r.control_index();
+  REQUIRE(c == 2);
+  CHECK(r.totals[c].slot_hits == r.totals[c].slots);
+  CHECK(r.totals[c].whole_hits == r.totals[c].routings);
+  CHECK(r.totals[c].unscored == 0);
+  for (std::size_t l = 0; l < r.n_layers(); ++l) {
+    if (r.offered[l] == 0) continue;
+    CAPTURE(l);
+    CHECK(r.layers[c][l].routings == tokens);
+    CHECK(r.layers[c][l].slot_hits == r.layers[c][l].slots);
+  }
+  CHECK(format_text(r).find("fresh-gate control 100.0% (100.0%)") != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("the control reads exactly 100.0% on every layer, for every router type and rule") {
+  for (auto type : {element_type::f32, element_type::f16, element_type::bf16}) {
+    for (auto rule : {synthetic_router::qwen3moe, synthetic_router::deepseek,
+                      synthetic_router::gpt_oss, synthetic_router::llama4}) {
+      CAPTURE(to_string(type));
+      CAPTURE(to_string(rule));
+      const bool dense_first = rule == synthetic_router::deepseek;
+      const synthetic_model m(synthetic_presets::small(rule, type, 6, 64, 256, 6, dense_first));
+      const prediction_report r = run(m, 8, 16);
+      check_control_exact(r, 16);
+      if (dense_first) CHECK(r.offered[0] == 0);
+    }
+  }
+}
+
+TEST_CASE("the control reads 100.0% on the model-shaped presets") {
+  SUBCASE("qwen3-30b: 48 x 128 x 2048, top-8, f16") {
+    const synthetic_model m(synthetic_presets::qwen3_30b());
+    CHECK(m.shape().n_layers() == 48);
+    CHECK(m.n_embd() == 2048);
+    CHECK(m.router(L(0)).type == element_type::f16);
+    CHECK(m.spec(L(0)).gating == gating_function::softmax);
+    const prediction_report r = run(m, 2, 3);
+    check_control_exact(r, 3);
+    CHECK(r.totals[0].unscored == 3);  // layer 0 of each token
+  }
+  SUBCASE("gpt-oss-120b: 36 x 128 x 2880, top-4, biased softmax_weight") {
+    const synthetic_model m(synthetic_presets::gpt_oss_120b());
+    CHECK(m.shape().n_layers() == 36);
+    CHECK(m.shape().top_k() == 4);
+    CHECK(m.spec(L(0)).gating == gating_function::softmax_weight);
+    CHECK(m.spec(L(0)).logit_bias.size() == 128);
+    check_control_exact(run(m, 0, 2), 2);
+  }
+}
+
+TEST_CASE("a wrong probe drives the control far below 100%") {
+  const synthetic_model m(
+      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 64, 256, 6));
+  const std::size_t E = 64, d = 256;
+
+  SUBCASE("transposed matrix: the weight stored embd x experts, viewed as experts x embd") {
+    std::vector<std::vector<float>> transposed(4, std::vector<float>(E * d));
+    standard_session s(m.shape());
+    for (std::size_t l = 0; l < 4; ++l) {
+      const float* w = static_cast<const float*>(m.router(L(l)).data);
+      for (std::size_t e = 0; e < E; ++e)
+        for (std::size_t i = 0; i < d; ++i) transposed[l][i * E + e] = w[e * d + i];
+      s.set_router(L(l), matrix_view::f32(transposed[l].data(), E, d), m.spec(L(l)));
+    }
+    synthetic_stream st(m);
+    for (int t = 0; t < 16; ++t) {
+      st.next(1);
+      REQUIRE(feed_batch(s, st, run_phase::decode));
+    }
+    const prediction_report r = s.report();
+    MESSAGE("transposed probe: control reads " << r.totals[2].slot_pct() << "%");
+    CHECK(r.totals[2].slot_pct() < 40.0);
+    CHECK(format_text(r).find("moe-predict: the control reads ") != std::string::npos);
+  }
+  SUBCASE("wrong token of the batch: token t's routing probed with token t+1's input") {
+    synthetic_stream st(m);
+    st.next(16);  // 16 tokens' inputs and routings
+    standard_session s(m.shape());
+    install_routers(s, m);
+    for (std::size_t t = 0; t < 16; ++t) {
+      REQUIRE(s.begin_batch(run_phase::decode, static_cast<std::uint32_t>(t)));
+      for (std::size_t l = 0; l < 4; ++l) {
+        const float* x = st.gate_inputs(L(l)) + ((t + 1) % 16) * d;  // off by one row
+        REQUIRE(s.gate_input(L(l), x, d));
+        REQUIRE(s.routed(st.routed(L(l), t)));
+      }
+    }
+    MESSAGE("wrong-token probe: control reads " << s.report().totals[2].slot_pct() << "%");
+    CHECK(s.report().totals[2].slot_pct() < 70.0);
+    CHECK_FALSE(s.report().totals[2].perfect());
+  }
+  SUBCASE("the same feed with the right row reads 100.0%") {
+    synthetic_stream st(m);
+    st.next(16);
+    standard_session s(m.shape());
+    install_routers(s, m);
+    for (std::size_t t = 0; t < 16; ++t) {
+      REQUIRE(s.begin_batch(run_phase::decode, static_cast<std::uint32_t>(t)));
+      for (std::size_t l = 0; l < 4; ++l) {
+        REQUIRE(s.gate_input(L(l), st.gate_inputs(L(l)) + t * d, d));
+        REQUIRE(s.routed(st.routed(L(l), t)));
+      }
+    }
+    CHECK(s.report().totals[2].perfect());
+  }
+}
+
+TEST_CASE("the workload has structure: early layers less predictable, tokens correlated, "
+          "popularity skewed") {
+  synthetic_config c =
+      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 16, 64, 256, 6);
+  c.nudge_first = 0.5f;
+  c.nudge_last = 0.05f;
+  const prediction_report r = run(synthetic_model(c), 0, 40);
+  overlap_counts early, late;
+  for (std::size_t l = 1; l <= 4; ++l) early += r.layers[0][l];
+  for (std::size_t l = 12; l < 16; ++l) late += r.layers[0][l];
+  CHECK(early.slot_pct() + 5.0 < late.slot_pct());
+  CHECK(late.slot_pct() > 80.0);
+  // Random guessing names k/E = 9.4% of slots; the previous token does much better.
+  CHECK(r.totals[1].slot_pct() > 20.0);
+  CHECK(r.totals[1].slot_pct() < r.totals[0].slot_pct());
+
+  SUBCASE("no correlation, no skew: the previous token is close to chance") {
+    c.token_correlation = 0.0f;
+    c.popularity_skew = 0.0f;
+    const prediction_report u = run(synthetic_model(c), 0, 40);
+    CHECK(u.totals[1].slot_pct() < 16.0);
+  }
+}
+
+TEST_CASE("the workload is deterministic from its seed") {
+  const auto cfg = [](std::uint64_t seed) {
+    return synthetic_presets::small(synthetic_router::gpt_oss, element_type::bf16, 3, 32, 64, 4,
+                                    false, seed);
+  };
+  const synthetic_model a(cfg(5)), b(cfg(5)), c(cfg(6));
+  synthetic_stream sa(a), sb(b), sc(c);
+  std::size_t differ = 0;
+  for (int t = 0; t < 8; ++t) {
+    sa.next(2);
+    sb.next(2);
+    sc.next(2);
+    for (std::size_t l = 0; l < 3; ++l)
+      for (std::size_t i = 0; i < 2; ++i) {
+        const routing &ra = sa.routed(L(l), i), &rb = sb.routed(L(l), i), &rc = sc.routed(L(l), i);
+        REQUIRE(ra.size() == 4);
+        for (std::size_t s = 0; s < 4; ++s) {
+          CHECK(ra.id(s) == rb.id(s));
+          CHECK(ra.weight(s) == rb.weight(s));
+          differ += ra.id(s) != rc.id(s);
+        }
+        CHECK(ra.token == sa.first_token() + i);
+      }
+  }
+  CHECK(differ > 0);
+  CHECK_THROWS_AS(synthetic_model(synthetic_config{}), error);
+  synthetic_config bad = cfg(1);
+  bad.token_correlation = 1.0f;
+  CHECK_THROWS_AS(synthetic_model{bad}, error);
+}
