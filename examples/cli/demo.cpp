@@ -6,10 +6,14 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
+#include <tuple>
 
 #include "command.hpp"
+#include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
+#include "moe_residency/speculation.hpp"
 #include "moe_residency/synthetic.hpp"
 
 namespace {
@@ -23,7 +27,85 @@ struct demo_args {
   std::string router;  // empty: the preset's own
   std::string format = "table";
   std::uint64_t seed = 1;
+  // --streamed: experts read from a simulated flash through a cache, with speculation.
+  bool streamed = false;
+  double budget_mib = 2000;
+  std::size_t lanes = 2;
+  std::size_t cap = 2;
+  std::size_t horizon = 1;
+  double drop = 0;            // F; 0 = dropping off
+  bool no_speculation = false;  // the control arm of a matched pair
+  double compute_ms = 0;      // simulated compute per MoE layer (what speculation overlaps)
+  double flash_mibps = 2459.8;
+  double lane_mibps = 1809.9;
 };
+
+// The streamed mode: the synthetic workload through a session that owns an LRU
+// cache and speculation (stale-gate's ranking, predictor 0), reading experts from
+// a simulated flash; prints the prediction report, then the cache, drop and
+// prefetch lines, then the decode speed.
+using streamed_speculation = speculation<expert_cache<lru_policy>, 0>;
+using streamed_session =
+    session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>,
+            streamed_speculation>;
+
+void run_streamed(const demo_args& a, const synthetic_model& model) {
+  const model_shape& shape = model.shape();
+  simulated_flash_options fo;
+  fo.device_mib_per_s = a.flash_mibps;
+  fo.lane_mib_per_s = a.lane_mibps;
+  simulated_flash flash(shape, fo);
+  speculation_options o;
+  o.enabled = !a.no_speculation;
+  o.cap = a.cap;
+  o.horizon = a.horizon;
+  o.scheduler.lanes = a.lanes;
+  if (a.drop > 0) {
+    o.drop = drop_options{};
+    o.drop->fraction = a.drop;
+    o.drop->on_warning = [](const std::string& w) { std::fprintf(stderr, "demo: %s\n", w.c_str()); };
+  }
+  streamed_session s(
+      shape, session_options{}, {},
+      std::tuple<streamed_speculation>{streamed_speculation(
+          shape, expert_cache<lru_policy>(shape, {from_mib(a.budget_mib), cycle_guard::refuse, {}}),
+          flash.callback(), o)});
+  install_routers(s, model);
+  synthetic_stream stream(model);
+  auto feed = [&](run_phase phase, std::size_t n) {
+    stream.next(n);
+    s.begin_batch(phase, stream.first_token(), n);
+    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
+      const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
+      if (!shape.is_moe(lid)) continue;
+      s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n,
+                   model.n_embd() * sizeof(float));
+      s.routed(lid, span<const routing>(&stream.routed(lid, 0), n));  // demanded load (+ drops)
+      s.layer_loaded(lid);  // speculative reads for the next layer handed to the lanes
+      if (a.compute_ms > 0)  // the layer's compute, which speculation overlaps
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.compute_ms));
+    }
+    s.end_batch();
+  };
+  if (a.prompt) feed(run_phase::prefill, a.prompt);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t t = 0; t < a.tokens; ++t) feed(run_phase::decode, 1);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.extension<0>().finish();
+  const prediction_report r = s.report();
+  std::fputs((a.format == "table" ? format_text(r)
+              : a.format == "csv" ? format_csv(r)
+                                  : format_json(r)).c_str(),
+             stdout);
+  if (a.format != "table") return;
+  for (const std::string& line : s.extension<0>().lines()) std::printf("%s\n", line.c_str());
+  const double tokens = static_cast<double>(a.tokens);
+  std::printf("moe-stream: decode %.1f ms/token (%.2f tokens/s); flash %.1f MiB demanded + %.1f "
+              "MiB speculative per token (prefill included), %.0f MiB/s device, %zu lanes\n",
+              1e3 * secs / tokens, tokens / secs, to_mib(flash.demanded_bytes()) / tokens,
+              to_mib(flash.speculative_bytes()) / tokens, a.flash_mibps, a.lanes);
+}
 
 element_type parse_router(const std::string& s) {
   if (s == "f32") return element_type::f32;
@@ -48,6 +130,7 @@ void run_demo(const demo_args& a) {
 
   const auto t0 = std::chrono::steady_clock::now();
   const synthetic_model model(c);
+  if (a.streamed) return run_streamed(a, model);
   synthetic_stream stream(model);
   standard_session s(model.shape());
   install_routers(s, model);
@@ -89,6 +172,28 @@ const moe_residency_cli::command_registrar reg{
                      "gpt-oss-120b)");
       sub.add_option("--format", a->format, "table | json | csv")->capture_default_str();
       sub.add_option("--seed", a->seed, "workload seed")->capture_default_str();
+      sub.add_flag("--streamed", a->streamed,
+                   "read experts from a simulated flash through a cache, with speculation");
+      sub.add_option("--budget", a->budget_mib, "--streamed: cache budget, MiB")
+          ->capture_default_str();
+      sub.add_option("--lanes", a->lanes, "--streamed: read lanes (0 = synchronous)")
+          ->capture_default_str();
+      sub.add_option("--cap", a->cap, "--streamed: speculative reads per layer")
+          ->capture_default_str();
+      sub.add_option("--horizon", a->horizon, "--streamed: speculate 1 or 2 MoE layers ahead")
+          ->capture_default_str();
+      sub.add_option("--drop", a->drop, "--streamed: drop fraction F in (0, 1]; 0 = off")
+          ->capture_default_str();
+      sub.add_flag("--no-speculation", a->no_speculation,
+                   "--streamed: the control arm (same cache and drops, no speculative reads)");
+      sub.add_option("--compute-ms", a->compute_ms,
+                     "--streamed: simulated compute per MoE layer, ms")
+          ->capture_default_str();
+      sub.add_option("--flash-mibps", a->flash_mibps, "--streamed: device bandwidth, MiB/s")
+          ->capture_default_str();
+      sub.add_option("--lane-mibps", a->lane_mibps,
+                     "--streamed: bandwidth of one lane alone, MiB/s")
+          ->capture_default_str();
       sub.callback([a] { run_demo(*a); });
     }};
 

@@ -13,3 +13,6 @@
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
 #include "moe_residency/synthetic.hpp"
+#include "moe_residency/plan.hpp"
+#include "moe_residency/io.hpp"
+#include "moe_residency/speculation.hpp"

@@ -642,6 +642,10 @@ class session<predictor_set<P...>, X...> {
     } else {
       scorer_.ignore_phase(n);
     }
+    // Each layer's drop decisions start clean: a mask must never carry over
+    // from the previous layer of the same batch.
+    if (drop_masks_.size() < n) drop_masks_.resize(n);
+    std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n), 0u);
     for_each_extension([&](auto& x) {
       if constexpr (has_on_routings<decltype(x)>::value)
         x.on_routings(*this, l, span<const routing>(buffer_.data(), n),

@@ -1,0 +1,478 @@
+#pragma once
+/// Speculation at run time: the glue between a cache, the drop policy, the
+/// planner and the read scheduler, usable directly by an engine or as an
+/// extension a `session` owns (it implements the session's optional
+/// `on_begin_batch / on_routings / on_layer_loaded` hooks).
+///
+/// Order of one layer's load (host thread):
+///  1. `begin_load` (the session's `routed`): quiesce the scheduler, apply the
+///     speculative reads that completed to the cache, decide drops (after the
+///     integration, so a speculative read that landed un-drops its expert),
+///     run the cache's load batch for the kept experts, read the misses
+///     through the scheduler (demanded before any speculation).
+///  2. `end_load` (the session's `layer_loaded`): plan the reads for the MoE
+///     layer `horizon` ahead from its predicted ranking and hand them to the
+///     scheduler — only now, never when the prediction was made.
+/// With dropping off, the experts demanded and the routings executed are the
+/// same with and without speculation; only residency and timing change.
+/// docs/speculation.md has the rules, the accounting and the measured lesson.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "moe_residency/cache/expert_cache.hpp"
+#include "moe_residency/core.hpp"
+#include "moe_residency/error.hpp"
+#include "moe_residency/io.hpp"
+#include "moe_residency/plan.hpp"
+
+namespace moe_residency {
+
+/// How a `speculation` is configured.
+struct speculation_options {
+  /// false: the control arm — same cache, drops and demanded reads, no
+  /// speculative read ever issued (for matched pairs).
+  bool enabled = true;
+  /// The planner's cap: speculative reads per layer (2 measured best on phone flash).
+  std::size_t cap = speculation_planner::default_cap;
+  /// Read for the MoE layer `horizon` MoE layers after the one just loaded
+  /// (1 or 2; the predictor must rank that layer by then).
+  std::size_t horizon = 1;
+  /// Cache-aware dropping, armed when set.
+  std::optional<drop_options> drop;
+  /// Lanes, queue bound, quiesce mode. lanes = 0: synchronous — speculative
+  /// reads run inline right after they are issued (end of `end_load`), which
+  /// makes a run deterministic for tests and replays.
+  scheduler_options scheduler;
+  /// Read the demanded misses through the scheduler's lanes (a host that
+  /// loads its own demanded experts sets false; quiesce still runs).
+  bool demanded_reads = true;
+};
+
+/// What speculation did to residency, per run. Reads themselves (issued,
+/// completed, cancelled, failed, stall) are in `read_scheduler::stats()`.
+struct speculation_stats {
+  std::uint64_t loads = 0;                ///< demanded loads (layer × batch)
+  std::uint64_t decode_tokens = 0;
+  std::uint64_t no_prediction = 0;        ///< end_load without a ranking for the target layer
+  std::uint64_t planned = 0;              ///< reads the planner proposed
+  std::uint64_t skipped_resident = 0;     ///< predictions already resident
+  std::uint64_t skipped_below_threshold = 0;  ///< predicted misses the armed drop would skip
+  std::uint64_t inserted = 0;             ///< completed reads made resident in the cache
+  std::uint64_t inserted_bytes = 0;
+  std::uint64_t redundant = 0;            ///< completed, but already resident when applied
+  std::uint64_t redundant_bytes = 0;
+  std::uint64_t useful = 0;               ///< inserted, then demanded before eviction
+  std::uint64_t useful_bytes = 0;
+  std::uint64_t evicted_unused = 0;       ///< inserted, evicted before any demand
+  std::uint64_t evicted_unused_bytes = 0;
+  std::uint64_t pending = 0;              ///< inserted, still resident, not demanded yet
+  std::uint64_t undropped = 0;            ///< experts kept only because speculation made them resident
+  std::uint64_t demanded_reads = 0;       ///< misses read by the demanded loads
+  std::uint64_t demanded_failed = 0;      ///< of those, failed (the host must handle them)
+  std::uint64_t decode_stall_ns = 0;      ///< decode loads' time in quiesce + demanded reads, ns
+};
+
+namespace detail {
+inline bool plan_moe_layer_ahead(const model_shape& shape, layer_id source, std::size_t horizon,
+                                 layer_id& target) noexcept {
+  std::size_t l = to_index(source);
+  while (horizon > 0) {
+    if (++l >= shape.n_layers()) return false;
+    if (shape.is_moe(layer_id(static_cast<std::uint16_t>(l)))) --horizon;
+  }
+  target = layer_id(static_cast<std::uint16_t>(l));
+  return true;
+}
+inline std::string plan_fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+}  // namespace detail
+
+/// Speculative reads for a cache, with drop policy, planner and scheduler.
+/// `Cache` is an `expert_cache<Policy>` (or anything with its engine API:
+/// is_resident, insert, begin_batch, lookup, end_batch, stats, budget_bytes).
+/// `Predictor` is the index of the session predictor whose ranking is used
+/// (0 = the first; stale-gate in `standard_session`). Movable, not copyable;
+/// every member is called from the host thread.
+template <class Cache, std::size_t Predictor = 0>
+class speculation {
+ public:
+  /// Throws `error` on a horizon outside [1, 2], a cap above 32, a bad drop
+  /// fraction, a bad scheduler configuration, or a cache of another shape.
+  speculation(const model_shape& shape, Cache cache, read_callback read,
+              speculation_options options = {})
+      : shape_(shape),
+        options_(std::move(options)),
+        cache_(std::move(cache)),
+        planner_(options_.cap) {
+    if (options_.horizon < 1 || options_.horizon > 2)
+      throw error("speculation: horizon " + std::to_string(options_.horizon) +
+                  " out of range; expected 1 (next MoE layer) or 2");
+    if (!(cache_.shape() == shape_))
+      throw error("speculation: the cache's model shape '" + cache_.shape().name() +
+                  "' differs from '" + shape_.name() + "'");
+    if (options_.drop) drop_.emplace(shape_, *options_.drop);
+    scheduler_ = std::make_unique<read_scheduler>(std::move(read), options_.scheduler);
+    const std::size_t slots = shape_.n_layers() * shape_.n_experts();
+    pending_flag_.assign(slots, 0);
+    pending_list_.reserve(slots);
+    demanded_.reserve(shape_.n_experts());
+    outcomes_.resize(shape_.n_experts());
+  }
+
+  // ---- the two calls of a layer's load (engine API) ------------------------
+
+  /// Start of layer l's demanded load. `routings`: the layer's routing per
+  /// token of the batch (token-major, all of one layer and phase);
+  /// `drop_masks[t]` receives the slots of routing t to skip (0 when dropping
+  /// is off). Returns the number of demanded misses.
+  std::size_t begin_load(span<const routing> routings, span<std::uint32_t> drop_masks) noexcept {
+    if (routings.empty()) return 0;
+    const layer_id l = routings[0].layer;
+    const run_phase phase = routings[0].phase;
+    const std::uint64_t bytes = shape_.expert_bytes(l);
+    ++stats_.loads;
+
+    // 1. Quiesce, and apply what completed — on this (the host's) thread.
+    const auto t0 = std::chrono::steady_clock::now();
+    const span<const completed_read> done = scheduler_->quiesce();
+    const auto t1 = std::chrono::steady_clock::now();
+    integrate(done);
+    sweep();
+
+    // 2. Drop decisions, on the residency speculation just updated.
+    for (std::size_t t = 0; t < routings.size(); ++t) {
+      std::uint32_t mask = 0;
+      if (drop_) {
+        const routing& r = routings[t];
+        const drop_decision d = drop_->decide(r, resident_query());
+        mask = d.dropped_mask;
+        if (d.eligible) count_undropped(r, mask);
+      }
+      if (t < drop_masks.size()) drop_masks[t] = mask;
+    }
+
+    // 3. The cache's load batch: the kept experts, token-major.
+    demanded_.clear();
+    if (cache_.begin_batch(phase, l)) {
+      for (std::size_t t = 0; t < routings.size(); ++t) {
+        const routing& r = routings[t];
+        const std::uint32_t mask = t < drop_masks.size() ? drop_masks[t] : 0u;
+        for (std::size_t s = 0; s < r.size(); ++s) {
+          if ((mask >> s) & 1u) continue;
+          const expert_id e = r.id(s);
+          const std::size_t slot = slot_of(l, e);
+          const lookup_result res = cache_.lookup(e);
+          if (res == lookup_result::hit && slot < pending_flag_.size() && pending_flag_[slot]) {
+            pending_flag_[slot] = 0;  // a hit thanks to speculation
+            ++stats_.useful;
+            stats_.useful_bytes += bytes;
+          } else if (res == lookup_result::miss) {
+            demanded_.push_back(read_request{l, e, bytes});
+          }
+        }
+      }
+      cache_.end_batch();
+    }
+
+    // 4. The demanded reads, ahead of any speculative one.
+    stats_.demanded_reads += demanded_.size();
+    auto t2 = std::chrono::steady_clock::now(), t3 = t2;
+    if (options_.demanded_reads && !demanded_.empty()) {
+      const std::size_t ok = scheduler_->demand(
+          span<const read_request>(demanded_.data(), demanded_.size()),
+          span<read_outcome>(outcomes_.data(), demanded_.size()));
+      stats_.demanded_failed += demanded_.size() - ok;
+      t3 = std::chrono::steady_clock::now();
+    }
+    if (phase == run_phase::decode)
+      stats_.decode_stall_ns += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>((t1 - t0) + (t3 - t2)).count());
+    sweep();  // the batch may have evicted speculated entries
+    return demanded_.size();
+  }
+
+  /// End of layer l's demanded load: plans reads for the MoE layer `horizon`
+  /// ahead from `predicted` (its ranking with predicted weights; null when the
+  /// predictor had none) and hands them to the scheduler. Returns the number
+  /// issued. In synchronous mode they run here, before returning.
+  std::size_t end_load(layer_id l, const ranking* predicted) noexcept {
+    if (!options_.enabled) return 0;
+    layer_id target{};
+    if (!detail::plan_moe_layer_ahead(shape_, l, options_.horizon, target)) return 0;
+    if (!predicted) {
+      ++stats_.no_prediction;
+      return 0;
+    }
+    std::optional<double> threshold;
+    if (drop_) threshold = drop_->threshold();
+    const speculation_plan p =
+        planner_.plan(target, *predicted, shape_.top_k(), resident_query(), threshold);
+    stats_.planned += p.size();
+    stats_.skipped_resident += p.skipped_resident;
+    stats_.skipped_below_threshold += p.skipped_below_threshold;
+    std::size_t issued = 0;
+    const std::uint64_t bytes = shape_.expert_bytes(target);
+    for (std::size_t i = 0; i < p.size(); ++i)
+      issued += scheduler_->speculate(read_request{target, p.id(i), bytes});
+    if (scheduler_->synchronous()) scheduler_->pump();
+    return issued;
+  }
+
+  /// End of the run: applies what completed (waiting as configured) so the
+  /// counters are final, without issuing anything.
+  void finish() noexcept {
+    integrate(scheduler_->quiesce());
+    sweep();
+  }
+
+  // ---- session extension hooks ---------------------------------------------
+
+  template <class Session>
+  void on_begin_batch(Session&, run_phase phase, std::uint32_t, std::size_t n_tokens) noexcept {
+    if (phase == run_phase::decode) stats_.decode_tokens += n_tokens;
+  }
+  template <class Session>
+  void on_routings(Session&, layer_id, span<const routing> routings,
+                   span<std::uint32_t> drop_masks) noexcept {
+    begin_load(routings, drop_masks);
+  }
+  template <class Session>
+  void on_layer_loaded(Session& s, layer_id l) noexcept {
+    if (!options_.enabled) return;
+    layer_id target{};
+    if (!detail::plan_moe_layer_ahead(shape_, l, options_.horizon, target)) return;
+    end_load(l, s.template prediction<Predictor>(target));
+  }
+  /// The cache line, the drop line (when dropping is armed) and the prefetch
+  /// line, to print after the prediction report. (Deliberately not the
+  /// session's `append_notes` hook: the report prefixes notes with
+  /// "moe-predict: ", and these are lines of their own.)
+  std::vector<std::string> lines() const {
+    std::vector<std::string> out{cache_line()};
+    if (drop_) out.push_back(drop_line());
+    out.push_back(prefetch_line());
+    return out;
+  }
+
+  // ---- results --------------------------------------------------------------
+
+  /// Counters, with `pending` current.
+  speculation_stats stats() const noexcept {
+    speculation_stats s = stats_;
+    s.pending = pending_list_.size();
+    return s;
+  }
+  scheduler_stats read_stats() const { return scheduler_->stats(); }
+
+  /// `moe-prefetch: issued N / useful U (P% of completed) / cancelled C, X MiB speculated per token; ...`
+  std::string prefetch_line() const {
+    const scheduler_stats r = scheduler_->stats();
+    const speculation_stats s = stats();
+    if (!options_.enabled)
+      return "moe-prefetch: off (control arm); " + std::to_string(s.demanded_reads) +
+             " demanded reads, decode stall " + per_token_ms(s.decode_stall_ns) + " ms per token";
+    const double tokens = static_cast<double>(std::max<std::uint64_t>(s.decode_tokens, 1));
+    const double useful_pct =
+        r.completed ? 100.0 * static_cast<double>(s.useful) / static_cast<double>(r.completed) : 0.0;
+    const std::uint64_t wasted = s.redundant_bytes + s.evicted_unused_bytes + r.discarded_bytes;
+    return "moe-prefetch: issued " + std::to_string(r.issued) + " / useful " +
+           std::to_string(s.useful) + " (" + detail::plan_fixed(useful_pct, 1) +
+           "% of completed) / cancelled " + std::to_string(r.cancelled) + ", " +
+           detail::plan_fixed(to_mib(r.completed_bytes) / tokens, 1) +
+           " MiB speculated per token; completed " + std::to_string(r.completed) + ", failed " +
+           std::to_string(r.failed) + ", rejected " + std::to_string(r.rejected) + ", wasted " +
+           detail::plan_fixed(to_mib(wasted), 1) + " MiB, pending " + std::to_string(s.pending) +
+           ", decode stall " + per_token_ms(s.decode_stall_ns) + " ms per token";
+  }
+  /// `moe-drop: F = 1 (threshold 0.125): dropped D of N routed experts in R of M routings, ...`
+  std::string drop_line() const {
+    if (!drop_) return "moe-drop: off";
+    const drop_stats& d = drop_->stats();
+    return "moe-drop: F = " + detail::plan_format_number(drop_->fraction()) + " (threshold " +
+           detail::plan_format_number(drop_->threshold()) + "): dropped " +
+           std::to_string(d.experts_dropped) + " of " + std::to_string(d.experts) +
+           " routed experts in " + std::to_string(d.routings_with_drop) + " of " +
+           std::to_string(d.routings) + " routings; " +
+           detail::plan_fixed(100.0 * d.miss_bytes_avoided_fraction(), 1) +
+           "% of miss bytes avoided (" + detail::plan_fixed(to_mib(d.miss_bytes_avoided), 1) +
+           " MiB), " + detail::plan_fixed(100.0 * d.weight_discarded_fraction(), 1) +
+           "% of router weight discarded; " + std::to_string(stats_.undropped) +
+           " un-dropped by speculation";
+  }
+  /// `moe-cache: decode hit H% (cumulative C%), X MiB read per decode token, budget B MiB`
+  std::string cache_line() const {
+    const auto& c = cache_.stats();
+    const double tokens = static_cast<double>(std::max<std::uint64_t>(stats_.decode_tokens, 1));
+    return "moe-cache: decode hit " + detail::plan_fixed(c.decode.hit_pct(), 1) +
+           "% (cumulative " + detail::plan_fixed(c.all.hit_pct(), 1) + "%), " +
+           detail::plan_fixed(to_mib(c.decode.bytes_read) / tokens, 1) +
+           " MiB demanded per decode token, budget " +
+           detail::plan_fixed(to_mib(cache_.budget_bytes()), 0) + " MiB";
+  }
+
+  const Cache& cache() const noexcept { return cache_; }
+  Cache& cache() noexcept { return cache_; }
+  /// The drop policy, or null when dropping is off.
+  const drop_policy* drop() const noexcept { return drop_ ? &*drop_ : nullptr; }
+  const speculation_planner& planner() const noexcept { return planner_; }
+  read_scheduler& scheduler() noexcept { return *scheduler_; }
+  const speculation_options& options() const noexcept { return options_; }
+  const model_shape& shape() const noexcept { return shape_; }
+
+ private:
+  auto resident_query() const noexcept {
+    return [this](layer_id l, expert_id e) noexcept { return cache_.is_resident(l, e); };
+  }
+  std::size_t slot_of(layer_id l, expert_id e) const noexcept {
+    return to_index(l) * shape_.n_experts() + to_index(e);
+  }
+  std::string per_token_ms(std::uint64_t ns) const {
+    const double tokens = static_cast<double>(std::max<std::uint64_t>(stats_.decode_tokens, 1));
+    return detail::plan_fixed(static_cast<double>(ns) / 1e6 / tokens, 2);
+  }
+
+  // Applies completed speculative reads to the cache (host thread).
+  void integrate(span<const completed_read> done) noexcept {
+    for (const completed_read& c : done) {
+      if (c.outcome != read_outcome::ok) continue;  // counted by the scheduler; residency untouched
+      const std::size_t slot = slot_of(c.request.layer, c.request.expert);
+      if (slot >= pending_flag_.size()) continue;
+      if (cache_.is_resident(c.request.layer, c.request.expert)) {
+        ++stats_.redundant;
+        stats_.redundant_bytes += c.request.bytes;
+        continue;
+      }
+      if (!cache_.insert(c.request.layer, c.request.expert)) continue;
+      ++stats_.inserted;
+      stats_.inserted_bytes += c.request.bytes;
+      if (!pending_flag_[slot]) pending_list_.push_back(static_cast<std::uint32_t>(slot));
+      pending_flag_[slot] = 1;
+    }
+  }
+
+  // Settles speculated entries: demanded (flag cleared) or evicted unused.
+  void sweep() noexcept {
+    std::size_t w = 0;
+    const std::size_t E = shape_.n_experts();
+    for (std::size_t i = 0; i < pending_list_.size(); ++i) {
+      const std::uint32_t slot = pending_list_[i];
+      if (!pending_flag_[slot]) continue;  // demanded: counted as useful already
+      const layer_id l = layer_id(static_cast<std::uint16_t>(slot / E));
+      const expert_id e = expert_id(static_cast<std::uint16_t>(slot % E));
+      if (!cache_.is_resident(l, e)) {
+        pending_flag_[slot] = 0;
+        ++stats_.evicted_unused;
+        stats_.evicted_unused_bytes += shape_.expert_bytes(l);
+        continue;
+      }
+      pending_list_[w++] = slot;
+    }
+    pending_list_.resize(w);
+  }
+
+  // Slots the drop policy would have skipped had speculation not made them resident.
+  void count_undropped(const routing& r, std::uint32_t mask) noexcept {
+    const std::size_t top = drop_policy::top_weighted_slot(r);
+    for (std::size_t s = 0; s < r.size(); ++s) {
+      if (s == top || ((mask >> s) & 1u)) continue;
+      if (!(static_cast<double>(r.weight(s)) < drop_->threshold())) continue;
+      const std::size_t slot = slot_of(r.layer, r.id(s));
+      if (slot < pending_flag_.size() && pending_flag_[slot]) ++stats_.undropped;
+    }
+  }
+
+  model_shape shape_;
+  speculation_options options_;
+  Cache cache_;
+  speculation_planner planner_;
+  std::optional<drop_policy> drop_;
+  std::unique_ptr<read_scheduler> scheduler_;
+  std::vector<std::uint8_t> pending_flag_;    // per slot: resident through speculation, not yet demanded
+  std::vector<std::uint32_t> pending_list_;   // the slots with the flag set (or just cleared)
+  std::vector<read_request> demanded_;
+  std::vector<read_outcome> outcomes_;
+  speculation_stats stats_;
+};
+
+// ---- a simulated storage device, for demos and tests -------------------------
+
+/// How a simulated flash device behaves. Defaults: the phone in
+/// shared/traces/flash-lanes.csv (4 MiB random reads, cold): one lane alone
+/// reads 1809.9 MiB/s; two or more saturate the device at ~2459.8 MiB/s, and
+/// more lanes only add latency.
+struct simulated_flash_options {
+  double device_mib_per_s = 2459.8;  ///< aggregate bandwidth of the device
+  double lane_mib_per_s = 1809.9;    ///< the most one read stream gets alone
+  double time_scale = 1.0;           ///< multiply every delay (e.g. 0.1 to run 10× faster)
+};
+
+/// A read callback that sleeps in proportion to bytes over the configured
+/// bandwidth: each read takes at least bytes / lane bandwidth, and all reads
+/// share the device's bandwidth (a device timeline reserved under a mutex),
+/// which is the lane ceiling. Thread-safe. Keep it alive while a scheduler
+/// uses `callback()`.
+class simulated_flash {
+ public:
+  /// Throws `error` on a non-positive bandwidth or time scale.
+  simulated_flash(const model_shape& shape, simulated_flash_options o = {})
+      : shape_(shape), o_(o) {
+    if (!(o_.device_mib_per_s > 0) || !(o_.lane_mib_per_s > 0) || !(o_.time_scale > 0))
+      throw error("simulated_flash: bandwidths and time_scale must be > 0");
+  }
+  simulated_flash(const simulated_flash&) = delete;
+  simulated_flash& operator=(const simulated_flash&) = delete;
+
+  read_status read(layer_id l, expert_id, read_reason why) {
+    const std::uint64_t bytes = shape_.expert_bytes(l);
+    if (bytes == 0) return read_status::failed;
+    using namespace std::chrono;
+    const auto device_time = duration<double>(to_mib(bytes) / o_.device_mib_per_s * o_.time_scale);
+    const auto lane_time = duration<double>(to_mib(bytes) / o_.lane_mib_per_s * o_.time_scale);
+    clock::time_point done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const clock::time_point now = clock::now();
+      free_at_ = std::max(free_at_, now) + duration_cast<clock::duration>(device_time);
+      done = std::max(free_at_, now + duration_cast<clock::duration>(lane_time));
+      (why == read_reason::demanded ? demanded_bytes_ : speculative_bytes_) += bytes;
+    }
+    std::this_thread::sleep_until(done);
+    return read_status::ok;
+  }
+  /// A callback bound to this device.
+  read_callback callback() {
+    return [this](layer_id l, expert_id e, read_reason why) { return read(l, e, why); };
+  }
+  std::uint64_t demanded_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return demanded_bytes_;
+  }
+  std::uint64_t speculative_bytes() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return speculative_bytes_;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  model_shape shape_;
+  simulated_flash_options o_;
+  mutable std::mutex mu_;
+  clock::time_point free_at_{};
+  std::uint64_t demanded_bytes_ = 0, speculative_bytes_ = 0;
+};
+
+}  // namespace moe_residency
