@@ -424,6 +424,171 @@ TEST_CASE("gemv honours a row stride larger than the row") {
   }
 }
 
+// ---- run-time dispatch (x86-64 GCC/Clang) ---------------------------------
+
+TEST_CASE("gemv reports the path it takes") {
+  const std::string name = gemv_arch_name();
+#ifndef XSIMD_NO_SUPPORTED_ARCHITECTURE
+  const std::string compiled = xsimd::default_arch::name();
+#else
+  const std::string compiled = "scalar";
+#endif
+  MESSAGE("gemv() takes " << name << " (dispatch compiled into gemv: "
+                          << MOE_RESIDENCY_DETAIL_GEMV_DISPATCH << ", fused madd: "
+                          << MOE_RESIDENCY_FUSED_MADD << ")");
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL
+  const bool cpu = detail::x86_has_avx2_fma_f16c();
+  MESSAGE("CPU has AVX2+FMA+F16C: " << std::string(cpu ? "yes" : "no"));
+#else
+  const bool cpu = false;
+#endif
+#if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+  CHECK(gemv_dispatched() == cpu);
+#else
+  (void)cpu;
+  CHECK_FALSE(gemv_dispatched());
+#endif
+  if (gemv_dispatched()) CHECK(name == compiled + "+avx2-fma-f16c-dispatch");
+  else CHECK(name == compiled);
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  // Compiled for the features already (the -march=native twin): the xsimd
+  // path, never the dispatch.
+  CHECK(MOE_RESIDENCY_DETAIL_GEMV_DISPATCH == 0);
+#else
+  // A TU without them (the default build) is what the dispatch exists for.
+  CHECK(MOE_RESIDENCY_DETAIL_GEMV_DISPATCH == 1);
+#endif
+#endif
+}
+
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL
+
+namespace {
+
+bool skip_without_avx2_fma_f16c() {
+  if (detail::x86_has_avx2_fma_f16c()) return false;
+  MESSAGE("SKIPPED: this CPU lacks AVX2+FMA+F16C; the dispatched kernel cannot run here");
+  return true;
+}
+
+// Odd sizes around the 32-lane, 32-row and 512-column blocks, with strides.
+const std::size_t dispatch_shapes[][3] = {
+    {1, 1, 0},     {1, 31, 0},    {1, 32, 0},    {2, 33, 5},    {31, 63, 1},   {32, 64, 0},
+    {33, 95, 7},   {65, 511, 0},  {17, 512, 2},  {40, 513, 9},  {3, 1055, 31}, {128, 2048, 0},
+    {64, 2880, 8}, {7, 4099, 13}, {300, 100, 0}};
+
+// x86_gemv_rows with the multiply-add variant chosen at run time, x unrounded.
+template <element_type T>
+void rows_kernel(bool fused, const char* base, std::size_t rows, std::size_t cols,
+                 const matrix_view& w, const std::vector<float>& x, float (*acc)[32]) {
+  if (fused)
+    detail::x86_gemv_rows<T, true>(base, rows, cols, w.row_stride_bytes, x.data(), false, acc);
+  else
+    detail::x86_gemv_rows<T, false>(base, rows, cols, w.row_stride_bytes, x.data(), false, acc);
+}
+
+}  // namespace
+
+TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
+  if (skip_without_avx2_fma_f16c()) return;
+  std::uint32_t seed = 500;
+  std::size_t rows_checked = 0;
+  for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
+    for (const auto& s : dispatch_shapes)
+      for (const activation_rounding r :
+           {activation_rounding::engine, activation_rounding::none}) {
+        const test_matrix m(t, s[0], s[1], s[2], seed++);
+        const auto x = random_activation(s[1], seed++);
+        const auto w = m.view();
+        std::vector<float> want(s[0]), got(s[0], -1.0f), via_gemv(s[0], -1.0f);
+        gemv_scalar(w, x.data(), want.data(), r);
+        detail::gemv_x86_impl(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(),
+                              got.data(), r);
+        gemv(w, x.data(), via_gemv.data(), r);
+        for (std::size_t i = 0; i < s[0]; ++i) {
+          INFO(to_string(t) << " " << s[0] << "x" << s[1] << " pad " << s[2] << " row " << i);
+          REQUIRE(bits(got[i]) == bits(want[i]));
+          REQUIRE(bits(via_gemv[i]) == bits(want[i]));
+        }
+        rows_checked += s[0];
+      }
+  CHECK(rows_checked > 3000);
+}
+
+TEST_CASE("the dispatched kernel's lanes equal a per-lane loop, fused and unfused") {
+  // x86_gemv_rows fills the 32 lanes; check both multiply-add variants in
+  // every build (gemv uses the one MOE_RESIDENCY_FUSED_MADD names) against an
+  // obvious loop: lane e%32 += w[e]*x[e], as one fma or as a rounded product
+  // (volatile, so the compiler cannot contract it) then an add. x is not
+  // rounded: with engine rounding an f16/bf16 product has <= 22 significant
+  // bits, is exact in float, and fused and unfused agree.
+  if (skip_without_avx2_fma_f16c()) return;
+  std::uint32_t seed = 900;
+  for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
+    for (const bool fused : {false, true}) {
+      const std::size_t rows = 19, cols = 1056, pad = 3;  // 1056 = 2 col blocks + 32
+      const test_matrix m(t, rows, cols, pad, seed++);
+      const auto x = random_activation(cols, seed++);
+      const auto& xr = x;
+      const auto w = m.view();
+      alignas(32) float acc[32][32];
+      const char* base = static_cast<const char*>(w.data);
+      switch (t) {
+        case element_type::f32: rows_kernel<element_type::f32>(fused, base, rows, cols, w, x, acc); break;
+        case element_type::f16: rows_kernel<element_type::f16>(fused, base, rows, cols, w, x, acc); break;
+        case element_type::bf16: rows_kernel<element_type::bf16>(fused, base, rows, cols, w, x, acc); break;
+      }
+      std::size_t differ_from_other = 0;
+      for (std::size_t rr = 0; rr < rows; ++rr) {
+        float lane[32] = {}, other[32] = {};
+        const void* p = base + rr * w.row_stride_bytes;
+        for (std::size_t e = 0; e < cols; ++e) {
+          const float wv = detail::load_scalar(p, t, e);
+          volatile float prod = wv * xr[e];
+          const float f = std::fma(wv, xr[e], fused ? lane[e % 32] : other[e % 32]);
+          const float u = prod + (fused ? other[e % 32] : lane[e % 32]);
+          (fused ? lane : other)[e % 32] = f;
+          (fused ? other : lane)[e % 32] = u;
+        }
+        for (std::size_t i = 0; i < 32; ++i) {
+          INFO(to_string(t) << (fused ? " fused" : " unfused") << " row " << rr << " lane " << i);
+          REQUIRE(bits(acc[rr][i]) == bits(lane[i]));
+          differ_from_other += bits(lane[i]) != bits(other[i]);
+        }
+      }
+      CHECK(differ_from_other > 0);  // the two variants are told apart by this data
+    }
+}
+
+TEST_CASE("the dispatched kernel's block rounding equals the scalar rounding") {
+  if (skip_without_avx2_fma_f16c()) return;
+  std::vector<float> xs = edge_floats();
+  std::mt19937 rng(6);
+  std::uniform_int_distribution<std::uint32_t> any;
+  while (xs.size() % 32 != 0 || xs.size() < 8192) xs.push_back(from_bits(any(rng)));
+  xs[3] = qnan;
+  xs[4] = -qnan;
+  xs[5] = from_bits(0x7fbfffffu);  // signalling NaN with a full payload
+  xs[6] = from_bits(0xffff8001u);  // a NaN whose rounding carry would wrap
+  std::vector<float> out(xs.size());
+  for (const element_type t : {element_type::f16, element_type::bf16}) {
+    detail::x86_round_block(xs.data(), out.data(), xs.size(), t);
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      const float want = t == element_type::f16 ? detail::round_to_f16(xs[i])
+                                                : detail::round_to_bf16(xs[i]);
+      INFO(to_string(t) << " input bits " << bits(xs[i]));
+      if (t == element_type::f16 && std::isnan(want)) {
+        CHECK(std::isnan(out[i]));  // F16C keeps NaN payloads, the fallback does not
+      } else {
+        REQUIRE(bits(out[i]) == bits(want));  // bf16: NaNs too, bit for bit
+      }
+    }
+  }
+}
+
+#endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
+
 TEST_CASE("matrix_view rejects views it cannot read") {
   std::vector<float> f(64);
   std::vector<std::uint16_t> h(64);

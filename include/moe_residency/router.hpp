@@ -128,9 +128,32 @@ inline void gemv_simd(const matrix_view& w, const float* x, float* y,
                                rounding);
 }
 
-/// Name of the kernel `gemv` runs in this translation unit ("scalar" or the
-/// xsimd architecture's name, e.g. "sse2", "avx512bw").
+/// True when `gemv` in this translation unit takes the run-time dispatched
+/// AVX2+FMA+F16C kernel: x86-64 GCC/Clang, the TU not compiled for all three
+/// (e.g. no -march flags), MOE_RESIDENCY_NO_RUNTIME_DISPATCH not defined, and
+/// the CPU (and OS) supporting them. Checked once per process.
+inline bool gemv_dispatched() noexcept {
+#if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+  return detail::x86_has_avx2_fma_f16c();
+#else
+  return false;
+#endif
+}
+
+/// Name of the kernel `gemv` runs in this translation unit: "scalar", the
+/// xsimd architecture's name (e.g. "sse2", "avx512bw"), or, when dispatched,
+/// that name + "+avx2-fma-f16c-dispatch" (e.g. "sse2+avx2-fma-f16c-dispatch").
 inline const char* gemv_arch_name() noexcept {
+#if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+  if (gemv_dispatched()) {
+    static char name[64] = {};
+    static const bool once = (std::snprintf(name, sizeof name, "%s+avx2-fma-f16c-dispatch",
+                                            xsimd::default_arch::name()),
+                              true);
+    (void)once;
+    return name;
+  }
+#endif
 #ifndef XSIMD_NO_SUPPORTED_ARCHITECTURE
   return xsimd::default_arch::name();
 #else
@@ -138,10 +161,21 @@ inline const char* gemv_arch_name() noexcept {
 #endif
 }
 
-/// GEMV with the best architecture this translation unit is compiled for
-/// (xsimd::default_arch), or the scalar kernel when xsimd has none.
+/// GEMV with the fastest kernel available: on x86-64 (GCC/Clang) an
+/// AVX2+FMA+F16C kernel chosen at run time when the TU is not compiled for
+/// those and the CPU has them (see gemv_dispatched), else the best
+/// architecture this TU is compiled for (xsimd::default_arch), else the
+/// scalar kernel. Bit-identical to gemv_scalar in the same TU (one exception:
+/// MOE_RESIDENCY_FUSED_MADD=0 in a TU built with FMA, see docs/router.md).
 inline void gemv(const matrix_view& w, const float* x, float* y,
                  activation_rounding rounding = activation_rounding::engine) noexcept {
+  MOE_RESIDENCY_ASSERT(w.data != nullptr && w.row_stride_bytes >= w.cols * element_size(w.type));
+#if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+  if (detail::x86_has_avx2_fma_f16c()) {
+    detail::gemv_x86_impl(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, rounding);
+    return;
+  }
+#endif
 #ifndef XSIMD_NO_SUPPORTED_ARCHITECTURE
   gemv_simd<xsimd::default_arch>(w, x, y, rounding);
 #else

@@ -30,7 +30,7 @@
 #include <xsimd/xsimd.hpp>
 
 #if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__) || defined(__FMA__) || \
-    defined(__SSE2__) || defined(_M_X64)
+    defined(__SSE2__) || defined(_M_X64) || defined(__x86_64__)
 #include <immintrin.h>
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
@@ -283,11 +283,15 @@ inline void round_block(const float* x, float* out, std::size_t n, element_type 
     for (; i + 8 <= n; i += 8)
       _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
                                                                 _MM_FROUND_TO_NEAREST_INT)));
-#elif defined(__aarch64__) && defined(__ARM_NEON)
+#else
+#if defined(__aarch64__) && defined(__ARM_NEON)
     for (; i + 4 <= n; i += 4)
       vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
 #endif
+    // (No tail after the 8/16-wide loops: n is a multiple of 32, and GCC 12
+    // -O3 warns falsely (-Waggressive-loop-optimizations) about one there.)
     for (; i < n; ++i) out[i] = round_to_f16(x[i]);
+#endif
   } else {
     for (; i < n; ++i) out[i] = round_to_bf16(x[i]);
   }
@@ -347,6 +351,187 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
     }
   }
 }
+
+// ---- Run-time dispatch on x86-64 (GCC/Clang) -------------------------------
+//
+// A TU built without -march flags gets SSE2 only: no F16C, so f16 weights
+// convert in software (~10x below the memory roofline). The kernel below is
+// compiled for AVX2+FMA+F16C with a function-level target attribute, whatever
+// the TU's flags, and `gemv` picks it once per process (CPUID, cached) when
+// the CPU has all three. It is written with raw intrinsics: xsimd's arch types
+// exist only for the ISAs the TU is compiled for (xsimd::batch<float,
+// xsimd::avx2> is a static_assert in an SSE2 TU, even inside a target function).
+//
+// Same order as every kernel above: 32 lanes as four 8-float accumulators,
+// reduced and tail-summed by reduce_lanes/finish_dot in the caller (compiled
+// for the TU's own target, so the f32 tail rounds exactly as gemv_scalar's).
+// The multiply-add is fused iff MOE_RESIDENCY_FUSED_MADD: in the default build
+// (0) it is a multiply then an add, with an empty asm between them because
+// GCC otherwise contracts _mm256_add_ps(_mm256_mul_ps()) into vfmadd inside an
+// FMA-enabled function (even with -std=c++17). Hence bit-identical to
+// gemv_scalar in the same TU, on every CPU.
+//
+// MOE_RESIDENCY_DETAIL_X86_KERNEL: the kernel is compiled (x86-64, GCC or
+// Clang, not disabled by MOE_RESIDENCY_NO_RUNTIME_DISPATCH).
+// MOE_RESIDENCY_DETAIL_GEMV_DISPATCH: `gemv` may take it, i.e. the TU is not
+// already compiled for AVX2+FMA+F16C (then the xsimd path is as fast).
+#if !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH) && defined(__x86_64__) && \
+    defined(__GNUC__) && !defined(_MSC_VER)
+#define MOE_RESIDENCY_DETAIL_X86_KERNEL 1
+#else
+#define MOE_RESIDENCY_DETAIL_X86_KERNEL 0
+#endif
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && \
+    !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 1
+#else
+#define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 0
+#endif
+
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL
+#define MOE_RESIDENCY_DETAIL_X86_TARGET __attribute__((target("avx2,fma,f16c")))
+
+/// True when the CPU and OS support AVX2, FMA and F16C (CPUID + XGETBV,
+/// checked once). Written with cpuid/xgetbv directly: clang 14's
+/// __builtin_cpu_supports does not know "f16c", and this also works before
+/// static constructors have run.
+inline bool x86_has_avx2_fma_f16c() noexcept {
+  static const bool ok = [] {
+    auto cpuid = [](std::uint32_t leaf, std::uint32_t sub, std::uint32_t (&r)[4]) {
+      __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3])
+                           : "a"(leaf), "c"(sub));
+    };
+    std::uint32_t r[4];
+    cpuid(0, 0, r);
+    if (r[0] < 7) return false;
+    cpuid(1, 0, r);
+    const std::uint32_t ecx1 = r[2];
+    const bool fma = (ecx1 >> 12) & 1u, osxsave = (ecx1 >> 27) & 1u, avx = (ecx1 >> 28) & 1u,
+               f16c = (ecx1 >> 29) & 1u;
+    if (!(fma && osxsave && avx && f16c)) return false;
+    std::uint32_t xcr0_lo, xcr0_hi;
+    __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0u));
+    (void)xcr0_hi;
+    if ((xcr0_lo & 0x6u) != 0x6u) return false;  // OS saves XMM and YMM state
+    cpuid(7, 0, r);
+    return ((r[1] >> 5) & 1u) != 0;  // AVX2
+  }();
+  return ok;
+}
+
+template <bool Fused>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline __m256 x86_madd(__m256 a, __m256 b, __m256 c) noexcept {
+  if constexpr (Fused) {
+    return _mm256_fmadd_ps(a, b, c);
+  } else {
+    __m256 p = _mm256_mul_ps(a, b);
+    __asm__("" : "+x"(p));  // p is rounded: no contraction into an FMA
+    return _mm256_add_ps(p, c);
+  }
+}
+
+template <element_type T>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline __m256 x86_load8(const void* row, std::size_t i) noexcept {
+  if constexpr (T == element_type::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else {
+    const __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i));
+    if constexpr (T == element_type::f16) return _mm256_cvtph_ps(h);
+    else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// round_block with F16C (f16) and AVX2 integer ops (bf16: ggml's rule,
+/// exactly as f32_to_bf16_bits). n is a multiple of 8.
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_round_block(const float* x, float* out,
+                                                            std::size_t n,
+                                                            element_type t) noexcept {
+  if (t == element_type::f16) {
+    for (std::size_t i = 0; i < n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                _MM_FROUND_TO_NEAREST_INT)));
+    return;
+  }
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
+                quiet = _mm256_set1_epi32(0x40), abs = _mm256_set1_epi32(0x7fffffff),
+                inf = _mm256_set1_epi32(0x7f800000);
+  for (std::size_t i = 0; i < n; i += 8) {
+    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
+    const __m256i hi = _mm256_srli_epi32(u, 16);
+    const __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(hi, one)), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+    const __m256i h = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+  }
+}
+
+/// The 32-lane part of nr (<= 32) rows starting at `data`: acc[rr][lane] for
+/// columns [0, np), np a multiple of 32. (Interleaving two rows for more
+/// independent chains measured within noise, so one row at a time.)
+template <element_type T, bool Fused>
+MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t nr,
+                                                    std::size_t np, std::size_t stride,
+                                                    const float* x, bool round,
+                                                    float (*acc)[gemv_lanes]) noexcept {
+  alignas(32) float xbuf[gemv_col_block];
+  for (std::size_t rr = 0; rr < nr; ++rr)
+    for (std::size_t j = 0; j < gemv_lanes; j += 8) _mm256_store_ps(acc[rr] + j, _mm256_setzero_ps());
+  for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
+    const std::size_t cn = std::min(gemv_col_block, np - c0);
+    const float* xs = x + c0;
+    if (round) {
+      x86_round_block(x + c0, xbuf, cn, T);
+      xs = xbuf;
+    }
+    for (std::size_t rr = 0; rr < nr; ++rr) {
+      const void* p = data + rr * stride;
+      __m256 a0 = _mm256_load_ps(acc[rr]), a1 = _mm256_load_ps(acc[rr] + 8),
+             a2 = _mm256_load_ps(acc[rr] + 16), a3 = _mm256_load_ps(acc[rr] + 24);
+      for (std::size_t e = 0; e < cn; e += gemv_lanes) {
+        const std::size_t c = c0 + e;
+        a0 = x86_madd<Fused>(x86_load8<T>(p, c), _mm256_loadu_ps(xs + e), a0);
+        a1 = x86_madd<Fused>(x86_load8<T>(p, c + 8), _mm256_loadu_ps(xs + e + 8), a1);
+        a2 = x86_madd<Fused>(x86_load8<T>(p, c + 16), _mm256_loadu_ps(xs + e + 16), a2);
+        a3 = x86_madd<Fused>(x86_load8<T>(p, c + 24), _mm256_loadu_ps(xs + e + 24), a3);
+      }
+      _mm256_store_ps(acc[rr], a0);
+      _mm256_store_ps(acc[rr] + 8, a1);
+      _mm256_store_ps(acc[rr] + 16, a2);
+      _mm256_store_ps(acc[rr] + 24, a3);
+    }
+  }
+}
+
+/// The AVX2+FMA+F16C GEMV. Call only when x86_has_avx2_fma_f16c(). The
+/// reduction and tail run here, in the TU's own target, like gemv_scalar.
+inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
+                          std::size_t stride, const float* x, float* y,
+                          activation_rounding r) noexcept {
+  constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
+  const bool round = r == activation_rounding::engine && t != element_type::f32;
+  const std::size_t np = cols - cols % gemv_lanes;
+  alignas(32) float acc[gemv_row_block][gemv_lanes];
+  for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
+    const std::size_t nr = std::min(gemv_row_block, rows - r0);
+    const char* block = static_cast<const char*>(data) + r0 * stride;
+    switch (t) {
+      case element_type::f16:
+        x86_gemv_rows<element_type::f16, fused>(block, nr, np, stride, x, round, acc);
+        break;
+      case element_type::bf16:
+        x86_gemv_rows<element_type::bf16, fused>(block, nr, np, stride, x, round, acc);
+        break;
+      case element_type::f32:
+        x86_gemv_rows<element_type::f32, fused>(block, nr, np, stride, x, round, acc);
+        break;
+    }
+    for (std::size_t rr = 0; rr < nr; ++rr)
+      y[r0 + rr] = finish_dot(reduce_lanes(acc[rr], t), block + rr * stride, x, np, cols, t, r);
+  }
+}
+#endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
 
 }  // namespace detail
 }  // namespace moe_residency
