@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,7 +77,7 @@ class model_shape {
 
   /// All layers MoE. `expert_bytes[l]` is the bytes to read one expert of
   /// layer l. Throws `error` on k outside [1, min(32, n_experts)], on
-  /// n_experts outside [1, 65536), or on a MoE layer with zero bytes.
+  /// n_experts outside [1, 65535], or on a MoE layer with zero bytes.
   model_shape(std::string name, std::size_t n_experts, std::size_t top_k,
               std::vector<std::uint64_t> expert_bytes)
       : model_shape(std::move(name), n_experts, top_k, std::move(expert_bytes), {}) {}
