@@ -16,10 +16,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include "command.hpp"
 #include "moe_residency/replay.hpp"
 
+extern char** environ;  // POSIX: the process environment, for posix_spawnp
+
 namespace {
+
+// A gnuplot single-quoted string: a quote inside is written twice.
+std::string gp_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'' ? std::string("''") : std::string(1, c));
+  return out + "'";
+}
 
 using namespace moe_residency;
 
@@ -88,7 +100,7 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   {
     std::ofstream g(script);
     g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
-      << "set output '" << svg << "'\n"
+      << "set output " << gp_quote(svg) << "\n"
       << "set title \"" << title << "\" noenhanced\n"
       << "set xlabel 'cache budget (MiB)'\nset ylabel 'decode hit rate (%)'\n"
       << "set key left top\nset grid\nset yrange [0:100]\n"
@@ -97,11 +109,23 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
       << "tc rgb '#aa0000'\n"
       << "plot ";
     for (std::size_t i = 0; i < pols.size(); ++i)
-      g << (i ? ", " : "") << "'" << data << "' index " << i << " with linespoints lw 2 title '" << pols[i]
+      g << (i ? ", " : "") << gp_quote(data) << " index " << i << " with linespoints lw 2 title '" << pols[i]
         << "' noenhanced";
     g << "\n";
   }
-  const int rc = std::system(("gnuplot '" + script + "'").c_str());
+  // Run gnuplot directly (no shell), so no path needs quoting.
+  int rc = -1;
+  {
+    std::vector<char> prog(std::begin("gnuplot"), std::end("gnuplot"));
+    std::vector<char> arg(script.begin(), script.end());
+    arg.push_back('\0');
+    char* argv[] = {prog.data(), arg.data(), nullptr};
+    pid_t pid = 0;
+    if (posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv, environ) == 0) {
+      int status = 0;
+      if (waitpid(pid, &status, 0) == pid && WIFEXITED(status)) rc = WEXITSTATUS(status);
+    }
+  }
   std::remove(data.c_str());
   std::remove(script.c_str());
   if (rc != 0) throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
