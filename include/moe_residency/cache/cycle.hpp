@@ -4,23 +4,33 @@
 /// layer j can next be needed only when the cycle returns to j. The policy
 /// estimates each entry's expected time to next use, in layer steps,
 ///
-///   ETNU(j, e) = d(j) + L × (1 / p(j, e) − 1)
+///   ETNU(j, e) = d(j) + L × (1 / p(j, e) − 1)      (× expert bytes, by default)
 ///
 /// where d(j) is the number of layer steps until the cycle reaches j again
 /// (1 … L; L for the layer just processed), L the number of layers, and
 /// p(j, e) the expert's per-token routing probability estimated from
 /// exponentially decayed usage (decay γ per token of that layer; a duplicate
-/// in a prefill batch counts as a use), and evicts the largest ETNU.
+/// in a prefill batch counts as a use; usage persists across evictions), and
+/// evicts the largest ETNU.
 ///
-/// Within one layer d is shared and decay is common, so each layer keeps a
-/// heap ordered by decayed usage (a time-invariant log key) and a victim is
-/// the best of the L heap tops: O(L + log n) per eviction, O(log n) per
-/// access. Never collapses below the token cycle: the layer just used has the
+/// Cost: O(log E) per access, O(log L + C) per eviction (C = number of
+/// distinct expert sizes, 1–3 in practice), one exp per layer whose top
+/// changed. Why it is exact and cheap: write d(j) = v(j) − t with t a layer
+/// clock and v(j) the absolute step of j's next visit. Between two visits of
+/// j, v(j) does not move, and neither does any p(j, ·) (decay advances only
+/// at j's own batches). So K(j) = v(j) + L / p(top of j) is time-invariant,
+/// and ETNU = bytes(j) × (K(j) − t − L): within one byte size the largest K
+/// is the victim at every t. Each layer keeps a heap of its entries (ordered
+/// by a time-invariant log usage key), each byte size a heap of its layers
+/// (ordered by K); a victim is the best of the per-size tops.
+///
+/// Never collapses below the token cycle: the layer just used has the
 /// largest d.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <string>
 #include <vector>
 
 #include "moe_residency/cache/expert_cache.hpp"
@@ -38,19 +48,26 @@ struct cycle_policy_options {
   /// Multiply ETNU by the entry's bytes (free the most bytes per expected
   /// step first) — matters only when expert bytes differ between layers.
   bool weigh_bytes = true;
-  /// Soft partition: a layer holding at most `layer_floor` × its fair share
-  /// (budget / layers / expert bytes) entries is evicted from only when no
-  /// other layer has a candidate. 0 disables it.
-  double layer_floor = 0.0;
+  /// Reference mode for tests: find each victim by scanning every layer
+  /// (O(L × E) per eviction) instead of the per-size heaps. Same decisions.
+  bool reference_scan = false;
 };
 
 namespace detail {
 struct cache_cycle_order {
-  std::vector<double> key;            // ln(usage) + g × stamp: order-preserving in a layer
+  std::vector<double> key;            // usage × γ^−τ(layer): order-preserving in a layer
   std::vector<std::uint64_t> last;    // tick of the last access
   bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
     if (key[a] != key[b]) return key[a] < key[b];
     return last[a] < last[b];
+  }
+};
+/// Layers of one byte size: largest K first, ties to the lower layer.
+struct cache_cycle_layer_order {
+  std::vector<double> k;
+  bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
+    if (k[a] != k[b]) return k[a] > k[b];
+    return a < b;
   }
 };
 }  // namespace detail
@@ -67,10 +84,10 @@ class cycle_policy : public policy_base {
     if (!(o_.prior_weight >= 0.0))
       throw error("cycle_policy: prior_weight " + std::to_string(o_.prior_weight) +
                   " out of range; expected >= 0");
-    g_ = -std::log(o_.decay);
+    inv_decay_ = 1.0 / o_.decay;
   }
 
-  void init(const model_shape& shape, std::uint64_t budget) {
+  void init(const model_shape& shape, std::uint64_t /*budget*/) {
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
     n_layers_ = shape.n_layers();
     top_k_ = shape.top_k();
@@ -78,101 +95,250 @@ class cycle_policy : public policy_base {
     layer_bytes_ = shape.all_expert_bytes();
     heaps_.assign(n_layers_, detail::cache_slot_heap<detail::cache_cycle_order>{detail::cache_cycle_order{}});
     for (auto& h : heaps_) {
-      h.order().key.assign(n_experts_, -std::numeric_limits<double>::infinity());
+      h.order().key.assign(n_experts_, 0.0);
       h.order().last.assign(n_experts_, 0);
       h.reset(n_experts_);
     }
-    tau_.assign(n_layers_, 0.0);
-    occ_ = 0;
-    floor_.assign(n_layers_, 0);
-    for (std::size_t l = 0; l < n_layers_; ++l)
-      if (layer_bytes_[l])
-        floor_[l] = static_cast<std::uint32_t>(o_.layer_floor * static_cast<double>(budget) /
-                                               static_cast<double>(shape.n_moe_layers()) /
-                                               static_cast<double>(layer_bytes_[l]));
+    scale_.assign(n_layers_, 1.0);
+    // One class per distinct expert size (all layers in one when bytes are not weighed).
+    class_of_.assign(n_layers_, 0);
+    class_bytes_.clear();
+    for (std::size_t l = 0; l < n_layers_; ++l) {
+      const std::uint64_t b = o_.weigh_bytes ? layer_bytes_[l] : 1;
+      std::size_t c = 0;
+      while (c < class_bytes_.size() && class_bytes_[c] != b) ++c;
+      if (c == class_bytes_.size()) class_bytes_.push_back(b);
+      class_of_[l] = static_cast<std::uint32_t>(c);
+    }
+    classes_.assign(class_bytes_.size(),
+                    detail::cache_slot_heap<detail::cache_cycle_layer_order>{detail::cache_cycle_layer_order{}});
+    for (auto& c : classes_) {
+      c.order().k.assign(n_layers_, 0.0);
+      c.reset(n_layers_);
+    }
+    scan_k_.assign(class_bytes_.size(), -1.0);
+    scan_l_.assign(class_bytes_.size(), no_slot);
+    scan_e_.assign(class_bytes_.size(), no_slot);
+    stashed_.assign(n_layers_, 0);
+    stashed_list_.clear();
+    stashed_list_.reserve(n_layers_);
+    now_ = n_layers_ - 1;
+    t_ = 0;
+    dirty_ = false;
   }
-  void on_batch_begin(run_phase, std::size_t) noexcept { occ_ = 0; }
+  void on_batch_begin(run_phase, std::size_t layer) noexcept {
+    advance(layer);
+    occ_ = 0;
+  }
   void on_hit(std::uint32_t s) noexcept { use(s, false); }
   void on_repeat(std::uint32_t s) noexcept { use(s, false); }
   void on_insert(std::uint32_t s) noexcept { use(s, true); }
-  void on_evict(std::uint32_t s) noexcept { heaps_[s / n_experts_].erase(s % n_experts_); }
+  void on_evict(std::uint32_t s) noexcept {
+    const std::size_t l = s / n_experts_;
+    heaps_[l].erase(s % n_experts_);
+    if (!o_.reference_scan) refresh(l);
+  }
   void on_batch_end(std::size_t layer) noexcept {
     // A batch of n routed ids is n / k tokens of this layer (prefill holds many).
     const double tokens = static_cast<double>(occ_) / static_cast<double>(top_k_);
-    tau_[layer] += tokens < 1.0 ? 1.0 : tokens;
-    current_ = layer;
+    decay_layer(layer, tokens < 1.0 ? 1.0 : tokens);
+    if (!o_.reference_scan) refresh(layer);
+    if (layer == now_) dirty_ = false;
   }
 
   template <class View>
   std::uint32_t victim(const View& v, std::size_t layer) noexcept {
-    const std::uint32_t s = pick(v, layer, true);
-    return s != no_slot ? s : pick(v, layer, false);
+    advance(layer);  // insert() outside a batch may name another layer
+    if (o_.reference_scan) return victim_scan(v);
+    if (dirty_) {
+      refresh(now_);
+      dirty_ = false;
+    }
+    std::uint32_t best_l = no_slot;
+    double best = -1.0;
+    for (auto& c : classes_) {
+      std::uint32_t l = no_slot;
+      while (!c.empty()) {
+        l = c.top();
+        auto& h = heaps_[l];
+        const auto base = static_cast<std::uint32_t>(l * n_experts_);
+        bool stashed = false;
+        while (!h.empty() && !v.evictable(base + h.top())) {
+          h.stash_top();
+          stashed = true;
+        }
+        if (!stashed) break;
+        if (!stashed_[l]) {
+          stashed_[l] = 1;
+          stashed_list_.push_back(l);
+        }
+        refresh(l);
+        l = no_slot;
+      }
+      if (l == no_slot) continue;
+      const double score = cost(l, c.order().k[l]);
+      if (score > best) {
+        best = score;
+        best_l = l;
+      }
+    }
+    return best_l == no_slot ? no_slot : static_cast<std::uint32_t>(best_l * n_experts_ + heaps_[best_l].top());
   }
   void end_eviction() noexcept {
-    for (auto& h : heaps_) h.restore();
+    if (o_.reference_scan) return;
+    for (std::uint32_t l : stashed_list_) {
+      heaps_[l].restore();
+      stashed_[l] = 0;
+      refresh(l);
+    }
+    stashed_list_.clear();
   }
 
   /// Expected layer steps until (layer, expert) is needed, seen from a
-  /// cache that just processed layer `now`.
+  /// cache that just processed layer `now` (ETNU without the bytes factor).
   double expected_steps(layer_id layer, expert_id expert, layer_id now) const noexcept {
-    return etnu(to_index(layer), static_cast<std::uint32_t>(to_index(expert)), to_index(now));
+    const std::size_t l = to_index(layer);
+    const double d = static_cast<double>((l + n_layers_ - to_index(now) - 1) % n_layers_ + 1);
+    const double L = static_cast<double>(n_layers_);
+    return d + L * (1.0 / prob(l, static_cast<std::uint32_t>(to_index(expert))) - 1.0);
   }
 
  private:
+  // ---- the layer clock ----------------------------------------------------
+  /// Absolute step of layer l's next visit, seen from the clock (t_, now_).
+  double next_visit(std::size_t l) const noexcept {
+    return static_cast<double>(t_ + (l + n_layers_ - now_ - 1) % n_layers_ + 1);
+  }
+  /// Moves the clock to `layer`. In cycle order nothing else changes; a
+  /// layer skipped over (out-of-order access) gets its K recomputed.
+  void advance(std::size_t layer) noexcept {
+    if (layer == now_ || layer >= n_layers_) return;
+    if (dirty_ && !o_.reference_scan) refresh(now_);  // e.g. insert() that evicted nothing
+    const std::size_t dist = (layer + n_layers_ - now_ - 1) % n_layers_ + 1;  // 1 … L−1
+    const std::size_t from = now_;
+    t_ += dist;
+    now_ = layer;
+    if (o_.reference_scan) return;
+    for (std::size_t i = 1; i <= dist; ++i) refresh((from + i) % n_layers_);  // skipped + now
+    dirty_ = false;
+  }
+
+  // ---- estimates ------------------------------------------------------------
+  double usage(std::size_t l, std::uint32_t e) const noexcept {
+    return heaps_[l].order().key[e] / scale_[l];
+  }
+  double prob(std::size_t l, std::uint32_t e) const noexcept {
+    // Decayed count → per-token rate: u converges to r / (1 − γ) at rate r.
+    const double w = 1.0 - o_.decay;
+    const double rate = (usage(l, e) * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
+    return rate > 1.0 ? 1.0 : (rate < 1e-9 ? 1e-9 : rate);
+  }
+  /// K of layer l's entry e: v(l) + L / p (time-invariant between visits).
+  double k_of(std::size_t l, std::uint32_t e) const noexcept {
+    return next_visit(l) + static_cast<double>(n_layers_) / prob(l, e);
+  }
+  /// ETNU × bytes of a layer with key K at the current clock.
+  double cost(std::size_t l, double k) const noexcept {
+    const double steps = k - static_cast<double>(t_) - static_cast<double>(n_layers_);
+    return steps * static_cast<double>(class_bytes_[class_of_[l]]);
+  }
+  /// Recomputes layer l's K from its heap top and places it in its class heap.
+  void refresh(std::size_t l) noexcept {
+    auto& c = classes_[class_of_[l]];
+    const auto li = static_cast<std::uint32_t>(l);
+    if (heaps_[l].empty()) {
+      c.erase(li);
+      return;
+    }
+    c.order().k[l] = k_of(l, heaps_[l].top());
+    if (c.contains(li)) c.update(li);
+    else c.push(li);
+  }
+
+  /// The reference: the same decision by scanning every layer's entries.
   template <class View>
-  std::uint32_t pick(const View& v, std::size_t layer, bool respect_floor) noexcept {
+  std::uint32_t victim_scan(const View& v) noexcept {
+    auto& best_k = scan_k_;
+    auto& best_l = scan_l_;
+    auto& best_e = scan_e_;
+    std::fill(best_k.begin(), best_k.end(), -1.0);
+    std::fill(best_l.begin(), best_l.end(), no_slot);
+    for (std::size_t l = 0; l < n_layers_; ++l) {
+      const auto& ord = heaps_[l].order();
+      std::uint32_t top = no_slot;  // first by the layer heap's order among evictable
+      for (std::uint32_t e = 0; e < n_experts_; ++e) {
+        const auto s = static_cast<std::uint32_t>(l * n_experts_ + e);
+        if (!heaps_[l].contains(e) || !v.evictable(s)) continue;
+        if (top == no_slot || ord(e, top)) top = e;
+      }
+      if (top == no_slot) continue;
+      const std::size_t c = class_of_[l];
+      const double k = k_of(l, top);
+      if (k > best_k[c]) {  // ties to the lower layer (scanned first)
+        best_k[c] = k;
+        best_l[c] = static_cast<std::uint32_t>(l);
+        best_e[c] = top;
+      }
+    }
     double best = -1.0;
     std::uint32_t pick = no_slot;
-    for (std::size_t l = 0; l < n_layers_; ++l) {
-      if (respect_floor && v.layer_count(l) <= floor_[l]) continue;
-      auto& h = heaps_[l];
-      const auto base = static_cast<std::uint32_t>(l * n_experts_);
-      while (!h.empty() && !v.evictable(base + h.top())) h.stash_top();
-      if (h.empty()) continue;
-      const double score = etnu(l, h.top(), layer);
+    for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
+      if (best_l[c] == no_slot) continue;
+      const double score = cost(best_l[c], best_k[c]);
       if (score > best) {
         best = score;
-        pick = base + h.top();
+        pick = static_cast<std::uint32_t>(best_l[c] * n_experts_ + best_e[c]);
       }
     }
     return pick;
   }
-  double usage(std::size_t l, std::uint32_t e) const noexcept {
-    const double k = heaps_[l].order().key[e];
-    return std::isinf(k) ? 0.0 : std::exp(k - g_ * tau_[l]);
-  }
-  double etnu(std::size_t l, std::uint32_t e, std::size_t now) const noexcept {
-    const double u = usage(l, e);
-    // Decayed count → per-token rate: u converges to r / (1 − γ) at rate r.
-    const double rate = (u * (1.0 - o_.decay) + o_.prior_weight * p0_ * (1.0 - o_.decay)) /
-                        (1.0 + o_.prior_weight * (1.0 - o_.decay));
-    const double p = rate > 1.0 ? 1.0 : (rate < 1e-9 ? 1e-9 : rate);
-    const double L = static_cast<double>(n_layers_);
-    const double d = static_cast<double>((l + n_layers_ - now - 1) % n_layers_ + 1);
-    const double steps = d + L * (1.0 / p - 1.0);
-    return o_.weigh_bytes ? steps * static_cast<double>(layer_bytes_[l]) : steps;
-  }
+
   void use(std::uint32_t s, bool insert) noexcept {
     const std::size_t l = s / n_experts_;
     const std::uint32_t e = s % n_experts_;
     auto& h = heaps_[l];
-    const double u = usage(l, e) + 1.0;
-    h.order().key[e] = std::log(u) + g_ * tau_[l];
+    h.order().key[e] += scale_[l];  // usage += 1, in the layer's undecayed units
     h.order().last[e] = ++tick_;
     ++occ_;
     if (insert) h.push(e);
     else h.update(e);
+    if (l == now_) dirty_ = true;
+    else if (!o_.reference_scan) refresh(l);  // insert() of another layer
+  }
+  /// Advances layer l's decay by `tokens`; keeps its keys finite by rescaling
+  /// them (a uniform positive factor: the heap's order is unchanged, but it
+  /// is rebuilt in case rounding made two keys equal).
+  void decay_layer(std::size_t l, double tokens) noexcept {
+    scale_[l] *= tokens == 1.0 ? inv_decay_ : std::pow(inv_decay_, tokens);
+    if (scale_[l] < 1e150) return;
+    auto& h = heaps_[l];
+    auto& key = h.order().key;
+    const double f = 1.0 / scale_[l];
+    for (double& k : key) k *= f;
+    scale_[l] = 1.0;
+    for (std::uint32_t e = 0; e < n_experts_; ++e)
+      if (h.contains(e)) {
+        h.erase(e);
+        h.push(e);
+      }
   }
 
   cycle_policy_options o_;
-  double g_ = 0.0, p0_ = 0.0;
+  double inv_decay_ = 1.0, p0_ = 0.0;
   std::uint32_t n_experts_ = 1;
-  std::size_t n_layers_ = 1, top_k_ = 1, current_ = 0;
-  std::uint64_t tick_ = 0, occ_ = 0;
+  std::size_t n_layers_ = 1, top_k_ = 1, now_ = 0;
+  std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
+  bool dirty_ = false;
   std::vector<std::uint64_t> layer_bytes_;
-  std::vector<double> tau_;
-  std::vector<std::uint32_t> floor_;
+  std::vector<double> scale_;  // γ^−τ(l): usage(l, e) = key / scale
   std::vector<detail::cache_slot_heap<detail::cache_cycle_order>> heaps_;
+  std::vector<std::uint32_t> class_of_;
+  std::vector<std::uint64_t> class_bytes_;
+  std::vector<detail::cache_slot_heap<detail::cache_cycle_layer_order>> classes_;
+  std::vector<double> scan_k_;                // reference mode scratch
+  std::vector<std::uint32_t> scan_l_, scan_e_;
+  std::vector<std::uint8_t> stashed_;
+  std::vector<std::uint32_t> stashed_list_;
 };
 
 }  // namespace moe_residency
