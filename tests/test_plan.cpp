@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <new>
@@ -17,6 +18,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <unistd.h>
+#endif
 
 using namespace moe_residency;
 
@@ -36,6 +41,38 @@ void* operator new(std::size_t n) {
 [[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
+
+// Runs f with the process's stderr (fd 2) redirected to a temporary file and
+// returns what was written. Where that cannot be done, runs f and returns "".
+#if defined(__unix__) || defined(__APPLE__)
+#define MR_TEST_CAN_CAPTURE_STDERR 1
+template <class F>
+std::string capture_stderr(F&& f) {
+  std::fflush(stderr);
+  std::FILE* tmp = std::tmpfile();
+  REQUIRE(tmp != nullptr);
+  const int saved = ::dup(2);
+  REQUIRE(saved >= 0);
+  REQUIRE(::dup2(::fileno(tmp), 2) >= 0);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string out;
+  std::rewind(tmp);
+  char buf[512];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, tmp)) > 0;) out.append(buf, n);
+  std::fclose(tmp);
+  return out;
+}
+#else
+#define MR_TEST_CAN_CAPTURE_STDERR 0
+template <class F>
+std::string capture_stderr(F&& f) {
+  f();
+  return {};
+}
+#endif
 
 constexpr float nan_w = std::numeric_limits<float>::quiet_NaN();
 
@@ -191,10 +228,30 @@ TEST_CASE("drop_policy: warns once, through the sink, when k <= 4") {
     CHECK(got.empty());
     CHECK(p.warning().empty());
   }
-  SUBCASE("no sink: recorded, not printed") {
-    drop_policy p(shape_k(2), drop_options{});
+  SUBCASE("a sink replaces stderr: nothing is printed") {
+    const std::string printed = capture_stderr([&] { drop_policy p(shape_k(3), o); });
+    CHECK(got.size() == 1);
+    CHECK(printed.empty());
+  }
+  SUBCASE("no sink: printed to stderr, once, like the cache's warning") {
+    std::string printed;
+    std::string kept;
+    printed = capture_stderr([&] {
+      drop_policy p(shape_k(2), drop_options{});
+      kept = p.warning();
+      p.decide(make_routing(0, {0.9f, 0.1f}), resident_set{});  // deciding never warns again
+      const drop_policy copy = p;                                 // nor does a copy
+      static_cast<void>(copy);
+    });
     CHECK(got.empty());
-    CHECK(p.warning().find("top-k 2 <= 4") != std::string::npos);
+    CHECK(kept.find("top-k 2 <= 4") != std::string::npos);
+#if MR_TEST_CAN_CAPTURE_STDERR
+    CHECK(printed == "moe_residency: warning: " + kept + "\n");
+#endif
+  }
+  SUBCASE("no sink, k = 5: nothing printed") {
+    const std::string printed = capture_stderr([] { drop_policy p(shape_k(5), drop_options{}); });
+    CHECK(printed.empty());
   }
 }
 

@@ -164,15 +164,19 @@ class read_scheduler {
       throw error("read_scheduler: " + std::to_string(options_.lanes) +
                   " lanes; expected at most 256 (storage saturates far earlier)");
     if (options_.wait_limit.count() < 0)
-      throw error("read_scheduler: negative wait_limit; expected >= 0 (0 = no limit)");
+      throw error("read_scheduler: wait_limit " + std::to_string(options_.wait_limit.count()) +
+                  " ns is negative; expected >= 0 ns (0 = no limit)");
     lanes_.resize(options_.lanes);
     threads_.reserve(options_.lanes);
     try {
       for (std::size_t i = 0; i < options_.lanes; ++i)
         threads_.emplace_back([this, i] { lane_main(i); });
     } catch (const std::exception& e) {
+      const std::size_t started = threads_.size();
       stop_and_join();
-      throw error(std::string("read_scheduler: could not start a lane thread: ") + e.what());
+      throw error("read_scheduler: could not start lane thread " + std::to_string(started + 1) +
+                  " of " + std::to_string(options_.lanes) + ": " + e.what() +
+                  " (fewer lanes, or lanes = 0 for synchronous reads)");
     }
   }
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -25,7 +26,9 @@
 namespace moe_residency {
 
 /// Where the library sends a human-readable warning (one line, no newline).
-/// Empty means "record it, print nothing" (see `drop_policy::warning()`).
+/// Empty means stderr, as `moe_residency: warning: <text>` (the same fallback
+/// as `cache_options::on_warning`); the text is kept in `drop_policy::warning()`
+/// either way. To silence it, give a sink that ignores its argument.
 using warning_sink = std::function<void(const std::string&)>;
 
 namespace detail {
@@ -43,8 +46,9 @@ struct drop_options {
   double fraction = 1.0;
   /// Also drop in prefill routings (default: decode only).
   bool include_prefill = false;
-  /// Receives the one-time warning issued when k <= 4. Empty: not printed,
-  /// only kept in `drop_policy::warning()`.
+  /// Receives the one-time warning issued when k <= 4. Empty: printed once to
+  /// stderr (`moe_residency: warning: ...`), like the cache's cycle warning.
+  /// Kept in `drop_policy::warning()` either way.
   warning_sink on_warning;
 };
 
@@ -102,8 +106,9 @@ struct drop_stats {
 /// would skip experts the engine then lacks for no saved read.
 class drop_policy {
  public:
-  /// Throws `error` when F is not in (0, 1]. Warns once (through
-  /// `options.on_warning`, and `warning()`) when k <= 4.
+  /// Throws `error` when F is not in (0, 1]. Warns once, here, when k <= 4:
+  /// through `options.on_warning`, or to stderr when it is empty (and in
+  /// `warning()`). Copies and moves never warn again.
   drop_policy(const model_shape& shape, drop_options options = {})
       : shape_(shape), options_(std::move(options)) {
     const double f = options_.fraction;
@@ -121,7 +126,10 @@ class drop_policy {
                  " (F = " + detail::plan_format_number(f) +
                  ") can remove a large share of the routing and its weight; watch the "
                  "router weight discarded in the drop line";
-      if (options_.on_warning) options_.on_warning(warning_);
+      if (options_.on_warning)
+        options_.on_warning(warning_);
+      else
+        std::fprintf(stderr, "moe_residency: warning: %s\n", warning_.c_str());
     }
   }
 

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -94,6 +95,16 @@ inline bool plan_moe_layer_ahead(const model_shape& shape, layer_id source, std:
   target = layer_id(static_cast<std::uint16_t>(l));
   return true;
 }
+// "'tiny' (4 layers, 16 experts, top-4, 400 expert bytes in all)": enough to
+// tell two shapes apart even when their names are equal.
+inline std::string plan_describe_shape(const model_shape& s) {
+  std::uint64_t bytes = 0;
+  for (std::size_t l = 0; l < s.n_layers(); ++l)
+    bytes += s.expert_bytes(layer_id(static_cast<std::uint16_t>(l)));
+  return "'" + s.name() + "' (" + std::to_string(s.n_layers()) + " layers, " +
+         std::to_string(s.n_experts()) + " experts, top-" + std::to_string(s.top_k()) + ", " +
+         std::to_string(bytes) + " expert bytes in all)";
+}
 inline std::string plan_fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -122,8 +133,9 @@ class speculation {
       throw error("speculation: horizon " + std::to_string(options_.horizon) +
                   " out of range; expected 1 (next MoE layer) or 2");
     if (!(cache_.shape() == shape_))
-      throw error("speculation: the cache's model shape '" + cache_.shape().name() +
-                  "' differs from '" + shape_.name() + "'");
+      throw error("speculation: the cache's model shape " +
+                  detail::plan_describe_shape(cache_.shape()) + " differs from " +
+                  detail::plan_describe_shape(shape_) + "; expected the same shape");
     if (options_.drop) drop_.emplace(shape_, *options_.drop);
     scheduler_ = std::make_unique<read_scheduler>(std::move(read), options_.scheduler);
     const std::size_t slots = shape_.n_layers() * shape_.n_experts();
@@ -427,11 +439,13 @@ struct simulated_flash_options {
 /// uses `callback()`.
 class simulated_flash {
  public:
-  /// Throws `error` on a non-positive bandwidth or time scale.
+  /// Throws `error` naming the value on a bandwidth or time scale that is not
+  /// a finite number > 0.
   simulated_flash(const model_shape& shape, simulated_flash_options o = {})
       : shape_(shape), o_(o) {
-    if (!(o_.device_mib_per_s > 0) || !(o_.lane_mib_per_s > 0) || !(o_.time_scale > 0))
-      throw error("simulated_flash: bandwidths and time_scale must be > 0");
+    check_positive("device_mib_per_s", o_.device_mib_per_s, " MiB/s");
+    check_positive("lane_mib_per_s", o_.lane_mib_per_s, " MiB/s");
+    check_positive("time_scale", o_.time_scale, "");
   }
   simulated_flash(const simulated_flash&) = delete;
   simulated_flash& operator=(const simulated_flash&) = delete;
@@ -468,6 +482,12 @@ class simulated_flash {
 
  private:
   using clock = std::chrono::steady_clock;
+  // "simulated_flash: lane_mib_per_s = 0 MiB/s; expected a finite value > 0"
+  static void check_positive(const char* name, double v, const char* unit) {
+    if (v > 0 && v <= std::numeric_limits<double>::max()) return;
+    throw error(std::string("simulated_flash: ") + name + " = " + detail::plan_format_number(v) +
+                unit + "; expected a finite value > 0");
+  }
   model_shape shape_;
   simulated_flash_options o_;
   mutable std::mutex mu_;
