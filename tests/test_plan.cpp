@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "alloc_counter.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -26,19 +28,7 @@
 using namespace moe_residency;
 
 // ---- allocation counter: the hot paths must not allocate ---------------------
-namespace {
-std::atomic<long> g_allocations{0};
-}
-void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-// Kept out of line: GCC 12 inlines them at -O1 and then flags free() on memory
-// "from operator new" (-Wmismatched-new-delete), which is exactly what a
-// malloc-backed replacement does.
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+using moe_residency_test::g_allocations;
 
 namespace {
 
