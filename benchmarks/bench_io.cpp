@@ -63,8 +63,12 @@ void report(benchmark::State& state, double ns_per_load, double direct_ns) {
   state.counters["overhead_ns_per_load"] = ns_per_load - direct_ns;
 }
 
-// One demanded load through the scheduler: quiesce, then the k misses.
-void BM_demanded_load(benchmark::State& state) {
+// The loop both benchmarks share: a scheduler with the lanes and callback
+// work of the args {lanes, work_us}, each iteration quiesce() then the k
+// demanded reads, then `after(s)`; reports ns per load against k direct
+// calls. Returns the scheduler's stats at the end.
+template <class After>
+scheduler_stats run_loads(benchmark::State& state, After after) {
   const std::size_t lanes = static_cast<std::size_t>(state.range(0));
   const std::int64_t us = state.range(1);
   const double direct = direct_ns_per_load(us);
@@ -80,41 +84,29 @@ void BM_demanded_load(benchmark::State& state) {
   for (auto _ : state) {
     benchmark::DoNotOptimize(s.quiesce().size());
     benchmark::DoNotOptimize(s.demand({reads.data(), k}, {out.data(), k}));
+    after(s);
     ++loads;
   }
   const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() /
                     static_cast<double>(std::max<std::uint64_t>(loads, 1));
   report(state, ns, direct);
+  return s.stats();
+}
+
+// One demanded load through the scheduler: quiesce, then the k misses.
+void BM_demanded_load(benchmark::State& state) {
+  run_loads(state, [](read_scheduler&) {});
 }
 
 // A layer's whole I/O cycle with speculation: quiesce (cancelling or waiting
 // for the 2 reads handed over last layer), the k demanded reads, then 2
 // speculative reads handed over (synchronous mode runs them at pump()).
 void BM_layer_with_speculation(benchmark::State& state) {
-  const std::size_t lanes = static_cast<std::size_t>(state.range(0));
-  const std::int64_t us = state.range(1);
-  const double direct = direct_ns_per_load(us);
-  scheduler_options o;
-  o.lanes = lanes;
-  read_scheduler s([us](layer_id, expert_id, read_reason) { return work(us); }, o);
-  std::vector<read_request> reads;
-  for (std::size_t j = 0; j < k; ++j)
-    reads.push_back(read_request{layer_id{}, expert_id(static_cast<std::uint16_t>(j)), 1});
-  std::vector<read_outcome> out(k);
-  std::uint64_t loads = 0;
-  const auto t0 = clock_type::now();
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(s.quiesce().size());
-    benchmark::DoNotOptimize(s.demand({reads.data(), k}, {out.data(), k}));
+  const scheduler_stats st = run_loads(state, [](read_scheduler& s) {
     s.speculate(read_request{layer_id{1}, expert_id{100}, 1});
     s.speculate(read_request{layer_id{1}, expert_id{101}, 1});
     s.pump();
-    ++loads;
-  }
-  const double ns = std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() /
-                    static_cast<double>(std::max<std::uint64_t>(loads, 1));
-  report(state, ns, direct);
-  const scheduler_stats st = s.stats();
+  });
   state.counters["spec_completed_pct"] =
       st.issued ? 100.0 * static_cast<double>(st.completed) / static_cast<double>(st.issued) : 0.0;
 }

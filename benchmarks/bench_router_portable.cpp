@@ -14,13 +14,11 @@
 // f16 GEMV (the 109 ms/token mistake).
 #include <benchmark/benchmark.h>
 
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <random>
-#include <string>
-#include <vector>
 
 #include "moe_residency/router.hpp"
+#include "router_fixture.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(_MSC_VER)
 #define BENCH_X86_GNU 1
@@ -33,7 +31,7 @@ namespace mr = moe_residency;
 
 namespace {
 
-constexpr std::size_t cols = 2048;
+using namespace router_bench;
 
 #if defined(__AVX2__) && defined(__F16C__)
 constexpr bool built_portable = false;
@@ -51,55 +49,6 @@ bool check_flags(benchmark::State& st) {
   return true;
 }
 
-struct fixture {
-  std::vector<float> f32;
-  std::vector<std::uint16_t> h16;
-  std::vector<float> x, y;
-  fixture(mr::element_type t, std::size_t rows) : x(cols), y(rows) {
-    std::mt19937 rng(1);
-    std::normal_distribution<float> d(0.0f, 0.05f);
-    for (auto& v : x) v = d(rng) * 20.0f;
-    if (t == mr::element_type::f32) {
-      f32.resize(rows * cols);
-      for (auto& v : f32) v = d(rng);
-    } else {
-      h16.resize(rows * cols);
-      for (auto& v : h16)
-        v = t == mr::element_type::f16 ? mr::detail::f32_to_f16_bits(d(rng))
-                                       : mr::detail::f32_to_bf16_bits(d(rng));
-    }
-  }
-  mr::matrix_view view(mr::element_type t, std::size_t rows) const {
-    if (t == mr::element_type::f32) return mr::matrix_view::f32(f32.data(), rows, cols);
-    if (t == mr::element_type::f16) return mr::matrix_view::f16(h16.data(), rows, cols);
-    return mr::matrix_view::bf16(h16.data(), rows, cols);
-  }
-};
-
-mr::element_type type_of(std::int64_t i) { return static_cast<mr::element_type>(i); }
-
-void set_bytes(benchmark::State& st, const mr::matrix_view& w, const std::string& what) {
-  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) *
-                       static_cast<std::int64_t>(w.bytes()));
-  st.SetLabel(std::string(mr::to_string(w.type)) + " " + std::to_string(w.rows) + "x" +
-              std::to_string(w.cols) + " " + what);
-}
-
-// Four independent integer sums over the bytes, no conversion, no multiply.
-std::uint32_t read_compiled(const std::uint32_t* p, std::size_t words) {
-  using U = xsimd::batch<std::uint32_t, xsimd::default_arch>;
-  U a(0u), b(0u), c(0u), d(0u);
-  for (std::size_t i = 0; i + 4 * U::size <= words; i += 4 * U::size) {
-    a += U::load_unaligned(p + i);
-    b += U::load_unaligned(p + i + U::size);
-    c += U::load_unaligned(p + i + 2 * U::size);
-    d += U::load_unaligned(p + i + 3 * U::size);
-  }
-  alignas(64) std::uint32_t out[U::size];
-  ((a + b) + (c + d)).store_aligned(out);
-  return out[0];
-}
-
 #if BENCH_X86_GNU
 __attribute__((target("avx2"))) std::uint32_t read_avx2(const std::uint32_t* p,
                                                         std::size_t words) {
@@ -113,121 +62,58 @@ __attribute__((target("avx2"))) std::uint32_t read_avx2(const std::uint32_t* p,
   const __m256i s = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));
   return static_cast<std::uint32_t>(_mm256_extract_epi32(s, 0));
 }
-#endif
 
 bool cpu_has_avx2() {
-#if BENCH_X86_GNU
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") != 0;
-#else
-  return false;
-#endif
 }
+#endif
 
+// The widest read the CPU can do: AVX2 through the target attribute where the
+// CPU has it, else the TU's own SIMD.
 void BM_stream_read_best(benchmark::State& st) {
   if (!check_flags(st)) return;
-  const auto t = type_of(st.range(0));
-  const auto rows = static_cast<std::size_t>(st.range(1));
-  const fixture f(t, rows);
-  const auto w = f.view(t, rows);
-  const std::size_t words = w.bytes() / 4;
-  const auto* p = static_cast<const std::uint32_t*>(w.data);
-  const bool avx2 = cpu_has_avx2();
-  for (auto _ : st) {
 #if BENCH_X86_GNU
-    const std::uint32_t s = avx2 ? read_avx2(p, words) : read_compiled(p, words);
-#else
-    const std::uint32_t s = read_compiled(p, words);
-#endif
-    benchmark::DoNotOptimize(s);
+  if (cpu_has_avx2()) {
+    run_stream_read(st, read_avx2, "avx2 (target attribute)");
+    return;
   }
-  set_bytes(st, w, avx2 ? "avx2 (target attribute)" : xsimd::default_arch::name());
+#endif
+  run_stream_read(st, read_compiled, xsimd::default_arch::name());
 }
 
 void BM_stream_read_compiled(benchmark::State& st) {
   if (!check_flags(st)) return;
-  const auto t = type_of(st.range(0));
-  const auto rows = static_cast<std::size_t>(st.range(1));
-  const fixture f(t, rows);
-  const auto w = f.view(t, rows);
-  const std::size_t words = w.bytes() / 4;
-  const auto* p = static_cast<const std::uint32_t*>(w.data);
-  for (auto _ : st) {
-    const std::uint32_t s = read_compiled(p, words);
-    benchmark::DoNotOptimize(s);
-  }
-  set_bytes(st, w, xsimd::default_arch::name());
+  run_stream_read(st, read_compiled, xsimd::default_arch::name());
 }
 
 void BM_gemv(benchmark::State& st) {
   if (!check_flags(st)) return;
-  const auto t = type_of(st.range(0));
-  const auto rows = static_cast<std::size_t>(st.range(1));
-  fixture f(t, rows);
-  const auto w = f.view(t, rows);
-  for (auto _ : st) {
-    mr::gemv(w, f.x.data(), f.y.data());
-    benchmark::DoNotOptimize(f.y.data());
-    benchmark::ClobberMemory();
-  }
-  set_bytes(st, w, mr::gemv_arch_name());
+  run_gemv(
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      mr::gemv_arch_name());
 }
 
 void BM_gemv_compiled_arch(benchmark::State& st) {
   if (!check_flags(st)) return;
-  const auto t = type_of(st.range(0));
-  const auto rows = static_cast<std::size_t>(st.range(1));
-  fixture f(t, rows);
-  const auto w = f.view(t, rows);
-  for (auto _ : st) {
-    mr::gemv_simd<xsimd::default_arch>(w, f.x.data(), f.y.data());
-    benchmark::DoNotOptimize(f.y.data());
-    benchmark::ClobberMemory();
-  }
-  set_bytes(st, w, xsimd::default_arch::name());
+  run_gemv(
+      st,
+      [](const mr::matrix_view& w, const float* x, float* y) {
+        mr::gemv_simd<xsimd::default_arch>(w, x, y);
+      },
+      xsimd::default_arch::name());
 }
 
 void BM_gemv_scalar(benchmark::State& st) {
   if (!check_flags(st)) return;
-  const auto t = type_of(st.range(0));
-  const auto rows = static_cast<std::size_t>(st.range(1));
-  fixture f(t, rows);
-  const auto w = f.view(t, rows);
-  for (auto _ : st) {
-    mr::gemv_scalar(w, f.x.data(), f.y.data());
-    benchmark::DoNotOptimize(f.y.data());
-    benchmark::ClobberMemory();
-  }
-  set_bytes(st, w, "scalar");
-}
-
-#if defined(__GNUC__)
-__attribute__((noinline))
-#endif
-float exported_f16_to_f32(std::uint16_t h) {
-  return mr::detail::f16_to_f32(h);
+  run_gemv(
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv_scalar(w, x, y); },
+      "scalar");
 }
 
 void BM_gemv_naive_f16_call(benchmark::State& st) {
   if (!check_flags(st)) return;
-  const auto rows = static_cast<std::size_t>(st.range(1));
-  fixture f(mr::element_type::f16, rows);
-  const auto w = f.view(mr::element_type::f16, rows);
-  for (auto _ : st) {
-    for (std::size_t r = 0; r < rows; ++r) {
-      float s = 0.0f;
-      for (std::size_t c = 0; c < cols; ++c) s += exported_f16_to_f32(f.h16[r * cols + c]) * f.x[c];
-      f.y[r] = s;
-    }
-    benchmark::DoNotOptimize(f.y.data());
-    benchmark::ClobberMemory();
-  }
-  set_bytes(st, w, "naive call per element");
-}
-
-void shapes(benchmark::internal::Benchmark* b) {
-  for (const std::int64_t t : {0, 1, 2})
-    for (const std::int64_t rows : {128, 256}) b->Args({t, rows});
+  run_gemv_naive_f16_call(st, "naive call per element");
 }
 
 }  // namespace

@@ -22,28 +22,6 @@
 
 #include "support.hpp"
 
-// The example of docs/traces.md, verbatim.
-namespace docs_example {
-// Prints how many cache lookups one replay of the trace makes.
-std::size_t count_lookups(const std::string& path) {
-  using namespace moe_residency;
-  const route_trace trace = read_route_trace(path);  // CSV or binary; throws error
-  const model_shape shape = trace.shape();           // arch, experts, top-k, bytes per layer
-  const load_batches lb = group_load_batches(trace);
-  std::size_t lookups = 0;
-  for (const load_batch& b : lb.batches) {
-    // One lookup per unique (layer, expert) per batch; duplicates only promote.
-    std::vector<bool> seen(shape.n_experts(), false);
-    for (expert_id e : lb.experts_of(b)) {
-      if (!seen[to_index(e)]) ++lookups;
-      seen[to_index(e)] = true;
-    }
-  }
-  std::printf("%s: %zu rows, %zu batches, %zu lookups, token cycle %.0f MiB\n", path.c_str(),
-              trace.rows.size(), lb.batches.size(), lookups, to_mib(token_cycle_bytes(shape)));
-  return lookups;
-}
-}  // namespace docs_example
 
 using namespace moe_residency;
 
@@ -425,24 +403,3 @@ TEST_CASE("binary and CSV are told apart by content") {
                        doctest::Contains("no/such/trace.csv: cannot open"), error);
 }
 
-TEST_CASE("docs/traces.md example") {
-  const std::string path = moe_residency_test::real_trace("gptoss.route.csv");
-  if (path.empty()) return;
-  // Every decode batch is 2 distinct experts; prefill lookups are the unique
-  // experts per layer, counted here the slow way.
-  const route_trace t = read_route_trace(path);
-  std::map<std::size_t, std::vector<bool>> prefill_seen;
-  std::size_t want = 0;
-  for (const trace_row& r : t.rows) {
-    if (r.phase == run_phase::decode) {
-      ++want;
-      continue;
-    }
-    auto& seen = prefill_seen[to_index(r.layer)];
-    seen.resize(128, false);
-    if (!seen[to_index(r.expert)]) ++want;
-    seen[to_index(r.expert)] = true;
-  }
-  CHECK(docs_example::count_lookups(path) == want);
-  CHECK(want < t.rows.size());  // prefill batches do hold duplicates
-}
