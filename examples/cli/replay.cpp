@@ -103,7 +103,7 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
       << "set output " << gp_quote(svg) << "\n"
       << "set title \"" << title << "\" noenhanced\n"
       << "set xlabel 'cache budget (MiB)'\nset ylabel 'decode hit rate (%)'\n"
-      << "set key left top\nset grid\nset yrange [0:100]\n"
+      << "set key right bottom\nset grid\nset yrange [0:100]\n"
       << "set arrow from " << cycle << ", graph 0 to " << cycle << ", graph 1 nohead dt 2 lw 2 lc rgb '#aa0000'\n"
       << "set label 'token cycle " << fmt_mib(cycle) << " MiB' at " << cycle << ", graph 0.95 offset 0.5,0 "
       << "tc rgb '#aa0000'\n"
