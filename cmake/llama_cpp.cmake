@@ -1,0 +1,90 @@
+# The llama.cpp adapter's build: the `moe-llama-probe` example and the tests that
+# run an unmodified llama.cpp. Included by the top-level CMakeLists.txt after the
+# tests and examples; does nothing unless MOE_RESIDENCY_BUILD_LLAMA_CPP is ON.
+#
+# Where llama.cpp comes from, in order:
+#   1. MOE_RESIDENCY_LLAMA_CPP_DIR, a llama.cpp source checkout, built here as a
+#      subproject (EXCLUDE_FROM_ALL, CPU only, static, SYSTEM includes);
+#   2. an installed llama.cpp found with find_package(llama) (CMAKE_PREFIX_PATH).
+# scripts/fetch-llama-cpp.sh fetches the pinned release and prints its checkout,
+# or with --install builds and installs it once and prints the prefix.
+#
+# Defines moe_residency::llama_cpp (the library plus llama and ggml) and the
+# target moe_residency_llama_cpp_checks (the probe, the llama_cpp tests and the
+# moe-residency tool they use).
+
+option(MOE_RESIDENCY_BUILD_LLAMA_CPP "Build the llama.cpp adapter's probe and tests (needs llama.cpp)" OFF)
+option(MOE_RESIDENCY_LLAMA_CPP_NATIVE
+  "Build the llama.cpp subproject with -march=native (OFF: the portable AVX2 baseline, same kernels on every machine)" OFF)
+set(MOE_RESIDENCY_LLAMA_CPP_DIR "" CACHE PATH
+    "A llama.cpp source checkout to build as a subproject; empty: use find_package(llama)")
+
+if(NOT MOE_RESIDENCY_BUILD_LLAMA_CPP)
+  return()
+endif()
+
+get_filename_component(_mr_llama_repo "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+
+# In a function so the settings below stay out of the including scope; llama.cpp's
+# option()s honour them as normal variables (policy CMP0077).
+function(_mr_add_llama_cpp_subproject dir)
+  if(NOT EXISTS "${dir}/CMakeLists.txt" OR NOT EXISTS "${dir}/include/llama.h")
+    message(FATAL_ERROR "MOE_RESIDENCY_LLAMA_CPP_DIR='${dir}' is not a llama.cpp checkout "
+                        "(no CMakeLists.txt and include/llama.h); run scripts/fetch-llama-cpp.sh")
+  endif()
+  set(BUILD_SHARED_LIBS OFF)
+  set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+  set(LLAMA_BUILD_COMMON OFF)
+  set(LLAMA_BUILD_TESTS OFF)
+  set(LLAMA_BUILD_EXAMPLES OFF)
+  set(LLAMA_BUILD_SERVER OFF)
+  set(LLAMA_BUILD_TOOLS OFF)
+  set(LLAMA_BUILD_APP OFF)
+  set(LLAMA_OPENSSL OFF)
+  set(GGML_CCACHE OFF)
+  # Portable by default: with -march=native on a CPU with AVX512-FP16, ggml
+  # accumulates single-token f16 dot products in f16 (docs/llama-cpp.md).
+  set(GGML_NATIVE ${MOE_RESIDENCY_LLAMA_CPP_NATIVE})
+  # llama.cpp's own warnings are not ours.
+  set(LLAMA_ALL_WARNINGS OFF)
+  set(LLAMA_FATAL_WARNINGS OFF)
+  add_subdirectory("${dir}" "${CMAKE_BINARY_DIR}/_deps/llama.cpp" EXCLUDE_FROM_ALL SYSTEM)
+endfunction()
+
+if(MOE_RESIDENCY_LLAMA_CPP_DIR)
+  if(NOT TARGET llama)
+    _mr_add_llama_cpp_subproject("${MOE_RESIDENCY_LLAMA_CPP_DIR}")
+  endif()
+  message(STATUS "moe_residency: llama.cpp from the checkout ${MOE_RESIDENCY_LLAMA_CPP_DIR}")
+else()
+  find_package(llama CONFIG QUIET)
+  if(NOT llama_FOUND)
+    message(FATAL_ERROR
+      "MOE_RESIDENCY_BUILD_LLAMA_CPP is ON but no llama.cpp was found. Either\n"
+      "  -DMOE_RESIDENCY_LLAMA_CPP_DIR=$(scripts/fetch-llama-cpp.sh)   (build it here), or\n"
+      "  -DCMAKE_PREFIX_PATH=$(scripts/fetch-llama-cpp.sh --install)   (use an installed one).")
+  endif()
+  message(STATUS "moe_residency: llama.cpp ${LLAMA_VERSION} (commit ${LLAMA_BUILD_COMMIT}) from ${llama_DIR}")
+endif()
+
+if(NOT TARGET moe_residency_llama_cpp)
+  add_library(moe_residency_llama_cpp INTERFACE)
+  add_library(moe_residency::llama_cpp ALIAS moe_residency_llama_cpp)
+  target_link_libraries(moe_residency_llama_cpp INTERFACE moe_residency::moe_residency llama)
+endif()
+
+# Everything the llama_cpp-labelled tests need, so CI can build only that:
+#   cmake --build <dir> --target moe_residency_llama_cpp_checks
+if(NOT TARGET moe_residency_llama_cpp_checks)
+  add_custom_target(moe_residency_llama_cpp_checks)
+  if(TARGET moe_residency_cli)  # the smoke test replays the probe's trace with it
+    add_dependencies(moe_residency_llama_cpp_checks moe_residency_cli)
+  endif()
+endif()
+
+if(MOE_RESIDENCY_BUILD_EXAMPLES)
+  add_subdirectory("${_mr_llama_repo}/examples/llama_cpp" "${CMAKE_BINARY_DIR}/examples/llama_cpp")
+endif()
+if(MOE_RESIDENCY_BUILD_TESTS)
+  add_subdirectory("${_mr_llama_repo}/tests/llama_cpp" "${CMAKE_BINARY_DIR}/tests/llama_cpp")
+endif()

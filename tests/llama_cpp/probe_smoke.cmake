@@ -1,0 +1,58 @@
+# CTest script: moe-llama-probe end to end on a random-weight model of each
+# architecture. Checks the exit code, the control's 100.0%, the cache line, the
+# trace file (route_trace v1), and — given TOOL — that `moe-residency replay` of
+# the trace prints the probe's own cache line (decode and cumulative hit %, MiB
+# read). Run as
+#   cmake -DPROBE=<moe-llama-probe> -DWORK=<dir> [-DTOOL=<moe-residency>] -P probe_smoke.cmake
+file(MAKE_DIRECTORY "${WORK}")
+foreach(arch qwen3moe deepseek2 gpt-oss)
+  foreach(router f32 f16 bf16)
+    set(trace "${WORK}/${arch}-${router}.route.csv")
+    file(REMOVE "${trace}")
+    execute_process(
+      COMMAND "${PROBE}" --random ${arch} --router ${router} --experts 32 --k 4 --tokens 16
+              --decode 64 --budget-mib 3 --threads 1 --trace-out "${trace}"
+              --save-model "${WORK}/${arch}-${router}.gguf" --warm pread
+      WORKING_DIRECTORY "${WORK}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "${arch} ${router}: moe-llama-probe exited with ${rc}\n${out}\n${err}")
+    endif()
+    if(NOT out MATCHES "fresh-gate control 100\\.0% of routed slots|fresh-gate control 100\\.0%")
+      message(FATAL_ERROR "${arch} ${router}: the control is not 100.0%\n${out}")
+    endif()
+    if(NOT out MATCHES "cache lru 3 MiB: decode hit [0-9.]+%")
+      message(FATAL_ERROR "${arch} ${router}: no cache line\n${out}")
+    endif()
+    if(NOT out MATCHES ", 0 failed")
+      message(FATAL_ERROR "${arch} ${router}: a warm read failed\n${out}")
+    endif()
+    if(NOT out MATCHES "0 unreadable, 0 unsupported, 0 exceptions")
+      message(FATAL_ERROR "${arch} ${router}: observer counters\n${out}")
+    endif()
+    file(STRINGS "${trace}" first LIMIT_COUNT 1)
+    if(NOT first STREQUAL "# route_trace v1")
+      message(FATAL_ERROR "${arch} ${router}: ${trace} does not start with '# route_trace v1'")
+    endif()
+    set(expected "")
+    if(TOOL)
+      # The trace replays through `moe-residency replay` to the probe's own cache line.
+      string(REGEX MATCH "decode hit ([0-9.]+)% \\(cumulative ([0-9.]+)%\\), ([0-9.]+) MiB read" line "${out}")
+      set(probe_decode "${CMAKE_MATCH_1}")
+      set(probe_cum "${CMAKE_MATCH_2}")
+      set(probe_mib "${CMAKE_MATCH_3}")
+      execute_process(COMMAND "${TOOL}" replay --trace "${trace}" --budgets 3 --policies lru
+                              --format csv --threads 1
+                      RESULT_VARIABLE rc OUTPUT_VARIABLE replay ERROR_VARIABLE err)
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "${arch} ${router}: moe-residency replay failed on ${trace}\n${replay}\n${err}")
+      endif()
+      set(expected "3,lru,${probe_cum},${probe_decode},${probe_mib}")
+      string(FIND "${replay}" "${expected}" at)
+      if(at EQUAL -1)
+        message(FATAL_ERROR "${arch} ${router}: replay of ${trace} gives\n${replay}but the probe printed\n"
+                            "  ${line}\n(expected the row ${expected})")
+      endif()
+    endif()
+    message(STATUS "${arch} ${router}: ok ${expected}")
+  endforeach()
+endforeach()

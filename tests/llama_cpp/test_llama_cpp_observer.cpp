@@ -1,0 +1,337 @@
+// The llama.cpp observer against llama.cpp itself: the fresh-gate control
+// (each layer's own router on its own gate input, selected by the spec the
+// observer derived from the graph) reproduces llama.cpp's ffn_moe_topk on
+// 100.0% of routings; the ids and positions it reports are the ones a plain
+// callback copies out of ffn_moe_topk; the user's own callback is chained;
+// attaching changes no logit; detaching stops the events.
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "llama_support.hpp"
+#include "moe_residency/router.hpp"
+
+using namespace moe_residency;
+using namespace moe_residency_test;
+
+namespace {
+
+/// The control: recompute every routing the observer reports and compare.
+struct control_sink : mrl::observer_sink {
+  std::size_t routings = 0, matches = 0, exact_order = 0, weight_mismatch = 0, bad = 0;
+  std::size_t decode_routings = 0, prefill_routings = 0, outputs_only_batches = 0;
+  std::size_t batches = 0;
+  std::map<std::tuple<std::uint32_t, std::uint16_t>, std::vector<int>> ids;  // (pos, layer) -> ids
+  std::vector<router_workspace> ws;
+
+  void on_batch(const mrl::batch_info&) override { ++batches; }
+
+  void on_layer(const mrl::layer_batch& b) override {
+    const mrl::layer_structure& s = *b.structure;
+    if (ws.size() <= to_index(b.layer)) ws.resize(to_index(b.layer) + 1);
+    router_workspace& w = ws[to_index(b.layer)];
+    if (w.capacity() < s.spec.n_experts) w.resize(s.spec.n_experts);
+    if (b.outputs_only) ++outputs_only_batches;
+    for (std::size_t t = 0; t < b.n_tokens; ++t) {
+      routing engine, ours;
+      if (!b.routing_of(t, engine)) {
+        ++bad;
+        continue;
+      }
+      ++routings;
+      (b.phase == run_phase::decode ? decode_routings : prefill_routings) += 1;
+      auto& v = ids[{b.position(t), static_cast<std::uint16_t>(b.layer)}];
+      for (std::size_t j = 0; j < b.k; ++j) v.push_back(b.ids[t * b.ids_stride + j]);
+      if (!route_token(s.router, b.x(t), s.spec, ours, w)) {
+        ++bad;
+        continue;
+      }
+      const bool same = same_selection_tie_aware(engine.ids(), ours.ids(), w.selection_scores());
+      if (same) ++matches;
+      bool order = true;
+      for (std::size_t j = 0; j < engine.size(); ++j) order = order && engine.id(j) == ours.id(j);
+      if (order) {
+        ++exact_order;
+        for (std::size_t j = 0; j < engine.size(); ++j) {
+          const float a = engine.weight(j), c = ours.weight(j);
+          if (std::fabs(a - c) > 1e-4f * std::max(1.0f, std::fabs(a))) ++weight_mismatch;
+        }
+      }
+    }
+  }
+};
+
+/// A user's own callback: copies every ffn_moe_topk-il it sees, by layer.
+struct topk_copier {
+  std::size_t asks = 0, datas = 0;
+  std::vector<std::tuple<int, std::size_t, std::vector<int>>> seen;  // (layer, n_tokens, ids token-major)
+  static bool cb(ggml_tensor* t, bool ask, void* ud) {
+    auto* self = static_cast<topk_copier*>(ud);
+    int il = -1;
+    const bool want = mrl::detail::parse_moe_node(t->name, il) == mrl::detail::moe_node::topk;
+    if (ask) {
+      ++self->asks;
+      return want;
+    }
+    ++self->datas;
+    REQUIRE(want);  // called with data only for what it asked for
+    std::vector<int> v;
+    for (int64_t tok = 0; tok < t->ne[1]; ++tok)
+      for (int64_t j = 0; j < t->ne[0]; ++j) {
+        int32_t id;
+        std::memcpy(&id, static_cast<const char*>(t->data) + tok * t->nb[1] + j * t->nb[0], 4);
+        v.push_back(id);
+      }
+    self->seen.emplace_back(il, static_cast<std::size_t>(t->ne[1]), std::move(v));
+    return true;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("llama.cpp observer: the control reproduces ffn_moe_topk on 100.0% of routings") {
+  llama_init_once();
+  const std::size_t n_prompt = 24, n_decode = 64;
+  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
+    for (ggml_type rt : {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16}) {
+      const std::string config = std::string(arch) + " router " + type_name(rt);
+      CAPTURE(config);
+      const auto spec = spec_for(arch, rt);
+      auto model = mre::make_random_model(spec);
+      mrl::observer obs(model.get());
+      control_sink sink;
+      obs.set_sink(&sink);
+      auto cp = test_context_params();
+      obs.install(cp);
+      auto ctx = make_context(model.get(), cp);
+      run_tokens(ctx.get(), model.get(), n_prompt, n_decode);
+
+      const std::size_t n_moe = spec.arch == "deepseek2" ? spec.n_layer - 1 : spec.n_layer;
+      CHECK(obs.stats().exceptions == 0);
+      CHECK(obs.stats().unreadable == 0);
+      CHECK(obs.stats().unsupported == 0);
+      CHECK(obs.stats().metadata_mismatches == 0);  // deepseek2's keys agree with its graph
+      CHECK(obs.structure_known());
+      CHECK(sink.bad == 0);
+      CHECK(sink.batches == 1 + n_decode);
+      CHECK(sink.decode_routings == n_decode * n_moe);
+      CHECK(sink.prefill_routings >= n_prompt * (n_moe - 1) + 1);
+      REQUIRE(sink.routings > 0);
+      MESSAGE(config << ": control " << sink.matches << "/" << sink.routings
+                   << " tie-aware, " << sink.exact_order << " in the same order");
+      CHECK(sink.matches == sink.routings);       // 100.0%, tie-aware
+      CHECK(sink.weight_mismatch == 0);           // the final weights are the ones we compute
+    }
+  }
+}
+
+TEST_CASE("llama.cpp observer: the spec it derives from the graph") {
+  llama_init_once();
+  SUBCASE("qwen3moe: softmax, normalised, no bias") {
+    auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
+    mrl::observer obs(model.get());
+    auto cp = test_context_params();
+    obs.install(cp);
+    auto ctx = make_context(model.get(), cp);
+    run_tokens(ctx.get(), model.get(), 4, 1);
+    REQUIRE(obs.structure_known());
+    const auto& s = obs.layer(layer_id(1));
+    CHECK(s.moe);
+    CHECK(s.spec.gating == gating_function::softmax);
+    CHECK(s.spec.normalize_weights);
+    CHECK_FALSE(s.spec.scale_weights);
+    CHECK(s.spec.n_experts == 64);
+    CHECK(s.spec.top_k == 8);
+    CHECK(s.router.type == element_type::f32);
+    CHECK(s.router.rows == 64);
+    CHECK(s.router.cols == 128);
+    CHECK(s.experts.size() == 3);  // gate, up, down (renamed node_N: found by op)
+    CHECK(s.expert_bytes == 3ull * 128 * 64 * 4);
+    const model_shape shape = obs.shape();
+    CHECK(shape.n_layers() == 4);
+    CHECK(shape.n_moe_layers() == 4);
+  }
+  SUBCASE("deepseek2: dense first layer, sigmoid, groups, selection bias, norm and scale") {
+    auto model = mre::make_random_model(spec_for("deepseek2", GGML_TYPE_BF16));
+    mrl::observer obs(model.get());
+    auto cp = test_context_params();
+    obs.install(cp);
+    auto ctx = make_context(model.get(), cp);
+    run_tokens(ctx.get(), model.get(), 4, 1);
+    REQUIRE(obs.structure_known());
+    CHECK_FALSE(obs.layer(layer_id(0)).moe);
+    const auto& s = obs.layer(layer_id(2));
+    CHECK(s.moe);
+    CHECK(s.spec.gating == gating_function::sigmoid);
+    CHECK(s.spec.n_groups == 8);
+    CHECK(s.spec.n_group_used == 4);
+    CHECK(s.spec.selection_bias.size() == 64);
+    CHECK(s.spec.logit_bias.empty());
+    CHECK(s.spec.normalize_weights);
+    CHECK(s.spec.scale_weights);
+    CHECK(s.spec.weight_scale == 2.5f);
+    CHECK(s.router.type == element_type::bf16);
+    CHECK(s.experts.size() == 2);  // merged gate_up, down
+    const model_shape shape = obs.shape();
+    CHECK_FALSE(shape.is_moe(layer_id(0)));
+    CHECK(shape.is_moe(layer_id(1)));
+    CHECK(shape.n_moe_layers() == 3);
+  }
+  SUBCASE("gpt-oss: logit bias, softmax over the selected") {
+    auto model = mre::make_random_model(spec_for("gpt-oss", GGML_TYPE_F16));
+    mrl::observer obs(model.get());
+    auto cp = test_context_params();
+    obs.install(cp);
+    auto ctx = make_context(model.get(), cp);
+    run_tokens(ctx.get(), model.get(), 4, 1);
+    REQUIRE(obs.structure_known());
+    const auto& s = obs.layer(layer_id(3));
+    CHECK(s.spec.gating == gating_function::softmax_weight);
+    CHECK(s.spec.logit_bias.size() == 32);
+    CHECK_FALSE(s.spec.normalize_weights);
+    CHECK(s.router.type == element_type::f16);
+  }
+}
+
+TEST_CASE("llama.cpp observer: the graph wins over GGUF keys it contradicts, and says so") {
+  llama_init_once();
+  auto spec = spec_for("qwen3moe", GGML_TYPE_F32);
+  spec.gating_func_key = 2;  // sigmoid; llama.cpp's qwen3moe graph hard-codes softmax
+  auto model = mre::make_random_model(spec);
+  mrl::observer obs(model.get());
+  control_sink sink;
+  obs.set_sink(&sink);
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+  run_tokens(ctx.get(), model.get(), 8, 8);
+  CHECK(obs.layer(layer_id(0)).spec.gating == gating_function::softmax);
+  CHECK(obs.stats().metadata_mismatches == 4);
+  CHECK(obs.metadata_note() == "layer 0: expert_gating_func is 2 in the GGUF but 1 in the graph");
+  CHECK(sink.matches == sink.routings);  // and the control, on the graph's spec, is exact
+}
+
+TEST_CASE("llama.cpp observer: reports exactly what a plain callback copies from ffn_moe_topk") {
+  llama_init_once();
+  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
+    const std::string config = arch;
+    CAPTURE(config);
+    auto model = mre::make_random_model(spec_for(arch, GGML_TYPE_F32));
+    mrl::observer obs(model.get());
+    control_sink sink;
+    obs.set_sink(&sink);
+    topk_copier user;
+    auto cp = test_context_params();
+    cp.cb_eval = &topk_copier::cb;
+    cp.cb_eval_user_data = &user;
+    obs.install(cp);
+    CHECK_THROWS_AS(obs.install(cp), moe_residency::error);
+    auto ctx = make_context(model.get(), cp);
+    const std::size_t n_prompt = 9, n_decode = 5;
+    run_tokens(ctx.get(), model.get(), n_prompt, n_decode);
+
+    // The user's callback saw every topk, in order, with data.
+    CHECK(user.datas == user.seen.size());
+    REQUIRE_FALSE(user.seen.empty());
+    // Rebuild (position, layer) -> ids from the user's copies: graphs are one
+    // prompt batch then one token each; a layer with fewer columns than its
+    // graph's first layer saw the last tokens (the output rows).
+    std::map<std::tuple<std::uint32_t, std::uint16_t>, std::vector<int>> expected;
+    std::uint32_t graph_first = 0, graph_tokens = 0;
+    int last_layer = 1 << 30;
+    for (const auto& [il, n_tok, v] : user.seen) {
+      if (il <= last_layer) {
+        graph_first += graph_tokens;
+        graph_tokens = static_cast<std::uint32_t>(n_tok);
+      }
+      last_layer = il;
+      const std::size_t k = v.size() / n_tok;
+      for (std::size_t t = 0; t < n_tok; ++t) {
+        const auto pos = graph_first + graph_tokens - static_cast<std::uint32_t>(n_tok) +
+                         static_cast<std::uint32_t>(t);
+        expected[{pos, static_cast<std::uint16_t>(il)}] =
+            std::vector<int>(v.begin() + static_cast<long>(t * k), v.begin() + static_cast<long>((t + 1) * k));
+      }
+    }
+    CHECK(graph_first + graph_tokens == n_prompt + n_decode);
+    CHECK(sink.ids == expected);
+    if (std::string(arch) == "qwen3moe") CHECK(sink.outputs_only_batches == 1);
+  }
+}
+
+TEST_CASE("llama.cpp observer: attaching changes no logit; detaching stops the events") {
+  llama_init_once();
+  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
+    const std::string config = arch;
+    CAPTURE(config);
+    auto model = mre::make_random_model(spec_for(arch, GGML_TYPE_F16));
+    run_result plain, observed;
+    {
+      auto ctx = make_context(model.get(), test_context_params());
+      plain = run_tokens(ctx.get(), model.get(), 16, 64);
+    }
+    mrl::observer obs(model.get());
+    control_sink sink;
+    obs.set_sink(&sink);
+    {
+      auto cp = test_context_params();
+      obs.install(cp);
+      auto ctx = make_context(model.get(), cp);
+      observed = run_tokens(ctx.get(), model.get(), 16, 64);
+      REQUIRE(sink.routings > 0);
+      CHECK(plain.tokens == observed.tokens);
+      REQUIRE(plain.logits.size() == observed.logits.size());
+      CHECK(std::memcmp(plain.logits.data(), observed.logits.data(),
+                        plain.logits.size() * sizeof(float)) == 0);
+
+      // Detached: the context still runs through the trampoline, but no event.
+      obs.detach();
+      const std::size_t before = sink.routings;
+      const auto data_calls = obs.stats().data_calls;
+      llama_memory_clear(llama_get_memory(ctx.get()), true);
+      obs.set_position(0);
+      run_tokens(ctx.get(), model.get(), 8, 4);
+      CHECK(sink.routings == before);
+      CHECK(obs.stats().data_calls == data_calls);
+      obs.attach();
+      llama_memory_clear(llama_get_memory(ctx.get()), true);
+      obs.set_position(0);
+      run_tokens(ctx.get(), model.get(), 8, 4);
+      CHECK(sink.routings > before);
+    }
+  }
+}
+
+TEST_CASE("llama.cpp observer: a throwing sink is counted, never crosses into ggml") {
+  llama_init_once();
+  struct throwing_sink : mrl::observer_sink {
+    void on_layer(const mrl::layer_batch&) override { throw std::runtime_error("sink failure"); }
+  } sink;
+  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
+  mrl::observer obs(model.get());
+  obs.set_sink(&sink);
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+  run_tokens(ctx.get(), model.get(), 4, 3);
+  CHECK(obs.stats().exceptions == 4 * 4);  // every layer of 4 graphs
+  CHECK(std::string(obs.last_error()) == "sink failure");
+}
+
+TEST_CASE("llama.cpp observer: node names") {
+  int il = -1;
+  CHECK(mrl::detail::parse_moe_node("ffn_moe_topk-12", il) == mrl::detail::moe_node::topk);
+  CHECK(il == 12);
+  CHECK(mrl::detail::parse_moe_node("ffn_moe_weights_norm-3", il) == mrl::detail::moe_node::weights_norm);
+  CHECK(il == 3);
+  CHECK(mrl::detail::parse_moe_node("ffn_moe_weights_norm-3 (reshaped)", il) == mrl::detail::moe_node::none);
+  CHECK(mrl::detail::parse_moe_node("ffn_moe_topk-", il) == mrl::detail::moe_node::none);
+  CHECK(mrl::detail::parse_moe_node("ffn_moe_up-1", il) == mrl::detail::moe_node::none);
+  CHECK(mrl::detail::parse_moe_node("attn_norm-1", il) == mrl::detail::moe_node::none);
+  CHECK(mrl::detail::parse_blk_layer("blk.17.ffn_up_exps.weight") == 17);
+  CHECK(mrl::detail::parse_blk_layer("blk.x.ffn_up_exps.weight") == -1);
+  CHECK(mrl::detail::parse_blk_layer("output.weight") == -1);
+}
