@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -45,6 +48,48 @@ std::size_t brute_hits(const routing& r, const ranking& p) {
   std::vector<int> both;
   std::set_intersection(sel.begin(), sel.end(), pred.begin(), pred.end(), std::back_inserter(both));
   return both.size();
+}
+
+// The slow twin of the tie-aware overlap, from its definition: the maximum
+// overlap of the selected set with the top k of any tie-break of the
+// predicted ranking. A tie-break may reorder only the entries whose score is
+// tied with the k-th (finite, within tie_relative_tolerance); it keeps which positions
+// they hold, so it chooses which m of them fill the m tied positions inside
+// the top k. Every such choice is enumerated.
+std::size_t brute_tie_hits(const routing& r, const ranking& p) {
+  const std::size_t k = r.size();
+  if (p.size() < k || k == 0 || !std::isfinite(p.score(k - 1))) return brute_hits(r, p);
+  const float kth = p.score(k - 1);
+  std::set<int> sel, fixed;
+  for (std::size_t i = 0; i < k; ++i) sel.insert(static_cast<int>(to_index(r.id(i))));
+  std::vector<int> tied;
+  std::size_t m = 0;  // tied positions inside the top k
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    const float s = p.score(j);
+    const bool t = std::isfinite(s) &&
+                   std::fabs(s - kth) <= tie_relative_tolerance * std::max(std::fabs(s), std::fabs(kth));
+    if (t) {
+      tied.push_back(static_cast<int>(to_index(p.id(j))));
+      if (j < k) ++m;
+    } else if (j < k) {
+      fixed.insert(static_cast<int>(to_index(p.id(j))));
+    }
+  }
+  REQUIRE(tied.size() <= 20);
+  std::size_t best = 0;
+  for (std::uint32_t mask = 0; mask < (1u << tied.size()); ++mask) {
+    std::size_t chosen = 0;
+    for (std::size_t i = 0; i < tied.size(); ++i) chosen += (mask >> i) & 1u;
+    if (chosen != m) continue;
+    std::set<int> top = fixed;
+    for (std::size_t i = 0; i < tied.size(); ++i)
+      if (mask & (1u << i)) top.insert(tied[i]);
+    REQUIRE(top.size() == k);
+    std::size_t both = 0;
+    for (int e : top) both += sel.count(e);
+    best = std::max(best, both);
+  }
+  return best;
 }
 
 predictor_label label(const char* n, const char* col, bool control = false) {
@@ -100,6 +145,93 @@ TEST_CASE("tie-aware overlap agrees with the router's same_selection_tie_aware")
     forgiven_seen += static_cast<int>(o.tie_forgiven);
   }
   CHECK(forgiven_seen > 0);  // the test exercised ties
+}
+
+TEST_CASE("tie forgiveness credits at most the tied top-k slots another tie-break could free") {
+  // The reviewer's example: [A .9, X .5, Y .3, B .3, C .3], selected {A, B, C}.
+  // Only Y's slot is tied, so at most one of B, C is the top 3 under any
+  // tie-break: 2 hits, not 3, and not whole.
+  enum { A = 1, X = 2, Y = 3, B = 4, C = 5 };
+  const ranking p = make_ranking({A, X, Y, B, C}, {0.9f, 0.5f, 0.3f, 0.3f, 0.3f});
+  const routing abc = make_routing(0, {A, B, C});
+  overlap_result o = slot_overlap(abc.ids(), p, true);
+  CHECK(o.hits == 2);
+  CHECK(o.tie_forgiven == 1);
+  CHECK_FALSE(o.whole);
+  CHECK(o.hits == brute_tie_hits(abc, p));
+  // {A, X, B}: Y's tied slot goes to B under another tie-break: whole.
+  o = slot_overlap(make_routing(0, {A, X, B}).ids(), p, true);
+  CHECK(o.hits == 3);
+  CHECK(o.tie_forgiven == 1);
+  CHECK(o.whole);
+  // {A, Y, B}: Y holds the only tied slot itself; X (.5) is in every top 3.
+  o = slot_overlap(make_routing(0, {A, Y, B}).ids(), p, true);
+  CHECK(o.hits == 2);
+  CHECK(o.tie_forgiven == 0);
+  CHECK_FALSE(o.whole);
+  // Two tied slots inside the top 4 free room for both B and C.
+  const ranking q = make_ranking({A, X, Y, B, C}, {0.9f, 0.3f, 0.3f, 0.3f, 0.3f});
+  o = slot_overlap(make_routing(0, {A, B, C}).ids(), q, true);
+  CHECK(o.hits == 3);
+  CHECK(o.tie_forgiven == 2);
+  CHECK(o.whole);
+  // Not tie-aware: plain intersection.
+  CHECK(slot_overlap(abc.ids(), p, false).hits == 1);
+
+  SUBCASE("the scorer counts the capped credit") {
+    slot_overlap_scorer s({label("control", "ctrl", true)}, 1);
+    const ranking* pp[] = {&p};
+    const bool t[] = {true};
+    REQUIRE(s.record(abc, pp, t));
+    const overlap_counts& c = s.report().totals[0];
+    CHECK(c.slots == 3);
+    CHECK(c.slot_hits == 2);
+    CHECK(c.whole_hits == 0);
+    CHECK(c.tie_forgiven == 1);
+    CHECK_FALSE(c.perfect());
+  }
+}
+
+TEST_CASE("tie-aware overlap equals the best overlap over every tie-break of the ranking") {
+  std::mt19937_64 rng(2024);
+  std::uniform_int_distribution<int> coarse(0, 4);  // few distinct values: many exact ties
+  std::size_t capped = 0, forgiven = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
+    const std::size_t n = 4 + rng() % 9;              // experts, all of them ranked or not
+    const std::size_t k = 1 + rng() % std::min<std::size_t>(n, 6);
+    std::vector<int> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<int>(i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const std::size_t m = rng() % (n + 1);            // ranking length, may be < k
+    std::vector<float> sc(m);
+    for (auto& v : sc) {
+      v = 0.1f * static_cast<float>(coarse(rng));
+      if (rng() % 17 == 0) v = -std::numeric_limits<float>::infinity();
+    }
+    if (rng() % 4 == 0)
+      for (auto& v : sc) v *= 1.0f + 4e-7f * static_cast<float>(rng() % 3);  // near ties
+    std::sort(sc.begin(), sc.end(), [](float a, float b) { return a > b; });
+    const ranking p = make_ranking(std::vector<int>(ids.begin(), ids.begin() + static_cast<long>(m)), sc);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const routing r = make_routing(0, std::vector<int>(ids.begin(), ids.begin() + static_cast<long>(k)));
+    CAPTURE(trial);
+    const overlap_result o = slot_overlap(r.ids(), p, true);
+    const std::size_t want = brute_tie_hits(r, p);
+    REQUIRE(o.hits == want);
+    REQUIRE(o.whole == (want == k));
+    REQUIRE(o.tie_forgiven == want - brute_hits(r, p));
+    forgiven += o.tie_forgiven;
+    // How often the cap bites: more tied selected experts below k than freed slots.
+    std::size_t tied_below = 0;
+    for (std::size_t i = 0; i < k && m >= k && std::isfinite(p.score(k - 1)); ++i)
+      for (std::size_t j = k; j < m; ++j)
+        if (p.id(j) == r.id(i) && std::fabs(p.score(j) - p.score(k - 1)) <=
+                                      1e-6f * std::max(std::fabs(p.score(j)), std::fabs(p.score(k - 1))))
+          ++tied_below;
+    capped += tied_below > o.tie_forgiven ? 1 : 0;
+  }
+  CHECK(forgiven > 0);
+  CHECK(capped > 0);  // the test exercised the cap
 }
 
 TEST_CASE("the scorer keeps unscored and declined routings out of every denominator") {

@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -190,4 +192,83 @@ TEST_CASE("the workload is deterministic from its seed") {
   synthetic_config bad = cfg(1);
   bad.token_correlation = 1.0f;
   CHECK_THROWS_AS(synthetic_model{bad}, error);
+}
+
+namespace {
+// FNV-1a over little-endian words: a fingerprint of what the synthetic model
+// generates, the same on every host.
+struct fnv {
+  std::uint64_t h = 1469598103934665603ull;
+  void word(std::uint64_t v, std::size_t n_bytes) {
+    for (std::size_t i = 0; i < n_bytes; ++i) h = (h ^ ((v >> (8 * i)) & 0xFFu)) * 1099511628211ull;
+  }
+  void f32(float f) {
+    std::uint32_t b;
+    std::memcpy(&b, &f, sizeof b);
+    word(b, 4);
+  }
+};
+}  // namespace
+
+// The router storage is a typed buffer per element type; this pins what the
+// generator produces (router bits and routings, per type and rule) so a change
+// of storage cannot silently change a seed's routings. Golden values were
+// recorded with the previous (byte-reinterpreting) storage.
+TEST_CASE("same seeds give bit-identical routers and routings for every router type") {
+  struct golden {
+    element_type type;
+    synthetic_router rule;
+    std::uint64_t routers, routings;
+  };
+  const golden want[] = {
+      {element_type::f32, synthetic_router::qwen3moe, 0xab11b1a972e66bedull, 0x21e4414b03d41826ull},
+      {element_type::f32, synthetic_router::deepseek, 0xaae02a80f879d5c3ull, 0xb94127ca3a9b5af5ull},
+      {element_type::f32, synthetic_router::gpt_oss, 0x08daa00e5ad1b72eull, 0x8db6a5f8b03ab10full},
+      {element_type::f32, synthetic_router::llama4, 0xab11b1a972e66bedull, 0xc71cc48dbc9f9835ull},
+      {element_type::f16, synthetic_router::qwen3moe, 0x3465eeae92a8cd0dull, 0x956414ccb571ecedull},
+      {element_type::f16, synthetic_router::deepseek, 0xda9c972d370c3168ull, 0x4a9aecf1f23add96ull},
+      {element_type::f16, synthetic_router::gpt_oss, 0xa7019b248e4ba3e4ull, 0x547e0982832ae848ull},
+      {element_type::f16, synthetic_router::llama4, 0x3465eeae92a8cd0dull, 0x3d4b67ae167e1833ull},
+      {element_type::bf16, synthetic_router::qwen3moe, 0x7cdbc1f476e3be7full, 0x1f764b42a9d437d8ull},
+      {element_type::bf16, synthetic_router::deepseek, 0x2f9711fb5465a280ull, 0x45e65dab6a8248c3ull},
+      {element_type::bf16, synthetic_router::gpt_oss, 0xc3a1baa49c267347ull, 0xdb2b24adb5129837ull},
+      {element_type::bf16, synthetic_router::llama4, 0x7cdbc1f476e3be7full, 0x1053ce26b44a1fb2ull},
+  };
+  for (const golden& g : want) {
+    CAPTURE(to_string(g.type));
+    CAPTURE(to_string(g.rule));
+    const bool dense_first = g.rule == synthetic_router::deepseek;
+    const synthetic_model m(synthetic_presets::small(g.rule, g.type, 6, 64, 256, 6, dense_first));
+    fnv routers;
+    for (std::size_t l = 0; l < m.shape().n_layers(); ++l) {
+      const matrix_view v = m.router(L(l));
+      routers.word(static_cast<std::uint64_t>(v.type), 1);
+      routers.word(v.rows, 8);
+      routers.word(v.cols, 8);
+      if (!v.data) continue;
+      for (std::size_t i = 0; i < v.rows * v.cols; ++i) {
+        if (v.type == element_type::f32)
+          routers.f32(static_cast<const float*>(v.data)[i]);
+        else
+          routers.word(static_cast<const std::uint16_t*>(v.data)[i], 2);
+      }
+    }
+    fnv routed;
+    synthetic_stream st(m, 5);
+    for (std::size_t batch : {8u, 1u, 1u, 3u, 1u}) {
+      st.next(batch);
+      for (std::size_t l = 0; l < m.shape().n_layers(); ++l) {
+        if (!m.shape().is_moe(L(l))) continue;
+        for (std::size_t i = 0; i < batch; ++i) {
+          const routing& r = st.routed(L(l), i);
+          for (std::size_t s = 0; s < r.size(); ++s) {
+            routed.word(to_index(r.id(s)), 2);
+            routed.f32(r.weight(s));
+          }
+        }
+      }
+    }
+    CHECK(routers.h == g.routers);
+    CHECK(routed.h == g.routings);
+  }
 }

@@ -77,19 +77,30 @@ struct overlap_result {
   bool whole = false;            ///< predicted top-k set == selected set
 };
 
-/// Compares the selected experts with the first k = selected.size() entries of
-/// `predicted`. With `tie_aware`, a selected expert ranked below k whose
-/// predicted score equals the k-th predicted score within relative `rel_tol`
-/// counts as named (the scores must be the selection scores the engine's
-/// top-k ran on). Allocation-free; O(k × ranking size).
+/// Compares the selected experts (distinct ids) with the first k =
+/// selected.size() entries of `predicted`. With `tie_aware`, ties with the
+/// k-th predicted score are broken in the prediction's favour: an entry
+/// (anywhere in the ranking) whose predicted score equals the k-th predicted
+/// score within relative `rel_tol` is *tied*, and a selected expert ranked
+/// below k that is tied counts as named, but only as many of them as there
+/// are tied entries in the predicted top-k that were not selected (the slots
+/// another tie-break of the ranking could have given them). So `hits` is the
+/// largest overlap of `selected` with the top k of any tie-break of the
+/// ranking, and `whole` says the selected set is the predicted top-k under
+/// some tie-break. The scores must be the selection scores the engine's top-k
+/// ran on. Allocation-free; O(k × ranking size).
 inline overlap_result slot_overlap(span<const expert_id> selected, const ranking& predicted,
                                    bool tie_aware,
                                    float rel_tol = tie_relative_tolerance) noexcept {
   overlap_result r;
   const std::size_t k = selected.size();
   const std::size_t top = std::min(k, predicted.size());
-  const bool can_tie = tie_aware && top == k && k > 0;
+  const bool can_tie = tie_aware && top == k && k > 0 && std::isfinite(predicted.score(k - 1));
   const float kth = can_tie ? predicted.score(k - 1) : 0.0f;
+  auto tied = [&](float s) {
+    return std::isfinite(s) && std::fabs(s - kth) <= rel_tol * std::max(std::fabs(s), std::fabs(kth));
+  };
+  std::size_t forgivable = 0;  // selected, ranked below k, tied with the k-th
   for (std::size_t i = 0; i < k; ++i) {
     const expert_id e = selected[i];
     std::size_t rank = predicted.size();
@@ -98,19 +109,26 @@ inline overlap_result slot_overlap(span<const expert_id> selected, const ranking
         rank = j;
         break;
       }
-    if (rank < top) {
+    if (rank < top)
       ++r.hits;
-    } else if (can_tie && rank < predicted.size()) {
-      const float s = predicted.score(rank);
-      if (std::isfinite(s) && std::isfinite(kth) &&
-          std::fabs(s - kth) <= rel_tol * std::max(std::fabs(s), std::fabs(kth))) {
-        ++r.hits;
-        ++r.tie_forgiven;
-      }
-    }
+    else if (can_tie && rank < predicted.size() && tied(predicted.score(rank)))
+      ++forgivable;
   }
-  // Whole: every selected expert named. The predicted top-k has at most k
-  // distinct members, so k named experts means the two sets are equal.
+  if (forgivable > 0) {
+    // Tied top-k slots held by an expert that was not selected: each can go
+    // to one forgivable expert under another tie-break, and no more can.
+    std::size_t open = 0;
+    for (std::size_t j = 0; j < k; ++j) {
+      if (!tied(predicted.score(j))) continue;
+      bool in_selected = false;
+      for (std::size_t i = 0; i < k && !in_selected; ++i) in_selected = selected[i] == predicted.id(j);
+      if (!in_selected) ++open;
+    }
+    r.tie_forgiven = std::min(forgivable, open);
+    r.hits += r.tie_forgiven;
+  }
+  // Whole: every selected expert named. With distinct selected ids, k hits
+  // means the predicted top-k of some tie-break is exactly the selected set.
   r.whole = k > 0 && r.hits == k;
   return r;
 }
@@ -174,7 +192,9 @@ class slot_overlap_scorer {
   /// Scores one routing against every predictor's ranking. `predicted[p]` is
   /// null when predictor p could not rank it (unscored); `tie_aware[p]` says
   /// whether p's scores are the engine's selection scores. Both spans have one
-  /// entry per predictor. Returns false (recording nothing) when the routing's
+  /// entry per predictor. `selected` must hold distinct expert ids (a routing
+  /// naming an expert twice would be credited twice; the session checks this
+  /// before it records). Returns false (recording nothing) when the routing's
   /// layer is out of range or the spans are the wrong size.
   bool record(const routing& selected, span<const ranking* const> predicted,
               span<const bool> tie_aware) noexcept {

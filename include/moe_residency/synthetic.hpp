@@ -155,11 +155,13 @@ class synthetic_model {
     specs_.resize(L);
     offsets_.resize(L);
     layer_offset_.assign(L, 0);
-    const std::size_t es = element_size(c_.router_type);
     std::size_t n_moe = 0;
     for (std::size_t l = 0; l < L; ++l)
-      if (c_.shape.is_moe(lid(l))) layer_offset_[l] = (n_moe++) * E * d * es;
-    storage_.assign((n_moe * E * d * es + 7) / 8, 0);
+      if (c_.shape.is_moe(lid(l))) layer_offset_[l] = (n_moe++) * E * d;
+    if (c_.router_type == element_type::f32)
+      f32_.assign(n_moe * E * d, 0.0f);
+    else
+      bits16_.assign(n_moe * E * d, 0);
     std::vector<float> row(d);
     const float content = c_.logit_scale / std::sqrt(static_cast<float>(d));
     // Gate inputs are RMS-normalised (norm sqrt(d)), and the persistent
@@ -185,17 +187,14 @@ class synthetic_model {
   /// Layer l's router (experts × n_embd, packed), or a null view for a dense layer.
   matrix_view router(layer_id l) const noexcept {
     if (!c_.shape.is_moe(l)) return {};
-    const auto* base = reinterpret_cast<const unsigned char*>(storage_.data()) +
-                       layer_offset_[to_index(l)];
+    const std::size_t off = layer_offset_[to_index(l)];
     const std::size_t E = c_.shape.n_experts(), d = c_.n_embd;
     switch (c_.router_type) {
-      case element_type::f16:
-        return matrix_view::f16(reinterpret_cast<const std::uint16_t*>(base), E, d);
-      case element_type::bf16:
-        return matrix_view::bf16(reinterpret_cast<const std::uint16_t*>(base), E, d);
+      case element_type::f16: return matrix_view::f16(bits16_.data() + off, E, d);
+      case element_type::bf16: return matrix_view::bf16(bits16_.data() + off, E, d);
       case element_type::f32: break;
     }
-    return matrix_view::f32(reinterpret_cast<const float*>(base), E, d);
+    return matrix_view::f32(f32_.data() + off, E, d);
   }
   /// Layer l's selection rule (meaningless for a dense layer).
   const router_spec& spec(layer_id l) const noexcept { return specs_[to_index(l)]; }
@@ -215,13 +214,12 @@ class synthetic_model {
 
   void store_row(std::size_t l, std::size_t e, const float* row) {
     const std::size_t d = c_.n_embd;
-    auto* base = reinterpret_cast<unsigned char*>(storage_.data()) + layer_offset_[l];
+    const std::size_t off = layer_offset_[l] + e * d;
     if (c_.router_type == element_type::f32) {
-      float* dst = reinterpret_cast<float*>(base) + e * d;
-      std::copy(row, row + d, dst);
+      std::copy(row, row + d, f32_.data() + off);
       return;
     }
-    std::uint16_t* dst = reinterpret_cast<std::uint16_t*>(base) + e * d;
+    std::uint16_t* dst = bits16_.data() + off;
     for (std::size_t i = 0; i < d; ++i)
       dst[i] = c_.router_type == element_type::f16 ? detail::f32_to_f16_bits(row[i])
                                                    : detail::f32_to_bf16_bits(row[i]);
@@ -250,8 +248,11 @@ class synthetic_model {
   std::vector<float> persistent_;
   std::vector<router_spec> specs_;
   std::vector<std::vector<float>> offsets_;
-  std::vector<std::size_t> layer_offset_;
-  std::vector<std::uint64_t> storage_;  // 8-byte aligned for every element type
+  std::vector<std::size_t> layer_offset_;  ///< [layer] first element of the layer's router
+  // One typed buffer, whichever matches router_type (the other stays empty):
+  // elements are written and read through their own type, never reinterpreted.
+  std::vector<float> f32_;
+  std::vector<std::uint16_t> bits16_;  ///< f16 or bf16 bits
 };
 
 /// Tokens of a synthetic run, a batch at a time: for every MoE layer, each
