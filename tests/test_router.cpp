@@ -2,7 +2,47 @@
 // tie-aware comparison and validation. Every fast path is checked against a
 // slow definition written here. Built twice: default flags (SSE2 / portable
 // fallback) and -march=native (F16C, AVX2/AVX-512 paths), see router.cmake.
+// test_router_native also links this file a second time, compiled with the
+// default flags and MOE_RESIDENCY_TEST_SECOND_TU, which then holds only
+// router_second_tu::run below: the xsimd::dispatch pattern (one TU per target,
+// one program), checked by "gemv_simd from TUs built for different targets".
 #include "moe_residency/router.hpp"
+
+#include <string>
+
+namespace router_second_tu {
+/// In this TU's target (default flags): gemv_simd<default_arch, fused> into
+/// simd and the scalar kernel into ref (both instantiated here, with this TU's
+/// Arch). Returns default_arch's name and whether this TU has FMA macros.
+std::string run(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref,
+                bool fused, moe_residency::activation_rounding r);
+}  // namespace router_second_tu
+
+#if defined(MOE_RESIDENCY_TEST_SECOND_TU)
+
+namespace router_second_tu {
+template <bool F>
+static void run_impl(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref,
+                     moe_residency::activation_rounding r) {
+  using namespace moe_residency;
+  gemv_simd<detail::gemv_default_tag, F>(w, x, simd, r);
+  detail::gemv_scalar_impl<detail::gemv_default_tag, F>(w.data, w.type, w.rows, w.cols,
+                                                        w.row_stride_bytes, x, ref, r);
+}
+
+std::string run(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref,
+                bool fused, moe_residency::activation_rounding r) {
+  if (fused) run_impl<true>(w, x, simd, ref, r);
+  else run_impl<false>(w, x, simd, ref, r);
+#if defined(__FMA__) || defined(__AVX512F__)
+  return std::string(xsimd::default_arch::name()) + " fma";
+#else
+  return std::string(xsimd::default_arch::name());
+#endif
+}
+}  // namespace router_second_tu
+
+#else  // the test suite
 
 #include <doctest/doctest.h>
 
@@ -160,27 +200,6 @@ TEST_CASE("f32 -> bf16 matches ggml's rule (random and edge values)") {
   }
 }
 
-TEST_CASE("the kernels' block rounding equals the scalar rounding") {
-  std::vector<float> xs = edge_floats();
-  std::mt19937 rng(5);
-  std::uniform_int_distribution<std::uint32_t> any;
-  while (xs.size() % 32 != 0 || xs.size() < 4096) xs.push_back(from_bits(any(rng)));
-  xs[7] = qnan;
-  std::vector<float> out(xs.size());
-  for (const element_type t : {element_type::f16, element_type::bf16}) {
-    detail::round_block(xs.data(), out.data(), xs.size(), t);
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      const float want = t == element_type::f16 ? detail::round_to_f16(xs[i])
-                                                : detail::round_to_bf16(xs[i]);
-      if (std::isnan(want)) {
-        CHECK(std::isnan(out[i]));  // F16C keeps NaN payloads, the fallback does not
-      } else {
-        REQUIRE(bits(out[i]) == bits(want));
-      }
-    }
-  }
-}
-
 // ---- SIMD loaders over every architecture compiled in ----------------------
 
 template <class Arch>
@@ -253,6 +272,34 @@ TEST_CASE("SIMD f16/bf16 loads equal the scalar conversion for all 65536 pattern
   // The -march=native twin exists to exercise the native conversion paths.
   CHECK(std::string(gemv_arch_name()) != "sse2");
 #endif
+}
+
+TEST_CASE("the kernels' block rounding equals the scalar rounding, every arch") {
+  // round_block<Arch> picks its instruction from Arch (AVX-512 / F16C / NEON /
+  // software), so each arch compiled in is checked, not just the TU's best.
+  std::vector<float> xs = edge_floats();
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<std::uint32_t> any;
+  while (xs.size() % 32 != 0 || xs.size() < 4096) xs.push_back(from_bits(any(rng)));
+  xs[7] = qnan;
+  std::vector<float> out(xs.size());
+  for_each_arch(compiled_archs{}, [&](auto arch) {
+    using A = decltype(arch);
+    for (const element_type t : {element_type::f16, element_type::bf16}) {
+      std::fill(out.begin(), out.end(), -1.0f);
+      detail::round_block<A>(xs.data(), out.data(), xs.size(), t);
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        INFO(A::name() << " " << to_string(t) << " element " << i);
+        const float want = t == element_type::f16 ? detail::round_to_f16(xs[i])
+                                                  : detail::round_to_bf16(xs[i]);
+        if (std::isnan(want)) {
+          CHECK(std::isnan(out[i]));  // F16C keeps NaN payloads, the fallback does not
+        } else {
+          REQUIRE(bits(out[i]) == bits(want));
+        }
+      }
+    }
+  });
 }
 
 // ---- GEMV -------------------------------------------------------------------
@@ -503,8 +550,8 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
         const auto w = m.view();
         std::vector<float> want(s[0]), got(s[0], -1.0f), via_gemv(s[0], -1.0f);
         gemv_scalar(w, x.data(), want.data(), r);
-        detail::gemv_x86_impl(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(),
-                              got.data(), r);
+        detail::gemv_x86_impl<detail::gemv_default_tag, (MOE_RESIDENCY_FUSED_MADD != 0)>(
+            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(), got.data(), r);
         gemv(w, x.data(), via_gemv.data(), r);
         for (std::size_t i = 0; i < s[0]; ++i) {
           INFO(to_string(t) << " " << s[0] << "x" << s[1] << " pad " << s[2] << " row " << i);
@@ -853,6 +900,95 @@ TEST_CASE("select_experts refuses NaN instead of answering") {
   CHECK(out.size() == 4);
 }
 
+TEST_CASE("selection refuses specs validate() would reject instead of reading out of bounds") {
+  // router_spec's fields are public, so a spec can reach the noexcept
+  // functions unvalidated. Each broken shape must give false (out empty),
+  // never a write past the 32-entry stack arrays or a read past a bias.
+  // Under ASan/UBSan (or just -D_GLIBCXX_ASSERTIONS) the old code faulted here.
+  const std::size_t n = 64;
+  const auto logits = random_logits(n, 11);
+  const test_matrix m(element_type::f32, n, 64, 0, 12);
+  const auto x = random_activation(64, 13);
+  router_workspace ws(256);
+  const router_spec good = router_spec::deepseek_v3(std::vector<float>(n, 0.01f), n, 6, 8, 4, 2.5f);
+  auto all_refuse = [&](const router_spec& sp) {
+    routing out;
+    out.push_back(expert_id{1}, 1.0f);
+    ranking rk;
+    rk.push_back(expert_id{1}, 1.0f, 1.0f);
+    const expert_id ids[2] = {expert_id{0}, expert_id{1}};
+    float w[2] = {-1.0f, -1.0f};
+    bool any = compute_selection_scores(sp, logits.data(), ws);
+    any |= ws.selection_scores().size() != 0;
+    any |= select_experts(sp, logits.data(), out, ws) || !out.empty();
+    any |= rank_experts(sp, logits.data(), rk, ws) || !rk.empty();
+    any |= expert_weights(sp, logits.data(), span<const expert_id>(ids, 2), w, ws);
+    any |= w[0] != -1.0f || w[1] != -1.0f;
+    out.push_back(expert_id{1}, 1.0f);
+    any |= route_token(m.view(), x.data(), sp, out, ws) || !out.empty();
+    bool threw = false;
+    try {
+      sp.validate();
+    } catch (const error&) {
+      threw = true;
+    }
+    CHECK(threw);  // the same specs validate() rejects
+    return !any;
+  };
+  // The good spec is accepted by all of them (so the refusals below are not vacuous).
+  {
+    routing out;
+    ranking rk;
+    const expert_id ids[2] = {expert_id{0}, expert_id{1}};
+    float w[2];
+    CHECK(select_experts(good, logits.data(), out, ws));
+    CHECK(out.size() == 6);
+    CHECK(rank_experts(good, logits.data(), rk, ws));
+    CHECK(expert_weights(good, logits.data(), span<const expert_id>(ids, 2), w, ws));
+    CHECK(route_token(m.view(), x.data(), good, out, ws));
+  }
+  auto broken = [&](auto&& mutate) {
+    router_spec sp = good;
+    mutate(sp);
+    return sp;
+  };
+  CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 0; })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 33; })));   // > max_top_k: stack overflow before
+  CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 1000; })));
+  CHECK(all_refuse(broken([](router_spec& s) {  // top_k > n_experts (<= 32)
+    s = router_spec::qwen3moe(8, 4);
+    s.top_k = 9;
+  })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.n_experts = 0; })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.selection_bias.resize(n / 2); })));  // read past end before
+  CHECK(all_refuse(broken([](router_spec& s) { s.selection_bias.resize(n + 1); })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.logit_bias.resize(n / 2, 0.0f); })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.logit_bias.resize(n + 1, 0.0f); })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.n_groups = 0; })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.n_groups = 7; })));  // does not divide 64
+  CHECK(all_refuse(broken([](router_spec& s) {  // 1 expert per group: top2[1] unset before
+    s.n_groups = n;
+    s.n_group_used = n;
+  })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.n_group_used = 0; })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.n_group_used = 9; })));  // > n_groups
+  CHECK(all_refuse(broken([](router_spec& s) {  // groups off, n_group_used > 1
+    s.n_groups = 1;
+    s.n_group_used = 2;
+  })));
+  CHECK(all_refuse(broken([](router_spec& s) { s.n_group_used = 1; s.top_k = 9; })));  // 8 kept < 9
+  // Boundaries that are valid stay accepted.
+  routing out;
+  router_spec k32 = router_spec::qwen3moe(32, 32);
+  CHECK(select_experts(k32, logits.data(), out, ws));
+  CHECK(out.size() == 32);
+  router_spec pairs = good;
+  pairs.n_groups = 32;  // 2 experts per group: the minimum
+  pairs.n_group_used = 3;
+  CHECK(select_experts(pairs, logits.data(), out, ws));
+  CHECK(out.size() == 6);
+}
+
 TEST_CASE("rank_experts, expert_weights and route_token agree with select_experts") {
   const router_spec sp = router_spec::qwen3moe(64, 8);
   const test_matrix m(element_type::bf16, 64, 256, 0, 3);
@@ -992,3 +1128,48 @@ TEST_CASE("router_spec validates its configuration") {
     CHECK(router_spec::gpt_oss(std::vector<float>(128, 0.0f), 4).n_experts == 128);
   }
 }
+
+#if defined(MOE_RESIDENCY_TEST_NATIVE) && defined(MOE_RESIDENCY_TEST_HAS_SECOND_TU)
+TEST_CASE("gemv_simd from TUs built for different targets, linked into one program") {
+  // This TU is -march=native; router_second_tu::run is in a TU with default
+  // flags. Both instantiate the whole kernel call graph (round_block,
+  // madd_scalar, finish_dot, the half.hpp conversions, ...). Those used to be
+  // plain inline functions whose bodies depended on __AVX512F__/__F16C__ and
+  // MOE_RESIDENCY_FUSED_MADD, so the linker kept one copy for both TUs: AVX-512
+  // code reachable from the SSE2 path, and (at -O0, where nothing inlines) the
+  // fused scalar multiply-add of this TU answering for the unfused one there,
+  // which broke the bit-identity checked here. Now every helper is a template
+  // on <Arch, Fused> and each TU keeps its own.
+  std::uint32_t seed = 7000;
+  std::string other;
+  for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
+    for (const auto& s : shapes)
+      for (const activation_rounding r :
+           {activation_rounding::engine, activation_rounding::none})
+        for (const bool fused : {false, true}) {
+          const test_matrix m(t, s[0], s[1], s[2], seed++);
+          const auto x = random_activation(s[1], seed++);
+          std::vector<float> simd2(s[0], -1.0f), ref2(s[0], -2.0f), here(s[0], -3.0f);
+          other = router_second_tu::run(m.view(), x.data(), simd2.data(), ref2.data(), fused, r);
+          for (std::size_t i = 0; i < s[0]; ++i) {
+            INFO(other << " " << to_string(t) << " " << s[0] << "x" << s[1]
+                       << (fused ? " fused" : " unfused") << " row " << i);
+            REQUIRE(bits(simd2[i]) == bits(ref2[i]));  // other TU: its SIMD == its scalar
+          }
+          if (fused) {
+            // A fused multiply-add rounds once on every target, so this TU's
+            // kernels (other Arch, other instructions) give the same bits.
+            gemv_simd<xsimd::default_arch, true>(m.view(), x.data(), here.data(), r);
+            for (std::size_t i = 0; i < s[0]; ++i) {
+              INFO(xsimd::default_arch::name() << " vs " << other << " " << to_string(t)
+                                               << " row " << i);
+              REQUIRE(bits(here[i]) == bits(simd2[i]));
+            }
+          }
+        }
+  MESSAGE("this TU: " << std::string(xsimd::default_arch::name()) << ", other TU: " << other);
+  CHECK(other != std::string(xsimd::default_arch::name()));  // really two targets
+}
+#endif
+
+#endif  // MOE_RESIDENCY_TEST_SECOND_TU

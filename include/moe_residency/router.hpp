@@ -105,6 +105,15 @@ struct matrix_view {
   }
 };
 
+namespace detail {
+/// The tag gemv/gemv_scalar pass down so their helpers are per-target copies.
+#ifndef XSIMD_NO_SUPPORTED_ARCHITECTURE
+using gemv_default_tag = xsimd::default_arch;
+#else
+using gemv_default_tag = void;
+#endif
+}  // namespace detail
+
 /// Scalar reference GEMV: y[r] = dot(row r, x) for r < w.rows; x has w.cols
 /// floats. Same accumulation order and rounding as the SIMD kernels (see
 /// detail/gemv.hpp), so results are bit-identical. noexcept, allocation-free;
@@ -112,19 +121,24 @@ struct matrix_view {
 inline void gemv_scalar(const matrix_view& w, const float* x, float* y,
                         activation_rounding rounding = activation_rounding::engine) noexcept {
   MOE_RESIDENCY_ASSERT(w.data != nullptr && w.row_stride_bytes >= w.cols * element_size(w.type));
-  detail::gemv_scalar_impl(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, rounding);
+  detail::gemv_scalar_impl<detail::gemv_default_tag, (MOE_RESIDENCY_FUSED_MADD != 0)>(
+      w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, rounding);
 }
 
 /// SIMD GEMV for the xsimd architecture Arch (xsimd::batch<float, Arch>), for
 /// users who dispatch at run time with xsimd::dispatch from their own
 /// translation units. F16 weights convert with F16C / AVX-512 / NEON
 /// instructions where the TU is compiled for them, else with an inlined
-/// branch-free fallback. noexcept, allocation-free (6 KiB of stack).
-template <class Arch>
+/// branch-free fallback. noexcept, allocation-free (6 KiB of stack). Fused:
+/// whether the multiply-add rounds once; the default is the TU's
+/// MOE_RESIDENCY_FUSED_MADD. Everything it calls is instantiated per
+/// <Arch, Fused>, so TUs built for different architectures may each call it
+/// (see docs/router.md, Limits).
+template <class Arch, bool Fused = (MOE_RESIDENCY_FUSED_MADD != 0)>
 inline void gemv_simd(const matrix_view& w, const float* x, float* y,
                       activation_rounding rounding = activation_rounding::engine) noexcept {
   MOE_RESIDENCY_ASSERT(w.data != nullptr && w.row_stride_bytes >= w.cols * element_size(w.type));
-  detail::gemv_simd_impl<Arch>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+  detail::gemv_simd_impl<Arch, Fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
                                rounding);
 }
 
@@ -172,7 +186,8 @@ inline void gemv(const matrix_view& w, const float* x, float* y,
   MOE_RESIDENCY_ASSERT(w.data != nullptr && w.row_stride_bytes >= w.cols * element_size(w.type));
 #if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
   if (detail::x86_has_avx2_fma_f16c()) {
-    detail::gemv_x86_impl(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, rounding);
+    detail::gemv_x86_impl<detail::gemv_default_tag, (MOE_RESIDENCY_FUSED_MADD != 0)>(
+        w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, rounding);
     return;
   }
 #endif
@@ -424,6 +439,28 @@ inline bool any_nan(const float* v, std::size_t n) noexcept {
 
 }  // namespace detail
 
+namespace detail {
+/// The memory-safety part of router_spec::validate, as a few compares for the
+/// noexcept selection functions (they read spec fields, which are public):
+/// n_experts in [1, 65535]; top_k in [1, min(32, n_experts)]; each bias empty
+/// or n_experts long; n_groups >= 1 dividing n_experts, leaving >= 2 experts
+/// per group when > 1; n_group_used in [1, n_groups]; the kept groups holding
+/// at least top_k experts. Bias values are not scanned (a non-finite one gives
+/// a NaN probability, which the callers report, or a +-inf score).
+inline bool spec_usable(const router_spec& s) noexcept {
+  const std::size_t n = s.n_experts;
+  if (n == 0 || n > 65535) return false;
+  if (s.top_k == 0 || s.top_k > max_top_k || s.top_k > n) return false;
+  if (!s.logit_bias.empty() && s.logit_bias.size() != n) return false;
+  if (!s.selection_bias.empty() && s.selection_bias.size() != n) return false;
+  if (s.n_groups == 0 || n % s.n_groups != 0) return false;
+  if (s.n_group_used == 0 || s.n_group_used > s.n_groups) return false;
+  if (s.n_groups > 1 && (n / s.n_groups < 2 || s.n_group_used * (n / s.n_groups) < s.top_k))
+    return false;
+  return true;
+}
+}  // namespace detail
+
 struct router_workspace_access {
   static std::vector<float>& biased(router_workspace& w) noexcept { return w.biased_; }
   static std::vector<float>& probs(router_workspace& w) noexcept { return w.probs_; }
@@ -434,14 +471,20 @@ struct router_workspace_access {
 };
 
 /// Fills the workspace's probs() and selection_scores() from n_experts
-/// logits. False (and nothing usable) on a NaN logit or probability, or when
-/// the workspace is smaller than spec.n_experts.
+/// logits. False (and nothing usable) on a NaN logit or probability, when
+/// the workspace is smaller than spec.n_experts, or when the spec's shape is
+/// invalid (what router_spec::validate would throw for, bias values aside:
+/// top_k 0 or > min(32, n_experts), a bias neither empty nor n_experts long,
+/// n_groups 0 or not dividing n_experts or leaving < 2 experts per group,
+/// n_group_used 0 or > n_groups, kept groups holding < top_k experts) — the
+/// fields are public, so this is checked on every call, not assumed.
 inline bool compute_selection_scores(const router_spec& spec, const float* logits,
                                      router_workspace& ws) noexcept {
   using acc = router_workspace_access;
   const std::size_t n = spec.n_experts;
   acc::set_size(ws, 0);
-  if (ws.capacity() < n || n == 0) return false;
+  if (!detail::spec_usable(spec)) return false;
+  if (ws.capacity() < n) return false;
   if (detail::any_nan(logits, n)) return false;
   float* z = acc::biased(ws).data();
   float* p = acc::probs(ws).data();
@@ -518,12 +561,15 @@ inline void weights_from_probs(const router_spec& spec, const router_workspace& 
 
 /// From n_experts logits (W·x) to the engine's routing: spec.top_k ids in rank
 /// order and their final weights. Returns false, leaving `out` empty, when a
-/// logit (or a probability) is NaN or the workspace is too small — never a
-/// silent wrong answer. Leaves out.layer/phase/token alone. noexcept,
-/// allocation-free. The spec must be valid (router_spec::validate).
+/// logit (or a probability) is NaN, the workspace is too small, or the spec's
+/// shape is invalid (see compute_selection_scores; e.g. top_k > 32 or a bias
+/// of the wrong length) — never a silent wrong answer, never an out-of-bounds
+/// access. Leaves out.layer/phase/token alone. noexcept, allocation-free.
+/// Call router_spec::validate once to learn *why* a spec is rejected.
 inline bool select_experts(const router_spec& spec, const float* logits, routing& out,
                            router_workspace& ws) noexcept {
   out.clear();
+  if (!detail::spec_usable(spec)) return false;
   if (!compute_selection_scores(spec, logits, ws)) return false;
   expert_id ids[max_top_k];
   float w[max_top_k];
@@ -535,10 +581,12 @@ inline bool select_experts(const router_spec& spec, const float* logits, routing
 
 /// Like select_experts, into a ranking of n (0 = top_k, at most 32) experts
 /// with their selection scores; the first min(n, top_k) get the weights the
-/// layer would give that top-k set, the rest NaN. For predictors.
+/// layer would give that top-k set, the rest NaN. For predictors. False, with
+/// `out` empty, in the cases select_experts reports.
 inline bool rank_experts(const router_spec& spec, const float* logits, ranking& out,
                          router_workspace& ws, std::size_t n = 0) noexcept {
   out.clear();
+  if (!detail::spec_usable(spec)) return false;
   if (!compute_selection_scores(spec, logits, ws)) return false;
   if (n == 0) n = spec.top_k;
   if (n > max_top_k) n = max_top_k;
@@ -557,10 +605,12 @@ inline bool rank_experts(const router_spec& spec, const float* logits, ranking& 
 
 /// Predicted weights for a predicted set: the spec's weight function applied
 /// to `ids` (any order, at most 32, each < n_experts) given the logits the
-/// prediction came from. False on NaN, a bad id, or a too-small workspace.
+/// prediction came from. False on NaN, a bad id, a too-small workspace, or
+/// an invalid spec shape (see compute_selection_scores).
 inline bool expert_weights(const router_spec& spec, const float* logits,
                            span<const expert_id> ids, float* weights,
                            router_workspace& ws) noexcept {
+  if (!detail::spec_usable(spec)) return false;
   if (ids.size() > max_top_k) return false;
   for (const expert_id e : ids)
     if (to_index(e) >= spec.n_experts) return false;
@@ -571,11 +621,12 @@ inline bool expert_weights(const router_spec& spec, const float* logits,
 
 /// Route one token: logits = W·x (gemv, engine rounding by default) into the
 /// workspace, then select_experts. False when w.rows != spec.n_experts, on
-/// NaN, or when the workspace is too small.
+/// NaN, when the workspace is too small, or on an invalid spec shape.
 inline bool route_token(const matrix_view& w, const float* x, const router_spec& spec,
                         routing& out, router_workspace& ws,
                         activation_rounding rounding = activation_rounding::engine) noexcept {
   out.clear();
+  if (!detail::spec_usable(spec)) return false;
   if (w.rows != spec.n_experts || ws.capacity() < spec.n_experts) return false;
   float* logits = router_workspace_access::logits(ws).data();
   gemv(w, x, logits, rounding);

@@ -7,9 +7,22 @@
 /// built for x86 AVX/AVX2 (ggml_vec_dot_f32 / _f16 / _bf16, the path
 /// llama.cpp takes for a one-token router MUL_MAT): element e of the first
 /// n - n % 32 accumulates into lane e % 32 (four 8-lane accumulators),
-/// multiply-add fused iff MOE_RESIDENCY_FUSED_MADD, then a fixed pairwise
+/// multiply-add fused iff `Fused` (default MOE_RESIDENCY_FUSED_MADD), then a fixed pairwise
 /// reduction, then the n % 32 tail sequentially (f32: in float; f16/bf16: in
 /// double). The SIMD kernels are therefore bit-identical to the scalar one.
+///
+/// One definition per target. Every function here whose machine code depends
+/// on the TU's target is a template on the xsimd architecture (`Arch`, or
+/// `Tag` where no batch is formed) and on `Fused`, and the kernels pass their
+/// own Arch down the whole call graph (half.hpp's conversions included). A
+/// program that instantiates gemv_simd<Arch> in one TU per architecture, each
+/// built with that architecture's flags (the xsimd::dispatch pattern), thus
+/// gets distinct symbols per architecture: the linker cannot substitute an
+/// AVX-512 TU's copy of a helper for an SSE2 TU's. MOE_RESIDENCY_FUSED_MADD is
+/// read only for the default of `Fused` at the entry points. The exceptions
+/// are the run-time dispatched kernel below (compiled for a fixed target by
+/// attribute, the same in every TU) and the non-template public wrappers in
+/// router.hpp (see docs/router.md, Limits).
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +30,8 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#include <math.h>  // ::fmaf
 
 // GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip
 // -Wmaybe-uninitialized once inlined (GCC bug 105593, fixed in GCC 13). The
@@ -73,16 +88,18 @@ inline constexpr std::size_t gemv_lanes = 32;      // ggml AVX2: 4 accumulators 
 inline constexpr std::size_t gemv_row_block = 32;  // rows sharing one rounded x block
 inline constexpr std::size_t gemv_col_block = 512; // floats of rounded x kept on the stack
 
+/// a*b + c, one rounding iff Fused. (::fmaf, not std::fma: libstdc++'s
+/// std::fma(float, float, float) is an inline function, whose out-of-line
+/// copy from an FMA TU the linker could pick for every TU.)
+template <class Tag, bool Fused>
 inline float madd_scalar(float a, float b, float c) noexcept {
-#if MOE_RESIDENCY_FUSED_MADD
-  return std::fma(a, b, c);
-#else
-  return a * b + c;
-#endif
+  if constexpr (Fused) return ::fmaf(a, b, c);
+  else return a * b + c;
 }
 
 /// ggml's reduction of the 32 lanes (GGML_F32x8_REDUCE for f32/f16; the
 /// hand-written movehl/movehdup sum of ggml_vec_dot_bf16 for bf16).
+template <class Tag>
 inline float reduce_lanes(const float* lane, element_type t) noexcept {
   float a[8];
   for (std::size_t i = 0; i < 8; ++i)
@@ -93,38 +110,44 @@ inline float reduce_lanes(const float* lane, element_type t) noexcept {
   return (h[0] + h[1]) + (h[2] + h[3]);
 }
 
+template <class Tag = void>
 inline float load_scalar(const void* row, element_type t, std::size_t i) noexcept {
   switch (t) {
-    case element_type::f16: return f16_to_f32(static_cast<const std::uint16_t*>(row)[i]);
-    case element_type::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(row)[i]);
+    case element_type::f16: return f16_to_f32<Tag>(static_cast<const std::uint16_t*>(row)[i]);
+    case element_type::bf16: return bf16_to_f32<Tag>(static_cast<const std::uint16_t*>(row)[i]);
     case element_type::f32: break;
   }
   return static_cast<const float*>(row)[i];
 }
 
+template <class Tag>
 inline float round_activation(float x, element_type t, activation_rounding r) noexcept {
   if (r == activation_rounding::none) return x;
-  if (t == element_type::f16) return round_to_f16(x);
-  if (t == element_type::bf16) return round_to_bf16(x);
+  if (t == element_type::f16) return round_to_f16<Tag>(x);
+  if (t == element_type::bf16) return round_to_bf16<Tag>(x);
   return x;
 }
 
 /// The tail after the 32-lane part, and the final value, as ggml forms it.
+template <class Tag, bool Fused>
 inline float finish_dot(float reduced, const void* row, const float* x, std::size_t from,
                         std::size_t to, element_type t, activation_rounding r) noexcept {
   if (t == element_type::f32) {
     float s = reduced;
-    for (std::size_t i = from; i < to; ++i) s = madd_scalar(load_scalar(row, t, i), x[i], s);
+    for (std::size_t i = from; i < to; ++i)
+      s = madd_scalar<Tag, Fused>(load_scalar<Tag>(row, t, i), x[i], s);
     return s;
   }
   double s = static_cast<double>(reduced);
   for (std::size_t i = from; i < to; ++i)
-    s += static_cast<double>(load_scalar(row, t, i) * round_activation(x[i], t, r));
+    s += static_cast<double>(load_scalar<Tag>(row, t, i) * round_activation<Tag>(x[i], t, r));
   return static_cast<float>(s);
 }
 
 /// Scalar reference kernel (always built). rows x cols at `data` with
-/// `stride` bytes between rows.
+/// `stride` bytes between rows. Tag: the caller's architecture (only to keep
+/// per-target copies apart).
+template <class Tag, bool Fused>
 inline void gemv_scalar_impl(const void* data, element_type t, std::size_t rows,
                              std::size_t cols, std::size_t stride, const float* x, float* y,
                              activation_rounding r) noexcept {
@@ -133,9 +156,9 @@ inline void gemv_scalar_impl(const void* data, element_type t, std::size_t rows,
     const void* p = static_cast<const char*>(data) + row * stride;
     float lane[gemv_lanes] = {};
     for (std::size_t i = 0; i < np; ++i)
-      lane[i % gemv_lanes] =
-          madd_scalar(load_scalar(p, t, i), round_activation(x[i], t, r), lane[i % gemv_lanes]);
-    y[row] = finish_dot(reduce_lanes(lane, t), p, x, np, cols, t, r);
+      lane[i % gemv_lanes] = madd_scalar<Tag, Fused>(
+          load_scalar<Tag>(p, t, i), round_activation<Tag>(x[i], t, r), lane[i % gemv_lanes]);
+    y[row] = finish_dot<Tag, Fused>(reduce_lanes<Tag>(lane, t), p, x, np, cols, t, r);
   }
 }
 
@@ -150,12 +173,11 @@ constexpr std::size_t batch_width() noexcept {
   return xsimd::batch<float, Arch>::size;
 }
 
-/// a*b + c with the rounding MOE_RESIDENCY_FUSED_MADD asks for.
+/// a*b + c in one rounding, with the instruction Arch's batch width selects.
 template <class Arch>
-inline xsimd::batch<float, Arch> madd(const xsimd::batch<float, Arch>& a,
-                                      const xsimd::batch<float, Arch>& b,
-                                      const xsimd::batch<float, Arch>& c) noexcept {
-#if MOE_RESIDENCY_FUSED_MADD
+inline xsimd::batch<float, Arch> madd_fused(const xsimd::batch<float, Arch>& a,
+                                            const xsimd::batch<float, Arch>& b,
+                                            const xsimd::batch<float, Arch>& c) noexcept {
   using B = xsimd::batch<float, Arch>;
   using R = typename B::register_type;
   (void)sizeof(R);
@@ -182,12 +204,18 @@ inline xsimd::batch<float, Arch> madd(const xsimd::batch<float, Arch>& a,
     a.store_aligned(va);
     b.store_aligned(vb);
     c.store_aligned(vc);
-    for (std::size_t i = 0; i < B::size; ++i) va[i] = std::fma(va[i], vb[i], vc[i]);
+    for (std::size_t i = 0; i < B::size; ++i) va[i] = ::fmaf(va[i], vb[i], vc[i]);
     return B::load_aligned(va);
   }
-#else
-  return a * b + c;
-#endif
+}
+
+/// a*b + c, one rounding iff Fused.
+template <class Arch, bool Fused>
+inline xsimd::batch<float, Arch> madd(const xsimd::batch<float, Arch>& a,
+                                      const xsimd::batch<float, Arch>& b,
+                                      const xsimd::batch<float, Arch>& c) noexcept {
+  if constexpr (Fused) return madd_fused<Arch>(a, b, c);
+  else return a * b + c;
 }
 
 /// B::size binary16 values from p, converted natively where possible.
@@ -232,7 +260,7 @@ inline xsimd::batch<float, Arch> load_f16(const std::uint16_t* p) noexcept {
   {
     // Portable: branch-free integer conversion the compiler vectorises.
     alignas(64) float tmp[B::size];
-    for (std::size_t i = 0; i < B::size; ++i) tmp[i] = f16_to_f32(p[i]);
+    for (std::size_t i = 0; i < B::size; ++i) tmp[i] = f16_to_f32<Arch>(p[i]);
     return B::load_aligned(tmp);
   }
 }
@@ -266,34 +294,46 @@ inline xsimd::batch<float, Arch> load_bf16(const std::uint16_t* p) noexcept {
 #endif
   {
     alignas(64) float tmp[B::size];
-    for (std::size_t i = 0; i < B::size; ++i) tmp[i] = bf16_to_f32(p[i]);
+    for (std::size_t i = 0; i < B::size; ++i) tmp[i] = bf16_to_f32<Arch>(p[i]);
     return B::load_aligned(tmp);
   }
 }
 
-/// n (a multiple of 32) activations rounded to the weight's 16-bit type.
+/// n (a multiple of 32) activations rounded to the weight's 16-bit type, with
+/// the instruction Arch's batch width selects (as load_f16 does): 16 wide
+/// AVX-512, 8 wide F16C (AVX/AVX2), 4 wide NEON; SSE2 and the rest round in
+/// software. Arch chooses, the TU's macros only say what is compilable, so an
+/// SSE2 instantiation never contains AVX instructions.
+template <class Arch>
 inline void round_block(const float* x, float* out, std::size_t n, element_type t) noexcept {
-  std::size_t i = 0;
+  [[maybe_unused]] constexpr std::size_t W = batch_width<Arch>();
   if (t == element_type::f16) {
 #if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
-                                                                _MM_FROUND_TO_NEAREST_INT)));
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
-                                                                _MM_FROUND_TO_NEAREST_INT)));
-#else
+    if constexpr (W == 16) {
+      for (std::size_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                                                  _MM_FROUND_TO_NEAREST_INT)));
+      return;
+    }
+#endif
+#if defined(__F16C__)
+    if constexpr (W == 8) {
+      for (std::size_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                                  _MM_FROUND_TO_NEAREST_INT)));
+      return;
+    }
+#endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
-    for (; i + 4 <= n; i += 4)
-      vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    if constexpr (W == 4) {
+      for (std::size_t i = 0; i < n; i += 4)
+        vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+      return;
+    }
 #endif
-    // (No tail after the 8/16-wide loops: n is a multiple of 32, and GCC 12
-    // -O3 warns falsely (-Waggressive-loop-optimizations) about one there.)
-    for (; i < n; ++i) out[i] = round_to_f16(x[i]);
-#endif
+    for (std::size_t i = 0; i < n; ++i) out[i] = round_to_f16<Arch>(x[i]);
   } else {
-    for (; i < n; ++i) out[i] = round_to_bf16(x[i]);
+    for (std::size_t i = 0; i < n; ++i) out[i] = round_to_bf16<Arch>(x[i]);
   }
 }
 
@@ -309,14 +349,14 @@ inline xsimd::batch<float, Arch> load_weights(const void* row, element_type t,
 /// The SIMD kernel: rows in blocks of 32 share one rounded copy of x, built
 /// 512 columns at a time on the stack (no allocation); the 32 lanes of each
 /// row live in NA = 32 / W batches exactly as in the scalar kernel.
-template <class Arch>
+template <class Arch, bool Fused>
 inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                            std::size_t stride, const float* x, float* y,
                            activation_rounding r) noexcept {
   using B = xsimd::batch<float, Arch>;
   constexpr std::size_t W = B::size;
   if constexpr (gemv_lanes % W != 0) {
-    gemv_scalar_impl(data, t, rows, cols, stride, x, y, r);
+    gemv_scalar_impl<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
   } else {
     constexpr std::size_t NA = gemv_lanes / W;
     const bool round = r == activation_rounding::engine && t != element_type::f32;
@@ -330,7 +370,7 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
         const std::size_t cn = std::min(gemv_col_block, np - c0);
         const float* xs = x + c0;
         if (round) {
-          round_block(x + c0, xbuf, cn, t);
+          round_block<Arch>(x + c0, xbuf, cn, t);
           xs = xbuf;
         }
         for (std::size_t rr = 0; rr < nr; ++rr) {
@@ -339,14 +379,14 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
           for (std::size_t j = 0; j < NA; ++j) a[j] = B::load_aligned(acc[rr] + j * W);
           for (std::size_t e = 0; e < cn; e += gemv_lanes)
             for (std::size_t j = 0; j < NA; ++j)
-              a[j] = madd<Arch>(load_weights<Arch>(p, t, c0 + e + j * W),
+              a[j] = madd<Arch, Fused>(load_weights<Arch>(p, t, c0 + e + j * W),
                                 B::load_unaligned(xs + e + j * W), a[j]);
           for (std::size_t j = 0; j < NA; ++j) a[j].store_aligned(acc[rr] + j * W);
         }
       }
       for (std::size_t rr = 0; rr < nr; ++rr) {
         const void* p = static_cast<const char*>(data) + (r0 + rr) * stride;
-        y[r0 + rr] = finish_dot(reduce_lanes(acc[rr], t), p, x, np, cols, t, r);
+        y[r0 + rr] = finish_dot<Arch, Fused>(reduce_lanes<Arch>(acc[rr], t), p, x, np, cols, t, r);
       }
     }
   }
@@ -365,7 +405,7 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
 // Same order as every kernel above: 32 lanes as four 8-float accumulators,
 // reduced and tail-summed by reduce_lanes/finish_dot in the caller (compiled
 // for the TU's own target, so the f32 tail rounds exactly as gemv_scalar's).
-// The multiply-add is fused iff MOE_RESIDENCY_FUSED_MADD: in the default build
+// The multiply-add is fused iff Fused (MOE_RESIDENCY_FUSED_MADD at `gemv`): in the default build
 // (0) it is a multiply then an add, with an empty asm between them because
 // GCC otherwise contracts _mm256_add_ps(_mm256_mul_ps()) into vfmadd inside an
 // FMA-enabled function (even with -std=c++17). Hence bit-identical to
@@ -505,11 +545,13 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t
 }
 
 /// The AVX2+FMA+F16C GEMV. Call only when x86_has_avx2_fma_f16c(). The
-/// reduction and tail run here, in the TU's own target, like gemv_scalar.
+/// reduction and tail run here, in the caller's target: Tag names it (`gemv`
+/// passes xsimd::default_arch) so each target keeps its own copy.
+template <class Tag, bool Fused>
 inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                           std::size_t stride, const float* x, float* y,
                           activation_rounding r) noexcept {
-  constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
+  constexpr bool fused = Fused;
   const bool round = r == activation_rounding::engine && t != element_type::f32;
   const std::size_t np = cols - cols % gemv_lanes;
   alignas(32) float acc[gemv_row_block][gemv_lanes];
@@ -528,7 +570,8 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
         break;
     }
     for (std::size_t rr = 0; rr < nr; ++rr)
-      y[r0 + rr] = finish_dot(reduce_lanes(acc[rr], t), block + rr * stride, x, np, cols, t, r);
+      y[r0 + rr] = finish_dot<Tag, Fused>(reduce_lanes<Tag>(acc[rr], t), block + rr * stride, x,
+                                          np, cols, t, r);
   }
 }
 #endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
