@@ -8,6 +8,7 @@
 
 #include "moe_residency/synthetic.hpp"
 #include "moe_residency/trace.hpp"
+#include "alloc_counter.hpp"  // this suite is its own executable: the one TU that replaces new/delete
 #include "support.hpp"
 
 using namespace moe_residency;
@@ -203,6 +204,248 @@ TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomal
                               "input, 1 NaN in a gate input); first: session: gate_input(layer "
                               "1): no batch has begun") != std::string::npos);
   }
+}
+
+TEST_CASE("count mode: a repeated anomaly allocates nothing after the first message") {
+  using moe_residency_test::allocations;
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
+                                                   element_type::f32, 4, 32, 64, 4, true));
+  synthetic_stream st(m);
+  st.next(1);
+  const float* x1 = st.gate_inputs(L(1));
+  const float* x3 = st.gate_inputs(L(3));
+  const routing& r1 = st.routed(L(1), 0);
+  std::vector<float> nan(x1, x1 + 64);
+  nan[7] = std::nanf("");
+  const std::int32_t out_of_range[] = {3, 40, 1, 2};
+  const std::int32_t good[] = {3, 4, 1, 2};
+  const expert_id dup[] = {E(3), E(4), E(3), E(5)};
+
+  session_options o;
+  o.on_anomaly = anomaly_action::count;
+  standard_session s(m.shape(), o);
+  install_routers(s, m);
+  // One token of an engine that gets every kind of anomaly wrong, every token.
+  // Results are tallied, not CHECKed, so the loop runs nothing but the session.
+  int refused = 0, accepted = 0;
+  const auto tally = [&](bool ok) { ok ? ++accepted : ++refused; };
+  const auto bad_token = [&](std::uint32_t pos) {
+    tally(s.begin_batch(run_phase::decode, pos, 0));                    // bad_batch
+    tally(s.begin_batch(run_phase::decode, pos));
+    tally(s.routed(r1));                                                // routing_without_gate_input
+    tally(s.gate_input(L(9), x1, 64));                                  // layer_out_of_range
+    tally(s.gate_input(L(0), x1, 64));                                  // dense_layer
+    tally(s.gate_input(L(2), nan.data(), 64));                          // nan_gate_input
+    tally(s.routed(L(2), span<const routing>(&r1, 1)));                 // routing_shape (layer 1's)
+    tally(s.gate_input(L(1), x1, 63));                                  // gate_input_shape
+    tally(s.gate_input(L(1), x1, 64));
+    tally(s.gate_input(L(1), x1, 64));                                  // duplicate_gate_input
+    tally(s.routed(L(1), routing_batch_view{out_of_range, 4}));         // expert_out_of_range
+    tally(s.routed(L(1), routing_batch_view{good, 4, 1, 8}));           // routing_shape (stride)
+    tally(s.routed(L(1), dup, nullptr, 4));                             // duplicate_expert
+    tally(s.layer_loaded(L(1)));                                        // loaded_without_routing
+    tally(s.routed(r1));
+    tally(s.routed(r1));                                                // duplicate_routing
+    tally(s.layer_loaded(L(1)));
+    tally(s.gate_input(L(3), x3, 64));
+    tally(s.end_batch());                       // token_boundary_mid_layer: layers 2 and 3
+    tally(s.end_batch());                                               // no_batch
+  };
+  bad_token(0);  // stores the first message
+  REQUIRE(s.anomalies().first_message == "session: begin_batch: 0 tokens; expected >= 1");
+  REQUIRE(refused == 15);
+  REQUIRE(accepted == 5);
+  const anomaly_counts first = s.anomalies();
+  const long before = allocations();
+  for (std::uint32_t pos = 1; pos <= 20; ++pos) bad_token(pos);
+  const long allocated = allocations() - before;
+  CHECK(allocated == 0);
+  CHECK(refused == 15 * 21);
+  CHECK(accepted == 5 * 21);
+  const anomaly_counts& a = s.anomalies();
+  for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
+    const auto kind = static_cast<anomaly_kind>(k);
+    const std::uint64_t per_token =
+        kind == anomaly_kind::routing_shape || kind == anomaly_kind::token_boundary_mid_layer ? 2 : 1;
+    CAPTURE(to_string(kind));
+    CHECK(first[kind] == per_token);  // every kind is exercised
+    CHECK(a[kind] == 21 * per_token);
+  }
+  CHECK(a.first_message == "session: begin_batch: 0 tokens; expected >= 1");
+}
+
+TEST_CASE("messages name the failing value and the token of a multi-token batch") {
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
+                                                   element_type::f32, 4, 32, 64, 4, true));
+  synthetic_stream st(m);
+  st.next(5);
+  standard_session s(m.shape());
+  install_routers(s, m);
+  // A prefill batch of tokens 10..14 whose layers see only the last 2 rows
+  // (tokens 13 and 14), as llama.cpp's last prompt layer does.
+  REQUIRE(s.begin_batch(run_phase::prefill, 10, 5));
+  REQUIRE(s.gate_input(L(1), st.gate_inputs(L(1)) + 3 * 64, 64, 2, 0));
+  std::vector<routing> rows{st.routed(L(1), 3), st.routed(L(1), 4)};
+
+  SUBCASE("a row carrying another layer") {
+    rows[1].layer = L(2);
+    CHECK_THROWS_WITH_AS(s.routed(L(1), span<const routing>(rows)),
+                         "session: prefill tokens 10..14 layer 1: routed: token 14 carries layer 2; "
+                         "expected the event's layer",
+                         error);
+  }
+  SUBCASE("an expert out of range, as routings and as engine ids") {
+    rows[1].clear();
+    for (std::size_t e : {5, 6, 40, 7}) rows[1].push_back(E(e));
+    CHECK_THROWS_WITH_AS(s.routed(L(1), span<const routing>(rows)),
+                         "session: prefill tokens 10..14 layer 1: routed: token 14 slot 2: expert 40 "
+                         "out of range [0, 32)",
+                         error);
+    const std::int32_t ids[] = {5, 6, 7, 8, 1, 2, 33, 3};
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{ids, 4, 2}),
+                         "session: prefill tokens 10..14 layer 1: routed: token 14 slot 2: expert 33 "
+                         "out of range [0, 32)",
+                         error);
+  }
+  SUBCASE("a duplicate expert") {
+    rows[0].clear();
+    for (std::size_t e : {5, 6, 9, 6}) rows[0].push_back(E(e));
+    CHECK_THROWS_WITH_AS(s.routed(L(1), span<const routing>(rows)),
+                         "session: prefill tokens 10..14 layer 1: routed: token 13: expert 6 in "
+                         "slots 1 and 3",
+                         error);
+  }
+  SUBCASE("a NaN in the second of two rows") {
+    std::vector<float> x(st.gate_inputs(L(1)), st.gate_inputs(L(1)) + 2 * 64);
+    x[64 + 9] = std::nanf("");
+    CHECK_THROWS_WITH_AS(s.gate_input(L(2), x.data(), 64, 2, 0),
+                         "session: prefill tokens 10..14 layer 2: gate_input: token 14 element 9 is "
+                         "nan; expected a finite value",
+                         error);
+  }
+  SUBCASE("a batch view names the field that is wrong") {
+    const std::int32_t ids[] = {5, 6, 7, 8, 1, 2, 3, 4};
+    const float w[8] = {};
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{nullptr, 4, 2}),
+                         "session: prefill tokens 10..14 layer 1: routed: routing_batch_view::ids "
+                         "is null; expected k ids per token",
+                         error);
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{ids, 0, 2}),
+                         "session: prefill tokens 10..14 layer 1: routed: routing_batch_view::k is "
+                         "0; expected k >= 1",
+                         error);
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{ids, 4, 2, 12}),
+                         "session: prefill tokens 10..14 layer 1: routed: ids_row_stride_bytes 12 "
+                         "for k 4; expected a multiple of 4 >= k * 4 = 16 (or 0 = packed)",
+                         error);
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{ids, 4, 2, 18}),
+                         "session: prefill tokens 10..14 layer 1: routed: ids_row_stride_bytes 18 "
+                         "for k 4; expected a multiple of 4 >= k * 4 = 16 (or 0 = packed)",
+                         error);
+    CHECK_THROWS_WITH_AS(s.routed(L(1), routing_batch_view{ids, 4, 2, 0, w, 8}),
+                         "session: prefill tokens 10..14 layer 1: routed: weights_row_stride_bytes "
+                         "8 for k 4; expected a multiple of 4 >= k * 4 = 16 (or 0 = packed)",
+                         error);
+    CHECK(s.routed(L(1), routing_batch_view{ids, 4, 2, 0, w, 0}));  // every field fixed
+  }
+  SUBCASE("a row count the batch cannot have") {
+    CHECK_THROWS_WITH_AS(s.routed(L(1), span<const routing>(rows.data(), 0)),
+                         "session: prefill tokens 10..14 layer 1: routed: 0 token(s); expected the "
+                         "batch's 5 (or its last 1..5)",
+                         error);
+    REQUIRE(s.routed(L(1), span<const routing>(rows)));  // the last 2 rows: accepted
+    CHECK_THROWS_WITH_AS(s.gate_input(L(2), st.gate_inputs(L(2)), 64, 6, 0),
+                         "session: prefill tokens 10..14 layer 2: gate_input: 6 token(s) of 64 "
+                         "floats, stride 256 bytes; expected 5 token(s) (or the batch's last 1..5) "
+                         "of 64 floats, stride >= a row, non-null data",
+                         error);
+    REQUIRE(s.begin_batch(run_phase::decode, 20, 3));
+    REQUIRE(s.gate_input(L(1), st.gate_inputs(L(1)), 64, 3, 0));
+    CHECK_THROWS_WITH_AS(s.routed(L(1), span<const routing>(rows)),
+                         "session: decode tokens 20..22 layer 1: routed: 2 token(s); expected the "
+                         "batch's 3",
+                         error);
+  }
+}
+
+namespace {
+// Records the tokens and row counts of the routings the session passes on.
+struct routing_log {
+  std::vector<std::uint32_t> tokens;
+  std::vector<std::size_t> rows;
+  template <class S>
+  void on_routings(S&, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
+    rows.push_back(rs.size());
+    for (const routing& r : rs) tokens.push_back(r.token);
+    drop[drop.size() - 1] = 1u;  // the last row's slot 0
+  }
+};
+}  // namespace
+
+TEST_CASE("a prefill layer may carry only the batch's last rows (llama.cpp's last prompt layer)") {
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
+                                                   element_type::f32, 4, 32, 64, 4, true));
+  synthetic_stream st(m);
+  st.next(5);
+  prev_token_options remember_prefill;
+  remember_prefill.include_prefill = true;
+  session<predictor_set<stale_gate_predictor, prev_token_predictor>, routing_log> s(
+      m.shape(), session_options{},
+      std::make_tuple(stale_gate_predictor{}, prev_token_predictor(remember_prefill)));
+  install_routers(s, m);
+  REQUIRE(s.begin_batch(run_phase::prefill, 10, 5));
+  // Layers 1 and 2: every row (as routings, then as engine ids); layer 3: the last 2 rows.
+  REQUIRE(s.gate_input(L(1), st.gate_inputs(L(1)), 64, 5, 0));
+  REQUIRE(s.routed(L(1), span<const routing>(&st.routed(L(1), 0), 5)));
+  REQUIRE(s.layer_loaded(L(1)));
+  REQUIRE(s.gate_input(L(2), st.gate_inputs(L(2)) + 3 * 64, 64, 2, 0));
+  std::vector<std::int32_t> ids(2 * 32, -1);  // ggml's layout: row stride n_expert * 4
+  for (std::size_t t = 0; t < 2; ++t)
+    for (std::size_t i = 0; i < 4; ++i)
+      ids[t * 32 + i] = static_cast<std::int32_t>(to_index(st.routed(L(2), 3 + t).id(i)));
+  REQUIRE(s.routed(L(2), routing_batch_view{ids.data(), 4, 2, 32 * 4}));
+  CHECK(s.drop_mask(0) == 0);
+  CHECK(s.drop_mask(1) == 1u);  // drop masks index the rows given, not the batch's tokens
+  REQUIRE(s.gate_input(L(3), st.gate_inputs(L(3)) + 4 * 64, 64, 1, 0));
+  REQUIRE(s.routed(L(3), span<const routing>(&st.routed(L(3), 4), 1)));
+  REQUIRE(s.layer_loaded(L(3)));
+  REQUIRE(s.end_batch());
+
+  const routing_log& log = s.extension<0>();
+  CHECK(log.rows == std::vector<std::size_t>{5, 2, 1});
+  CHECK(log.tokens == std::vector<std::uint32_t>{10, 11, 12, 13, 14, 13, 14, 14});
+  CHECK(s.anomalies().total() == 0);
+  CHECK(s.prefill_tokens() == 5);
+  CHECK(s.report().ignored_phase == 5 + 2 + 1);
+  // The predictors observed the rows given: prev-token's ranking of layer 3 is token 14's routing.
+  REQUIRE(s.begin_batch(run_phase::decode, 15));
+  const ranking* p3 = s.prediction<1>(L(3));
+  REQUIRE(p3 != nullptr);
+  const routing& r14 = st.routed(L(3), 4);
+  REQUIRE(p3->size() == r14.size());
+  for (std::size_t i = 0; i < r14.size(); ++i) CHECK(p3->id(i) == r14.id(i));
+}
+
+TEST_CASE("max_batch_tokens: batches up to it allocate nothing after construction") {
+  using moe_residency_test::allocations;
+  const synthetic_model m(small_cfg());
+  synthetic_stream st(m);
+  st.next(8);
+  const auto allocations_of_first_batch = [&](std::size_t max_batch_tokens) {
+    session_options o;
+    o.max_batch_tokens = max_batch_tokens;
+    session<predictor_set<prev_token_predictor>> s(m.shape(), o);
+    const long before = allocations();
+    const bool ok = feed_batch(s, st, run_phase::prefill);
+    const long allocated = allocations() - before;
+    CHECK(ok);
+    CHECK(s.report().ignored_phase == 4 * 8);
+    return allocated;
+  };
+  CHECK(allocations_of_first_batch(8) == 0);
+  CHECK(allocations_of_first_batch(16) == 0);
+  CHECK(allocations_of_first_batch(0) > 0);  // the default: the first larger batch grows them
+  CHECK(allocations_of_first_batch(7) > 0);
 }
 
 TEST_CASE("routings wider than 32 are declined, counted, never scored") {

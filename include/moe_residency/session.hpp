@@ -17,13 +17,17 @@
 /// Out-of-order or malformed events are anomalies: with
 /// `anomaly_action::throw_error` (the default) they throw `error` naming the
 /// event; with `anomaly_action::count` they are counted, reported, and the
-/// event is ignored — never scored wrongly.
+/// event is ignored — never scored wrongly. Counting allocates nothing after
+/// the first anomaly's message is stored (messages are built only to throw
+/// or to keep the first one), and never throws.
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -96,6 +100,10 @@ struct session_options {
   scorer_options scoring;  ///< decode only by default
   gate_input_requirement gate_inputs = gate_input_requirement::automatic;
   bool check_gate_inputs = true;  ///< scan gate inputs for NaN / infinity (d floats per layer)
+  /// Tokens per batch the session reserves for at construction (routings,
+  /// drop masks), so batches up to this size allocate nothing afterwards.
+  /// 0 = one token; a larger batch is still accepted and grows them once.
+  std::size_t max_batch_tokens = 0;
 };
 
 /// A batch of gate inputs for one layer: `n_tokens` rows of `length` floats,
@@ -185,7 +193,9 @@ class session<predictor_set<P...>, X...> {
       stamp_[i].assign(shape_.n_layers(), 0);
     }
     layer_state_.assign(shape_.n_layers(), 0);
-    drop_masks_.assign(1, 0);
+    const std::size_t reserved = options_.max_batch_tokens ? options_.max_batch_tokens : 1;
+    buffer_.resize(reserved);
+    drop_masks_.assign(reserved, 0);
     gate_required_ = options_.gate_inputs == gate_input_requirement::required ||
                      (options_.gate_inputs == gate_input_requirement::automatic &&
                       has_gate_predictor);
@@ -215,18 +225,31 @@ class session<predictor_set<P...>, X...> {
   // ---- events ---------------------------------------------------------------
 
   /// A token boundary: a batch of `n_tokens` tokens starting at position
-  /// `first_token` begins (decode: one token). Ends the previous batch.
-  /// Returns false on an anomaly (counted, or thrown as configured).
+  /// `first_token` begins (decode: one token). Ends the previous batch first;
+  /// a token boundary mid-layer found there belongs to that batch (see
+  /// close_batch). Returns false when this batch did not begin (0 tokens).
+  /// A batch larger than every earlier one (and than max_batch_tokens)
+  /// allocates once.
   bool begin_batch(run_phase phase, std::uint32_t first_token, std::size_t n_tokens = 1) {
-    if (in_batch_) close_batch("begin_batch");  // an anomaly there is counted; the batch begins
+    // A mid-layer boundary of the previous batch: with count it is counted
+    // and this batch begins; with throw_error close_batch throws, the previous
+    // batch stays current and this one does not begin (calling begin_batch
+    // again reports the next such layer, or begins the batch).
+    if (in_batch_) {
+      close_batch("begin_batch");
+      in_batch_ = false;  // ended even if this batch is refused below
+    }
     if (n_tokens == 0)
-      return anomaly(anomaly_kind::bad_batch, "begin_batch: 0 tokens; expected >= 1");
+      return anomaly(anomaly_kind::bad_batch,
+                     [] { return std::string("session: begin_batch: 0 tokens; expected >= 1"); });
     in_batch_ = true;
     phase_ = phase;
     first_token_ = first_token;
     n_tokens_ = n_tokens;
     ++serial_;
     std::memset(layer_state_.data(), 0, layer_state_.size());
+    // The session's only growth after construction (see max_batch_tokens).
+    if (buffer_.size() < n_tokens) buffer_.resize(n_tokens);
     if (drop_masks_.size() < n_tokens) drop_masks_.resize(n_tokens);
     std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n_tokens), 0u);
     if (phase == run_phase::decode) decode_tokens_ += n_tokens; else prefill_tokens_ += n_tokens;
@@ -239,7 +262,9 @@ class session<predictor_set<P...>, X...> {
 
   /// Ends the current batch (optional: the next begin_batch ends it too).
   bool end_batch() {
-    if (!in_batch_) return anomaly(anomaly_kind::no_batch, "end_batch: no batch has begun");
+    if (!in_batch_)
+      return anomaly(anomaly_kind::no_batch,
+                     [] { return std::string("session: end_batch: no batch has begun"); });
     const bool ok = close_batch("end_batch");
     in_batch_ = false;
     return ok;
@@ -250,28 +275,35 @@ class session<predictor_set<P...>, X...> {
     if (!check_layer(l, "gate_input")) return false;
     std::uint8_t& st = layer_state_[to_index(l)];
     if (st & gate_seen)
-      return anomaly(anomaly_kind::duplicate_gate_input,
-                     where(l) + "gate_input: a second gate input for this layer in one batch");
+      return anomaly(anomaly_kind::duplicate_gate_input, [&] {
+        return where(l) + "gate_input: a second gate input for this layer in one batch";
+      });
     const std::size_t stride = g.row_stride_bytes ? g.row_stride_bytes : g.length * sizeof(float);
     if (!g.data || g.length == 0 || !batch_size_ok(g.n_tokens) ||
         stride < g.length * sizeof(float) || stride % sizeof(float) != 0 ||
         (bank_.n_embd() != 0 && g.length != bank_.n_embd()))
-      return anomaly(anomaly_kind::gate_input_shape,
-                     where(l) + "gate_input: " + describe(g, stride) + "; expected " +
-                         std::to_string(n_tokens_) + " token(s) of " +
-                         (bank_.n_embd() ? std::to_string(bank_.n_embd()) : std::string("> 0")) +
-                         " floats, stride >= a row, non-null data");
+      return anomaly(anomaly_kind::gate_input_shape, [&] {
+        return where(l) + "gate_input: " + describe(g, stride) + "; expected " +
+               std::to_string(n_tokens_) + " token(s)" +
+               (phase_ == run_phase::prefill && n_tokens_ > 1
+                    ? " (or the batch's last 1.." + std::to_string(n_tokens_) + ")"
+                    : std::string()) +
+               " of " +
+               (bank_.n_embd() ? std::to_string(bank_.n_embd()) : std::string("> 0")) +
+               " floats, stride >= a row, non-null data";
+      });
     st |= gate_seen;
     if (options_.check_gate_inputs) {
       for (std::size_t t = 0; t < g.n_tokens; ++t) {
         const float* x = row(g.data, t, stride);
         for (std::size_t i = 0; i < g.length; ++i)
           if (!std::isfinite(x[i]))
-            return anomaly(anomaly_kind::nan_gate_input,
-                           where(l) + "gate_input: token " +
-                               std::to_string(first_token_ + (n_tokens_ - g.n_tokens) + t) +
-                               " element " + std::to_string(i) + " is " +
-                               detail::format_float(x[i]) + "; expected a finite value");
+            return anomaly(anomaly_kind::nan_gate_input, [&] {
+              return where(l) + "gate_input: token " +
+                     std::to_string(token_of_row(g.n_tokens, t)) + " element " +
+                     std::to_string(i) + " is " + detail::format_float(x[i]) +
+                     "; expected a finite value";
+            });
       }
     }
     st |= gate_ok;
@@ -293,17 +325,18 @@ class session<predictor_set<P...>, X...> {
   }
 
   /// What MoE layer l routed for the batch's tokens (token-major). Each
-  /// routing's layer must be l; phase and token come from the batch.
+  /// routing's layer must be l; phase and token come from the batch. A
+  /// prefill layer may give only the batch's last rows (see batch_size_ok).
   bool routed(layer_id l, span<const routing> routings) {
     if (!check_routing_event(l, routings.size())) return false;
     const std::size_t n = routings.size();
-    if (buffer_.size() < n) buffer_.resize(n);
     for (std::size_t t = 0; t < n; ++t) {
       if (routings[t].layer != l)
-        return anomaly(anomaly_kind::routing_shape,
-                       where(l) + "routed: token " + std::to_string(first_token_ + t) +
-                           " carries layer " + std::to_string(to_index(routings[t].layer)) +
-                           "; expected the event's layer");
+        return anomaly(anomaly_kind::routing_shape, [&] {
+          return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) +
+                 " carries layer " + std::to_string(to_index(routings[t].layer)) +
+                 "; expected the event's layer";
+        });
       buffer_[t] = routings[t];
     }
     return accept_routings(l, n, nullptr);
@@ -314,10 +347,12 @@ class session<predictor_set<P...>, X...> {
   /// routing wider than 32 is declined (counted, not scored).
   bool routed(layer_id l, const expert_id* ids, const float* weights, std::size_t k) {
     if (!check_routing_event(l, 1)) return false;
-    if (!ids || k == 0)
+    if (!ids)
       return anomaly(anomaly_kind::routing_shape,
-                     where(l) + "routed: null ids or k = 0; expected k >= 1 ids");
-    if (buffer_.empty()) buffer_.resize(1);
+                     [&] { return where(l) + "routed: ids is null; expected k ids"; });
+    if (k == 0)
+      return anomaly(anomaly_kind::routing_shape,
+                     [&] { return where(l) + "routed: k is 0; expected k >= 1"; });
     bool declined = false;
     if (k > max_top_k) {
       declined = true;
@@ -330,14 +365,29 @@ class session<predictor_set<P...>, X...> {
   /// A batch of routings as the engine stores them (see routing_batch_view).
   bool routed(layer_id l, const routing_batch_view& b) {
     if (!check_routing_event(l, b.n_tokens)) return false;
+    if (!b.ids)
+      return anomaly(anomaly_kind::routing_shape, [&] {
+        return where(l) + "routed: routing_batch_view::ids is null; expected k ids per token";
+      });
+    if (b.k == 0)
+      return anomaly(anomaly_kind::routing_shape, [&] {
+        return where(l) + "routed: routing_batch_view::k is 0; expected k >= 1";
+      });
     const std::size_t is = b.ids_row_stride_bytes ? b.ids_row_stride_bytes : b.k * 4;
     const std::size_t ws = b.weights_row_stride_bytes ? b.weights_row_stride_bytes : b.k * 4;
-    if (!b.ids || b.k == 0 || is < b.k * 4 || is % 4 || (b.weights && (ws < b.k * 4 || ws % 4)))
-      return anomaly(anomaly_kind::routing_shape,
-                     where(l) + "routed: ids null, k 0, or a row stride shorter than k; got k " +
-                         std::to_string(b.k) + ", ids stride " + std::to_string(is) + " bytes");
+    if (is < b.k * 4 || is % 4)
+      return anomaly(anomaly_kind::routing_shape, [&] {
+        return where(l) + "routed: ids_row_stride_bytes " + std::to_string(is) + " for k " +
+               std::to_string(b.k) + "; expected a multiple of 4 >= k * 4 = " +
+               std::to_string(b.k * 4) + " (or 0 = packed)";
+      });
+    if (b.weights && (ws < b.k * 4 || ws % 4))
+      return anomaly(anomaly_kind::routing_shape, [&] {
+        return where(l) + "routed: weights_row_stride_bytes " + std::to_string(ws) + " for k " +
+               std::to_string(b.k) + "; expected a multiple of 4 >= k * 4 = " +
+               std::to_string(b.k * 4) + " (or 0 = packed)";
+      });
     const std::size_t n = b.n_tokens;
-    if (buffer_.size() < n) buffer_.resize(n);
     if (b.k > max_top_k) {
       bool declined = true;
       return accept_routings(l, n, &declined);
@@ -351,10 +401,11 @@ class session<predictor_set<P...>, X...> {
       r.layer = l;
       for (std::size_t i = 0; i < b.k; ++i) {
         if (ids[i] < 0 || static_cast<std::size_t>(ids[i]) >= shape_.n_experts())
-          return anomaly(anomaly_kind::expert_out_of_range,
-                         where(l) + "routed: token " +
-                             std::to_string(first_token_ + (n_tokens_ - n) + t) + " slot " + std::to_string(i) + ": expert " + std::to_string(ids[i]) +
-                             " out of range [0, " + std::to_string(shape_.n_experts()) + ")");
+          return anomaly(anomaly_kind::expert_out_of_range, [&] {
+            return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) + " slot " +
+                   std::to_string(i) + ": expert " + std::to_string(ids[i]) +
+                   " out of range [0, " + std::to_string(shape_.n_experts()) + ")";
+          });
         r.push_back(expert_id(static_cast<std::uint16_t>(ids[i])),
                     w ? w[i] : std::numeric_limits<float>::quiet_NaN());
       }
@@ -368,8 +419,9 @@ class session<predictor_set<P...>, X...> {
     if (!check_layer(l, "layer_loaded")) return false;
     std::uint8_t& st = layer_state_[to_index(l)];
     if (!(st & routed_seen))
-      return anomaly(anomaly_kind::loaded_without_routing,
-                     where(l) + "layer_loaded: the layer's routing has not arrived");
+      return anomaly(anomaly_kind::loaded_without_routing, [&] {
+        return where(l) + "layer_loaded: the layer's routing has not arrived";
+      });
     st |= loaded_seen;
     for_each_extension([&](auto& x) {
       if constexpr (has_on_layer_loaded<decltype(x)>::value) x.on_layer_loaded(*this, l);
@@ -494,9 +546,21 @@ class session<predictor_set<P...>, X...> {
                                           t * stride_bytes);
   }
 
+  // Position of row t of a layer event that carries n rows: a prefill layer
+  // may see only the batch's last n tokens (batch_size_ok), so its row 0 is
+  // token first_token_ + n_tokens_ - n. Call only after batch_size_ok(n).
+  std::uint32_t token_of_row(std::size_t n, std::size_t t) const noexcept {
+    return first_token_ + static_cast<std::uint32_t>(n_tokens_ - n + t);
+  }
+
   std::string where(layer_id l) const {
-    return "session: " + std::string(to_string(phase_)) + " token " +
-           std::to_string(first_token_) + " layer " + std::to_string(to_index(l)) + ": ";
+    std::string s = "session: " + std::string(to_string(phase_)) + " token";
+    if (n_tokens_ > 1)
+      s += "s " + std::to_string(first_token_) + ".." +
+           std::to_string(token_of_row(n_tokens_, n_tokens_ - 1));
+    else
+      s += " " + std::to_string(first_token_);
+    return s + " layer " + std::to_string(to_index(l)) + ": ";
   }
   static std::string describe(const gate_input_view& g, std::size_t stride) {
     return std::string(g.data ? "" : "null data, ") + std::to_string(g.n_tokens) +
@@ -504,25 +568,39 @@ class session<predictor_set<P...>, X...> {
            std::to_string(stride) + " bytes";
   }
 
-  bool anomaly(anomaly_kind k, std::string message) {
-    if (options_.on_anomaly == anomaly_action::throw_error) throw error(std::move(message));
+  // `message()` builds the anomaly's text. It runs only to throw, or to keep
+  // the first counted anomaly's text: counting allocates nothing afterwards,
+  // an engine repeating an anomaly every token stays allocation-free, and
+  // count mode never throws (a message that cannot be built is not kept, and
+  // the next anomaly tries again).
+  template <class Message>
+  bool anomaly(anomaly_kind k, Message&& message) {
+    if (options_.on_anomaly == anomaly_action::throw_error) throw error(message());
     ++anomalies_.by_kind[static_cast<std::size_t>(k)];
-    if (anomalies_.first_message.empty()) anomalies_.first_message = std::move(message);
+    if (anomalies_.first_message.empty()) {
+      try {
+        anomalies_.first_message = message();
+      } catch (...) {  // bad_alloc: the count stands, the text is lost
+      }
+    }
     return false;
   }
 
   bool check_layer(layer_id l, const char* event) {
     if (!in_batch_)
-      return anomaly(anomaly_kind::no_batch, std::string("session: ") + event + "(layer " +
-                                                 std::to_string(to_index(l)) +
-                                                 "): no batch has begun; call begin_batch first");
+      return anomaly(anomaly_kind::no_batch, [&] {
+        return std::string("session: ") + event + "(layer " + std::to_string(to_index(l)) +
+               "): no batch has begun; call begin_batch first";
+      });
     if (to_index(l) >= shape_.n_layers())
-      return anomaly(anomaly_kind::layer_out_of_range,
-                     where(l) + event + ": layer out of range [0, " +
-                         std::to_string(shape_.n_layers()) + ")");
+      return anomaly(anomaly_kind::layer_out_of_range, [&] {
+        return where(l) + event + ": layer out of range [0, " +
+               std::to_string(shape_.n_layers()) + ")";
+      });
     if (!shape_.is_moe(l))
-      return anomaly(anomaly_kind::dense_layer,
-                     where(l) + event + ": the layer is dense in model '" + shape_.name() + "'");
+      return anomaly(anomaly_kind::dense_layer, [&] {
+        return where(l) + event + ": the layer is dense in model '" + shape_.name() + "'";
+      });
     return true;
   }
 
@@ -537,29 +615,38 @@ class session<predictor_set<P...>, X...> {
     if (!check_layer(l, "routed")) return false;
     const std::uint8_t st = layer_state_[to_index(l)];
     if (st & routed_seen)
-      return anomaly(anomaly_kind::duplicate_routing,
-                     where(l) + "routed: a second routing for this layer in one batch");
+      return anomaly(anomaly_kind::duplicate_routing, [&] {
+        return where(l) + "routed: a second routing for this layer in one batch";
+      });
     if (!batch_size_ok(n_tokens))
-      return anomaly(anomaly_kind::routing_shape,
-                     where(l) + "routed: " + std::to_string(n_tokens) +
-                         " token(s); expected the batch's " + std::to_string(n_tokens_));
+      return anomaly(anomaly_kind::routing_shape, [&] {
+        return where(l) + "routed: " + std::to_string(n_tokens) +
+               " token(s); expected the batch's " + std::to_string(n_tokens_) +
+               (phase_ == run_phase::prefill && n_tokens_ > 1
+                    ? " (or its last 1.." + std::to_string(n_tokens_) + ")"
+                    : std::string());
+      });
     if (gate_required_ && !(st & gate_seen))
-      return anomaly(anomaly_kind::routing_without_gate_input,
-                     where(l) + "routed: the layer's gate input never came; expected "
-                                "gate_input before routed");
+      return anomaly(anomaly_kind::routing_without_gate_input, [&] {
+        return where(l) + "routed: the layer's gate input never came; expected "
+                          "gate_input before routed";
+      });
     return true;
   }
 
   // Ends the batch: a layer with a gate input but no routing is a token
-  // boundary mid-layer.
+  // boundary mid-layer. Each such layer is reported once; in throw mode the
+  // first one throws before the extensions' on_end_batch, so the batch stays
+  // open and a second call reports the next layer or ends it.
   bool close_batch(const char* event) {
     bool ok = true;
     for (std::size_t l = 0; l < layer_state_.size(); ++l) {
       if ((layer_state_[l] & gate_seen) && !(layer_state_[l] & routed_seen)) {
         layer_state_[l] |= routed_seen;  // report each layer once
-        ok = anomaly(anomaly_kind::token_boundary_mid_layer,
-                     where(layer_id(static_cast<std::uint16_t>(l))) + event +
-                         ": the layer's gate input came but its routing did not") &&
+        const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
+        ok = anomaly(anomaly_kind::token_boundary_mid_layer, [&] {
+               return where(lid) + event + ": the layer's gate input came but its routing did not";
+             }) &&
              ok;
       }
     }
@@ -604,7 +691,10 @@ class session<predictor_set<P...>, X...> {
      ...);
   }
 
+  // buffer_[0, n) holds the routings; begin_batch sized buffer_ and
+  // drop_masks_ for the batch, and check_routing_event bounded n by it.
   bool accept_routings(layer_id l, std::size_t n, const bool* declined) {
+    MOE_RESIDENCY_ASSERT(n <= buffer_.size() && n <= drop_masks_.size());
     const std::size_t li = to_index(l);
     if (declined) {
       for (std::size_t t = 0; t < n; ++t) scorer_.decline(l, phase_);
@@ -614,21 +704,26 @@ class session<predictor_set<P...>, X...> {
     for (std::size_t t = 0; t < n; ++t) {
       routing& r = buffer_[t];
       r.phase = phase_;
-      r.token = first_token_ + static_cast<std::uint32_t>(n_tokens_ - n + t);
+      r.token = token_of_row(n, t);
       for (std::size_t i = 0; i < r.size(); ++i) {
         if (to_index(r.id(i)) >= shape_.n_experts())
-          return anomaly(anomaly_kind::expert_out_of_range,
-                         where(l) + "routed: slot " + std::to_string(i) + ": expert " +
-                             std::to_string(to_index(r.id(i))) + " out of range [0, " +
-                             std::to_string(shape_.n_experts()) + ")");
+          return anomaly(anomaly_kind::expert_out_of_range, [&] {
+            return where(l) + "routed: token " + std::to_string(r.token) + " slot " +
+                   std::to_string(i) + ": expert " + std::to_string(to_index(r.id(i))) +
+                   " out of range [0, " + std::to_string(shape_.n_experts()) + ")";
+          });
         for (std::size_t j = 0; j < i; ++j)
           if (r.id(j) == r.id(i))
-            return anomaly(anomaly_kind::duplicate_expert,
-                           where(l) + "routed: expert " + std::to_string(to_index(r.id(i))) +
-                               " in slots " + std::to_string(j) + " and " + std::to_string(i));
+            return anomaly(anomaly_kind::duplicate_expert, [&] {
+              return where(l) + "routed: token " + std::to_string(r.token) + ": expert " +
+                     std::to_string(to_index(r.id(i))) + " in slots " + std::to_string(j) +
+                     " and " + std::to_string(i);
+            });
       }
       if (r.empty())
-        return anomaly(anomaly_kind::routing_shape, where(l) + "routed: an empty routing");
+        return anomaly(anomaly_kind::routing_shape, [&] {
+          return where(l) + "routed: token " + std::to_string(r.token) + ": an empty routing";
+        });
     }
     layer_state_[li] |= routed_seen;
     if (scorer_.scores_phase(phase_)) {
@@ -644,7 +739,6 @@ class session<predictor_set<P...>, X...> {
     }
     // Each layer's drop decisions start clean: a mask must never carry over
     // from the previous layer of the same batch.
-    if (drop_masks_.size() < n) drop_masks_.resize(n);
     std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n), 0u);
     for_each_extension([&](auto& x) {
       if constexpr (has_on_routings<decltype(x)>::value)
