@@ -136,12 +136,22 @@ struct rescan_belady {
       else used += s.expert_bytes(L(b.layer));
       last[key] = tick;
     }
+    evict(tr, i + 1, touched, s);
+  }
+  /// insert() after batch i: admitted, then evict to the budget sparing it.
+  void insert(const std::vector<batch>& tr, std::size_t i, const model_shape& s, std::pair<int, int> key) {
+    used += s.expert_bytes(L(key.first));
+    last[key] = ++tick;
+    evict(tr, i + 1, {key}, s);
+  }
+  void evict(const std::vector<batch>& tr, std::size_t from, const std::set<std::pair<int, int>>& touched,
+             const model_shape& s) {
     while (used > budget) {
       std::vector<std::tuple<std::size_t, std::uint64_t, std::pair<int, int>>> c;  // next use, -last
       for (const auto& [key, t] : last) {
         if (touched.count(key)) continue;
         std::size_t next = SIZE_MAX;
-        for (std::size_t j = i + 1; j < tr.size(); ++j)
+        for (std::size_t j = from; j < tr.size(); ++j)
           if (tr[j].layer == key.first &&
               std::find(tr[j].ids.begin(), tr[j].ids.end(), E(key.second)) != tr[j].ids.end()) {
             next = j;
@@ -499,4 +509,134 @@ TEST_CASE("cycle: the per-size heaps choose exactly what a full scan chooses") {
       }
     }
   }
+}
+
+TEST_CASE("belady: insert() between batches keys the entry without consuming a lookup") {
+  // A preload or a completed speculative read is admitted with insert(); it
+  // must not move the oracle's cursor (which belongs to the next lookup).
+  for (std::uint32_t seed : {21u, 22u, 23u}) {
+    const model_shape s = equal_shape(3, 12, 2, 100);
+    const auto tr = random_trace(s, seed, 4, 40);
+    const auto idx = index_of(s, tr);
+    for (std::uint64_t budget : {300u, 700u, 1200u}) {
+      CAPTURE(seed);
+      CAPTURE(budget);
+      rescan_belady twin{budget, 0, 0, 0, {}, 0};
+      expert_cache<belady_policy> c(s, opts(budget), belady_policy{idx});
+      std::mt19937 rng(seed * 7 + static_cast<std::uint32_t>(budget));
+      std::size_t inserted = 0;
+      for (std::size_t i = 0; i < tr.size(); ++i) {
+        c.access_batch(tr[i].phase, L(tr[i].layer), tr[i].ids);
+        twin.run(tr, i, s);
+        if (i + 1 >= tr.size() || i % 3 != 0) continue;
+        // Half the time a correct prediction (an id of the next batch), else a random one.
+        const int l = rng() % 2 ? tr[i + 1].layer : static_cast<int>(rng() % 3);
+        const expert_id e = l == tr[i + 1].layer && rng() % 2 ? tr[i + 1].ids.back() : E(static_cast<int>(rng() % 12));
+        const bool was = c.is_resident(L(l), e);
+        REQUIRE(c.insert(L(l), e) == !was);
+        if (!was) {
+          twin.insert(tr, i, s, {l, static_cast<int>(to_index(e))});
+          ++inserted;
+        }
+        CHECK(c.resident_bytes() == twin.used);
+      }
+      CHECK(inserted > 0);
+      CHECK_FALSE(c.policy().diverged());
+      CHECK(c.policy().position() == idx->size());
+      CHECK(c.stats().all.hits == twin.hits);
+      CHECK(c.stats().all.lookups == twin.lookups);
+    }
+  }
+}
+
+TEST_CASE("retention<belady> forwards insert() as an admission, not a lookup") {
+  const model_shape s = equal_shape(2, 8, 2, 100);
+  const std::vector<batch> tr = {{run_phase::decode, 0, {E(0), E(1)}}, {run_phase::decode, 1, {E(2), E(3)}},
+                                 {run_phase::decode, 0, {E(0), E(4)}}, {run_phase::decode, 1, {E(2), E(5)}}};
+  expert_cache<retention<belady_policy>> c(s, opts(500), retention<belady_policy>{belady_policy{index_of(s, tr)}});
+  c.access_batch(tr[0].phase, L(0), tr[0].ids);
+  c.access_batch(tr[1].phase, L(1), tr[1].ids);
+  CHECK(c.insert(L(0), E(4)));  // a correct prediction for the next batch
+  c.access_batch(tr[2].phase, L(0), tr[2].ids);
+  c.access_batch(tr[3].phase, L(1), tr[3].ids);
+  CHECK_FALSE(c.policy().inner().diverged());
+  CHECK(c.policy().inner().position() == 8);
+  CHECK(c.stats().all.hits == 3);  // (0,0), the inserted (0,4) and (1,2): five entries fit
+}
+
+TEST_CASE("expert_cache: insert() counts its evictions in the phase it is given") {
+  const model_shape s = equal_shape(2, 8, 2, 100);
+  expert_cache<lru_policy> c(s, opts(200));
+  CHECK(c.insert(L(0), E(1), run_phase::decode));
+  CHECK(c.insert(L(0), E(2), run_phase::decode));
+  CHECK(c.insert(L(0), E(3), run_phase::decode));  // no batch open: evicts (0,1)
+  CHECK(c.stats().all.evictions == 1);
+  CHECK(c.stats().decode.evictions == 1);
+  CHECK(c.insert(L(0), E(4), run_phase::prefill));
+  CHECK(c.stats().all.evictions == 2);
+  CHECK(c.stats().decode.evictions == 1);
+  CHECK(c.insert(L(0), E(5)));  // no batch open, no phase: not decode
+  CHECK(c.stats().decode.evictions == 1);
+  c.begin_batch(run_phase::decode, L(1));
+  CHECK(c.insert(L(0), E(6)));  // the open batch's phase
+  CHECK(c.stats().decode.evictions == 2);
+  c.end_batch();
+  CHECK(c.stats().all.evictions == 4);
+}
+
+TEST_CASE("expert_cache: invalidate() drops an entry exactly, without an eviction") {
+  const model_shape s = equal_shape(2, 8, 2, 100);
+  expert_cache<lru_policy> c(s, opts(300));
+  const std::vector<expert_id> a = {E(1), E(2)};
+  c.access_batch(run_phase::decode, L(0), a);
+  CHECK(c.pin(L(0), E(2)));
+  CHECK(c.invalidate(L(0), E(2)));
+  CHECK_FALSE(c.invalidate(L(0), E(2)));  // no longer resident
+  CHECK_FALSE(c.invalidate(L(0), E(8)));  // outside the shape
+  CHECK_FALSE(c.invalidate(L(2), E(0)));
+  CHECK_FALSE(c.is_resident(L(0), E(2)));
+  CHECK(c.is_pinned(L(0), E(2)));  // the pin stays
+  CHECK(c.resident_bytes() == 100);
+  CHECK(c.resident_count(L(0)) == 1);
+  CHECK(c.stats().invalidated == 1);
+  CHECK(c.stats().all.evictions == 0);
+  // The policy forgot it: filling the cache evicts normally, (0,2) is a miss again.
+  const std::vector<expert_id> b = {E(3), E(4)}, d = {E(5), E(2)};
+  c.access_batch(run_phase::decode, L(1), b);
+  c.access_batch(run_phase::decode, L(1), d);
+  CHECK(c.stats().all.misses == 6);
+  CHECK(c.resident_bytes() == 300);
+}
+
+TEST_CASE_TEMPLATE("invalidate() keeps every policy consistent", P, lru_policy, lfu_policy, random_policy,
+                   layer_lru_policy, layer_lfu_policy, arc_policy, s3fifo_policy, sieve_policy, cycle_policy) {
+  const model_shape s = equal_shape(3, 12, 2, 100);
+  const auto tr = random_trace(s, 5, 4, 40);
+  expert_cache<P> c(s, opts(700));
+  std::mt19937 rng(9);
+  for (const auto& b : tr) {
+    c.access_batch(b.phase, L(b.layer), b.ids);
+    if (rng() % 2) c.invalidate(L(b.layer), b.ids.front());
+    std::uint64_t n = 0;
+    for (int l = 0; l < 3; ++l)
+      for (int e = 0; e < 12; ++e) n += c.is_resident(L(l), E(e));
+    REQUIRE(c.resident_bytes() == 100 * n);
+  }
+  CHECK(c.stats().invalidated > 0);
+}
+
+TEST_CASE("next_use_index skips dense layers, as the cache does") {
+  // Layer 1 is dense: the cache rejects its lookups, so the index must not
+  // hold them either, or belady's cursor falls behind and it diverges.
+  const model_shape s("d", 8, 2, {100, 0, 100}, {true, false, true});
+  const std::vector<batch> tr = {{run_phase::decode, 0, {E(0), E(1)}}, {run_phase::decode, 1, {E(0), E(1)}},
+                                 {run_phase::decode, 2, {E(2), E(3)}}, {run_phase::decode, 0, {E(0), E(4)}},
+                                 {run_phase::decode, 1, {E(5), E(6)}}, {run_phase::decode, 2, {E(2), E(5)}}};
+  const auto idx = index_of(s, tr);
+  CHECK(idx->size() == 8);
+  expert_cache<belady_policy> c(s, opts(300), belady_policy{idx});
+  for (const auto& b : tr) c.access_batch(b.phase, L(b.layer), b.ids);
+  CHECK_FALSE(c.policy().diverged());
+  CHECK(c.policy().position() == 8);
+  CHECK(c.stats().rejected == 4);
 }

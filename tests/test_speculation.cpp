@@ -152,7 +152,88 @@ TEST_CASE("speculation: a failed or throwing read never becomes residency") {
   CHECK(s.stats().inserted == 1);
   CHECK(s.stats().useful == 1);
   CHECK(s.read_stats().failed == 1);
-  CHECK(s.stats().demanded_failed == 1);  // the demanded re-read of 5 failed too (host's problem)
+  CHECK(s.stats().demanded_failed == 1);  // the demanded re-read of 5 failed too
+  CHECK_FALSE(s.cache().is_resident(L(1), E(5)));  // ... so it is not resident either
+}
+
+TEST_CASE("speculation: a failed demanded read is invalidated, a miss again, the budget exact") {
+  recorder rec;
+  rec.fail = {7};
+  spec_t s(tiny(), tiny_cache(6), rec.callback(), sync_options());
+  std::uint32_t masks[1] = {};
+  auto check_bytes = [&] {
+    std::uint64_t n = 0;
+    for (unsigned l = 0; l < 4; ++l)
+      for (unsigned e = 0; e < 16; ++e) n += s.cache().is_resident(L(l), E(e));
+    CHECK(s.cache().resident_bytes() == 100 * n);
+    CHECK(s.cache().resident_bytes() <= s.cache().budget_bytes());
+  };
+  const routing r1 = make_routing(1, {{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
+  CHECK(s.begin_load({&r1, 1}, masks) == 4);
+  CHECK(s.stats().demanded_failed == 1);
+  CHECK_FALSE(s.cache().is_resident(L(1), E(7)));
+  CHECK(s.cache().is_resident(L(1), E(8)));
+  CHECK(s.cache().resident_count(L(1)) == 3);
+  CHECK(s.cache().resident_bytes() == 300);
+  CHECK(s.cache().stats().invalidated == 1);
+  CHECK(s.cache().stats().all.evictions == 0);  // not an eviction
+  check_bytes();
+  // Next token: 7 is a miss again (read again, fails again); the others hit.
+  CHECK(s.begin_load({&r1, 1}, masks) == 1);
+  CHECK(s.cache().stats().all.hits == 3);
+  CHECK(s.cache().stats().all.misses == 5);
+  CHECK_FALSE(s.cache().is_resident(L(1), E(7)));
+  check_bytes();
+  // Under eviction pressure the accounting stays exact; once the device
+  // recovers, 7 is read and stays.
+  for (unsigned l = 0; l < 4; ++l) {
+    const routing r = make_routing(l, {{7, 0.4f}, {l + 1, 0.3f}, {9, 0.2f}, {10, 0.1f}});
+    s.begin_load({&r, 1}, masks);
+    CHECK_FALSE(s.cache().is_resident(L(l), E(7)));
+    check_bytes();
+  }
+  rec.fail.clear();
+  CHECK(s.begin_load({&r1, 1}, masks) >= 1);
+  CHECK(s.cache().is_resident(L(1), E(7)));
+  check_bytes();
+  CHECK(s.cache().stats().invalidated == 6);
+  CHECK(s.stats().demanded_failed == 6);
+}
+
+TEST_CASE("speculation: evictions caused by a speculative read count in the load's phase") {
+  recorder rec;
+  spec_t s(tiny(), tiny_cache(4), rec.callback(), sync_options());
+  std::uint32_t masks[1] = {};
+  const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
+  s.begin_load({&r0, 1}, masks);  // decode, fills the budget
+  const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}});
+  CHECK(s.end_load(L(0), &pred) == 2);
+  const routing r1 = make_routing(1, {{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
+  // Integrating 5 and 6 (before the batch opens) evicts two; the batch two more.
+  CHECK(s.begin_load({&r1, 1}, masks) == 2);
+  CHECK(s.stats().inserted == 2);
+  CHECK(s.cache().stats().all.evictions == 4);
+  CHECK(s.cache().stats().decode.evictions == 4);  // every load here was decode
+}
+
+TEST_CASE("speculation: the drop threshold reaches the planner only when the drop applies") {
+  recorder rec;
+  speculation_options o = sync_options();
+  o.drop = drop_options{};  // decode only; k = 4, F = 1: threshold 0.25
+  o.drop->on_warning = [](const std::string&) {};
+  spec_t s(tiny(), tiny_cache(), rec.callback(), o);
+  std::uint32_t masks[1] = {};
+  routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
+  r0.phase = run_phase::prefill;  // the target's load is prefill too: nothing will be dropped
+  s.begin_load({&r0, 1}, masks);
+  const ranking pred = make_ranking({{5, 0.5f}, {9, 0.05f}, {6, 0.3f}});
+  CHECK(s.end_load(L(0), &pred) == 2);
+  CHECK(s.stats().skipped_below_threshold == 0);
+  std::lock_guard<std::mutex> lock(rec.mu);
+  std::set<unsigned> speculated;
+  for (auto& c : rec.calls)
+    if (std::get<2>(c) == read_reason::speculative) speculated.insert(std::get<1>(c));
+  CHECK(speculated == std::set<unsigned>{5, 9});  // rank order, no threshold
 }
 
 TEST_CASE("speculation: horizon 2 targets the MoE layer two ahead; a missing prediction is counted") {
@@ -346,7 +427,8 @@ class recording_cache {
       : c_(std::move(c)), log_(std::move(log)) {}
   const model_shape& shape() const noexcept { return c_.shape(); }
   bool is_resident(layer_id l, expert_id e) const noexcept { return c_.is_resident(l, e); }
-  bool insert(layer_id l, expert_id e) noexcept { return c_.insert(l, e); }
+  bool insert(layer_id l, expert_id e, run_phase p) noexcept { return c_.insert(l, e, p); }
+  bool invalidate(layer_id l, expert_id e) noexcept { return c_.invalidate(l, e); }
   bool begin_batch(run_phase phase, layer_id l) noexcept {
     log_->batch_open = true;
     log_->batch_layer = static_cast<unsigned>(to_index(l));

@@ -114,7 +114,8 @@ inline std::string plan_fixed(double v, int decimals) {
 
 /// Speculative reads for a cache, with drop policy, planner and scheduler.
 /// `Cache` is an `expert_cache<Policy>` (or anything with its engine API:
-/// is_resident, insert, begin_batch, lookup, end_batch, stats, budget_bytes).
+/// is_resident, insert(layer, expert, phase), invalidate, begin_batch, lookup,
+/// end_batch, stats, budget_bytes).
 /// `Predictor` is the index of the session predictor whose ranking is used
 /// (0 = the first; stale-gate in `standard_session`). Movable, not copyable;
 /// every member is called from the host thread.
@@ -157,12 +158,13 @@ class speculation {
     const run_phase phase = routings[0].phase;
     const std::uint64_t bytes = shape_.expert_bytes(l);
     ++stats_.loads;
+    last_phase_ = phase;
 
     // 1. Quiesce, and apply what completed — on this (the host's) thread.
     const auto t0 = std::chrono::steady_clock::now();
     const span<const completed_read> done = scheduler_->quiesce();
     const auto t1 = std::chrono::steady_clock::now();
-    integrate(done);
+    integrate(done, phase);
     sweep();
 
     // 2. Drop decisions, on the residency speculation just updated.
@@ -209,6 +211,10 @@ class speculation {
           span<read_outcome>(outcomes_.data(), demanded_.size()));
       stats_.demanded_failed += demanded_.size() - ok;
       t3 = std::chrono::steady_clock::now();
+      // The lookup recorded each miss resident before its read: a failed one is not.
+      if (ok != demanded_.size())
+        for (std::size_t i = 0; i < demanded_.size(); ++i)
+          if (outcomes_[i] != read_outcome::ok) cache_.invalidate(demanded_[i].layer, demanded_[i].expert);
     }
     if (phase == run_phase::decode)
       stats_.decode_stall_ns += static_cast<std::uint64_t>(
@@ -229,8 +235,11 @@ class speculation {
       ++stats_.no_prediction;
       return 0;
     }
+    // The threshold applies only when the drop policy will decide the target's
+    // load: the next load is in the phase of the last one.
     std::optional<double> threshold;
-    if (drop_) threshold = drop_->threshold();
+    if (drop_ && (last_phase_ == run_phase::decode || options_.drop->include_prefill))
+      threshold = drop_->threshold();
     const speculation_plan p =
         planner_.plan(target, *predicted, shape_.top_k(), resident_query(), threshold);
     stats_.planned += p.size();
@@ -247,7 +256,7 @@ class speculation {
   /// End of the run: applies what completed (waiting as configured) so the
   /// counters are final, without issuing anything.
   void finish() noexcept {
-    integrate(scheduler_->quiesce());
+    integrate(scheduler_->quiesce(), last_phase_);
     sweep();
   }
 
@@ -349,7 +358,10 @@ class speculation {
   auto resident_query() const noexcept {
     return [this](layer_id l, expert_id e) noexcept { return cache_.is_resident(l, e); };
   }
+  // layer × n_experts + expert, or pending_flag_.size() (no slot) for an id
+  // outside the shape: an expert id past the end must not alias the next layer.
   std::size_t slot_of(layer_id l, expert_id e) const noexcept {
+    if (to_index(l) >= shape_.n_layers() || to_index(e) >= shape_.n_experts()) return pending_flag_.size();
     return to_index(l) * shape_.n_experts() + to_index(e);
   }
   std::string per_token_ms(std::uint64_t ns) const {
@@ -358,7 +370,8 @@ class speculation {
   }
 
   // Applies completed speculative reads to the cache (host thread).
-  void integrate(span<const completed_read> done) noexcept {
+  // Evictions they cause count in `phase` (the load's).
+  void integrate(span<const completed_read> done, run_phase phase) noexcept {
     for (const completed_read& c : done) {
       if (c.outcome != read_outcome::ok) continue;  // counted by the scheduler; residency untouched
       const std::size_t slot = slot_of(c.request.layer, c.request.expert);
@@ -368,7 +381,7 @@ class speculation {
         stats_.redundant_bytes += c.request.bytes;
         continue;
       }
-      if (!cache_.insert(c.request.layer, c.request.expert)) continue;
+      if (!cache_.insert(c.request.layer, c.request.expert, phase)) continue;
       ++stats_.inserted;
       stats_.inserted_bytes += c.request.bytes;
       if (!pending_flag_[slot]) pending_list_.push_back(static_cast<std::uint32_t>(slot));
@@ -418,6 +431,7 @@ class speculation {
   std::vector<read_request> demanded_;
   std::vector<read_outcome> outcomes_;
   speculation_stats stats_;
+  run_phase last_phase_ = run_phase::prefill;  // phase of the last begin_load
 };
 
 // ---- a simulated storage device, for demos and tests -------------------------

@@ -23,15 +23,16 @@ class next_use_index {
   static constexpr std::uint32_t never = std::numeric_limits<std::uint32_t>::max();
 
   explicit next_use_index(const model_shape& shape)
-      : n_experts_(static_cast<std::uint32_t>(shape.n_experts())),
-        n_layers_(shape.n_layers()), seen_(shape.n_layers() * shape.n_experts(), 0) {}
+      : shape_(shape), n_experts_(static_cast<std::uint32_t>(shape.n_experts())),
+        seen_(shape.n_layers() * shape.n_experts(), 0) {}
 
-  /// Appends one load batch. Ids outside the shape are skipped (the cache
-  /// rejects them too). Throws error after finish().
+  /// Appends one load batch. Ids outside the shape and batches of a dense
+  /// layer are skipped (the cache rejects them too); the batch still counts
+  /// in the numbering. Throws error after finish().
   void add_batch(layer_id layer, span<const expert_id> ids) {
     if (finished_) throw error("next_use_index: add_batch after finish(); expected all batches first");
     ++n_batches_;
-    if (to_index(layer) >= n_layers_) return;
+    if (!shape_.is_moe(layer)) return;
     for (expert_id e : ids) {
       if (to_index(e) >= n_experts_) continue;
       const auto s = static_cast<std::uint32_t>(to_index(layer) * n_experts_ + to_index(e));
@@ -46,10 +47,10 @@ class next_use_index {
     if (finished_) return;
     finished_ = true;
     next_.assign(slots_.size(), never);
-    std::vector<std::uint32_t> upcoming(seen_.size(), never);
+    first_.assign(seen_.size(), never);
     for (std::size_t i = slots_.size(); i-- > 0;) {
-      next_[i] = upcoming[slots_[i]];
-      upcoming[slots_[i]] = batch_of_[i];
+      next_[i] = first_[slots_[i]];
+      first_[slots_[i]] = batch_of_[i];
     }
     seen_.clear();
     seen_.shrink_to_fit();
@@ -58,13 +59,16 @@ class next_use_index {
   std::size_t size() const noexcept { return slots_.size(); }
   std::uint32_t slot(std::size_t i) const noexcept { return slots_[i]; }
   std::uint32_t next_use(std::size_t i) const noexcept { return next_[i]; }
+  /// The first batch that looks slot `s` (layer × n_experts + expert) up, or
+  /// `never` (also for a slot outside the shape). Valid after finish().
+  std::uint32_t first_use(std::size_t s) const noexcept { return s < first_.size() ? first_[s] : never; }
 
  private:
+  model_shape shape_;
   std::uint32_t n_experts_;
-  std::size_t n_layers_;
   std::uint32_t n_batches_ = 0;
   bool finished_ = false;
-  std::vector<std::uint32_t> seen_, slots_, batch_of_, next_;
+  std::vector<std::uint32_t> seen_, slots_, batch_of_, next_, first_;
 };
 
 namespace detail {
@@ -94,10 +98,21 @@ class belady_policy : public policy_base {
     const std::size_t n = shape.n_layers() * shape.n_experts();
     heap_.order().next.assign(n, next_use_index::never);
     heap_.order().last.assign(n, 0);
+    upcoming_.resize(n);
+    for (std::size_t s = 0; s < n; ++s) upcoming_[s] = index_->first_use(s);
     heap_.reset(n);
   }
   void on_hit(std::uint32_t s) noexcept { advance(s, false); }
   void on_insert(std::uint32_t s) noexcept { advance(s, true); }
+  /// Admission without a lookup (expert_cache::insert: a preload or a
+  /// completed speculative read): keyed by the slot's next use from here,
+  /// without consuming the index entry that belongs to the next lookup.
+  void on_admit(std::uint32_t s) noexcept {
+    auto& o = heap_.order();
+    o.next[s] = upcoming_[s];
+    o.last[s] = ++tick_;
+    heap_.push(s);
+  }
   void on_repeat(std::uint32_t s) noexcept {
     heap_.order().last[s] = ++tick_;
     heap_.update(s);
@@ -118,6 +133,7 @@ class belady_policy : public policy_base {
     auto& o = heap_.order();
     if (cursor_ < index_->size() && index_->slot(cursor_) == s) {
       o.next[s] = index_->next_use(cursor_);
+      upcoming_[s] = o.next[s];
     } else {
       diverged_ = true;  // sequence differs from the index: treat as never again
       o.next[s] = next_use_index::never;
@@ -132,6 +148,7 @@ class belady_policy : public policy_base {
   std::size_t cursor_ = 0;
   std::uint64_t tick_ = 0;
   bool diverged_ = false;
+  std::vector<std::uint32_t> upcoming_;  // per slot: the next batch that looks it up
   detail::cache_slot_heap<detail::cache_belady_order> heap_;
 };
 

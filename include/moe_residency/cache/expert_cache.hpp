@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,7 @@ struct cache_stats {
   std::uint64_t rejected = 0;      ///< lookups outside the shape (dense layer, bad id)
   std::uint64_t peak_bytes = 0;    ///< largest resident bytes seen after a batch
   std::uint64_t inserted = 0;      ///< entries made resident by insert() (no lookup)
+  std::uint64_t invalidated = 0;   ///< entries dropped by invalidate() (not evictions)
 };
 
 /// Outcome of one lookup.
@@ -100,6 +102,19 @@ class cache_view {
   std::uint32_t n_experts_;
   std::uint64_t used_, budget_;
 };
+
+namespace detail {
+template <class P, class = void>
+struct cache_has_on_admit : std::false_type {};
+template <class P>
+struct cache_has_on_admit<P, std::void_t<decltype(std::declval<P&>().on_admit(std::uint32_t{}))>>
+    : std::true_type {};
+}  // namespace detail
+
+/// True when Policy has `on_admit(slot)`: the hook for an entry made resident
+/// without a lookup (expert_cache::insert). Without it, on_insert is called.
+template <class Policy>
+inline constexpr bool has_on_admit = detail::cache_has_on_admit<Policy>::value;
 
 /// Common parts of a policy: the global byte budget as the eviction trigger
 /// and empty hooks. Policies derive from it and hide what they need.
@@ -228,7 +243,7 @@ class expert_cache {
   /// entry this batch touched nor a pinned one. Returns the number evicted.
   std::size_t end_batch() noexcept {
     if (!open_) return 0;
-    const std::size_t n = evict_to_budget(layer_);
+    const std::size_t n = evict_to_budget(layer_, phase_ == run_phase::decode);
     stats_.peak_bytes = std::max(stats_.peak_bytes, used_);
     policy_.on_batch_end(layer_);
     open_ = false;
@@ -270,17 +285,37 @@ class expert_cache {
   /// completed speculative read), then evicts to the budget without evicting
   /// it or the open batch's entries. Returns false if it was already resident
   /// or outside the shape. Counted in stats().inserted, not in bytes_read.
-  bool insert(layer_id layer, expert_id expert) noexcept {
+  /// The evictions it causes count as decode evictions when `phase` is decode
+  /// (pass the phase of the load the read was made for).
+  bool insert(layer_id layer, expert_id expert, run_phase phase) noexcept {
     const std::size_t s = slot_of(layer, expert);
     if (s == no_slot || (flags_[s] & cache_view::resident_bit)) return false;
     const auto slot = static_cast<std::uint32_t>(s);
     make_resident(slot);
-    policy_.on_insert(slot);
+    if constexpr (has_on_admit<Policy>) policy_.on_admit(slot);
+    else policy_.on_insert(slot);
     ++stats_.inserted;
     const std::uint32_t saved = touched_[slot];
     touched_[slot] = batch_;  // protect it during this eviction
-    evict_to_budget(to_index(layer));
+    evict_to_budget(to_index(layer), phase == run_phase::decode);
     touched_[slot] = saved;
+    return true;
+  }
+  /// As above, in the phase of the open batch (prefill when none is open).
+  bool insert(layer_id layer, expert_id expert) noexcept {
+    return insert(layer, expert, open_ ? phase_ : run_phase::prefill);
+  }
+
+  /// Drops (layer, expert) from residency without counting an eviction (a
+  /// demanded read that failed after its lookup recorded it resident): its
+  /// bytes leave the budget, the policy forgets it (its eviction hook), a pin
+  /// stays. Returns false if it was not resident or outside the shape.
+  /// Counted in stats().invalidated.
+  bool invalidate(layer_id layer, expert_id expert) noexcept {
+    const std::size_t s = slot_of(layer, expert);
+    if (s == no_slot || !(flags_[s] & cache_view::resident_bit)) return false;
+    drop_resident(static_cast<std::uint32_t>(s));
+    ++stats_.invalidated;
     return true;
   }
 
@@ -328,19 +363,23 @@ class expert_cache {
                       layer_count_.data(), n_experts_, used_, options_.budget_bytes);
   }
 
-  std::size_t evict_to_budget(std::size_t layer) noexcept {
+  void drop_resident(std::uint32_t s) noexcept {
+    const std::size_t l = s / n_experts_;
+    flags_[s] &= static_cast<std::uint8_t>(~cache_view::resident_bit);
+    used_ -= layer_bytes_[l];
+    --layer_count_[l];
+    policy_.on_evict(s);
+  }
+
+  std::size_t evict_to_budget(std::size_t layer, bool decode) noexcept {
     std::size_t n = 0;
     while (policy_.over_budget(view(), layer)) {
       const std::uint32_t v = policy_.victim(view(), layer);
       if (v == no_slot) break;
       MOE_RESIDENCY_ASSERT(view().evictable(v));
-      const std::size_t l = v / n_experts_;
-      flags_[v] &= static_cast<std::uint8_t>(~cache_view::resident_bit);
-      used_ -= layer_bytes_[l];
-      --layer_count_[l];
       ++stats_.all.evictions;
-      stats_.decode.evictions += open_ && phase_ == run_phase::decode;
-      policy_.on_evict(v);
+      stats_.decode.evictions += decode;
+      drop_resident(v);
       ++n;
     }
     policy_.end_eviction();

@@ -90,6 +90,10 @@ class retention {
   void on_hit(std::uint32_t s) noexcept { inner_.on_hit(s); }
   void on_repeat(std::uint32_t s) noexcept { inner_.on_repeat(s); }
   void on_insert(std::uint32_t s) noexcept { inner_.on_insert(s); }
+  void on_admit(std::uint32_t s) noexcept {
+    if constexpr (has_on_admit<Inner>) inner_.on_admit(s);
+    else inner_.on_insert(s);
+  }
   void on_evict(std::uint32_t s) noexcept { inner_.on_evict(s); }
   void end_eviction() noexcept { inner_.end_eviction(); }
   void on_batch_end(std::size_t layer) noexcept {
