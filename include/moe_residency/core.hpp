@@ -176,6 +176,24 @@ inline std::uint64_t token_cycle_bytes(const model_shape& shape) noexcept {
   return total;
 }
 
+/// The MoE layer `horizon` MoE layers after `source` (horizon 0: source
+/// itself when it is MoE), or false when there is none.
+inline bool moe_layer_ahead(const model_shape& shape, layer_id source, std::size_t horizon,
+                            layer_id& target) noexcept {
+  std::size_t l = to_index(source);
+  if (horizon == 0) {
+    target = source;
+    return shape.is_moe(source);
+  }
+  while (horizon > 0) {
+    ++l;
+    if (l >= shape.n_layers()) return false;
+    if (shape.is_moe(layer_id(static_cast<std::uint16_t>(l)))) --horizon;
+  }
+  target = layer_id(static_cast<std::uint16_t>(l));
+  return true;
+}
+
 inline constexpr double bytes_per_mib = 1024.0 * 1024.0;
 inline double to_mib(std::uint64_t bytes) noexcept { return static_cast<double>(bytes) / bytes_per_mib; }
 inline std::uint64_t from_mib(double mib) noexcept {

@@ -1,6 +1,8 @@
 #pragma once
 /// The library's exception type and its invariant assertion.
 
+#include <cstdio>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -30,5 +32,20 @@ class error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+/// Where the library sends a human-readable warning (one line, no newline).
+/// Empty means stderr, as `moe_residency: warning: <text>`. To silence
+/// warnings, give a sink that ignores its argument.
+using warning_sink = std::function<void(const std::string&)>;
+
+namespace detail {
+/// Delivers a warning to `sink`, or to stderr when the sink is empty.
+inline void emit_warning(const warning_sink& sink, const std::string& text) {
+  if (sink)
+    sink(text);
+  else
+    std::fprintf(stderr, "moe_residency: warning: %s\n", text.c_str());
+}
+}  // namespace detail
 
 }  // namespace moe_residency

@@ -25,11 +25,6 @@
 
 namespace moe_residency {
 
-/// Where the library sends a human-readable warning (one line, no newline).
-/// Empty means stderr, as `moe_residency: warning: <text>` (the same fallback
-/// as `cache_options::on_warning`); the text is kept in `drop_policy::warning()`
-/// either way. To silence it, give a sink that ignores its argument.
-using warning_sink = std::function<void(const std::string&)>;
 
 namespace detail {
 inline std::string plan_format_number(double v) {
@@ -126,10 +121,7 @@ class drop_policy {
                  " (F = " + detail::plan_format_number(f) +
                  ") can remove a large share of the routing and its weight; watch the "
                  "router weight discarded in the drop line";
-      if (options_.on_warning)
-        options_.on_warning(warning_);
-      else
-        std::fprintf(stderr, "moe_residency: warning: %s\n", warning_.c_str());
+      detail::emit_warning(options_.on_warning, warning_);
     }
   }
 

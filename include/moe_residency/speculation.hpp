@@ -85,16 +85,6 @@ struct speculation_stats {
 };
 
 namespace detail {
-inline bool plan_moe_layer_ahead(const model_shape& shape, layer_id source, std::size_t horizon,
-                                 layer_id& target) noexcept {
-  std::size_t l = to_index(source);
-  while (horizon > 0) {
-    if (++l >= shape.n_layers()) return false;
-    if (shape.is_moe(layer_id(static_cast<std::uint16_t>(l)))) --horizon;
-  }
-  target = layer_id(static_cast<std::uint16_t>(l));
-  return true;
-}
 // "'tiny' (4 layers, 16 experts, top-4, 400 expert bytes in all)": enough to
 // tell two shapes apart even when their names are equal.
 inline std::string plan_describe_shape(const model_shape& s) {
@@ -230,7 +220,7 @@ class speculation {
   std::size_t end_load(layer_id l, const ranking* predicted) noexcept {
     if (!options_.enabled) return 0;
     layer_id target{};
-    if (!detail::plan_moe_layer_ahead(shape_, l, options_.horizon, target)) return 0;
+    if (!moe_layer_ahead(shape_, l, options_.horizon, target)) return 0;
     if (!predicted) {
       ++stats_.no_prediction;
       return 0;
@@ -275,7 +265,7 @@ class speculation {
   void on_layer_loaded(Session& s, layer_id l) noexcept {
     if (!options_.enabled) return;
     layer_id target{};
-    if (!detail::plan_moe_layer_ahead(shape_, l, options_.horizon, target)) return;
+    if (!moe_layer_ahead(shape_, l, options_.horizon, target)) return;
     end_load(l, s.template prediction<Predictor>(target));
   }
   /// The cache line, the drop line (when dropping is armed) and the prefetch

@@ -36,7 +36,7 @@ struct cache_options {
   std::uint64_t budget_bytes = 0;
   cycle_guard guard = cycle_guard::refuse;
   /// Receives the guard's message under cycle_guard::warn; stderr when empty.
-  std::function<void(const std::string&)> on_warning;
+  warning_sink on_warning;
 };
 
 /// Counters of one scope (all batches, or decode batches only). Bytes are bytes.
@@ -183,8 +183,7 @@ class expert_cache {
         options_.guard != cycle_guard::off) {
       guard_message_ = token_cycle_message(who, options_.budget_bytes, shape_);
       if (options_.guard == cycle_guard::refuse) throw error(guard_message_);
-      if (options_.on_warning) options_.on_warning(guard_message_);
-      else std::fprintf(stderr, "moe_residency: warning: %s\n", guard_message_.c_str());
+      detail::emit_warning(options_.on_warning, guard_message_);
     }
     policy_.init(shape_, options_.budget_bytes);
   }

@@ -83,23 +83,6 @@ class router_bank {
   std::size_t n_embd_ = 0;
 };
 
-/// The MoE layer `horizon` MoE layers after `source` (horizon 0: source
-/// itself when it is MoE), or false when there is none.
-inline bool moe_layer_ahead(const model_shape& shape, layer_id source, std::size_t horizon,
-                            layer_id& target) noexcept {
-  std::size_t l = to_index(source);
-  if (horizon == 0) {
-    target = source;
-    return shape.is_moe(source);
-  }
-  while (horizon > 0) {
-    ++l;
-    if (l >= shape.n_layers()) return false;
-    if (shape.is_moe(layer_id(static_cast<std::uint16_t>(l)))) --horizon;
-  }
-  target = layer_id(static_cast<std::uint16_t>(l));
-  return true;
-}
 
 /// Options of the gate predictors.
 struct gate_predictor_options {
