@@ -73,6 +73,11 @@ TEST_CASE("frequency_predictor: running counts, decay, ties by lower id") {
     CHECK(out.id(0) == E(3));
     CHECK(out.id(1) == E(4));
     CHECK(d.count(L(0), E(7)) == doctest::Approx(0.75f));
+    // An expert no longer routed decays to exactly 0, never into subnormals.
+    // (0.75 × 0.5^130 ≈ 5e-40 would be a subnormal float without the flush.)
+    for (int i = 0; i < 130; ++i) d.observe(R(0, {3, 4}));
+    CHECK(d.count(L(0), E(7)) == 0.0f);
+    CHECK(d.count(L(0), E(3)) == doctest::Approx(2.0f));
   }
   SUBCASE("bad options throw") {
     CHECK_THROWS_WITH_AS(frequency_predictor({0.0f, false, 0}),
@@ -90,6 +95,9 @@ TEST_CASE("static_hot_list_predictor counts the whole run of one phase") {
   CHECK(out.id(0) == E(1));
   CHECK(out.id(1) == E(3));
   CHECK_FALSE(p.predict(L(1), out));
+  CHECK(p.hot_list(L(0)).id(0) == E(1));             // layer 0's list
+  CHECK(p.hot_list(L(1)).empty());                    // never routed
+  CHECK(p.hot_list(L(999)).empty());                  // outside the shape: empty, not out of bounds
   const std::vector<routing> bad = {R(7, {1})};
   CHECK_THROWS_AS(static_hot_list_predictor::from_routings(shape4(), bad), error);
 }

@@ -132,7 +132,13 @@ class frequency_predictor {
     if (r.phase != run_phase::decode && !options_.count_prefill) return;
     float* c = &counts_[l * n_experts_];
     if (options_.decay != 1.0f) {
-      for (std::size_t e = 0; e < n_experts_; ++e) c[e] *= options_.decay;
+      // Counts of experts that stop being routed decay geometrically; flush
+      // them to 0 before they turn subnormal (slow arithmetic on x86). Far
+      // below any count that could still reach a top-k.
+      for (std::size_t e = 0; e < n_experts_; ++e) {
+        c[e] *= options_.decay;
+        if (c[e] < 1e-30f) c[e] = 0.0f;
+      }
     }
     for (std::size_t i = 0; i < r.size(); ++i)
       if (to_index(r.id(i)) < n_experts_) c[to_index(r.id(i))] += 1.0f;
@@ -223,8 +229,11 @@ class static_hot_list_predictor {
     return true;
   }
   void observe(const routing&) noexcept {}
-  /// Layer l's hot list.
-  const ranking& hot_list(layer_id l) const noexcept { return lists_[to_index(l)]; }
+  /// Layer l's hot list (empty for a layer outside the shape or never routed).
+  const ranking& hot_list(layer_id l) const noexcept {
+    static const ranking none;
+    return to_index(l) < lists_.size() ? lists_[to_index(l)] : none;
+  }
 
  private:
   std::vector<ranking> lists_;
