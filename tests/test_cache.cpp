@@ -465,6 +465,46 @@ TEST_CASE("retention keeps protected experts and yields to the budget") {
   CHECK(c.policy().overridden() >= 1);
 }
 
+TEST_CASE("retention: a layer's mispredictions are evictable at that layer's own batch") {
+  // 2 layers x 8 experts x 100 bytes, top-2; the budget holds 4 entries.
+  const model_shape s = equal_shape(2, 8, 2, 100);
+  expert_cache<retention<lru_policy>> c(s, opts(400));
+  const std::vector<expert_id> a = {E(0), E(1)}, b = {E(2), E(3)}, d = {E(4), E(5)};
+  c.access_batch(run_phase::decode, L(0), a);
+  // Layer 1 loads 2, 3 and predicts that layer 0 will route 0 next: wrong.
+  const std::vector<expert_id> predicted = {E(0)};
+  c.begin_batch(run_phase::decode, L(1));
+  for (expert_id e : b) c.lookup(e);
+  c.policy().protect(L(0), predicted);
+  c.end_batch();
+  // Layer 0 routes 4, 5: two victims. The prediction is consumed as the batch
+  // begins, so the misprediction (0, least recent) goes with 1, and layer 1's
+  // entries, used more recently than any of layer 0's, stay.
+  c.begin_batch(run_phase::decode, L(0));
+  CHECK_FALSE(c.policy().is_protected(L(0), E(0)));
+  for (expert_id e : d) c.lookup(e);
+  c.end_batch();
+  CHECK_FALSE(c.is_resident(L(0), E(0)));
+  CHECK_FALSE(c.is_resident(L(0), E(1)));
+  CHECK(c.is_resident(L(1), E(2)));
+  CHECK(c.is_resident(L(1), E(3)));
+  CHECK(c.policy().overridden() == 0);
+  // So layer 1's next batch hits both.
+  const std::uint64_t hits = c.stats().all.hits;
+  c.access_batch(run_phase::decode, L(1), b);
+  CHECK(c.stats().all.hits == hits + 2);
+  // A protect() for the layer whose batch is open (a one-layer cycle) lasts
+  // past that batch's end, until the layer's next batch begins.
+  c.begin_batch(run_phase::decode, L(0));
+  c.lookup(E(4));
+  c.policy().protect(L(0), predicted);
+  c.end_batch();
+  CHECK(c.policy().is_protected(L(0), E(0)));
+  c.begin_batch(run_phase::decode, L(0));
+  CHECK_FALSE(c.policy().is_protected(L(0), E(0)));
+  c.end_batch();
+}
+
 TEST_CASE("cycle: the per-size heaps choose exactly what a full scan chooses") {
   // The fast path (layer heaps + one heap of layers per expert size, keyed by
   // a clock-invariant K) against reference_scan (every layer's entries

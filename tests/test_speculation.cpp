@@ -666,6 +666,118 @@ TEST_CASE("with dropping on, speculation un-drops experts (the executed routings
   MESSAGE("synthetic, sync, drop F=1, speculation on:\n" << on.notes);
 }
 
+namespace {
+
+// What a session handed its extensions, to drive a second speculation
+// directly (no session) through exactly the same calls.
+struct recorded_load {
+  layer_id layer{};
+  std::vector<routing> routings;
+  bool has_prediction = false;
+  ranking prediction;  // the ranking the session's speculation planned from
+};
+struct recorded_batch {
+  run_phase phase = run_phase::prefill;
+  std::size_t n_tokens = 0;
+  std::vector<recorded_load> loads;
+};
+// A session extension placed after the speculation.
+struct load_recorder {
+  model_shape shape;
+  std::shared_ptr<std::vector<recorded_batch>> batches;
+  template <class S>
+  void on_begin_batch(S&, run_phase phase, std::uint32_t, std::size_t n) {
+    batches->push_back(recorded_batch{phase, n, {}});
+  }
+  template <class S>
+  void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
+    batches->back().loads.push_back(recorded_load{l, std::vector<routing>(rs.begin(), rs.end()), false, {}});
+  }
+  template <class S>
+  void on_layer_loaded(S& s, layer_id l) {
+    layer_id target{};
+    if (!moe_layer_ahead(shape, l, 1, target)) return;
+    if (const ranking* r = s.template prediction<0>(target)) {
+      batches->back().loads.back().has_prediction = true;
+      batches->back().loads.back().prediction = *r;
+    }
+  }
+};
+
+// A line without its timing-dependent tail ("decode stall ... ms per token").
+std::string without_stall(const std::string& line) {
+  return line.substr(0, line.find("decode stall"));
+}
+
+}  // namespace
+
+TEST_CASE("speculation driven directly: begin_token gives the session's per-token figures") {
+  const synthetic_config c =
+      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6);
+  const synthetic_model model(c);
+  const model_shape& shape = model.shape();
+  const std::uint64_t budget = token_cycle_bytes(shape) * 3 / 2;
+  const std::size_t decode_tokens = 24;
+  speculation_options o = sync_options();
+  o.drop = drop_options{};
+  o.drop->on_warning = [](const std::string&) {};
+  recorder rec_a, rec_b;
+  auto batches = std::make_shared<std::vector<recorded_batch>>();
+
+  // The session path: the session calls the speculation's hooks.
+  using rec_session = session<predictor_set<stale_gate_predictor>, spec_t, load_recorder>;
+  rec_session s(shape, session_options{}, std::tuple<stale_gate_predictor>{},
+                std::tuple<spec_t, load_recorder>{
+                    spec_t(shape, lru_cache(shape, {budget, cycle_guard::refuse, {}}),
+                           rec_a.callback(), o),
+                    load_recorder{shape, batches}});
+  install_routers(s, model);
+  synthetic_stream stream(model);
+  auto feed = [&](run_phase phase, std::size_t n) {
+    stream.next(n);
+    REQUIRE(s.begin_batch(phase, stream.first_token(), n));
+    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
+      const layer_id lid = L(static_cast<unsigned>(l));
+      if (!shape.is_moe(lid)) continue;
+      REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n,
+                           model.n_embd() * sizeof(float)));
+      REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), n)));
+      REQUIRE(s.layer_loaded(lid));
+    }
+    REQUIRE(s.end_batch());
+  };
+  feed(run_phase::prefill, 8);
+  for (std::size_t t = 0; t < decode_tokens; ++t) feed(run_phase::decode, 1);
+  spec_t& via_session = s.extension<0>();
+  via_session.finish();
+
+  // The engine path: the same calls, made directly, with begin_token per batch.
+  spec_t direct(shape, lru_cache(shape, {budget, cycle_guard::refuse, {}}), rec_b.callback(), o);
+  std::vector<std::uint32_t> masks;
+  for (const recorded_batch& b : *batches) {
+    direct.begin_token(b.phase, b.n_tokens);
+    for (const recorded_load& ld : b.loads) {
+      masks.assign(ld.routings.size(), 0u);
+      direct.begin_load(span<const routing>(ld.routings.data(), ld.routings.size()),
+                        span<std::uint32_t>(masks.data(), masks.size()));
+      direct.end_load(ld.layer, ld.has_prediction ? &ld.prediction : nullptr);
+    }
+  }
+  direct.finish();
+
+  REQUIRE(batches->size() == 1 + decode_tokens);
+  CHECK(via_session.stats().decode_tokens == decode_tokens);
+  CHECK(direct.stats().decode_tokens == decode_tokens);  // prefill counted nothing
+  CHECK(direct.read_stats().issued == via_session.read_stats().issued);
+  CHECK(via_session.read_stats().completed > 0);  // speculation acted: the per-token figure is not 0
+  CHECK(direct.stats().useful == via_session.stats().useful);
+  CHECK(direct.cache_line() == via_session.cache_line());
+  CHECK(without_stall(direct.prefetch_line()) == without_stall(via_session.prefetch_line()));
+  CHECK(direct.drop_line() == via_session.drop_line());
+  MESSAGE("session:\n" << via_session.cache_line() << "\n" << via_session.prefetch_line()
+                        << "\ndirect:\n" << direct.cache_line() << "\n" << direct.prefetch_line());
+}
+
 // docs/speculation.md, "Example": the lines between the two markers are the
 // docs block, verbatim (the next test compares them); the names the block
 // takes from its surroundings are declared just before it.

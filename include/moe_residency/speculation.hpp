@@ -5,6 +5,10 @@
 /// `on_begin_batch / on_routings / on_layer_loaded` hooks).
 ///
 /// Order of one layer's load (host thread):
+///  0. once per batch of tokens, before its first layer: `begin_token` (the
+///     session's `begin_batch`) counts decode tokens, the denominator of every
+///     "per token" figure in the lines; an engine driving the two calls below
+///     directly must call it itself, once per decode token.
 ///  1. `begin_load` (the session's `routed`): quiesce the scheduler, apply the
 ///     speculative reads that completed to the cache, decide drops (after the
 ///     integration, so a speculative read that landed un-drops its expert),
@@ -64,7 +68,7 @@ struct speculation_options {
 /// completed, cancelled, failed, stall) are in `read_scheduler::stats()`.
 struct speculation_stats {
   std::uint64_t loads = 0;                ///< demanded loads (layer × batch)
-  std::uint64_t decode_tokens = 0;
+  std::uint64_t decode_tokens = 0;        ///< counted by begin_token (a session calls it)
   std::uint64_t no_prediction = 0;        ///< end_load without a ranking for the target layer
   std::uint64_t planned = 0;              ///< reads the planner proposed
   std::uint64_t skipped_resident = 0;     ///< predictions already resident
@@ -136,7 +140,17 @@ class speculation {
     outcomes_.resize(shape_.n_experts());
   }
 
-  // ---- the two calls of a layer's load (engine API) ------------------------
+  // ---- the calls of a token and of a layer's load (engine API) -------------
+
+  /// Start of a batch of `n_tokens` tokens in `phase`, before its first
+  /// layer's `begin_load`: counts decode tokens (`stats().decode_tokens`), the
+  /// denominator of the lines' "per token" figures. A session calls it from
+  /// its `begin_batch`; an engine without a session calls it once per decode
+  /// token (without it the "per token" figures are totals). Prefill batches
+  /// count nothing. Allocation-free.
+  void begin_token(run_phase phase, std::size_t n_tokens = 1) noexcept {
+    if (phase == run_phase::decode) stats_.decode_tokens += n_tokens;
+  }
 
   /// Start of layer l's demanded load. `routings`: the layer's routing per
   /// token of the batch (token-major, all of one layer and phase);
@@ -254,7 +268,7 @@ class speculation {
 
   template <class Session>
   void on_begin_batch(Session&, run_phase phase, std::uint32_t, std::size_t n_tokens) noexcept {
-    if (phase == run_phase::decode) stats_.decode_tokens += n_tokens;
+    begin_token(phase, n_tokens);
   }
   template <class Session>
   void on_routings(Session&, layer_id, span<const routing> routings,

@@ -6,10 +6,13 @@
 ///
 ///   cache.policy().protect(layer_id{l + 1}, predicted_ids);  // before layer l's batch ends
 ///
-/// Protection of layer j ends when a batch of layer j ends (the prediction
-/// was consumed) or is replaced by the next protect() for j. When every
-/// candidate is protected, the inner policy's own victim is evicted: the
-/// budget always wins over a prediction.
+/// Protection of layer j ends when a batch of layer j begins (the prediction
+/// is being consumed: what the batch routes is kept by the batch itself, and a
+/// predicted expert it does not route was a misprediction, evictable again at
+/// that batch's own eviction) or is replaced by the next protect() for j. A
+/// protect() for j made while j's own batch is open lasts until j's next
+/// batch begins. When every candidate is protected, the inner policy's own
+/// victim is evicted: the budget always wins over a prediction.
 
 #include <cstdint>
 #include <utility>
@@ -86,7 +89,10 @@ class retention {
 
   template <class View>
   bool over_budget(const View& v, std::size_t layer) const noexcept { return inner_.over_budget(v, layer); }
-  void on_batch_begin(run_phase p, std::size_t layer) noexcept { inner_.on_batch_begin(p, layer); }
+  void on_batch_begin(run_phase p, std::size_t layer) noexcept {
+    inner_.on_batch_begin(p, layer);
+    if (layer < listed_.size()) unprotect(layer);  // consumed: see the header comment
+  }
   void on_hit(std::uint32_t s) noexcept { inner_.on_hit(s); }
   void on_repeat(std::uint32_t s) noexcept { inner_.on_repeat(s); }
   void on_insert(std::uint32_t s) noexcept { inner_.on_insert(s); }
@@ -96,10 +102,7 @@ class retention {
   }
   void on_evict(std::uint32_t s) noexcept { inner_.on_evict(s); }
   void end_eviction() noexcept { inner_.end_eviction(); }
-  void on_batch_end(std::size_t layer) noexcept {
-    inner_.on_batch_end(layer);
-    unprotect(layer);
-  }
+  void on_batch_end(std::size_t layer) noexcept { inner_.on_batch_end(layer); }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t layer) noexcept {
     const detail::cache_protected_view<View> pv(v, prot_.data());
