@@ -231,10 +231,11 @@ int probe(const probe_args& a) {
                 static_cast<unsigned long long>(reader->reads()), to_mib(reader->bytes_read()),
                 gguf_path.c_str(), read_s, static_cast<unsigned long long>(failed_reads));
   const auto& st = obs.stats();
-  std::printf("observer: %llu graphs, %llu layer batches, %llu partial (output rows only), "
-              "%llu unreadable, %llu unsupported, %llu exceptions%s%s\n",
+  std::printf("observer: %llu graphs, %llu layer batches, %llu partial (output rows only, sent), "
+              "%llu not sent, %llu unreadable, %llu unsupported, %llu exceptions%s%s\n",
               static_cast<unsigned long long>(st.graphs), static_cast<unsigned long long>(st.layer_batches),
               static_cast<unsigned long long>(sink.partial_layers()),
+              static_cast<unsigned long long>(sink.bad_layers()),
               static_cast<unsigned long long>(st.unreadable), static_cast<unsigned long long>(st.unsupported),
               static_cast<unsigned long long>(st.exceptions), st.exceptions ? "; last: " : "",
               st.exceptions ? obs.last_error() : "");

@@ -13,6 +13,7 @@
 
 #include "llama_support.hpp"
 #include "moe_residency/router.hpp"
+#include "moe_residency/session.hpp"
 
 using namespace moe_residency;
 using namespace moe_residency_test;
@@ -259,6 +260,99 @@ TEST_CASE("llama.cpp observer: reports exactly what a plain callback copies from
     CHECK(graph_first + graph_tokens == n_prompt + n_decode);
     CHECK(sink.ids == expected);
     if (std::string(arch) == "qwen3moe") CHECK(sink.outputs_only_batches == 1);
+  }
+}
+
+namespace {
+
+using phase_layer = std::tuple<int, std::uint16_t>;  // (phase, layer)
+
+/// A session extension: the token of every routing the session accepted.
+struct routed_tokens {
+  std::map<phase_layer, std::vector<std::uint32_t>> tokens;
+  template <class S>
+  void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
+    for (const routing& r : rs)
+      tokens[{static_cast<int>(r.phase), static_cast<std::uint16_t>(l)}].push_back(r.token);
+  }
+};
+
+/// The sink after session_sink: the positions of every row the observer delivered.
+struct delivered_tokens : mrl::observer_sink {
+  std::map<phase_layer, std::vector<std::uint32_t>> tokens;
+  std::size_t outputs_only = 0;
+  void on_layer(const mrl::layer_batch& b) override {
+    if (b.outputs_only) ++outputs_only;
+    auto& v = tokens[{static_cast<int>(b.phase), static_cast<std::uint16_t>(b.layer)}];
+    for (std::size_t t = 0; t < b.n_tokens; ++t) v.push_back(b.position(t));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("llama.cpp observer: session_sink forwards the last prompt layer's output rows") {
+  llama_init_once();
+  using tracing_session =
+      session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>, routed_tokens>;
+  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
+    const std::string config = arch;
+    CAPTURE(config);
+    auto model = mre::make_random_model(spec_for(arch, GGML_TYPE_F32));
+    mrl::observer obs(model.get());
+    auto cp = test_context_params();
+    obs.install(cp);
+    auto ctx = make_context(model.get(), cp);
+    run_tokens(ctx.get(), model.get(), 1, 0);  // learn the structure, then start afresh
+    llama_memory_clear(llama_get_memory(ctx.get()), true);
+    obs.set_position(0);
+    REQUIRE(obs.structure_known());
+    const model_shape shape = obs.shape();
+
+    session_options so;
+    so.on_anomaly = anomaly_action::count;
+    tracing_session s(shape, so);
+    mrl::configure_routers(s, obs);
+    delivered_tokens seen;
+    mrl::session_sink<tracing_session> sink(s, &seen);
+    obs.set_sink(&sink);
+    const std::size_t n_prompt = 12, n_decode = 6;
+    run_tokens(ctx.get(), model.get(), n_prompt, n_decode);
+    obs.set_sink(nullptr);
+
+    CHECK(obs.stats().exceptions == 0);
+    CHECK(obs.stats().unreadable == 0);
+    CHECK(s.anomalies().total() == 0);
+    CHECK(sink.bad_layers() == 0);
+    CHECK(s.prefill_tokens() == n_prompt);
+    CHECK(s.decode_tokens() == n_decode);
+    // Every row the observer delivered reached the session, at the same position.
+    CHECK(s.extension<0>().tokens == seen.tokens);
+    CHECK(sink.partial_layers() == seen.outputs_only);
+    std::size_t last_moe = shape.n_layers() - 1;
+    while (!shape.is_moe(layer_id(static_cast<std::uint16_t>(last_moe)))) --last_moe;
+    const auto& prefill_last =
+        s.extension<0>().tokens[{static_cast<int>(run_phase::prefill), static_cast<std::uint16_t>(last_moe)}];
+    if (std::string(arch) == "gpt-oss") {
+      // gpt-oss's graph keeps every row through its last MoE layer.
+      CHECK(sink.partial_layers() == 0);
+      CHECK(prefill_last.size() == n_prompt);
+    } else {
+      // llama.cpp computes the last prompt layer for the output row only: it is
+      // now sent to the session, as the prompt's last token.
+      CHECK(sink.partial_layers() == 1);
+      CHECK(prefill_last == std::vector<std::uint32_t>{static_cast<std::uint32_t>(n_prompt - 1)});
+    }
+    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
+      if (!shape.is_moe(layer_id(static_cast<std::uint16_t>(l)))) continue;
+      CAPTURE(l);
+      const auto& d = s.extension<0>().tokens[{static_cast<int>(run_phase::decode), static_cast<std::uint16_t>(l)}];
+      CHECK(d.size() == n_decode);
+    }
+    const prediction_report r = s.report();
+    const std::size_t ctrl = r.control_index();
+    REQUIRE(ctrl < r.predictors.size());
+    CHECK(r.totals[ctrl].slots > 0);
+    CHECK(r.totals[ctrl].slot_hits == r.totals[ctrl].slots);  // control 100.0%
   }
 }
 

@@ -1025,11 +1025,14 @@ class gguf_expert_reader {
 
 /// Feeds a `session` (session.hpp) from the observer, then passes each event
 /// on to `next` (e.g. a route_recorder). Per graph: begin_batch; per MoE
-/// layer: gate_input, routed, layer_loaded. A layer that saw only the
-/// batch's output rows (llama.cpp's last layer of a prompt batch) does not
-/// match the session's batch and is counted in `partial_layers()` instead of
-/// sent (prefill is not scored by default); `next` still gets it.
-/// Session is any type with the session's event members.
+/// layer: gate_input, routed, layer_loaded. A prefill layer that saw only the
+/// batch's output rows (llama.cpp's last layer of a prompt batch) is sent
+/// with exactly those rows, as the batch's last tokens (the session accepts
+/// 1 to n_tokens rows in a prefill batch), and counted in
+/// `partial_layers()`. A decode layer with fewer rows than its batch cannot
+/// happen with llama.cpp; one is not sent and is counted in `bad_layers()`.
+/// `next` gets every layer. Session is any type with the session's event
+/// members.
 template <class Session>
 class session_sink : public observer_sink {
  public:
@@ -1041,9 +1044,11 @@ class session_sink : public observer_sink {
   }
 
   void on_layer(const layer_batch& b) override {
-    if (b.outputs_only) {
-      ++partial_;
+    if (b.n_tokens == 0 || (b.outputs_only && b.phase != run_phase::prefill)) {
+      ++bad_;
     } else {
+      // b.x(t), b.routing_of(t) and b.position(t) are already the layer's own
+      // rows: for an outputs_only layer, the batch's last n_tokens tokens.
       const std::size_t n_embd = b.structure->router.cols != 0 ? b.structure->router.cols
                                                                : session_->routers().n_embd();
       session_->gate_input(b.layer, b.gate_input, n_embd, b.n_tokens,
@@ -1054,6 +1059,7 @@ class session_sink : public observer_sink {
       if (ok) {
         session_->routed(b.layer, span<const routing>(buffer_.data(), b.n_tokens));
         session_->layer_loaded(b.layer);
+        if (b.outputs_only) ++partial_;
       } else {
         ++bad_;
       }
@@ -1061,9 +1067,11 @@ class session_sink : public observer_sink {
     if (next_ != nullptr) next_->on_layer(b);
   }
 
-  /// Layers that saw only output rows, not sent to the session.
+  /// Prefill layers that saw only the batch's output rows and were sent to
+  /// the session with those rows (one per prompt batch with llama.cpp).
   std::uint64_t partial_layers() const noexcept { return partial_; }
-  /// Layers with an id out of range or k > 32, not sent.
+  /// Layers not sent: an id out of range, k > 32, no rows, or a decode layer
+  /// with fewer rows than its batch.
   std::uint64_t bad_layers() const noexcept { return bad_; }
 
  private:
