@@ -227,7 +227,16 @@ class observer {
     if (!forced_phase_) phase_ = n_tokens > 1 ? run_phase::prefill : run_phase::decode;
     ++stats_.graphs;
     for (auto& g : graph_) g = graph_layer{};
-    if (sink_ != nullptr) sink_->on_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
+    // The sink's exception is counted here, not in the ask phase that called
+    // us: the structure bookkeeping of this node must still run.
+    if (sink_ == nullptr) return;
+    try {
+      sink_->on_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
+    } catch (const std::exception& e) {
+      note_exception(e.what());
+    } catch (...) {
+      note_exception("unknown exception");
+    }
   }
 
   // Ask phase: record the structure; true for the one node per MoE layer
@@ -492,6 +501,10 @@ class observer {
   bool fill_routing(std::size_t l, layer_batch& b) {
     const graph_layer& g = graph_[l];
     const layer_structure& s = layers_[l];
+    if (g.logits == nullptr || g.topk == nullptr) {  // this graph never showed the layer's router
+      ++stats_.unreadable;
+      return false;
+    }
     const ggml_tensor* x = g.logits->src[1];
     const ggml_tensor* ids = g.topk;
     const std::size_t n_tok = static_cast<std::size_t>(ids->ne[1]);
