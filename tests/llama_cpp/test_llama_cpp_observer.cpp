@@ -519,3 +519,25 @@ TEST_CASE("llama.cpp observer: session_sink refuses, loudly, drops llama.cpp can
   CHECK(obs.stats().exceptions == 1);  // loud once, counted always
   CHECK(std::string(obs.last_error()).find("disarm dropping") != std::string::npos);
 }
+
+TEST_CASE("llama.cpp observer: a second install over another chained callback is refused") {
+  llama_init_once();
+  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
+  mrl::observer obs(model.get());
+  struct user_cb {
+    static bool a(ggml_tensor*, bool, void*) { return false; }
+    static bool b(ggml_tensor*, bool, void*) { return false; }
+  };
+  auto cp1 = test_context_params();
+  cp1.cb_eval = &user_cb::a;
+  obs.install(cp1);
+  auto cp2 = test_context_params();
+  cp2.cb_eval = &user_cb::a;
+  CHECK_NOTHROW(obs.install(cp2));  // the same chained callback: a replacement context
+  auto cp3 = test_context_params();
+  cp3.cb_eval = &user_cb::b;
+  CHECK_THROWS_WITH_AS(obs.install(cp3), doctest::Contains("use one observer per live context"),
+                       moe_residency::error);
+  const bool untouched = cp3.cb_eval == &user_cb::b;
+  CHECK(untouched);  // refused: the params are untouched
+}

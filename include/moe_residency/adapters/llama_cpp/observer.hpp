@@ -72,9 +72,18 @@ class observer {
   /// the data phase each is called for the nodes it asked for, and the user's
   /// answer is returned (the observer's own is always true). Call before
   /// llama_init_from_model. Throws `error` if installed twice.
+  ///
+  /// One observer serves one live context: it keeps one chained callback and
+  /// one graph's state. Installing it again (for a context that replaces a
+  /// freed one) is fine; installing it over a different chained callback
+  /// than before throws, since the first context's callback would be lost.
   void install(llama_context_params& p) {
     if (p.cb_eval == &observer::eval_callback && p.cb_eval_user_data == this)
       throw error("llama_cpp observer: already installed in these context params");
+    if (installed_ && (p.cb_eval != chained_ || p.cb_eval_user_data != chained_user_data_))
+      throw error("llama_cpp observer: already installed over another chained cb_eval; it keeps one chained "
+                  "callback and one graph's state: use one observer per live context");
+    installed_ = true;
     chained_ = p.cb_eval;
     chained_user_data_ = p.cb_eval_user_data;
     p.cb_eval = &observer::eval_callback;
@@ -581,6 +590,7 @@ class observer {
   void* chained_user_data_ = nullptr;
   observer_sink* sink_ = nullptr;
   bool attached_ = true;
+  bool installed_ = false;
 
   const ggml_tensor* asked_node_ = nullptr;
   bool asked_mine_ = false, asked_theirs_ = false;
