@@ -87,6 +87,12 @@ TEST_CASE("two lanes on a curve: waves at the curve's bandwidth, interpolated be
   CHECK(p.read_ms(2, b) == doctest::Approx(2.0));
   // Three reads on two lanes: a wave of two (2 ms), then one alone (1.5 ms).
   CHECK(p.read_ms(3, b) == doctest::Approx(3.5));
+  // Their I/O time, summed over lanes as the engine's io_ms: 2 × 2 + 1 × 1.5 ms.
+  CHECK(p.read_io_ms(3, b) == doctest::Approx(5.5));
+  // A device delivering half the curve: transfers take twice as long.
+  p.bandwidth_scale = 0.5;
+  CHECK(p.read_ms(3, b) == doctest::Approx(7.0));
+  p.bandwidth_scale = 1.0;
   // Latency is paid per wave: 2 waves × 0.25 ms.
   p.read_latency_ms = 0.25;
   CHECK(p.read_ms(3, b) == doctest::Approx(4.0));
@@ -121,6 +127,7 @@ TEST_CASE("a speculative read that cannot start before the layer ends is cancell
   CHECK(t[0].stall_ms == doctest::Approx(0.5));
   CHECK(t[0].wait_ms == doctest::Approx(0.5));
   CHECK(t[0].wall_ms == doctest::Approx(2.5));
+  CHECK(t[0].io_ms == doctest::Approx(1.5));  // the cancelled read spent no I/O time
   // Two lanes: both reads share one wave (3 MiB at 1000 MiB/s = 3 ms), so both start.
   p.lanes = 2;
   timing_simulator two(shape, p);
@@ -217,6 +224,7 @@ TEST_CASE("calibration recovers known parameters from metrics the model itself p
   truth.overlap = 0.35;
   truth.mgmt_ms_per_read = 0.25;
   truth.mgmt_ms_per_eviction = 0.1;
+  truth.bandwidth_scale = 0.7;
   std::vector<load_event> loads;
   for (std::uint32_t t = 0; t < 60; ++t)
     for (std::uint16_t l = 0; l < 3; ++l)
@@ -232,15 +240,20 @@ TEST_CASE("calibration recovers known parameters from metrics the model itself p
     m.mgmt_ms.push_back(x.mgmt_ms);
     m.compute_ms.push_back(x.compute_ms);
     m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(x.io_ms);
   }
   timing_params start;
   start.lanes = 2;
-  const calibration_result c = calibrate_timing(shape, loads, m, start);
+  calibration_options all;
+  all.free = 0x3f;  // every parameter, the bandwidth scale too
+  all.fit_io = true;
+  const calibration_result c = calibrate_timing(shape, loads, m, start, all);
   CHECK(c.params.compute_ms_per_token == doctest::Approx(12).epsilon(1e-3));
   CHECK(c.params.read_latency_ms == doctest::Approx(0.8).epsilon(1e-3));
   CHECK(c.params.overlap == doctest::Approx(0.35).epsilon(1e-3));
   CHECK(c.params.mgmt_ms_per_read == doctest::Approx(0.25).epsilon(1e-3));
   CHECK(c.params.mgmt_ms_per_eviction == doctest::Approx(0.1).epsilon(1e-3));
+  CHECK(c.params.bandwidth_scale == doctest::Approx(0.7).epsilon(1e-3));
   CHECK(c.held_out.median_abs_err_pct < 0.01);
   CHECK(c.fit.tokens == 30);
   CHECK(c.held_out.tokens == 30);
@@ -249,6 +262,7 @@ TEST_CASE("calibration recovers known parameters from metrics the model itself p
   short_m.wall_ms.pop_back();
   short_m.stall_ms.pop_back();
   short_m.mgmt_ms.pop_back();
+  short_m.io_ms.pop_back();
   CHECK_THROWS_WITH_AS(calibrate_timing(shape, loads, short_m, start),
                        doctest::Contains("the replay has 60 decode tokens but the metrics have 59 rows"), error);
 }

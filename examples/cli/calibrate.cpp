@@ -22,6 +22,7 @@ struct calibrate_args {
   std::string policy = "lru";
   std::string format = "table";
   std::string split = "halves";
+  bool fit_io = false;
 };
 
 std::string slurp(const std::string& path, const char* what) {
@@ -46,6 +47,10 @@ void run(const calibrate_args& a) {
   const dynamic_replay_result r = replay_dynamic(in, o);
   calibration_options co;
   co.split = a.split == "halves" ? calibration_split::halves : calibration_split::interleaved;
+  if (a.fit_io) {
+    co.fit_io = true;
+    co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
+  }
   const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, start, co);
   if (!a.write_config.empty()) {
     std::ofstream f(a.write_config);
@@ -78,7 +83,7 @@ void run(const calibrate_args& a) {
                 c.held_out.mean_predicted_ms / 1000, c.held_out.mean_recorded_ms / 1000,
                 100.0 * (c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1.0));
   std::cout << buf << "fitted (" << fitted << "), " << c.iterations << " iterations, rms residual " << c.rms_ms
-            << " ms (wall, stall and management residuals of the fitted tokens):\n"
+            << " ms (wall, stall, management" << (a.fit_io ? ", io" : "") << " residuals of the fitted tokens):\n"
             << format_timing_config(c.params);
 }
 
@@ -94,6 +99,7 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--config", a->config, "timing config (key = value) with the fixed parameters: lanes, curve, ...");
       sub.add_option("--split", a->split, "halves (first half fitted, second held out) | interleaved")
           ->capture_default_str();
+      sub.add_flag("--fit-io", a->fit_io, "also fit the recorded io_ms, and the bandwidth scale with it");
       sub.add_option("--write-config", a->write_config, "write the fitted parameters as a timing config");
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.callback([a] { run(*a); });

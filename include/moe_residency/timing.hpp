@@ -13,10 +13,13 @@
 ///   (1) compute      c_l   = C / L × ((1 − σ) + σ × e_l / r_l)
 ///                    C = compute_ms_per_token, L = MoE layers, σ = expert_compute_share,
 ///                    r_l = routed experts, e_l = r_l − dropped (experts executed).
-///   (2) one wave     w(m)  = λ + 1000 × m × b / B(m)
+///   (2) one wave     w(m)  = λ + 1000 × m × b / (β × B(m))
 ///                    m ≤ n concurrent reads of b MiB each (b = the layer's expert bytes),
 ///                    λ = read_latency_ms (paid once per wave), B(m) = curve bandwidth at m
-///                    lanes (MiB/s, piecewise linear in m between measured points).
+///                    lanes (MiB/s, piecewise linear in m between measured points),
+///                    β = bandwidth_scale (what the device delivers while the model computes,
+///                    against the cold curve). Its I/O time (the engine's io_ms: read
+///                    durations summed over lanes) is m × w(m).
 ///   (3) demanded     T_l   = (⌈d/n⌉ − 1) × w(n) + w(d − (⌈d/n⌉ − 1) × n),   0 when d = 0
 ///                    d = the layer's demanded misses, n = lanes.
 ///   (4) wait         q_l   = max(0, S_prev − t_l)
@@ -174,6 +177,7 @@ struct timing_params {
   std::size_t lanes = 2;              ///< n: concurrent read lanes (2 saturate phone flash)
   storage_curve curve;                ///< B(m): aggregate MiB/s against concurrent reads
   double read_latency_ms = 0.0;       ///< λ: fixed cost of each wave of reads
+  double bandwidth_scale = 1.0;       ///< β: share of the curve's bandwidth the device delivers during decode
   double compute_ms_per_token = 100;  ///< C: compute of one decode token (all layers)
   double expert_compute_share = 0.5;  ///< σ: share of a layer's compute that scales with experts executed
   double overlap = 1.0;               ///< ω: share of a layer's compute demanded reads hide behind, [0, 1]
@@ -189,6 +193,7 @@ struct timing_params {
     };
     if (lanes < 1 || lanes > 64) bad("lanes", static_cast<double>(lanes), "1 to 64");
     if (!(read_latency_ms >= 0) || !std::isfinite(read_latency_ms)) bad("read_latency_ms", read_latency_ms, "a finite value >= 0");
+    if (!(bandwidth_scale > 0 && bandwidth_scale <= 4)) bad("bandwidth_scale", bandwidth_scale, "a factor in (0, 4]");
     if (!(compute_ms_per_token >= 0) || !std::isfinite(compute_ms_per_token))
       bad("compute_ms_per_token", compute_ms_per_token, "a finite value >= 0");
     if (!(expert_compute_share >= 0 && expert_compute_share <= 1))
@@ -202,13 +207,20 @@ struct timing_params {
   /// Duration of one wave of m concurrent reads of `bytes` each, equation (2).
   double wave_ms(std::size_t m, std::uint64_t bytes) const noexcept {
     if (m == 0) return 0.0;
-    return read_latency_ms + 1000.0 * to_mib(bytes) * static_cast<double>(m) / curve.mib_per_s(static_cast<double>(m));
+    return read_latency_ms +
+           1000.0 * to_mib(bytes) * static_cast<double>(m) / (bandwidth_scale * curve.mib_per_s(static_cast<double>(m)));
   }
   /// Duration of d reads of `bytes` each on `lanes` lanes, equation (3).
   double read_ms(std::size_t d, std::uint64_t bytes) const noexcept {
     if (d == 0) return 0.0;
     const std::size_t full = (d - 1) / lanes;  // ⌈d/n⌉ − 1 full waves before the last one
     return static_cast<double>(full) * wave_ms(lanes, bytes) + wave_ms(d - full * lanes, bytes);
+  }
+  /// I/O time of those d reads: each read's duration summed (the engine's io_ms).
+  double read_io_ms(std::size_t d, std::uint64_t bytes) const noexcept {
+    if (d == 0) return 0.0;
+    const std::size_t full = (d - 1) / lanes, last = d - full * lanes;
+    return static_cast<double>(full * lanes) * wave_ms(lanes, bytes) + static_cast<double>(last) * wave_ms(last, bytes);
   }
 };
 
@@ -257,6 +269,8 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.curve = storage_curve::parse_csv(content.str(), value);
       } else if (key == "read_latency_ms") {
         p.read_latency_ms = number();
+      } else if (key == "bandwidth_scale") {
+        p.bandwidth_scale = number();
       } else if (key == "compute_ms_per_token") {
         p.compute_ms_per_token = number();
       } else if (key == "expert_compute_share") {
@@ -269,7 +283,7 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.mgmt_ms_per_eviction = number();
       } else {
         throw error("unknown key '" + key +
-                    "'; expected lanes, curve, curve_file, read_latency_ms, compute_ms_per_token, "
+                    "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, compute_ms_per_token, "
                     "expert_compute_share, overlap, mgmt_ms_per_read or mgmt_ms_per_eviction");
       }
     } catch (const error& e) {
@@ -289,9 +303,9 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
 inline std::string format_timing_config(const timing_params& p) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "lanes = %zu\ncurve = %s\nread_latency_ms = %.6g\ncompute_ms_per_token = %.6g\n"
+                "lanes = %zu\ncurve = %s\nread_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
                 "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n",
-                p.lanes, p.curve.to_list().c_str(), p.read_latency_ms, p.compute_ms_per_token,
+                p.lanes, p.curve.to_list().c_str(), p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token,
                 p.expert_compute_share, p.overlap, p.mgmt_ms_per_read, p.mgmt_ms_per_eviction);
   return buf;
 }
@@ -300,6 +314,7 @@ inline std::string format_timing_config(const timing_params& p) {
 struct token_timing {
   double wall_ms = 0, compute_ms = 0, stall_ms = 0, mgmt_ms = 0;
   double wait_ms = 0;  ///< of the stall, waiting for speculative reads in flight (4)
+  double io_ms = 0;    ///< read durations summed over lanes, demanded and speculative
   std::uint64_t demanded_bytes = 0, speculative_bytes = 0;
   std::uint32_t demanded_reads = 0, speculative_reads = 0, speculative_cancelled = 0;
   std::uint32_t hits = 0, lookups = 0;
@@ -338,6 +353,7 @@ class timing_simulator {
     t.wait_ms += std::min(wait, stall);
     t.mgmt_ms += mgmt;
     t.wall_ms += layer;
+    t.io_ms += p.read_io_ms(e.misses, e.expert_bytes);
     t.demanded_bytes += e.demanded_bytes;
     t.demanded_reads += e.misses;
     t.hits += e.hits;
@@ -365,6 +381,9 @@ class timing_simulator {
     }
     ++wave_reads_;
     spec_end_ = wave_start_ + params_.wave_ms(wave_reads_, bytes);
+    // The wave's summed I/O time grows from (m−1)·w(m−1) to m·w(m).
+    const auto m = static_cast<double>(wave_reads_);
+    t.io_ms += m * params_.wave_ms(wave_reads_, bytes) - (m - 1) * params_.wave_ms(wave_reads_ - 1, bytes);
     t.speculative_bytes += bytes;
     ++t.speculative_reads;
     return true;
@@ -462,10 +481,10 @@ inline timed_replay predict_timing(const routed_replay_input& in, const dynamic_
 }
 
 /// Recorded per-decode-token metrics (the engine's *.metrics.csv): columns by
-/// header name; wall_ms is required, stall_ms, mgmt_ms, compute_ms and
-/// read_bytes are kept when present (NaN otherwise). '#' lines are skipped.
+/// header name; wall_ms is required, stall_ms, mgmt_ms, compute_ms,
+/// read_bytes and io_ms are kept when present (NaN otherwise). '#' lines are skipped.
 struct token_metrics {
-  std::vector<double> wall_ms, stall_ms, mgmt_ms, compute_ms, read_bytes;
+  std::vector<double> wall_ms, stall_ms, mgmt_ms, compute_ms, read_bytes, io_ms;
   std::size_t size() const noexcept { return wall_ms.size(); }
 };
 
@@ -489,9 +508,9 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   };
   const std::ptrdiff_t wall = col("wall_ms");
   if (wall < 0) throw error(source + ": line " + std::to_string(n) + ": no wall_ms column; expected a metrics header like step,steps,wall_ms,...");
-  const std::ptrdiff_t idx[5] = {wall, col("stall_ms"), col("mgmt_ms"), col("compute_ms"), col("read_bytes")};
+  const std::ptrdiff_t idx[6] = {wall, col("stall_ms"), col("mgmt_ms"), col("compute_ms"), col("read_bytes"), col("io_ms")};
   token_metrics m;
-  std::vector<double>* dst[5] = {&m.wall_ms, &m.stall_ms, &m.mgmt_ms, &m.compute_ms, &m.read_bytes};
+  std::vector<double>* dst[6] = {&m.wall_ms, &m.stall_ms, &m.mgmt_ms, &m.compute_ms, &m.read_bytes, &m.io_ms};
   while (std::getline(ss, line)) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -502,7 +521,7 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     if (f.size() != cols.size())
       throw error(source + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) + " fields; expected " +
                   std::to_string(cols.size()));
-    for (int k = 0; k < 5; ++k) {
+    for (int k = 0; k < 6; ++k) {
       double v = std::numeric_limits<double>::quiet_NaN();
       if (idx[k] >= 0) {
         const std::string& s = f[static_cast<std::size_t>(idx[k])];

@@ -8,6 +8,10 @@
 /// and, when the metrics file has them, predicted − recorded stall and
 /// management time (the engine records wall = compute + management + stall,
 /// so the components pin down parameters the wall alone cannot separate).
+/// With `fit_io`, also predicted − recorded io_ms (read durations summed over
+/// lanes): off by default, because io_ms is not a part of the wall time and
+/// its exact definition in the engine is not documented; with it on, the
+/// bandwidth scale becomes identifiable (add it to `free`).
 /// Cost = Σ residual². Jacobian by forward differences; each step solves
 /// (JᵀJ + μ·diag(JᵀJ) + ε·I) δ = −Jᵀr (Eigen LDLT) and is projected onto
 /// the parameters' bounds; μ adapts (÷3 on an accepted step, ×4 otherwise).
@@ -46,12 +50,16 @@ enum class timing_param : unsigned {
   overlap = 1u << 2,
   mgmt_ms_per_read = 1u << 3,
   mgmt_ms_per_eviction = 1u << 4,
+  bandwidth_scale = 1u << 5,
 };
 
 struct calibration_options {
   calibration_split split = calibration_split::halves;
-  /// Bitmask of timing_param; the default fits all five.
+  /// Bitmask of timing_param; the default fits all but bandwidth_scale
+  /// (which the wall decomposition cannot tell from latency and overlap).
   unsigned free = 0x1f;
+  /// Add io_ms residuals (see the header comment).
+  bool fit_io = false;
   std::size_t max_iterations = 200;
   /// Start the free parameters from the fitted tokens' data (compute: mean
   /// recorded wall − stall − management; management per read: mean
@@ -93,6 +101,7 @@ inline const std::vector<calib_param>& calib_params() {
       {timing_param::overlap, "overlap", 0.0, 1.0, &timing_params::overlap},
       {timing_param::mgmt_ms_per_read, "mgmt_ms_per_read", 0.0, 1e5, &timing_params::mgmt_ms_per_read},
       {timing_param::mgmt_ms_per_eviction, "mgmt_ms_per_eviction", 0.0, 1e5, &timing_params::mgmt_ms_per_eviction},
+      {timing_param::bandwidth_scale, "bandwidth_scale", 0.01, 4.0, &timing_params::bandwidth_scale},
   };
   return all;
 }
@@ -166,6 +175,8 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
       r.push_back(ts[t].wall_ms - metrics.wall_ms[t]);
       if (std::isfinite(metrics.stall_ms[t])) r.push_back(ts[t].stall_ms - metrics.stall_ms[t]);
       if (std::isfinite(metrics.mgmt_ms[t])) r.push_back(ts[t].mgmt_ms - metrics.mgmt_ms[t]);
+      if (options.fit_io && t < metrics.io_ms.size() && std::isfinite(metrics.io_ms[t]))
+        r.push_back(ts[t].io_ms - metrics.io_ms[t]);
     }
     return Eigen::Map<Eigen::VectorXd>(r.data(), static_cast<Eigen::Index>(r.size())).eval();
   };
@@ -196,6 +207,7 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
         case timing_param::overlap: x[i] = 0.5; break;
         case timing_param::mgmt_ms_per_read: x[i] = reads > 0 ? mgmt / reads : 0.0; break;
         case timing_param::mgmt_ms_per_eviction: x[i] = 0.0; break;
+        case timing_param::bandwidth_scale: x[i] = 1.0; break;
       }
     }
   }
