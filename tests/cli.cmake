@@ -62,4 +62,9 @@ if(TARGET moe_residency_cli)
     "calibrate|--trace|${_mr_t}/qwen.route.csv|--metrics|${_mr_t}/qwen.metrics.csv|--budget|4000|--format|csv"
     "^set,tokens,mean_recorded_ms,mean_predicted_ms,median_abs_err_pct\nfit,64,@@\nheld_out,64,[0-9.]+,1(59\\.[3-9]|[6-8][0-9]\\.[0-9]|9[0-4]\\.[0-9])[0-9]*,(1[0-4]|[0-9])\\.[0-9]+\n@@compute_ms_per_token = "
     "${_mr_t}/qwen.metrics.csv")
+  # Issue 10: whatif prints configurations side by side with their ratio (two configurations).
+  moe_residency_cli_test(whatif_qwen
+    "whatif|--trace|${_mr_t}/qwen.route.csv|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--budgets|4000|--drops|off,0.75"
+    "\n4000 +lru +2 +off +none +0 +0\\.[0-9]+ +[0-9.]+ +1[0-9][0-9]\\.[0-9] +0\\.0 @@\n4000 +lru +2 +0\\.75 +none @@\nsecond / first: 1\\.[0-9]+x the tok/s"
+    "${_mr_t}/qwen.route.csv")
 endif()
