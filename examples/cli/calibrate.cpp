@@ -82,7 +82,15 @@ void run(const calibrate_args& a) {
   std::snprintf(buf, sizeof buf, "held-out mean s/token: predicted %.3f, recorded %.3f (%+.1f%%)\n",
                 c.held_out.mean_predicted_ms / 1000, c.held_out.mean_recorded_ms / 1000,
                 100.0 * (c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1.0));
-  std::cout << buf << "fitted (" << fitted << "), " << c.iterations << " iterations, rms residual " << c.rms_ms
+  std::cout << buf;
+  if (c.compute_floor_pct == c.compute_floor_pct) {
+    std::snprintf(buf, sizeof buf,
+                  "recorded compute alone: held-out median |compute - mean fitted compute| / wall = %.1f%% "
+                  "(the compute time's own variation, which a routing trace cannot explain)\n",
+                  c.compute_floor_pct);
+    std::cout << buf;
+  }
+  std::cout << "fitted (" << fitted << "), " << c.iterations << " iterations, rms residual " << c.rms_ms
             << " ms (wall, stall, management" << (a.fit_io ? ", io" : "") << " residuals of the fitted tokens):\n"
             << format_timing_config(c.params);
 }

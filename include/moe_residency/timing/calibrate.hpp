@@ -83,6 +83,11 @@ struct calibration_result {
   std::vector<bool> in_fit;          ///< per token: in the fitted set
   std::size_t iterations = 0;
   double rms_ms = 0;  ///< root mean square residual on the fitted set at the optimum
+  /// When the metrics record compute_ms: the held-out median of
+  /// |compute_t − mean fitted compute| / wall_t, %: the error a model with a
+  /// constant compute time per token cannot go below even with every stall
+  /// and management time exact. NaN without compute_ms.
+  double compute_floor_pct = std::numeric_limits<double>::quiet_NaN();
 };
 
 namespace detail {
@@ -301,6 +306,21 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
   out.in_fit = in_fit;
   out.fit = detail::calib_score("fit", out.predicted_ms, metrics, in_fit, true);
   out.held_out = detail::calib_score("held_out", out.predicted_ms, metrics, in_fit, false);
+  double csum = 0, cn = 0;
+  bool have_compute = true;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    have_compute = have_compute && std::isfinite(metrics.compute_ms[t]);
+    if (in_fit[t]) {
+      csum += metrics.compute_ms[t];
+      ++cn;
+    }
+  }
+  if (have_compute && cn > 0) {
+    std::vector<double> floor;
+    for (std::size_t t = 0; t < tokens; ++t)
+      if (!in_fit[t]) floor.push_back(100.0 * std::abs(metrics.compute_ms[t] - csum / cn) / metrics.wall_ms[t]);
+    out.compute_floor_pct = detail::calib_median(floor);
+  }
   return out;
 }
 
