@@ -67,4 +67,11 @@ if(TARGET moe_residency_cli)
     "whatif|--trace|${_mr_t}/qwen.route.csv|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--budgets|4000|--drops|off,0.75"
     "\n4000 +lru +2 +off +none +0 +0\\.[0-9]+ +[0-9.]+ +1[0-9][0-9]\\.[0-9] +0\\.0 @@\n4000 +lru +2 +0\\.75 +none @@\nsecond / first: 1\\.[0-9]+x the tok/s"
     "${_mr_t}/qwen.route.csv")
+  # Issue 10: --oracle-profile gives a P per layer; P = 0 everywhere reads only experts the
+  # target layer does not route: they evict what LRU kept, and decode hit falls from 44.8%
+  # (replay_gptoss above) below 20% (a wrong read is rarely demanded later: few are useful).
+  moe_residency_cli_test(replay_oracle_profile
+    "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|3000|--policies|lru|--speculate|oracle:1|--oracle-profile|${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|--format|csv"
+    "\n3000,lru,1?[0-9]\\.[0-9]+,[0-9.]+,[0-9.]+,[1-9][0-9][0-9][0-9],[0-9][0-9]?,0,"
+    "${_mr_t}/gptoss.route.csv")
 endif()
