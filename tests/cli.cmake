@@ -71,7 +71,7 @@ if(TARGET moe_residency_cli)
   # target layer does not route: they evict what LRU kept, and decode hit falls from 44.8%
   # (replay_gptoss above) below 20% (a wrong read is rarely demanded later: few are useful).
   moe_residency_cli_test(replay_oracle_profile
-    "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|3000|--policies|lru|--speculate|oracle:1|--oracle-profile|${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|--format|csv"
+    "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|3000|--policies|lru|--speculate|oracle:1,${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|--format|csv"
     "\n3000,lru,1?[0-9]\\.[0-9]+,[0-9.]+,[0-9.]+,[1-9][0-9][0-9][0-9],[0-9][0-9]?,0,"
     "${_mr_t}/gptoss.route.csv")
 endif()

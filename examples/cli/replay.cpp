@@ -183,14 +183,21 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
   const routed_replay_input in = routed_replay_input::from_file(a.trace);
   dynamic_replay_options base;
   if (a.drop != 0) base.drop = a.drop;
-  base.speculation = parse_replay_speculation(a.speculate);
+  // `oracle:P,FILE` is `--speculate oracle:P --oracle-profile FILE`.
+  std::string speculate = a.speculate, profile = a.oracle_profile;
+  if (const auto comma = speculate.find(','); comma != std::string::npos && speculate.rfind("oracle:", 0) == 0) {
+    if (!profile.empty()) throw error("--speculate " + a.speculate + " and --oracle-profile: give the profile once");
+    profile = speculate.substr(comma + 1);
+    speculate.erase(comma);
+  }
+  base.speculation = parse_replay_speculation(speculate);
   base.speculation.cap = a.spec_cap;
   base.speculation.horizon = a.horizon;
   base.speculation.seed = a.seed;
-  if (!a.oracle_profile.empty()) {
+  if (!profile.empty()) {
     if (base.speculation.source != speculation_source::oracle)
-      throw error("--oracle-profile needs --speculate oracle:P (P is used for layers the file does not list)");
-    base.speculation.oracle_profile = read_oracle_profile(a.oracle_profile, in.shape().n_layers());
+      throw error("--oracle-profile needs --speculate oracle:P");
+    base.speculation.oracle_profile = read_oracle_profile(profile, in.shape().n_layers());
   }
   base.seed = a.seed;
   base.cycle.decay = a.decay;
@@ -312,12 +319,13 @@ const moe_residency_cli::command_registrar reg{
           ->capture_default_str();
       sub.add_option("--drop", a->drop, "cache-aware drop at fraction F (0 < F <= 1): a dropped expert is never "
                      "read and never enters the cache");
-      sub.add_option("--speculate", a->speculate, "speculative reads from prev-token, frequency or oracle:P");
+      sub.add_option("--speculate", a->speculate,
+                     "speculative reads from prev-token, frequency, oracle:P or oracle:P,FILE (a per-layer profile)");
       sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer (the planner's cap)")
           ->capture_default_str();
       sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")->capture_default_str();
       sub.add_option("--oracle-profile", a->oracle_profile,
-                     "oracle: per-layer P from a file (one P per line, or layer,P lines)");
+                     "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
       sub.callback([a] { run(*a); });
     }};
 
