@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -430,4 +431,37 @@ TEST_CASE("dynamic replay --speculate: the planner's reads enter the cache at th
     o.policy = "lru+prev";
     CHECK_THROWS_WITH_AS(replay_dynamic(in, o), doctest::Contains("expected a base policy"), error);
   }
+}
+
+TEST_CASE("oracle:P keeps each true slot with probability P and replaces the others by experts not routed") {
+  routing truth;
+  truth.layer = layer_id(3);
+  for (std::uint16_t e : {7, 3, 11, 0, 5, 9}) truth.push_back(expert_id(e), 0.1f * static_cast<float>(e + 1));
+  for (double p : {0.0, 0.3, 0.886, 1.0}) {
+    std::uint64_t rng = 42;
+    std::size_t kept = 0, slots = 0, bad_weight = 0, duplicate = 0, routed_replacement = 0;
+    ranking r;
+    for (int i = 0; i < 20000; ++i) {
+      detail::oracle_ranking(truth, p, 16, rng, r);
+      REQUIRE(r.size() == truth.size());
+      for (std::size_t s = 0; s < r.size(); ++s) {
+        ++slots;
+        bad_weight += r.weight(s) != truth.weight(s);
+        duplicate += r.contains(r.id(s), s);
+        if (r.id(s) == truth.id(s)) ++kept;
+        else routed_replacement += truth.contains(r.id(s));  // must name an expert not routed
+      }
+    }
+    CAPTURE(p);
+    CHECK(bad_weight == 0);
+    CHECK(duplicate == 0);
+    CHECK(routed_replacement == 0);
+    // 120000 Bernoulli(p) draws: 5 standard deviations is at most 0.0073.
+    CHECK(std::abs(static_cast<double>(kept) / static_cast<double>(slots) - p) <= 0.0073);
+  }
+  // Too few experts to replace with: a slot is left out rather than looping forever.
+  std::uint64_t rng = 1;
+  ranking r;
+  detail::oracle_ranking(truth, 0.0, 6, rng, r);
+  CHECK(r.size() == 0);
 }

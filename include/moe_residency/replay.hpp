@@ -697,6 +697,26 @@ inline std::uint64_t replay_splitmix(std::uint64_t& x) noexcept {
   return z ^ (z >> 31);
 }
 
+/// The oracle's prediction of `truth`: slot by slot, the true expert with
+/// probability p, else an expert of [0, n_experts) that `truth` does not route
+/// and `out` does not hold yet (skipped when none is left); predicted weight =
+/// the slot's true weight. Deterministic in `rng`.
+inline void oracle_ranking(const routing& truth, double p, std::size_t n_experts, std::uint64_t& rng,
+                           ranking& out) noexcept {
+  out.clear();
+  for (std::size_t s = 0; s < truth.size(); ++s) {
+    const double u = static_cast<double>(replay_splitmix(rng) >> 11) * 0x1.0p-53;
+    expert_id e = truth.id(s);
+    if (!(u < p)) {
+      if (n_experts <= truth.size() + out.size()) continue;
+      do {
+        e = expert_id(static_cast<std::uint16_t>(replay_splitmix(rng) % n_experts));
+      } while (truth.contains(e) || out.contains(e));
+    }
+    out.push_back(e, static_cast<float>(truth.size() - s), truth.weight(s));
+  }
+}
+
 /// Calls f(policy) with the base policy `name` (no retention decorators).
 template <class F>
 void with_replay_policy(const std::string& name, const replay_input& in, const dynamic_replay_options& o, F&& f) {
@@ -776,18 +796,7 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
         const routing* truth = in.decode_routing(token, target);
         if (!truth) return false;
         const double p = sp.oracle_profile.empty() ? sp.oracle_p : sp.oracle_profile[to_index(target)];
-        for (std::size_t s = 0; s < truth->size(); ++s) {
-          const double u = static_cast<double>(replay_splitmix(rng) >> 11) * 0x1.0p-53;
-          expert_id e = truth->id(s);
-          if (!(u < p)) {  // a wrong expert: one the layer does not route, not ranked yet
-            const std::size_t n = shape.n_experts();
-            if (n <= truth->size() + rank.size()) continue;
-            do {
-              e = expert_id(static_cast<std::uint16_t>(replay_splitmix(rng) % n));
-            } while (truth->contains(e) || rank.contains(e));
-          }
-          rank.push_back(e, static_cast<float>(truth->size() - s), truth->weight(s));
-        }
+        oracle_ranking(*truth, p, shape.n_experts(), rng, rank);
         return !rank.empty();
       }
       case speculation_source::none: break;
