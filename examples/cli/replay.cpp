@@ -44,6 +44,12 @@ struct replay_args {
   unsigned threads = 0;
   std::uint64_t seed = 0x5eed;
   double decay = cycle_policy_options{}.decay;
+  // issue 10: dynamic drop and speculation
+  double drop = 0;
+  std::string speculate;
+  std::size_t spec_cap = speculation_planner::default_cap;
+  std::size_t horizon = 1;
+  std::string oracle_profile;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -132,12 +138,112 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   std::cerr << "moe-residency replay: wrote " << svg << "\n";
 }
 
+// One P per line, or `layer,P` lines (a header line and '#' comments are skipped);
+// every layer of the shape must be listed exactly once in the second form.
+std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_layers) {
+  std::ifstream f(path);
+  if (!f) throw error("--oracle-profile: cannot open '" + path + "'");
+  std::vector<double> by_line, by_layer(n_layers, -1.0);
+  bool keyed = false;
+  std::size_t line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    ++line_no;
+    if (line.empty() || line[0] == '#' || (line_no == 1 && line.find_first_of("0123456789") != 0)) continue;
+    const auto comma = line.find(',');
+    const std::string pv = comma == std::string::npos ? line : line.substr(comma + 1);
+    char* end = nullptr;
+    const double p = std::strtod(pv.c_str(), &end);
+    if (end == pv.c_str() || !(p >= 0 && p <= 1))
+      throw error("--oracle-profile: " + path + ": line " + std::to_string(line_no) + ": P '" + pv +
+                  "'; expected a probability in [0, 1]");
+    if (comma == std::string::npos) {
+      by_line.push_back(p);
+    } else {
+      keyed = true;
+      const long l = std::strtol(line.substr(0, comma).c_str(), nullptr, 10);
+      if (l < 0 || static_cast<std::size_t>(l) >= n_layers)
+        throw error("--oracle-profile: " + path + ": line " + std::to_string(line_no) + ": layer " +
+                    std::to_string(l) + " out of range [0, " + std::to_string(n_layers) + ")");
+      by_layer[static_cast<std::size_t>(l)] = p;
+    }
+  }
+  if (keyed) {
+    for (std::size_t l = 0; l < n_layers; ++l)
+      if (by_layer[l] < 0) throw error("--oracle-profile: " + path + ": layer " + std::to_string(l) + " has no P");
+    return by_layer;
+  }
+  if (by_line.size() != n_layers)
+    throw error("--oracle-profile: " + path + ": " + std::to_string(by_line.size()) + " values; expected " +
+                std::to_string(n_layers) + " (one P per layer)");
+  return by_line;
+}
+
+// `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.
+void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const std::vector<std::string>& policies) {
+  const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  dynamic_replay_options base;
+  if (a.drop != 0) base.drop = a.drop;
+  // `oracle:P,FILE` is `--speculate oracle:P --oracle-profile FILE`.
+  std::string speculate = a.speculate, profile = a.oracle_profile;
+  if (const auto comma = speculate.find(','); comma != std::string::npos && speculate.rfind("oracle:", 0) == 0) {
+    if (!profile.empty()) throw error("--speculate " + a.speculate + " and --oracle-profile: give the profile once");
+    profile = speculate.substr(comma + 1);
+    speculate.erase(comma);
+  }
+  base.speculation = parse_replay_speculation(speculate);
+  base.speculation.cap = a.spec_cap;
+  base.speculation.horizon = a.horizon;
+  base.speculation.seed = a.seed;
+  if (!profile.empty()) {
+    if (base.speculation.source != speculation_source::oracle)
+      throw error("--oracle-profile needs --speculate oracle:P");
+    base.speculation.oracle_profile = read_oracle_profile(profile, in.shape().n_layers());
+  }
+  base.seed = a.seed;
+  base.cycle.decay = a.decay;
+  std::vector<dynamic_replay_result> rs;
+  for (double b : budgets)
+    for (const auto& p : policies) {
+      dynamic_replay_options o = base;
+      o.policy = p;
+      o.budget_mib = b;
+      rs.push_back(replay_dynamic(in, o));
+      if (!rs.back().warning.empty()) std::cerr << "note: " << p << " at " << b << " MiB: " << rs.back().warning << "\n";
+    }
+  const bool csv = a.format == "csv";
+  if (!csv)
+    std::cout << in.shape().name() << " (" << a.trace << "): " << in.decode_tokens() << " decode tokens; drop "
+              << (base.drop ? "F = " + std::to_string(*base.drop).substr(0, 4) : std::string("off")) << ", speculate "
+              << base.speculation.name() << " (cap " << a.spec_cap << ", horizon " << a.horizon << ")\n";
+  std::cout << (csv ? "budget_mib,policy,hit_pct_decode,demanded_mib_per_token,speculative_mib_per_token,"
+                      "spec_issued,spec_useful,experts_dropped,io_saved_pct,mass_lost_pct\n"
+                    : "budget MiB  policy      decode hit %  demanded MiB/tok  spec MiB/tok  spec issued  useful  "
+                      "dropped  io saved %  weight lost %\n");
+  char buf[320];
+  for (const auto& r : rs) {
+    const double io = 100.0 * r.drops.miss_bytes_avoided_fraction(), w = 100.0 * r.drops.weight_discarded_fraction();
+    std::snprintf(buf, sizeof buf,
+                  csv ? "%g,%s,%.3f,%.3f,%.3f,%llu,%llu,%llu,%.3f,%.3f\n"
+                      : "%-11g %-11s %12.1f  %16.1f  %12.1f  %11llu  %6llu  %7llu  %10.1f  %13.2f\n",
+                  r.options.budget_mib, r.options.policy.c_str(), r.hit_pct_decode(), r.demanded_mib_per_token(),
+                  r.speculative_mib_per_token(), static_cast<unsigned long long>(r.reads.issued),
+                  static_cast<unsigned long long>(r.speculation.useful),
+                  static_cast<unsigned long long>(r.drops.experts_dropped), io, w);
+    std::cout << buf;
+  }
+}
+
 void run(const replay_args& a) {
   const auto budgets = parse_budgets(a.budgets);
   const auto policies = split(a.policies);
   if (a.format != "table" && a.format != "csv" && a.format != "json")
     throw error("--format: '" + a.format + "'; expected table, csv or json");
   for (const auto& p : policies) check_replay_cell(p, budgets.front());
+  if (a.drop != 0 || !a.speculate.empty()) {
+    if (a.format == "json" || !a.plot.empty()) throw error("--drop/--speculate: table or csv output, no --plot");
+    run_dynamic(a, budgets, policies);
+    return;
+  }
   const replay_input in = replay_input::from_file(a.trace);
 
   replay_options o;
@@ -211,6 +317,15 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--seed", a->seed, "seed of the random policy")->capture_default_str();
       sub.add_option("--decay", a->decay, "usage decay per token of the cycle policy, in (0, 1)")
           ->capture_default_str();
+      sub.add_option("--drop", a->drop, "cache-aware drop at fraction F (0 < F <= 1): a dropped expert is never "
+                     "read and never enters the cache");
+      sub.add_option("--speculate", a->speculate,
+                     "speculative reads from prev-token, frequency, oracle:P or oracle:P,FILE (a per-layer profile)");
+      sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer (the planner's cap)")
+          ->capture_default_str();
+      sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")->capture_default_str();
+      sub.add_option("--oracle-profile", a->oracle_profile,
+                     "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
       sub.callback([a] { run(*a); });
     }};
 

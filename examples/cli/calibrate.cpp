@@ -1,0 +1,116 @@
+// `moe-residency calibrate`: fits the timing model's free parameters to a
+// recorded per-token metrics file over the replay of the same run (decode
+// tokens), on one set of tokens, and scores it on the other.
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "command.hpp"
+#include "moe_residency/timing.hpp"
+#include "moe_residency/timing/calibrate.hpp"
+
+namespace {
+
+using namespace moe_residency;
+
+struct calibrate_args {
+  std::string trace, metrics, config, write_config;
+  double budget = 0;
+  std::string policy = "lru";
+  std::string format = "table";
+  std::string split = "halves";
+  bool fit_io = false;
+};
+
+std::string slurp(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw error(std::string(what) + ": cannot open '" + path + "'");
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+void run(const calibrate_args& a) {
+  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
+  if (a.split != "halves" && a.split != "interleaved")
+    throw error("--split: '" + a.split + "'; expected halves (first half fitted, second held out) or interleaved");
+  timing_params start;
+  if (!a.config.empty()) start = parse_timing_config(slurp(a.config, "--config"), a.config);
+  const token_metrics m = parse_token_metrics(slurp(a.metrics, "--metrics"), a.metrics);
+  const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  dynamic_replay_options o;
+  o.policy = a.policy;
+  o.budget_mib = a.budget;
+  const dynamic_replay_result r = replay_dynamic(in, o);
+  calibration_options co;
+  co.split = a.split == "halves" ? calibration_split::halves : calibration_split::interleaved;
+  if (a.fit_io) {
+    co.fit_io = true;
+    co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
+  }
+  const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, start, co);
+  if (!a.write_config.empty()) {
+    std::ofstream f(a.write_config);
+    f << "# moe-residency calibrate --trace " << a.trace << " --metrics " << a.metrics << " --budget " << a.budget
+      << " --policy " << a.policy << " --split " << a.split << "\n"
+      << format_timing_config(c.params);
+    if (!f) throw error("--write-config: cannot write '" + a.write_config + "'");
+  }
+  std::string fitted;
+  for (const auto& n : c.free) fitted += (fitted.empty() ? "" : ", ") + n;
+  if (a.format == "csv") {
+    std::cout << calibration_csv(c);
+    std::cerr << "fitted (" << fitted << "), " << c.iterations << " iterations, rms " << c.rms_ms << " ms:\n"
+              << format_timing_config(c.params);
+    return;
+  }
+  char buf[256];
+  std::cout << in.shape().name() << " (" << a.trace << "), " << a.policy << " at " << a.budget << " MiB: "
+            << m.size() << " decode tokens; "
+            << (co.split == calibration_split::halves ? "fitted on the first half, scored on the second"
+                                                      : "fitted on even tokens, scored on odd ones")
+            << "\n";
+  std::cout << "set        tokens  mean recorded ms  mean predicted ms  median |err| %\n";
+  for (const calibration_score* s : {&c.fit, &c.held_out}) {
+    std::snprintf(buf, sizeof buf, "%-9s  %6zu  %16.1f  %17.1f  %14.1f\n", s->set.c_str(), s->tokens,
+                  s->mean_recorded_ms, s->mean_predicted_ms, s->median_abs_err_pct);
+    std::cout << buf;
+  }
+  std::snprintf(buf, sizeof buf, "held-out mean s/token: predicted %.3f, recorded %.3f (%+.1f%%)\n",
+                c.held_out.mean_predicted_ms / 1000, c.held_out.mean_recorded_ms / 1000,
+                100.0 * (c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1.0));
+  std::cout << buf;
+  if (c.compute_floor_pct == c.compute_floor_pct) {
+    std::snprintf(buf, sizeof buf,
+                  "recorded compute alone: held-out median |compute - mean fitted compute| / wall = %.1f%% "
+                  "(the compute time's own variation, which a routing trace cannot explain)\n",
+                  c.compute_floor_pct);
+    std::cout << buf;
+  }
+  std::cout << "fitted (" << fitted << "), " << c.iterations << " iterations, rms residual " << c.rms_ms
+            << " ms (wall, stall, management" << (a.fit_io ? ", io" : "") << " residuals of the fitted tokens):\n"
+            << format_timing_config(c.params);
+}
+
+const moe_residency_cli::command_registrar reg{
+    "calibrate", "Fit the timing model to recorded per-token metrics; score it on held-out tokens",
+    [](CLI::App& sub) {
+      auto a = std::make_shared<calibrate_args>();
+      sub.add_option("--trace", a->trace, "route trace of the run, CSV or binary")->required();
+      sub.add_option("--metrics", a->metrics, "the run's per-token metrics CSV (wall_ms, stall_ms, mgmt_ms, ...)")
+          ->required();
+      sub.add_option("--budget", a->budget, "the run's cache budget, MiB")->required();
+      sub.add_option("--policy", a->policy, "the run's cache policy")->capture_default_str();
+      sub.add_option("--config", a->config, "timing config (key = value) with the fixed parameters: lanes, curve, ...");
+      sub.add_option("--split", a->split, "halves (first half fitted, second held out) | interleaved")
+          ->capture_default_str();
+      sub.add_flag("--fit-io", a->fit_io, "also fit the recorded io_ms, and the bandwidth scale with it");
+      sub.add_option("--write-config", a->write_config, "write the fitted parameters as a timing config");
+      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      sub.callback([a] { run(*a); });
+    }};
+
+}  // namespace

@@ -1,0 +1,230 @@
+// `moe-residency whatif`: configurations side by side — a route trace through
+// the dynamic replay (policy, budget, drop, speculation) and the timing model
+// (a calibrated device config, at any number of lanes): predicted s/token,
+// tok/s, MiB read per token, stall, hit rate, and the ratio to the first row.
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include "command.hpp"
+#include "moe_residency/timing.hpp"
+
+extern char** environ;  // POSIX: the process environment, for posix_spawnp
+
+namespace {
+
+using namespace moe_residency;
+
+struct whatif_args {
+  std::string trace, config;
+  std::string budgets = "4000";
+  std::string policies = "lru";
+  std::string lanes;  // empty: the config's
+  std::string drops = "off";
+  std::string speculate = "none";
+  std::size_t spec_cap = speculation_planner::default_cap;
+  std::size_t horizon = 1;
+  std::uint64_t seed = 0x5eed;
+  std::string format = "table";
+  std::string plot;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+double number(const std::string& s, const std::string& option) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size()) throw error(option + ": '" + s + "' is not a number");
+  return v;
+}
+
+struct cell {
+  dynamic_replay_options replay;
+  std::size_t lanes = 0;
+  std::string speculate;  // as given (full, oracle:P, ...)
+  timing_summary summary;
+};
+
+std::string gp_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += (c == '\'' ? std::string("''") : std::string(1, c));
+  return out + "'";
+}
+
+void write_plot(const std::string& svg, const std::string& title, const std::vector<cell>& cells) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    std::cerr << "moe-residency whatif: --plot needs gnuplot, which is not installed; install it with "
+                 "'apt-get install gnuplot-nox' (Debian/Ubuntu). Tip: --format csv gives the same data.\n";
+    return;
+  }
+  // One line per configuration other than the budget: policy, lanes, drop, speculation.
+  std::vector<std::string> keys;
+  auto key_of = [](const cell& c) {
+    std::string k = c.replay.policy + ", " + std::to_string(c.lanes) + " lanes";
+    if (c.replay.drop) k += ", drop " + std::to_string(*c.replay.drop).substr(0, 4);
+    if (c.speculate != "none") k += ", " + c.speculate;
+    return k;
+  };
+  for (const auto& c : cells)
+    if (std::find(keys.begin(), keys.end(), key_of(c)) == keys.end()) keys.push_back(key_of(c));
+  const std::string data = svg + ".dat", script = svg + ".gp";
+  {
+    std::ofstream d(data);
+    for (const auto& k : keys) {
+      d << "# " << k << "\n";
+      for (const auto& c : cells)
+        if (key_of(c) == k) d << c.replay.budget_mib << " " << c.summary.tok_per_s << "\n";
+      d << "\n\n";
+    }
+  }
+  {
+    std::ofstream g(script);
+    g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
+      << "set output " << gp_quote(svg) << "\n"
+      << "set title " << gp_quote(title) << " noenhanced\n"
+      << "set xlabel 'cache budget (MiB)'\nset ylabel 'predicted decode tok/s'\n"
+      << "set key right bottom\nset grid\nset yrange [0:*]\nplot ";
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      g << (i ? ", " : "") << gp_quote(data) << " index " << i << " with linespoints lw 2 title " << gp_quote(keys[i])
+        << " noenhanced";
+    g << "\n";
+  }
+  int rc = -1;
+  {
+    std::vector<char> prog(std::begin("gnuplot"), std::end("gnuplot"));
+    std::vector<char> arg(script.begin(), script.end());
+    arg.push_back('\0');
+    char* argv[] = {prog.data(), arg.data(), nullptr};
+    pid_t pid = 0;
+    if (posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv, environ) == 0) {
+      int status = 0;
+      if (waitpid(pid, &status, 0) == pid && WIFEXITED(status)) rc = WEXITSTATUS(status);
+    }
+  }
+  std::remove(data.c_str());
+  std::remove(script.c_str());
+  if (rc != 0) throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  std::cerr << "moe-residency whatif: wrote " << svg << "\n";
+}
+
+void run(const whatif_args& a) {
+  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
+  std::ifstream cf(a.config, std::ios::binary);
+  if (!cf) throw error("--config: cannot open '" + a.config + "'");
+  std::stringstream text;
+  text << cf.rdbuf();
+  const timing_params device = parse_timing_config(text.str(), a.config);
+  const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  const model_shape& shape = in.shape();
+
+  std::vector<double> budgets;
+  for (const auto& b : split(a.budgets)) budgets.push_back(number(b, "--budgets"));
+  std::vector<std::size_t> lanes;
+  for (const auto& l : split(a.lanes)) {
+    const double v = number(l, "--lanes");
+    if (!(v >= 1 && v <= 64) || v != static_cast<double>(static_cast<std::size_t>(v)))
+      throw error("--lanes: " + l + "; expected whole numbers 1 to 64");
+    lanes.push_back(static_cast<std::size_t>(v));
+  }
+  if (lanes.empty()) lanes.push_back(device.lanes);
+  std::vector<std::optional<double>> drops;
+  for (const auto& d : split(a.drops)) drops.push_back(d == "off" ? std::optional<double>() : number(d, "--drops"));
+  const auto specs = split(a.speculate), policies = split(a.policies);
+  if (budgets.empty() || policies.empty() || drops.empty() || specs.empty())
+    throw error("whatif: empty --budgets, --policies, --drops or --speculate; expected at least one value each");
+
+  std::vector<cell> cells;
+  for (double b : budgets)
+    for (const auto& p : policies)
+      for (std::size_t l : lanes)
+        for (const auto& d : drops)
+          for (const auto& s : specs) {
+            cell c;
+            c.replay.policy = p;
+            c.replay.budget_mib = b;
+            c.replay.drop = d;
+            c.replay.seed = a.seed;
+            // "full": the true next routing, all of it (oracle:1 at cap k): the ceiling.
+            c.replay.speculation = parse_replay_speculation(s == "full" ? "oracle:1" : s);
+            c.replay.speculation.cap = s == "full" ? shape.top_k() : a.spec_cap;
+            c.replay.speculation.horizon = a.horizon;
+            c.replay.speculation.seed = a.seed;
+            c.lanes = l;
+            c.speculate = s;
+            timing_params tp = device;
+            tp.lanes = l;
+            c.summary = predict_timing(in, c.replay, tp).summary;
+            cells.push_back(std::move(c));
+          }
+
+  const bool csv = a.format == "csv";
+  const double base = cells.front().summary.s_per_token;
+  if (csv) {
+    std::cout << "budget_mib,policy,lanes,drop,speculate,cap,s_per_token,tok_per_s,demanded_mib_per_token,"
+                 "speculative_mib_per_token,stall_ms_per_token,mgmt_ms_per_token,hit_pct,cancelled_per_token,"
+                 "speedup_vs_first\n";
+  } else {
+    std::cout << shape.name() << " (" << a.trace << "), " << in.decode_tokens() << " decode tokens; device "
+              << a.config << "\n"
+              << "budget  policy    lanes  drop  speculate        cap  s/token  tok/s  MiB/tok dem  MiB/tok spec  "
+                 "stall ms  hit %  vs first\n";
+  }
+  char buf[400];
+  for (const auto& c : cells) {
+    const timing_summary& s = c.summary;
+    const std::string drop = c.replay.drop ? std::to_string(*c.replay.drop).substr(0, 4) : "off";
+    const std::size_t cap = c.speculate == "none" ? 0 : c.replay.speculation.cap;
+    const double ratio = s.s_per_token > 0 ? base / s.s_per_token : 0.0;
+    std::snprintf(buf, sizeof buf,
+                  csv ? "%g,%s,%zu,%s,%s,%zu,%.4f,%.3f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f\n"
+                      : "%-7g %-9s %5zu  %-4s  %-15s %4zu  %7.3f  %5.2f  %11.1f  %12.1f  %8.1f  %5.1f  %7.2fx\n",
+                  c.replay.budget_mib, c.replay.policy.c_str(), c.lanes, drop.c_str(), c.speculate.c_str(), cap,
+                  s.s_per_token, s.tok_per_s, s.demanded_mib_per_token, s.speculative_mib_per_token,
+                  s.stall_ms_per_token, csv ? s.mgmt_ms_per_token : s.hit_pct, csv ? s.hit_pct : ratio,
+                  s.speculative_cancelled_per_token, ratio);
+    std::cout << buf;
+  }
+  if (!csv && cells.size() == 2)
+    std::printf("second / first: %.3fx the tok/s\n", cells[1].summary.tok_per_s / cells[0].summary.tok_per_s);
+  if (!a.plot.empty()) write_plot(a.plot, shape.name() + ": predicted decode tok/s vs budget", cells);
+}
+
+const moe_residency_cli::command_registrar reg{
+    "whatif", "Predicted decode s/token of configurations side by side (replay + timing model)",
+    [](CLI::App& sub) {
+      auto a = std::make_shared<whatif_args>();
+      sub.add_option("--trace", a->trace, "route trace, CSV or binary")->required();
+      sub.add_option("--config", a->config, "timing config (key = value), e.g. from calibrate --write-config")
+          ->required();
+      sub.add_option("--budgets", a->budgets, "cache budgets, MiB, comma-separated")->capture_default_str();
+      sub.add_option("--policies", a->policies, "cache policies, comma-separated")->capture_default_str();
+      sub.add_option("--lanes", a->lanes, "read lanes, comma-separated (default: the config's)");
+      sub.add_option("--drops", a->drops, "drop fractions F or off, comma-separated")->capture_default_str();
+      sub.add_option("--speculate", a->speculate,
+                     "none, prev-token, frequency, oracle:P, full (oracle:1 at cap k), comma-separated")
+          ->capture_default_str();
+      sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer")->capture_default_str();
+      sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")->capture_default_str();
+      sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")->capture_default_str();
+      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      sub.add_option("--plot", a->plot, "write an SVG of predicted tok/s vs budget per configuration (gnuplot)");
+      sub.callback([a] { run(*a); });
+    }};
+
+}  // namespace

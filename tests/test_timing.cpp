@@ -1,0 +1,334 @@
+// timing: the wall-clock model on hand-computed cases, its config and metrics
+// readers, and its calibration against the per-token timings the engine
+// recorded on the phone (shared/traces/*.metrics.csv, BigMoeOnEdge commit
+// 2d4f2b11db128cbe32da738ce114c0479542f458, docs/bench-data/2026-07-15-route-trace/).
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "moe_residency/timing.hpp"
+#include "moe_residency/timing/calibrate.hpp"
+#include "support.hpp"
+
+using namespace moe_residency;
+using moe_residency_test::real_trace;
+using moe_residency_test::read_file;
+
+namespace {
+
+constexpr std::uint64_t mib = 1048576;
+
+load_event load(std::uint32_t token, std::uint16_t layer, std::uint16_t misses, std::uint64_t bytes,
+                std::uint32_t evictions = 0) {
+  load_event e;
+  e.token = token;
+  e.layer = layer_id(layer);
+  e.routed = std::max<std::uint16_t>(4, misses);
+  e.misses = misses;
+  e.hits = static_cast<std::uint16_t>(e.routed - misses);
+  e.expert_bytes = bytes;
+  e.demanded_bytes = misses * bytes;
+  e.evictions = evictions;
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("one layer, one lane, known bytes and bandwidth: the stall by hand") {
+  const model_shape shape("one", 16, 4, {2 * mib});
+  timing_params p;
+  p.lanes = 1;
+  p.curve = storage_curve({{1, 1000.0}});
+  p.read_latency_ms = 0.5;
+  p.compute_ms_per_token = 1.0;
+  p.expert_compute_share = 0.0;
+  p.overlap = 1.0;
+  p.mgmt_ms_per_read = 0.1;
+  p.mgmt_ms_per_eviction = 0.2;
+  // 3 misses of 2 MiB at 1000 MiB/s on one lane: 3 waves of 0.5 + 2 ms = 7.5 ms;
+  // the layer's 1 ms of compute hides 1 ms of it: stall 6.5 ms; management
+  // 3 × 0.1 + 2 × 0.2 = 0.7 ms; wall 1 + 0.7 + 6.5 = 8.2 ms.
+  CHECK(p.read_ms(3, 2 * mib) == doctest::Approx(7.5));
+  const auto ts = simulate_timing(shape, p, {load(0, 0, 3, 2 * mib, 2)});
+  REQUIRE(ts.size() == 1);
+  CHECK(ts[0].stall_ms == doctest::Approx(6.5));
+  CHECK(ts[0].mgmt_ms == doctest::Approx(0.7));
+  CHECK(ts[0].compute_ms == doctest::Approx(1.0));
+  CHECK(ts[0].wall_ms == doctest::Approx(8.2));
+  CHECK(ts[0].demanded_bytes == 6 * mib);
+  // Half the overlap: 0.5 ms hidden, stall 7.0 ms.
+  p.overlap = 0.5;
+  CHECK(simulate_timing(shape, p, {load(0, 0, 3, 2 * mib, 2)})[0].stall_ms == doctest::Approx(7.0));
+  // No miss: no stall, only compute.
+  CHECK(simulate_timing(shape, p, {load(0, 0, 0, 2 * mib)})[0].wall_ms == doctest::Approx(1.0));
+  // A layer whose routing dropped half its experts computes (1 − σ) + σ/2 of its share.
+  p.expert_compute_share = 0.6;
+  load_event half = load(0, 0, 0, 2 * mib);
+  half.dropped = 2;
+  CHECK(simulate_timing(shape, p, {half})[0].compute_ms == doctest::Approx(0.4 + 0.3));
+}
+
+TEST_CASE("two lanes on a curve: waves at the curve's bandwidth, interpolated between points") {
+  timing_params p;
+  p.lanes = 2;
+  p.curve = storage_curve({{1, 1000.0}, {2, 1500.0}, {4, 1500.0}});
+  p.read_latency_ms = 0.0;
+  const std::uint64_t b = 3 * mib / 2;  // 1.5 MiB
+  CHECK(p.curve.mib_per_s(1.5) == doctest::Approx(1250.0));
+  CHECK(p.curve.mib_per_s(3) == doctest::Approx(1500.0));
+  CHECK(p.curve.mib_per_s(16) == doctest::Approx(1500.0));
+  CHECK(p.curve.mib_per_s(0.5) == doctest::Approx(1000.0));
+  // One read alone: 1.5 MiB at 1000 MiB/s = 1.5 ms. Two together: 3 MiB at 1500 = 2 ms.
+  CHECK(p.read_ms(1, b) == doctest::Approx(1.5));
+  CHECK(p.read_ms(2, b) == doctest::Approx(2.0));
+  // Three reads on two lanes: a wave of two (2 ms), then one alone (1.5 ms).
+  CHECK(p.read_ms(3, b) == doctest::Approx(3.5));
+  // Their I/O time, summed over lanes as the engine's io_ms: 2 × 2 + 1 × 1.5 ms.
+  CHECK(p.read_io_ms(3, b) == doctest::Approx(5.5));
+  // A device delivering half the curve: transfers take twice as long.
+  p.bandwidth_scale = 0.5;
+  CHECK(p.read_ms(3, b) == doctest::Approx(7.0));
+  p.bandwidth_scale = 1.0;
+  // Latency is paid per wave: 2 waves × 0.25 ms.
+  p.read_latency_ms = 0.25;
+  CHECK(p.read_ms(3, b) == doctest::Approx(4.0));
+  // Four lanes: one wave of three at the curve's 1500 MiB/s: 4.5 MiB / 1500 = 3 ms (+ 0.25).
+  p.lanes = 4;
+  CHECK(p.read_ms(3, b) == doctest::Approx(3.25));
+}
+
+TEST_CASE("a speculative read that cannot start before the layer ends is cancelled; a started one is waited for") {
+  const model_shape shape("two", 16, 4, {mib, 3 * mib / 2});
+  timing_params p;
+  p.lanes = 1;
+  p.curve = storage_curve({{1, 1000.0}});
+  p.read_latency_ms = 0.0;
+  p.compute_ms_per_token = 2.0;  // 1 ms per layer
+  p.expert_compute_share = 0.0;
+  p.overlap = 0.0;
+  timing_simulator sim(shape, p);
+  // Layer 0: no miss, 1 ms of compute: the speculation window is [0, 1) ms.
+  sim.on_load(load(0, 0, 0, mib));
+  // First read for layer 1 (1.5 MiB, 1.5 ms) starts at 0: admitted, ends at 1.5 ms.
+  CHECK(sim.admit(layer_id(1), 3 * mib / 2));
+  // The second would start at 1.5 ms, after the layer ended at 1 ms: cancelled.
+  CHECK_FALSE(sim.admit(layer_id(1), 3 * mib / 2));
+  // Layer 1 (no miss) waits 0.5 ms for the read in flight; overlap 0 hides none of it.
+  sim.on_load(load(0, 1, 0, 3 * mib / 2));
+  const auto& t = sim.tokens();
+  REQUIRE(t.size() == 1);
+  CHECK(t[0].speculative_reads == 1);
+  CHECK(t[0].speculative_cancelled == 1);
+  CHECK(t[0].speculative_bytes == 3 * mib / 2);
+  CHECK(t[0].stall_ms == doctest::Approx(0.5));
+  CHECK(t[0].wait_ms == doctest::Approx(0.5));
+  CHECK(t[0].wall_ms == doctest::Approx(2.5));
+  CHECK(t[0].io_ms == doctest::Approx(1.5));  // the cancelled read spent no I/O time
+  // Two lanes: both reads share one wave (3 MiB at 1000 MiB/s = 3 ms), so both start.
+  p.lanes = 2;
+  timing_simulator two(shape, p);
+  two.on_load(load(0, 0, 0, mib));
+  CHECK(two.admit(layer_id(1), 3 * mib / 2));
+  CHECK(two.admit(layer_id(1), 3 * mib / 2));
+  two.on_load(load(0, 1, 0, 3 * mib / 2));
+  CHECK(two.tokens()[0].stall_ms == doctest::Approx(2.0));
+}
+
+TEST_CASE("the timing model decides, read by read, which speculative reads land in the replay") {
+  // A long-compute layer admits everything; zero compute and a slow device admit
+  // only the first wave after each load, and the cancelled reads never enter the cache.
+  route_trace t;
+  t.header.arch = "toy";
+  t.header.n_layer = 3;
+  t.header.n_expert = 8;
+  t.header.n_expert_used = 2;
+  t.header.expert_bytes = {mib, mib, mib};
+  t.header.dense_bytes = {0, 0, 0};
+  for (std::uint32_t tok = 0; tok < 40; ++tok)
+    for (std::uint16_t l = 0; l < 3; ++l)
+      for (std::uint8_t s = 0; s < 2; ++s) {
+        trace_row r;
+        r.step = tok;
+        r.layer = layer_id(l);
+        r.slot = s;
+        r.expert = expert_id(static_cast<std::uint16_t>((tok * 3 + l * 5 + s * 2) % 8));
+        r.weight = s ? 0.3f : 0.7f;
+        t.rows.push_back(r);
+      }
+  const auto in = routed_replay_input::from_trace(t);
+  dynamic_replay_options o;
+  o.budget_mib = 8;
+  o.speculation = parse_replay_speculation("oracle:1");
+  o.speculation.cap = 2;
+  timing_params fast;
+  fast.lanes = 1;
+  fast.compute_ms_per_token = 1e4;
+  timing_params slow = fast;
+  slow.compute_ms_per_token = 0;
+  const auto a = predict_timing(in, o, fast), b = predict_timing(in, o, slow);
+  CHECK(a.replay.speculation.inserted > 0);
+  CHECK(a.summary.speculative_cancelled_per_token == 0);
+  CHECK(b.summary.speculative_cancelled_per_token > 0);
+  std::uint64_t cancelled = 0;
+  for (const auto& e : b.replay.decode_loads) cancelled += e.speculative_cancelled;
+  CHECK(b.replay.reads.failed == cancelled);
+  CHECK(b.replay.speculation.inserted + cancelled <= a.replay.speculation.inserted + cancelled);
+  CHECK(b.replay.cache.decode.hits < a.replay.cache.decode.hits);
+  CHECK(a.summary.tokens == 40);
+}
+
+TEST_CASE("config, curve and metrics files: round trip and errors that name the input") {
+  timing_params p;
+  p.lanes = 4;
+  p.read_latency_ms = 1.25;
+  p.overlap = 0.3;
+  const timing_params q = parse_timing_config(format_timing_config(p), "cfg");
+  CHECK(q.lanes == 4);
+  CHECK(q.read_latency_ms == 1.25);
+  CHECK(q.overlap == doctest::Approx(0.3));
+  CHECK(q.curve.to_list() == "1:1809.9,2:2459.8,4:2457.9,8:2420,12:2360.1,16:2243.9,24:2308.6,32:2254.8");
+  CHECK_THROWS_WITH_AS(parse_timing_config("lanes = 2\nspeed = 3\n", "dev.cfg"),
+                       doctest::Contains("dev.cfg: line 2: unknown key 'speed'"), error);
+  CHECK_THROWS_WITH_AS(parse_timing_config("overlap = 1.5", "dev.cfg"),
+                       doctest::Contains("overlap = 1.5; expected a share in [0, 1]"), error);
+  CHECK_THROWS_WITH_AS(parse_timing_config("lanes = two", "dev.cfg"), doctest::Contains("lanes = 'two'"), error);
+  CHECK_THROWS_WITH_AS(storage_curve::parse_list("1:100,1:200"), doctest::Contains("strictly increasing"), error);
+  CHECK_THROWS_WITH_AS(storage_curve::parse_list("2"), doctest::Contains("expected lanes:MiB/s pairs"), error);
+  const storage_curve c = storage_curve::parse_csv("lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n", "x.csv");
+  CHECK(c.mib_per_s(2) == 150.0);
+  const token_metrics m = parse_token_metrics("step,wall_ms,stall_ms\n1,10.5,2\n# summary\n2,11,3\n", "m.csv");
+  CHECK(m.size() == 2);
+  CHECK(m.wall_ms[1] == 11.0);
+  CHECK(std::isnan(m.mgmt_ms[0]));
+  CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,x\n", "m.csv"),
+                       doctest::Contains("m.csv: line 2, column wall_ms: 'x'"), error);
+  CHECK_THROWS_WITH_AS(parse_token_metrics("step,ms\n1,2\n", "m.csv"), doctest::Contains("no wall_ms column"), error);
+
+  const std::string lanes = real_trace("flash-lanes.csv");
+  if (lanes.empty()) return;
+  // The default curve is the phone's measured one.
+  const storage_curve phone = storage_curve::parse_csv(read_file(lanes), lanes);
+  CHECK(phone.to_list() == storage_curve().to_list());
+}
+
+TEST_CASE("calibration recovers known parameters from metrics the model itself produced") {
+  const model_shape shape("toy", 16, 4, {mib, 2 * mib, mib});
+  timing_params truth;
+  truth.lanes = 2;
+  truth.read_latency_ms = 0.8;
+  truth.compute_ms_per_token = 12;
+  truth.overlap = 0.35;
+  truth.mgmt_ms_per_read = 0.25;
+  truth.mgmt_ms_per_eviction = 0.1;
+  truth.bandwidth_scale = 0.7;
+  std::vector<load_event> loads;
+  for (std::uint32_t t = 0; t < 60; ++t)
+    for (std::uint16_t l = 0; l < 3; ++l)
+      // Misses vary with token and layer (0-6 per layer: one to four waves), so
+      // latency (per wave) and overlap (per stalled layer) are separable.
+      loads.push_back(load(t, l, static_cast<std::uint16_t>((t * t * 3 + t * 5 + l * 11u) % 7), shape.expert_bytes(layer_id(l)),
+                           (t * 5 + l) % 4));
+  const auto ts = simulate_timing(shape, truth, loads);
+  token_metrics m;
+  for (const auto& x : ts) {
+    m.wall_ms.push_back(x.wall_ms);
+    m.stall_ms.push_back(x.stall_ms);
+    m.mgmt_ms.push_back(x.mgmt_ms);
+    m.compute_ms.push_back(x.compute_ms);
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(x.io_ms);
+  }
+  timing_params start;
+  start.lanes = 2;
+  calibration_options all;
+  all.free = 0x3f;  // every parameter, the bandwidth scale too
+  all.fit_io = true;
+  const calibration_result c = calibrate_timing(shape, loads, m, start, all);
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(12).epsilon(1e-3));
+  CHECK(c.params.read_latency_ms == doctest::Approx(0.8).epsilon(1e-3));
+  CHECK(c.params.overlap == doctest::Approx(0.35).epsilon(1e-3));
+  CHECK(c.params.mgmt_ms_per_read == doctest::Approx(0.25).epsilon(1e-3));
+  CHECK(c.params.mgmt_ms_per_eviction == doctest::Approx(0.1).epsilon(1e-3));
+  CHECK(c.params.bandwidth_scale == doctest::Approx(0.7).epsilon(1e-3));
+  CHECK(c.held_out.median_abs_err_pct < 0.01);
+  CHECK(c.fit.tokens == 30);
+  CHECK(c.held_out.tokens == 30);
+  CHECK(calibration_csv(c).rfind("set,tokens,mean_recorded_ms,mean_predicted_ms,median_abs_err_pct\nfit,30,", 0) == 0);
+  token_metrics short_m = m;
+  short_m.wall_ms.pop_back();
+  short_m.stall_ms.pop_back();
+  short_m.mgmt_ms.pop_back();
+  short_m.io_ms.pop_back();
+  CHECK_THROWS_WITH_AS(calibrate_timing(shape, loads, short_m, start),
+                       doctest::Contains("the replay has 60 decode tokens but the metrics have 59 rows"), error);
+}
+
+namespace {
+
+struct phone_run {
+  const char* name;
+  double budget;
+};
+
+}  // namespace
+
+TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.metrics.csv)") {
+  // The engine's read_bytes per token exceed the replay's (reads x expert bytes) by a
+  // few KiB per read: it reads an expert's three tensors at page-aligned extents. On
+  // Qwen that is exactly 3 x 4096 bytes per read on 127 of the 128 tokens; on gpt-oss
+  // it varies per expert. Either way the replay's reads are within 0.5% of the bytes.
+  for (const phone_run run : {phone_run{"qwen", 4000}, phone_run{"gptoss", 3000}}) {
+    const std::string tr = real_trace(std::string(run.name) + ".route.csv");
+    const std::string me = real_trace(std::string(run.name) + ".metrics.csv");
+    if (tr.empty() || me.empty()) return;
+    const auto in = routed_replay_input::from_file(tr);
+    dynamic_replay_options o;
+    o.budget_mib = run.budget;
+    const auto r = replay_dynamic(in, o);
+    const token_metrics m = parse_token_metrics(read_file(me), me);
+    const auto ts = simulate_timing(in.shape(), timing_params{}, r.decode_loads);
+    REQUIRE(ts.size() == m.size());
+    std::size_t aligned = 0, close = 0;
+    for (std::size_t t = 0; t < ts.size(); ++t) {
+      const double replayed = static_cast<double>(ts[t].demanded_bytes);
+      aligned += m.read_bytes[t] == replayed + 12288.0 * ts[t].demanded_reads;
+      close += m.read_bytes[t] >= replayed && m.read_bytes[t] <= replayed * 1.005;
+    }
+    CAPTURE(run.name);
+    CHECK(close == ts.size());
+    if (std::string(run.name) == "qwen") CHECK(aligned == 127);
+  }
+}
+
+TEST_CASE("calibrated on the first half of the phone's tokens, the model predicts the second half") {
+  // Targets (issue 10): held-out median |error| <= 15% of the recorded per-token wall
+  // time, mean s/token within 10%. Qwen3-30B at 4000 MiB meets both (asserted). gpt-oss-120b
+  // at 3000 MiB does not: its recorded compute alone varies 0.2-12.9 s per token with no
+  // relation to routing (docs/wall-clock.md), so only the fit's sanity is asserted there.
+  for (const phone_run run : {phone_run{"qwen", 4000}, phone_run{"gptoss", 3000}}) {
+    const std::string tr = real_trace(std::string(run.name) + ".route.csv");
+    const std::string me = real_trace(std::string(run.name) + ".metrics.csv");
+    if (tr.empty() || me.empty()) return;
+    const auto in = routed_replay_input::from_file(tr);
+    dynamic_replay_options o;
+    o.budget_mib = run.budget;
+    const auto r = replay_dynamic(in, o);
+    const token_metrics m = parse_token_metrics(read_file(me), me);
+    const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, timing_params{});
+    CAPTURE(run.name);
+    CAPTURE(calibration_csv(c));
+    CHECK(c.fit.tokens + c.held_out.tokens == m.size());
+    CHECK(std::abs(c.fit.mean_predicted_ms / c.fit.mean_recorded_ms - 1) < 0.05);
+    // The floor a constant-compute model cannot beat, from the recorded compute alone.
+    if (std::string(run.name) == "gptoss") CHECK(c.compute_floor_pct > 50.0);
+    if (std::string(run.name) == "qwen") {
+      CHECK(c.held_out.median_abs_err_pct <= 15.0);
+      CHECK(std::abs(c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1) <= 0.10);
+      CHECK(std::abs(c.held_out.mean_predicted_ms / 177.0 - 1) <= 0.10);  // the summary's 0.177 s/token
+    }
+  }
+}
