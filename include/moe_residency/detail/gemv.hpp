@@ -439,7 +439,7 @@ inline void gemv_simd_rows(const char* p, std::size_t nr, std::size_t stride, st
 /// block). The 32 lanes of each row live in NA = 32 / W batches exactly as in
 /// the scalar kernel. No allocation; 12 KiB of stack.
 template <class Arch, bool Fused>
-inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
+inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows, std::size_t cols,
                            std::size_t stride, const float* x, float* y,
                            activation_rounding r) noexcept {
   using B = xsimd::batch<float, Arch>;
@@ -628,6 +628,32 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_unsplit_lanes(float* lane) noexc
   std::memcpy(lane, t, sizeof t);
 }
 
+/// reduce_lanes with AVX: the same additions in the same order (IEEE single
+/// adds give the same bits in any instruction set), 4 vector adds instead of
+/// 31 scalar ones. `split`: lane holds the bf16 split order (unsplit first).
+MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane, element_type t,
+                                                              bool split) noexcept {
+  __m256 l0 = _mm256_load_ps(lane), l1 = _mm256_load_ps(lane + 8),
+         l2 = _mm256_load_ps(lane + 16), l3 = _mm256_load_ps(lane + 24);
+  if (split) {  // {0,2,..,14} {1,3,..,15} {16,..,30} {17,..,31} -> 0..7, 8..15, ...
+    const __m256 lo01 = _mm256_unpacklo_ps(l0, l1), hi01 = _mm256_unpackhi_ps(l0, l1);
+    const __m256 lo23 = _mm256_unpacklo_ps(l2, l3), hi23 = _mm256_unpackhi_ps(l2, l3);
+    l0 = _mm256_permute2f128_ps(lo01, hi01, 0x20);
+    l1 = _mm256_permute2f128_ps(lo01, hi01, 0x31);
+    l2 = _mm256_permute2f128_ps(lo23, hi23, 0x20);
+    l3 = _mm256_permute2f128_ps(lo23, hi23, 0x31);
+  }
+  // a[i] = (lane[i] + lane[16+i]) + (lane[8+i] + lane[24+i]); h[i] = a[i] + a[i+4]
+  const __m256 a = _mm256_add_ps(_mm256_add_ps(l0, l2), _mm256_add_ps(l1, l3));
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  if (t == element_type::bf16) {  // (h0 + h2) + (h1 + h3)
+    const __m128 u = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+  }
+  const __m128 u = _mm_hadd_ps(h, h);  // (h0 + h1), (h2 + h3)
+  return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
 /// R rows (p, p + stride, ...) over columns [c0, c0 + cn), cn a multiple of
 /// 32: the lanes in acc[r] (bf16: in split order) += w * xs, element order per
 /// lane. Interleaving R rows gives 4R independent multiply-add chains (one
@@ -648,17 +674,20 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
-      const __m256 x0 = _mm256_loadu_ps(xs + e), x1 = _mm256_loadu_ps(xs + e + 8),
-                   x2 = _mm256_loadu_ps(xs + e + 16), x3 = _mm256_loadu_ps(xs + e + 24);
       MOE_RESIDENCY_DETAIL_UNROLL
-      for (std::size_t r = 0; r < R; ++r) {
-        const auto* q = reinterpret_cast<const std::uint16_t*>(p + r * stride) + c;
-        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16));
-        a[r][0] = x86_madd<Fused>(_mm256_castsi256_ps(_mm256_slli_epi32(v0, 16)), x0, a[r][0]);
-        a[r][1] = x86_madd<Fused>(_mm256_castsi256_ps(_mm256_and_si256(v0, hi)), x1, a[r][1]);
-        a[r][2] = x86_madd<Fused>(_mm256_castsi256_ps(_mm256_slli_epi32(v1, 16)), x2, a[r][2]);
-        a[r][3] = x86_madd<Fused>(_mm256_castsi256_ps(_mm256_and_si256(v1, hi)), x3, a[r][3]);
+      for (std::size_t h = 0; h < 2; ++h) {  // elements c + 16h .. c + 16h + 15
+        __m256 xe = _mm256_loadu_ps(xs + e + 16 * h), xo = _mm256_loadu_ps(xs + e + 16 * h + 8);
+        __asm__("" : "+x"(xe), "+x"(xo));  // see below: one load for R rows
+        MOE_RESIDENCY_DETAIL_UNROLL
+        for (std::size_t r = 0; r < R; ++r) {
+          const auto* q = reinterpret_cast<const std::uint16_t*>(p + r * stride) + c + 16 * h;
+          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+          __asm__("" : "+x"(v));  // loaded once, used twice
+          a[r][2 * h] =
+              x86_madd<Fused>(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[r][2 * h]);
+          a[r][2 * h + 1] =
+              x86_madd<Fused>(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), xo, a[r][2 * h + 1]);
+        }
       }
     }
   } else {
@@ -666,7 +695,10 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
       const std::size_t c = c0 + e;
       MOE_RESIDENCY_DETAIL_UNROLL
       for (std::size_t j = 0; j < 4; ++j) {
-        const __m256 xv = _mm256_loadu_ps(xs + e + 8 * j);
+        __m256 xv = _mm256_loadu_ps(xs + e + 8 * j);
+        // One load in a register for the R rows: the compiler would fold it
+        // into each multiply-add, R loads, and the loads then limit the loop.
+        __asm__("" : "+x"(xv));
         MOE_RESIDENCY_DETAIL_UNROLL
         for (std::size_t r = 0; r < R; ++r)
           a[r][j] = x86_madd<Fused>(x86_load8<T>(p + r * stride, c + 8 * j), xv, a[r][j]);
@@ -765,7 +797,6 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
           break;
         case element_type::bf16:
           x86_rows_chunk<element_type::bf16, Fused>(block, nr, stride, 0, np, xs, acc);
-          for (std::size_t rr = 0; rr < nr; ++rr) x86_unsplit_lanes(acc[rr]);
           break;
         case element_type::f32:
           x86_rows_chunk<element_type::f32, Fused>(block, nr, stride, 0, np, xs, acc);
@@ -784,12 +815,42 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
           break;
       }
     }
-    for (std::size_t rr = 0; rr < nr; ++rr)
-      y[r0 + rr] = finish_dot<Tag, Fused>(reduce_lanes<Tag>(acc[rr], t), block + rr * stride, x,
-                                          np, cols, t, r);
+    // One chunk leaves bf16 lanes in split order; x86_gemv_rows unsplits.
+    const bool split = t == element_type::bf16 && np <= gemv_col_block && np > 0;
+    if (np == cols) {
+      for (std::size_t rr = 0; rr < nr; ++rr) y[r0 + rr] = x86_reduce_lanes(acc[rr], t, split);
+    } else {
+      for (std::size_t rr = 0; rr < nr; ++rr)
+        y[r0 + rr] = finish_dot<Tag, Fused>(x86_reduce_lanes(acc[rr], t, split),
+                                            block + rr * stride, x, np, cols, t, r);
+    }
   }
 }
 #endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
+
+/// gemv_simd's kernel. In a TU compiled for AVX2 and F16C (and FMA when the
+/// multiply-add is fused) on x86-64 GCC/Clang, the 8-wide architectures take
+/// the hand-written kernel above: the same instructions as the xsimd kernel,
+/// plus the bf16 split, and the same kernel the default build dispatches to,
+/// so both builds run at the same speed. Every other architecture, and every
+/// other compiler, takes the xsimd kernel (gemv_simd_generic). Same bits.
+template <class Arch, bool Fused>
+inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
+                           std::size_t stride, const float* x, float* y,
+                           activation_rounding r) noexcept {
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__F16C__)
+#if defined(__FMA__)
+  constexpr bool can_fuse = true;
+#else
+  constexpr bool can_fuse = false;
+#endif
+  if constexpr (batch_width<Arch>() == 8 && (can_fuse || !Fused)) {
+    gemv_x86_impl<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
+    return;
+  }
+#endif
+  gemv_simd_generic<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
+}
 
 }  // namespace detail
 }  // namespace moe_residency
