@@ -125,7 +125,7 @@ class layer_lfu_policy : public detail::cache_partition_base {
     auto& k = h.order();
     if (count) ++k.freq[e];
     k.last[e] = ++tick_;
-    if (insert) h.push(e);
+    if (insert) h.push_deferred(e);  // not evictable before this batch's eviction ends
     else h.update(e);
   }
 
