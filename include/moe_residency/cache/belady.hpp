@@ -85,7 +85,7 @@ struct cache_belady_order {
   };
   key_type key_of(std::uint32_t s) const noexcept { return key_type{next[s], last[s]}; }
   static bool before(const key_type& a, const key_type& b) noexcept {
-    return a.next != b.next ? a.next > b.next : a.last < b.last;
+    return (a.next > b.next) | ((a.next == b.next) & (a.last < b.last));  // branch-free
   }
 };
 }  // namespace detail

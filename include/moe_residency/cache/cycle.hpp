@@ -66,7 +66,7 @@ struct cache_cycle_order {
   };
   key_type key_of(std::uint32_t s) const noexcept { return key_type{key[s], last[s]}; }
   static bool before(const key_type& a, const key_type& b) noexcept {
-    return a.key != b.key ? a.key < b.key : a.last < b.last;
+    return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
   }
 };
 /// Layers of one byte size: largest K first, ties to the lower layer.
@@ -81,7 +81,7 @@ struct cache_cycle_layer_order {
   };
   key_type key_of(std::uint32_t l) const noexcept { return key_type{k[l], l}; }
   static bool before(const key_type& a, const key_type& b) noexcept {
-    return a.k != b.k ? a.k > b.k : a.layer < b.layer;
+    return (a.k > b.k) | ((a.k == b.k) & (a.layer < b.layer));  // branch-free
   }
 };
 }  // namespace detail

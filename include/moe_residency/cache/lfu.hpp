@@ -35,7 +35,7 @@ struct cache_freq_order {
   };
   key_type key_of(std::uint32_t s) const noexcept { return key_type{freq[s], last[s]}; }
   static bool before(const key_type& a, const key_type& b) noexcept {
-    return a.freq != b.freq ? a.freq < b.freq : a.last < b.last;
+    return (a.freq < b.freq) | ((a.freq == b.freq) & (a.last < b.last));  // branch-free
   }
 };
 
@@ -51,15 +51,13 @@ class lfu_policy : public policy_base {
     heap_.order().reset(n);
     heap_.reset(n);
   }
+  // A hit or repeat only moves an entry later (more uses, newer access), so
+  // the heap is updated lazily: victim() settles its top (cache_slot_heap).
   void on_hit(std::uint32_t s) noexcept {
     ++k().freq[s];
     k().last[s] = ++k().tick;
-    heap_.update(s);
   }
-  void on_repeat(std::uint32_t s) noexcept {
-    k().last[s] = ++k().tick;
-    heap_.update(s);
-  }
+  void on_repeat(std::uint32_t s) noexcept { k().last[s] = ++k().tick; }
   void on_insert(std::uint32_t s) noexcept {
     ++k().freq[s];
     k().last[s] = ++k().tick;
@@ -68,7 +66,11 @@ class lfu_policy : public policy_base {
   void on_evict(std::uint32_t s) noexcept { heap_.erase(s); }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t /*layer*/) noexcept {
-    while (!heap_.empty() && !v.evictable(heap_.top())) heap_.stash_top();
+    heap_.settle_top();
+    while (!heap_.empty() && !v.evictable(heap_.top())) {
+      heap_.stash_top();
+      heap_.settle_top();
+    }
     return heap_.empty() ? no_slot : heap_.top();
   }
   void end_eviction() noexcept { heap_.restore(); }

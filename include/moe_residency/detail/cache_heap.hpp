@@ -94,6 +94,21 @@ class cache_slot_heap {
     for (node& n : heap_) n.key = before_.key_of(n.slot);
     for (std::uint32_t i = static_cast<std::uint32_t>(heap_.size() / 2); i-- > 0;) down(i);
   }
+  /// For keys that only ever move later in the order: a caller may change a
+  /// member's key without update() (the node's copy is then a lower bound),
+  /// and must call settle_top() before reading top(): it re-sifts the top
+  /// until its copy is current. The settled top is the true first (its key is
+  /// no later than every copy, hence every key), so decisions are those of an
+  /// eagerly updated heap, with one sift per stale entry that reaches the top
+  /// instead of one per change.
+  void settle_top() noexcept {
+    while (!heap_.empty()) {
+      const key_type k = before_.key_of(heap_[0].slot);
+      if (!before_.before(heap_[0].key, k)) return;
+      heap_[0].key = k;
+      down(0);
+    }
+  }
   void stash_top() noexcept {
     const std::uint32_t s = heap_[0].slot;
     erase(s);
@@ -133,7 +148,9 @@ class cache_slot_heap {
     for (;;) {
       std::uint32_t c = 2 * i + 1;
       if (c >= n_nodes) break;
-      if (c + 1 < n_nodes && before_.before(heap_[c + 1].key, heap_[c].key)) ++c;
+      // The smaller child by arithmetic, not a branch: which child wins is
+      // data-dependent and would mispredict half the time.
+      if (c + 1 < n_nodes) c += static_cast<std::uint32_t>(before_.before(heap_[c + 1].key, heap_[c].key));
       if (!before_.before(heap_[c].key, n.key)) break;
       heap_[i] = heap_[c];
       pos_[heap_[i].slot] = i;
