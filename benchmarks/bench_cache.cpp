@@ -19,6 +19,10 @@
 
 #include "moe_residency/replay.hpp"
 
+// Replaces global new/delete with counting versions (this program's only TU):
+// the synthetic cells report heap allocations during lookups, which must be 0.
+#include "../tests/alloc_counter.hpp"
+
 using namespace moe_residency;
 
 namespace {
@@ -95,16 +99,22 @@ template <class Policy>
 void synthetic_cell(benchmark::State& st, Policy proto) {
   const synthetic& s = synth();
   std::uint64_t hits = 0;
+  long allocations = 0;
   for (auto _ : st) {
     cache_options o;
     o.budget_bytes = from_mib(synthetic_budget_mib);
-    expert_cache<Policy> c(s.shape, o, proto);
+    expert_cache<Policy> c(s.shape, o, proto);  // allocates here, not below
+    const long before = moe_residency_test::allocations();
     for (std::size_t b = 0; b < s.batches; ++b)
       c.access_batch(run_phase::decode, layer_id(static_cast<std::uint16_t>(b % 48)),
                      span<const expert_id>(s.ids.data() + b * 8, 8));
+    allocations += moe_residency_test::allocations() - before;
     hits = c.stats().all.hits;
     benchmark::DoNotOptimize(hits);
   }
+  // Heap allocations per lookup on the hot path (after construction): 0.
+  st.counters["allocs_per_lookup"] =
+      static_cast<double>(allocations) / (static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()));
   st.counters["lookups/s"] = benchmark::Counter(static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()),
                                                 benchmark::Counter::kIsRate);
   st.counters["hit%"] = 100.0 * static_cast<double>(hits) / static_cast<double>(s.ids.size());

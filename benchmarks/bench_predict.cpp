@@ -4,6 +4,12 @@
 //   - the engine's own router work for that token (48 x GEMV + selection),
 //   - the memory-bandwidth roofline of the bytes the observer must read
 //     (stale-gate and control each read every router matrix once per token).
+// Two placements of the routers: cycled through all 48 (24 MiB of f16, from
+// the last-level cache or DRAM: BM_session_standard), and hot (the engine has
+// just read the layer's router for its own routing, which is what an engine
+// sees: BM_engine_then_session, whose excess over BM_engine_router is the
+// observer's marginal cost). BM_session_memory reports the heap the session
+// holds for the Qwen3-30B and gpt-oss-120b shapes (glibc mallinfo2).
 // Run: build with -DMOE_RESIDENCY_BUILD_BENCHMARKS=ON, then
 //   build/benchmarks/bench_predict --benchmark_min_time=0.5
 // The last benchmark, BM_ratios, prints the headline ratios as counters.
@@ -19,6 +25,10 @@
 #include <vector>
 
 #include <ctime>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "moe_residency/session.hpp"
 #include "moe_residency/synthetic.hpp"
@@ -174,6 +184,72 @@ void BM_session_standard(benchmark::State& state) {
 }
 BENCHMARK(BM_session_standard)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 
+// The engine's routing followed by the observer's events, layer by layer: the
+// observer reads each router right after the engine did (hot in cache).
+void BM_engine_then_session(benchmark::State& state) {
+  workload& w = get_workload(type_of(state.range(0)));
+  const synthetic_model& m = *w.model;
+  const std::size_t L = m.shape().n_layers(), d = m.n_embd();
+  router_workspace ws(m.shape().n_experts());
+  routing r;
+  standard_session s(m.shape());
+  install_routers(s, m);
+  std::uint32_t pos = 0;
+  const double t0 = cpu_seconds();
+  std::int64_t iters = 0;
+  for (auto _ : state) {
+    const std::size_t tok = pos % n_tokens;
+    s.begin_batch(run_phase::decode, pos++);
+    for (std::size_t l = 0; l < L; ++l) {
+      const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
+      route_token(m.router(lid), &w.gate[tok][l * d], m.spec(lid), r, ws);
+      benchmark::DoNotOptimize(r);
+      s.gate_input(lid, &w.gate[tok][l * d], d);
+      s.routed(w.routed[tok][l]);
+      s.layer_loaded(lid);
+    }
+    ++iters;
+  }
+  const double secs = cpu_seconds() - t0;
+  results()["engine+standard/" + std::string(to_string(type_of(state.range(0))))] =
+      secs / static_cast<double>(iters);
+  state.SetLabel(std::string(to_string(type_of(state.range(0)))) +
+                 " engine routing then observer, per token");
+}
+BENCHMARK(BM_engine_then_session)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
+// Heap bytes the standard session holds (allocated by its constructor, the
+// router installation and its first decode tokens; the router matrices are
+// the model's and not counted). Arg 0: Qwen3-30B (f16 routers), 1:
+// gpt-oss-120b (f32 routers).
+void BM_session_memory(benchmark::State& state) {
+#if defined(__GLIBC__) && defined(__GLIBC_MINOR__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  const bool gpt = state.range(0) == 1;
+  const synthetic_model m(gpt ? synthetic_presets::gpt_oss_120b() : synthetic_presets::qwen3_30b());
+  synthetic_stream st(m);
+  double held = 0;
+  for (auto _ : state) {
+    const std::size_t before = mallinfo2().uordblks;
+    {
+      auto s = std::make_unique<standard_session>(m.shape());
+      install_routers(*s, m);
+      for (int t = 0; t < 4; ++t) {
+        st.next(1);
+        feed_batch(*s, st, run_phase::decode);
+      }
+      held = static_cast<double>(mallinfo2().uordblks - before);
+      benchmark::DoNotOptimize(s.get());
+    }
+  }
+  state.counters["session_KiB"] = held / 1024.0;
+  results()[std::string("memory/") + (gpt ? "gpt-oss-120b" : "qwen3-30b")] = held;
+  state.SetLabel(gpt ? "gpt-oss-120b shape" : "qwen3-30b shape");
+#else
+  state.SkipWithError("needs glibc >= 2.33 (mallinfo2)");
+#endif
+}
+BENCHMARK(BM_session_memory)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond);
+
 // Only the history predictor: the session's bookkeeping without any GEMV.
 void BM_session_prev_token_only(benchmark::State& state) {
   run_session<session<predictor_set<prev_token_predictor>>>(state, "history");
@@ -195,7 +271,18 @@ void BM_ratios(benchmark::State& state) {
     state.counters["observer_over_engine_" + ts] = observer / engine;
     state.counters["observer_over_2x_engine_" + ts] = observer / (2 * engine);
     state.counters["observer_over_roofline_" + ts] = observer / (2 * stream);
+    state.counters["engine_over_stream_" + ts] = engine / stream;
+    // The recorded decode token: 0.177 s/token (traces/qwen.summary.txt, Qwen3-30B on a phone).
+    state.counters["observer_pct_of_177ms_token_" + ts] = 100.0 * observer / 0.177;
+    const double both = r["engine+standard/" + ts];
+    if (both > 0) {
+      state.counters["observer_hot_marginal_us_" + ts] = (both - engine) * 1e6;
+      state.counters["observer_hot_over_roofline_" + ts] = (both - engine) / (2 * stream);
+    }
   }
+  for (const char* shape : {"qwen3-30b", "gpt-oss-120b"})
+    if (r[std::string("memory/") + shape] > 0)
+      state.counters[std::string("session_KiB_") + shape] = r[std::string("memory/") + shape] / 1024.0;
   if (r["history/f16"] > 0 && r["engine/f16"] > 0)
     state.counters["history_only_over_engine_f16"] = r["history/f16"] / r["engine/f16"];
 }

@@ -30,6 +30,14 @@ void BM_gemv_scalar(benchmark::State& st) {
   run_gemv(st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv_scalar(w, x, y); });
 }
 
+// One token's 48 routers (from the last-level cache or DRAM).
+void BM_stream_read_token(benchmark::State& st) { run_stream_read_token(st, read_compiled); }
+void BM_gemv_token(benchmark::State& st) {
+  run_gemv_token(
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      mr::gemv_arch_name());
+}
+
 // The 109 ms/token mistake: one out-of-line call per element.
 void BM_gemv_naive_f16_call(benchmark::State& st) { run_gemv_naive_f16_call(st); }
 
@@ -38,4 +46,6 @@ void BM_gemv_naive_f16_call(benchmark::State& st) { run_gemv_naive_f16_call(st);
 BENCHMARK(BM_stream_read)->Apply(shapes);
 BENCHMARK(BM_gemv)->Apply(shapes);
 BENCHMARK(BM_gemv_scalar)->Apply(shapes);
+BENCHMARK(BM_stream_read_token)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});

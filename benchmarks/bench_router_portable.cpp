@@ -111,6 +111,25 @@ void BM_gemv_scalar(benchmark::State& st) {
       "scalar");
 }
 
+// One token's 48 routers (from the last-level cache or DRAM).
+void BM_stream_read_token_best(benchmark::State& st) {
+  if (!check_flags(st)) return;
+#if BENCH_X86_GNU
+  if (cpu_has_avx2()) {
+    run_stream_read_token(st, read_avx2, "avx2 (target attribute)");
+    return;
+  }
+#endif
+  run_stream_read_token(st, read_compiled, xsimd::default_arch::name());
+}
+
+void BM_gemv_token(benchmark::State& st) {
+  if (!check_flags(st)) return;
+  run_gemv_token(
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      mr::gemv_arch_name());
+}
+
 void BM_gemv_naive_f16_call(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv_naive_f16_call(st, "naive call per element");
@@ -123,4 +142,6 @@ BENCHMARK(BM_stream_read_compiled)->Apply(shapes);
 BENCHMARK(BM_gemv)->Apply(shapes);
 BENCHMARK(BM_gemv_compiled_arch)->Apply(shapes);
 BENCHMARK(BM_gemv_scalar)->Apply(shapes);
+BENCHMARK(BM_stream_read_token_best)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});

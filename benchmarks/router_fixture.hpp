@@ -136,6 +136,55 @@ inline void run_gemv_naive_f16_call(benchmark::State& st, const std::string& wha
   set_bytes(st, w, what);
 }
 
+/// One decode token's routers: `n` separate 128 x 2048 matrices (48: the
+/// Qwen3-30B shape, 24 MiB of f16, 48 MiB of f32; more than a core's caches,
+/// so they come from the last-level cache or DRAM as in a decode loop).
+struct token_fixture {
+  std::vector<fixture> layers;
+  token_fixture(mr::element_type t, std::size_t n) {
+    layers.reserve(n);
+    for (std::size_t l = 0; l < n; ++l) layers.emplace_back(t, 128);
+  }
+};
+
+constexpr std::size_t token_layers = 48;
+
+/// Streams every router of the token once per iteration with `read`.
+template <class Read>
+void run_stream_read_token(benchmark::State& st, Read read, const std::string& what = {}) {
+  const auto t = type_of(st.range(0));
+  const token_fixture f(t, token_layers);
+  std::size_t bytes = 0;
+  for (auto _ : st) {
+    std::uint32_t s = 0;
+    for (const fixture& l : f.layers) {
+      const auto w = l.view(t, 128);
+      s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
+    }
+    benchmark::DoNotOptimize(s);
+  }
+  for (const fixture& l : f.layers) bytes += l.view(t, 128).bytes();
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(bytes));
+  st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(token_layers) + " x 128x2048" +
+              (what.empty() ? "" : " " + what));
+}
+
+/// Runs `kernel(w, x, y)` over every router of the token once per iteration.
+template <class Kernel>
+void run_gemv_token(benchmark::State& st, Kernel kernel, const std::string& what = {}) {
+  const auto t = type_of(st.range(0));
+  token_fixture f(t, token_layers);
+  std::size_t bytes = 0;
+  for (auto _ : st) {
+    for (fixture& l : f.layers) kernel(l.view(t, 128), l.x.data(), l.y.data());
+    benchmark::ClobberMemory();
+  }
+  for (const fixture& l : f.layers) bytes += l.view(t, 128).bytes();
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(bytes));
+  st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(token_layers) + " x 128x2048" +
+              (what.empty() ? "" : " " + what));
+}
+
 /// Args {type (0 f32, 1 f16, 2 bf16), rows}.
 inline void shapes(benchmark::internal::Benchmark* b) {
   for (const std::int64_t t : {0, 1, 2})

@@ -76,8 +76,16 @@ struct cache_belady_order {
   std::vector<std::uint32_t> next;
   std::vector<std::uint64_t> last;
   bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    if (next[a] != next[b]) return next[a] > next[b];
-    return last[a] < last[b];
+    return before(key_of(a), key_of(b));
+  }
+  /// The farthest next use first, then the older last access.
+  struct key_type {
+    std::uint32_t next;
+    std::uint64_t last;
+  };
+  key_type key_of(std::uint32_t s) const noexcept { return key_type{next[s], last[s]}; }
+  static bool before(const key_type& a, const key_type& b) noexcept {
+    return (a.next > b.next) | ((a.next == b.next) & (a.last < b.last));  // branch-free
   }
 };
 }  // namespace detail
@@ -111,7 +119,7 @@ class belady_policy : public policy_base {
     auto& o = heap_.order();
     o.next[s] = upcoming_[s];
     o.last[s] = ++tick_;
-    heap_.push(s);
+    heap_.push_deferred(s);  // protected during insert()'s own eviction
   }
   void on_repeat(std::uint32_t s) noexcept {
     heap_.order().last[s] = ++tick_;
@@ -140,7 +148,7 @@ class belady_policy : public policy_base {
     }
     ++cursor_;
     o.last[s] = ++tick_;
-    if (insert) heap_.push(s);
+    if (insert) heap_.push_deferred(s);  // not evictable before this batch's eviction ends
     else heap_.update(s);
   }
 

@@ -58,16 +58,30 @@ struct cache_cycle_order {
   std::vector<double> key;            // usage × γ^−τ(layer): order-preserving in a layer
   std::vector<std::uint64_t> last;    // tick of the last access
   bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    if (key[a] != key[b]) return key[a] < key[b];
-    return last[a] < last[b];
+    return before(key_type{key[a], last[a]}, key_type{key[b], last[b]});
+  }
+  struct key_type {
+    double key;
+    std::uint64_t last;
+  };
+  key_type key_of(std::uint32_t s) const noexcept { return key_type{key[s], last[s]}; }
+  static bool before(const key_type& a, const key_type& b) noexcept {
+    return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
   }
 };
 /// Layers of one byte size: largest K first, ties to the lower layer.
 struct cache_cycle_layer_order {
   std::vector<double> k;
   bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    if (k[a] != k[b]) return k[a] > k[b];
-    return a < b;
+    return before(key_of(a), key_of(b));
+  }
+  struct key_type {
+    double k;
+    std::uint32_t layer;
+  };
+  key_type key_of(std::uint32_t l) const noexcept { return key_type{k[l], l}; }
+  static bool before(const key_type& a, const key_type& b) noexcept {
+    return (a.k > b.k) | ((a.k == b.k) & (a.layer < b.layer));  // branch-free
   }
 };
 }  // namespace detail
@@ -316,11 +330,7 @@ class cycle_policy : public policy_base {
     const double f = 1.0 / scale_[l];
     for (double& k : key) k *= f;
     scale_[l] = 1.0;
-    for (std::uint32_t e = 0; e < n_experts_; ++e)
-      if (h.contains(e)) {
-        h.erase(e);
-        h.push(e);
-      }
+    h.rekey_all();
   }
 
   cycle_policy_options o_;

@@ -102,6 +102,9 @@ class layer_lfu_policy : public detail::cache_partition_base {
       h.order().reset(n_experts_);
       h.reset(n_experts_);
     }
+    dirty_.assign(shape.n_layers(), 0);
+    dirty_list_.clear();
+    dirty_list_.reserve(shape.n_layers());
   }
   void on_hit(std::uint32_t s) noexcept { touch(s, true, false); }
   void on_repeat(std::uint32_t s) noexcept { touch(s, false, false); }
@@ -111,11 +114,20 @@ class layer_lfu_policy : public detail::cache_partition_base {
   std::uint32_t victim(const View& v, std::size_t layer) noexcept {
     auto& h = heaps_[layer];
     const auto base = static_cast<std::uint32_t>(layer) * n_experts_;
-    while (!h.empty() && !v.evictable(base + h.top())) h.stash_top();
+    mark(layer);
+    h.settle_top();
+    while (!h.empty() && !v.evictable(base + h.top())) {
+      h.stash_top();
+      h.settle_top();
+    }
     return h.empty() ? no_slot : base + h.top();
   }
-  void end_eviction() noexcept {
-    for (auto& h : heaps_) h.restore();
+  void end_eviction() noexcept {  // only the heaps a stash or a deferred push touched
+    for (std::uint32_t l : dirty_list_) {
+      heaps_[l].restore();
+      dirty_[l] = 0;
+    }
+    dirty_list_.clear();
   }
 
  private:
@@ -125,13 +137,24 @@ class layer_lfu_policy : public detail::cache_partition_base {
     auto& k = h.order();
     if (count) ++k.freq[e];
     k.last[e] = ++tick_;
-    if (insert) h.push(e);
-    else h.update(e);
+    // A hit or repeat only moves an entry later: the heap settles lazily.
+    if (insert) {
+      h.push_deferred(e);  // not evictable before this batch's eviction ends
+      mark(s / n_experts_);
+    }
+  }
+
+  void mark(std::size_t l) noexcept {
+    if (dirty_[l]) return;
+    dirty_[l] = 1;
+    dirty_list_.push_back(static_cast<std::uint32_t>(l));  // capacity n_layers: never reallocates
   }
 
   std::uint32_t n_experts_ = 1;
   std::uint64_t tick_ = 0;
   std::vector<detail::cache_slot_heap<detail::cache_freq_order>> heaps_;
+  std::vector<std::uint8_t> dirty_;
+  std::vector<std::uint32_t> dirty_list_;
 };
 
 }  // namespace moe_residency

@@ -26,8 +26,16 @@ struct cache_freq_order {
     tick = 0;
   }
   bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    if (freq[a] != freq[b]) return freq[a] < freq[b];
-    return last[a] < last[b];
+    return before(key_of(a), key_of(b));
+  }
+  /// Lower frequency first, then the older last access (ticks are unique).
+  struct key_type {
+    std::uint32_t freq;
+    std::uint64_t last;
+  };
+  key_type key_of(std::uint32_t s) const noexcept { return key_type{freq[s], last[s]}; }
+  static bool before(const key_type& a, const key_type& b) noexcept {
+    return (a.freq < b.freq) | ((a.freq == b.freq) & (a.last < b.last));  // branch-free
   }
 };
 
@@ -43,24 +51,26 @@ class lfu_policy : public policy_base {
     heap_.order().reset(n);
     heap_.reset(n);
   }
+  // A hit or repeat only moves an entry later (more uses, newer access), so
+  // the heap is updated lazily: victim() settles its top (cache_slot_heap).
   void on_hit(std::uint32_t s) noexcept {
     ++k().freq[s];
     k().last[s] = ++k().tick;
-    heap_.update(s);
   }
-  void on_repeat(std::uint32_t s) noexcept {
-    k().last[s] = ++k().tick;
-    heap_.update(s);
-  }
+  void on_repeat(std::uint32_t s) noexcept { k().last[s] = ++k().tick; }
   void on_insert(std::uint32_t s) noexcept {
     ++k().freq[s];
     k().last[s] = ++k().tick;
-    heap_.push(s);
+    heap_.push_deferred(s);  // not evictable before this batch's eviction ends
   }
   void on_evict(std::uint32_t s) noexcept { heap_.erase(s); }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t /*layer*/) noexcept {
-    while (!heap_.empty() && !v.evictable(heap_.top())) heap_.stash_top();
+    heap_.settle_top();
+    while (!heap_.empty() && !v.evictable(heap_.top())) {
+      heap_.stash_top();
+      heap_.settle_top();
+    }
     return heap_.empty() ? no_slot : heap_.top();
   }
   void end_eviction() noexcept { heap_.restore(); }

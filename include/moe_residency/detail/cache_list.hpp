@@ -57,8 +57,22 @@ class cache_slot_lists {
   }
 
   void move_to_front(std::uint32_t list, std::uint32_t s, std::uint64_t b = 0) noexcept {
-    erase(s, b);
-    push_front(list, s, b);
+    if (owner_[s] != list) {
+      erase(s, b);
+      push_front(list, s, b);
+      return;
+    }
+    // Already in this list (the common case, a hit): relink only; owner,
+    // bytes and count are unchanged.
+    const std::uint32_t p = prev_[s];
+    if (p == none) return;  // already the head
+    const std::uint32_t n = next_[s];
+    next_[p] = n;
+    if (n != none) prev_[n] = p; else tail_[list] = p;
+    prev_[s] = none;
+    next_[s] = head_[list];
+    prev_[head_[list]] = s;
+    head_[list] = s;
   }
 
  private:

@@ -86,7 +86,7 @@ namespace detail {
 
 inline constexpr std::size_t gemv_lanes = 32;      // ggml AVX2: 4 accumulators x 8 lanes
 inline constexpr std::size_t gemv_row_block = 32;  // rows sharing one rounded x block
-inline constexpr std::size_t gemv_col_block = 512; // floats of rounded x kept on the stack
+inline constexpr std::size_t gemv_col_block = 2048; // floats of rounded x kept on the stack
 
 /// a*b + c, one rounding iff Fused. (::fmaf, not std::fma: libstdc++'s
 /// std::fma(float, float, float) is an inline function, whose out-of-line
@@ -346,11 +346,100 @@ inline xsimd::batch<float, Arch> load_weights(const void* row, element_type t,
   return B::load_unaligned(static_cast<const float*>(row) + i);
 }
 
-/// The SIMD kernel: rows in blocks of 32 share one rounded copy of x, built
-/// 512 columns at a time on the stack (no allocation); the 32 lanes of each
-/// row live in NA = 32 / W batches exactly as in the scalar kernel.
+template <class Arch, element_type T>
+inline xsimd::batch<float, Arch> load_weights_t(const void* row, std::size_t i) noexcept {
+  using B = xsimd::batch<float, Arch>;
+  if constexpr (T == element_type::f16)
+    return load_f16<Arch>(static_cast<const std::uint16_t*>(row) + i);
+  else if constexpr (T == element_type::bf16)
+    return load_bf16<Arch>(static_cast<const std::uint16_t*>(row) + i);
+  else
+    return B::load_unaligned(static_cast<const float*>(row) + i);
+}
+
+/// Rows interleaved per pass of the SIMD kernel. One row alone is NA = 32 / W
+/// dependent multiply-add chains (ggml's order), which leaves a superscalar
+/// core's FMA units idle (latency 4, two per cycle: 8 chains in flight are
+/// needed); R rows give R * NA independent chains, each row keeping its own
+/// order exactly. Bounded by the register file: 16 vector registers on
+/// SSE/AVX2 (W = 8: 3 rows = 12 accumulators), 32 on AVX-512 and NEON.
+template <class Arch>
+constexpr std::size_t gemv_simd_rows_per_pass() noexcept {
+  constexpr std::size_t W = batch_width<Arch>();
+  if constexpr (W >= 16) return 4;
+  else if constexpr (W == 8) return 3;
+#if defined(__aarch64__)
+  else if constexpr (W == 4) return 2;
+#endif
+  else return 1;
+}
+
+// Asks the compiler to unroll the loop that follows completely (constant trip
+// counts only), so small arrays of accumulators live in registers at -O2 too.
+#if defined(__clang__)
+#define MOE_RESIDENCY_DETAIL_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define MOE_RESIDENCY_DETAIL_UNROLL _Pragma("GCC unroll 16")
+#else
+#define MOE_RESIDENCY_DETAIL_UNROLL
+#endif
+
+/// The 32-lane part of R rows (p, p + stride, ...) over columns [c0, c0 + cn)
+/// (cn a multiple of 32): acc[r][lane] += w[r][e] * xs[e - c0] lane by lane in
+/// element order. xs is the chunk of x, already rounded.
+template <class Arch, bool Fused, element_type T, std::size_t R>
+inline void gemv_simd_pass(const char* p, std::size_t stride, std::size_t c0, std::size_t cn,
+                           const float* xs, float (*acc)[gemv_lanes]) noexcept {
+  using B = xsimd::batch<float, Arch>;
+  constexpr std::size_t W = B::size;
+  constexpr std::size_t NA = gemv_lanes / W;
+  B a[R][NA];
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t j = 0; j < NA; ++j) a[r][j] = B::load_aligned(acc[r] + j * W);
+  }
+  for (std::size_t e = 0; e < cn; e += gemv_lanes) {
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t j = 0; j < NA; ++j) {
+      const B xv = B::load_unaligned(xs + e + j * W);
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t r = 0; r < R; ++r)
+        a[r][j] = madd<Arch, Fused>(load_weights_t<Arch, T>(p + r * stride, c0 + e + j * W), xv,
+                                    a[r][j]);
+    }
+  }
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t j = 0; j < NA; ++j) a[r][j].store_aligned(acc[r] + j * W);
+  }
+}
+
+/// gemv_simd_pass over nr rows: passes of R rows, then the 2 or 1 left over.
+template <class Arch, bool Fused, element_type T>
+inline void gemv_simd_rows(const char* p, std::size_t nr, std::size_t stride, std::size_t c0,
+                           std::size_t cn, const float* xs, float (*acc)[gemv_lanes]) noexcept {
+  constexpr std::size_t R = gemv_simd_rows_per_pass<Arch>();
+  std::size_t rr = 0;
+  for (; rr + R <= nr; rr += R)
+    gemv_simd_pass<Arch, Fused, T, R>(p + rr * stride, stride, c0, cn, xs, acc + rr);
+  if constexpr (R > 2) {
+    if (rr + 2 <= nr) {
+      gemv_simd_pass<Arch, Fused, T, 2>(p + rr * stride, stride, c0, cn, xs, acc + rr);
+      rr += 2;
+    }
+  }
+  for (; rr < nr; ++rr) gemv_simd_pass<Arch, Fused, T, 1>(p + rr * stride, stride, c0, cn, xs, acc + rr);
+}
+
+/// The SIMD kernel: rows in blocks of 32, each block's rows interleaved R at a
+/// time (gemv_simd_rows_per_pass); x is rounded once per call when it fits
+/// the stack chunk of gemv_col_block floats (else once per chunk and row
+/// block). The 32 lanes of each row live in NA = 32 / W batches exactly as in
+/// the scalar kernel. No allocation; 12 KiB of stack.
 template <class Arch, bool Fused>
-inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
+inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows, std::size_t cols,
                            std::size_t stride, const float* x, float* y,
                            activation_rounding r) noexcept {
   using B = xsimd::batch<float, Arch>;
@@ -358,36 +447,36 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
   if constexpr (gemv_lanes % W != 0) {
     gemv_scalar_impl<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
   } else {
-    constexpr std::size_t NA = gemv_lanes / W;
     const bool round = r == activation_rounding::engine && t != element_type::f32;
     const std::size_t np = cols - cols % gemv_lanes;
     alignas(64) float xbuf[gemv_col_block];
     alignas(64) float acc[gemv_row_block][gemv_lanes];
     for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
       const std::size_t nr = std::min(gemv_row_block, rows - r0);
+      const char* block = static_cast<const char*>(data) + r0 * stride;
       std::memset(acc, 0, sizeof acc);
       for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
         const std::size_t cn = std::min(gemv_col_block, np - c0);
         const float* xs = x + c0;
         if (round) {
-          round_block<Arch>(x + c0, xbuf, cn, t);
+          if (r0 == 0 || np > gemv_col_block) round_block<Arch>(x + c0, xbuf, cn, t);
           xs = xbuf;
         }
-        for (std::size_t rr = 0; rr < nr; ++rr) {
-          const void* p = static_cast<const char*>(data) + (r0 + rr) * stride;
-          B a[NA];
-          for (std::size_t j = 0; j < NA; ++j) a[j] = B::load_aligned(acc[rr] + j * W);
-          for (std::size_t e = 0; e < cn; e += gemv_lanes)
-            for (std::size_t j = 0; j < NA; ++j)
-              a[j] = madd<Arch, Fused>(load_weights<Arch>(p, t, c0 + e + j * W),
-                                B::load_unaligned(xs + e + j * W), a[j]);
-          for (std::size_t j = 0; j < NA; ++j) a[j].store_aligned(acc[rr] + j * W);
+        switch (t) {
+          case element_type::f16:
+            gemv_simd_rows<Arch, Fused, element_type::f16>(block, nr, stride, c0, cn, xs, acc);
+            break;
+          case element_type::bf16:
+            gemv_simd_rows<Arch, Fused, element_type::bf16>(block, nr, stride, c0, cn, xs, acc);
+            break;
+          case element_type::f32:
+            gemv_simd_rows<Arch, Fused, element_type::f32>(block, nr, stride, c0, cn, xs, acc);
+            break;
         }
       }
-      for (std::size_t rr = 0; rr < nr; ++rr) {
-        const void* p = static_cast<const char*>(data) + (r0 + rr) * stride;
-        y[r0 + rr] = finish_dot<Arch, Fused>(reduce_lanes<Arch>(acc[rr], t), p, x, np, cols, t, r);
-      }
+      for (std::size_t rr = 0; rr < nr; ++rr)
+        y[r0 + rr] = finish_dot<Arch, Fused>(reduce_lanes<Arch>(acc[rr], t), block + rr * stride,
+                                             x, np, cols, t, r);
     }
   }
 }
@@ -507,9 +596,187 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_round_block(const float* x, floa
   }
 }
 
+/// bf16 in the dispatched kernel: 16 weights from one 32-byte load, split
+/// into the even elements (shifted into the upper half of each 32-bit lane)
+/// and the odd ones (masked in place) instead of widening 8 at a time: half
+/// the loads and no cross-lane shuffles. The 32 lanes of a block are then held
+/// in the order {0, 2, ..., 14}, {1, 3, ..., 15}, {16, 18, ..., 30},
+/// {17, ..., 31} (x permuted alike, by x86_split_x); every lane still sums its
+/// own elements in element order, and x86_unsplit_lanes restores the natural
+/// order before the reduction.
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_split_x(const float* x, float* out,
+                                                        std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; i += 16) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+    // per 128-bit half: [a0 a2 b0 b2 | a4 a6 b4 b6], then 64-bit pairs 0 2 1 3
+    const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m256 odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    _mm256_storeu_ps(out + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even),
+                                                                     _MM_SHUFFLE(3, 1, 2, 0))));
+    _mm256_storeu_ps(out + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd),
+                                                                         _MM_SHUFFLE(3, 1, 2, 0))));
+  }
+}
+
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_unsplit_lanes(float* lane) noexcept {
+  float t[gemv_lanes];
+  for (std::size_t h = 0; h < 2; ++h)
+    for (std::size_t k = 0; k < 8; ++k) {
+      t[16 * h + 2 * k] = lane[16 * h + k];
+      t[16 * h + 2 * k + 1] = lane[16 * h + 8 + k];
+    }
+  std::memcpy(lane, t, sizeof t);
+}
+
+/// reduce_lanes with AVX: the same additions in the same order (IEEE single
+/// adds give the same bits in any instruction set), 4 vector adds instead of
+/// 31 scalar ones. `split`: lane holds the bf16 split order (unsplit first).
+MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane, element_type t,
+                                                              bool split) noexcept {
+  __m256 l0 = _mm256_load_ps(lane), l1 = _mm256_load_ps(lane + 8),
+         l2 = _mm256_load_ps(lane + 16), l3 = _mm256_load_ps(lane + 24);
+  if (split) {  // {0,2,..,14} {1,3,..,15} {16,..,30} {17,..,31} -> 0..7, 8..15, ...
+    const __m256 lo01 = _mm256_unpacklo_ps(l0, l1), hi01 = _mm256_unpackhi_ps(l0, l1);
+    const __m256 lo23 = _mm256_unpacklo_ps(l2, l3), hi23 = _mm256_unpackhi_ps(l2, l3);
+    l0 = _mm256_permute2f128_ps(lo01, hi01, 0x20);
+    l1 = _mm256_permute2f128_ps(lo01, hi01, 0x31);
+    l2 = _mm256_permute2f128_ps(lo23, hi23, 0x20);
+    l3 = _mm256_permute2f128_ps(lo23, hi23, 0x31);
+  }
+  // a[i] = (lane[i] + lane[16+i]) + (lane[8+i] + lane[24+i]); h[i] = a[i] + a[i+4]
+  const __m256 a = _mm256_add_ps(_mm256_add_ps(l0, l2), _mm256_add_ps(l1, l3));
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  if (t == element_type::bf16) {  // (h0 + h2) + (h1 + h3)
+    const __m128 u = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+  }
+  const __m128 u = _mm_hadd_ps(h, h);  // (h0 + h1), (h2 + h3)
+  return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+/// Prefetches the 32 columns at c of the R rows after this pass's R (the
+/// next pass): each row is a short stream (4 KiB of f16 for 2048 columns)
+/// that the hardware prefetcher only catches after it has started, and the
+/// interleaved rows would otherwise each pay that start from memory. Only for
+/// 16-bit weights and when the next pass's rows fit next to this pass's in
+/// three quarters of a 32 KiB L1 (x86_prefetch_fits): further ahead, the prefetched
+/// lines are evicted before use and the kernel only loses load slots (f32
+/// routers stream at the roofline without it). A prefetch never faults, so
+/// past the matrix's end it is only wasted.
+template <element_type T, std::size_t R>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
+                                                              std::size_t c) noexcept {
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = R; r < 2 * R; ++r) _mm_prefetch(p + r * stride + c * 2, _MM_HINT_T0);
+}
+
+template <element_type T, std::size_t R>
+inline bool x86_prefetch_fits(std::size_t cn) noexcept {
+  return T != element_type::f32 && 2 * R * cn * 2 <= 24576;
+}
+
+/// R rows (p, p + stride, ...) over columns [c0, c0 + cn), cn a multiple of
+/// 32: the lanes in acc[r] (bf16: in split order) += w * xs, element order per
+/// lane. Interleaving R rows gives 4R independent multiply-add chains (one
+/// row's 4 chains leave the FMA units idle: latency 4, two per cycle) and
+/// loads each x vector once for all R rows.
+template <element_type T, bool Fused, std::size_t R>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t stride,
+                                                     std::size_t c0, std::size_t cn,
+                                                     const float* xs,
+                                                     float (*acc)[gemv_lanes]) noexcept {
+  __m256 a[R][4];
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t j = 0; j < 4; ++j) a[r][j] = _mm256_load_ps(acc[r] + 8 * j);
+  }
+  if constexpr (T == element_type::bf16) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const bool prefetch = x86_prefetch_fits<T, R>(cn);
+    for (std::size_t e = 0; e < cn; e += gemv_lanes) {
+      const std::size_t c = c0 + e;
+      if (prefetch) x86_prefetch_next<T, R>(p, stride, c);
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t h = 0; h < 2; ++h) {  // elements c + 16h .. c + 16h + 15
+        __m256 xe = _mm256_loadu_ps(xs + e + 16 * h), xo = _mm256_loadu_ps(xs + e + 16 * h + 8);
+        __asm__("" : "+x"(xe), "+x"(xo));  // see below: one load for R rows
+        MOE_RESIDENCY_DETAIL_UNROLL
+        for (std::size_t r = 0; r < R; ++r) {
+          const auto* q = reinterpret_cast<const std::uint16_t*>(p + r * stride) + c + 16 * h;
+          __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+          __asm__("" : "+x"(v));  // loaded once, used twice
+          a[r][2 * h] =
+              x86_madd<Fused>(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[r][2 * h]);
+          a[r][2 * h + 1] =
+              x86_madd<Fused>(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), xo, a[r][2 * h + 1]);
+        }
+      }
+    }
+  } else {
+    const bool prefetch = x86_prefetch_fits<T, R>(cn);
+    for (std::size_t e = 0; e < cn; e += gemv_lanes) {
+      const std::size_t c = c0 + e;
+      if constexpr (T != element_type::f32)
+        if (prefetch) x86_prefetch_next<T, R>(p, stride, c);
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t j = 0; j < 4; ++j) {
+        __m256 xv = _mm256_loadu_ps(xs + e + 8 * j);
+        // One load in a register for the R rows: the compiler would fold it
+        // into each multiply-add, R loads, and the loads then limit the loop.
+        __asm__("" : "+x"(xv));
+        MOE_RESIDENCY_DETAIL_UNROLL
+        for (std::size_t r = 0; r < R; ++r)
+          a[r][j] = x86_madd<Fused>(x86_load8<T>(p + r * stride, c + 8 * j), xv, a[r][j]);
+      }
+    }
+  }
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t j = 0; j < 4; ++j) _mm256_store_ps(acc[r] + 8 * j, a[r][j]);
+  }
+}
+
+/// Rows per x86_pass: 3 rows are 12 accumulators of the 16 AVX2 registers;
+/// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows.
+template <element_type T>
+constexpr std::size_t x86_rows_per_pass() noexcept {
+  return T == element_type::bf16 ? 2 : 3;
+}
+
+/// x86_pass over nr rows from `data`: passes of R rows, then the rest.
+template <element_type T, bool Fused>
+MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_t nr,
+                                                     std::size_t stride, std::size_t c0,
+                                                     std::size_t cn, const float* xs,
+                                                     float (*acc)[gemv_lanes]) noexcept {
+  constexpr std::size_t R = x86_rows_per_pass<T>();
+  std::size_t rr = 0;
+  for (; rr + R <= nr; rr += R) x86_pass<T, Fused, R>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  if constexpr (R > 2) {
+    if (rr + 2 <= nr) {
+      x86_pass<T, Fused, 2>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      rr += 2;
+    }
+  }
+  for (; rr < nr; ++rr) x86_pass<T, Fused, 1>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+}
+
+/// x's chunk [c0, c0 + cn) as the kernel reads it: rounded when `round`,
+/// split-ordered for bf16; else x itself.
+template <element_type T>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline const float* x86_prepare_x(const float* x, std::size_t c0,
+                                                                  std::size_t cn, bool round,
+                                                                  float* buf) noexcept {
+  if (T == element_type::f32) return x + c0;
+  if (round) x86_round_block(x + c0, buf, cn, T);
+  if (T == element_type::bf16) x86_split_x(round ? buf : x + c0, buf, cn);
+  return round || T == element_type::bf16 ? buf : x + c0;
+}
+
 /// The 32-lane part of nr (<= 32) rows starting at `data`: acc[rr][lane] for
-/// columns [0, np), np a multiple of 32. (Interleaving two rows for more
-/// independent chains measured within noise, so one row at a time.)
+/// columns [0, np), np a multiple of 32, in natural lane order.
 template <element_type T, bool Fused>
 MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t nr,
                                                     std::size_t np, std::size_t stride,
@@ -520,28 +787,10 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t
     for (std::size_t j = 0; j < gemv_lanes; j += 8) _mm256_store_ps(acc[rr] + j, _mm256_setzero_ps());
   for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
     const std::size_t cn = std::min(gemv_col_block, np - c0);
-    const float* xs = x + c0;
-    if (round) {
-      x86_round_block(x + c0, xbuf, cn, T);
-      xs = xbuf;
-    }
-    for (std::size_t rr = 0; rr < nr; ++rr) {
-      const void* p = data + rr * stride;
-      __m256 a0 = _mm256_load_ps(acc[rr]), a1 = _mm256_load_ps(acc[rr] + 8),
-             a2 = _mm256_load_ps(acc[rr] + 16), a3 = _mm256_load_ps(acc[rr] + 24);
-      for (std::size_t e = 0; e < cn; e += gemv_lanes) {
-        const std::size_t c = c0 + e;
-        a0 = x86_madd<Fused>(x86_load8<T>(p, c), _mm256_loadu_ps(xs + e), a0);
-        a1 = x86_madd<Fused>(x86_load8<T>(p, c + 8), _mm256_loadu_ps(xs + e + 8), a1);
-        a2 = x86_madd<Fused>(x86_load8<T>(p, c + 16), _mm256_loadu_ps(xs + e + 16), a2);
-        a3 = x86_madd<Fused>(x86_load8<T>(p, c + 24), _mm256_loadu_ps(xs + e + 24), a3);
-      }
-      _mm256_store_ps(acc[rr], a0);
-      _mm256_store_ps(acc[rr] + 8, a1);
-      _mm256_store_ps(acc[rr] + 16, a2);
-      _mm256_store_ps(acc[rr] + 24, a3);
-    }
+    x86_rows_chunk<T, Fused>(data, nr, stride, c0, cn, x86_prepare_x<T>(x, c0, cn, round, xbuf), acc);
   }
+  if (T == element_type::bf16)
+    for (std::size_t rr = 0; rr < nr; ++rr) x86_unsplit_lanes(acc[rr]);
 }
 
 /// The AVX2+FMA+F16C GEMV. Call only when x86_has_avx2_fma_f16c(). The
@@ -551,30 +800,83 @@ template <class Tag, bool Fused>
 inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                           std::size_t stride, const float* x, float* y,
                           activation_rounding r) noexcept {
-  constexpr bool fused = Fused;
   const bool round = r == activation_rounding::engine && t != element_type::f32;
   const std::size_t np = cols - cols % gemv_lanes;
   alignas(32) float acc[gemv_row_block][gemv_lanes];
+  alignas(32) float xbuf[gemv_col_block];
+  const float* xs = nullptr;  // x prepared once, when one chunk holds it
   for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
     const std::size_t nr = std::min(gemv_row_block, rows - r0);
     const char* block = static_cast<const char*>(data) + r0 * stride;
-    switch (t) {
-      case element_type::f16:
-        x86_gemv_rows<element_type::f16, fused>(block, nr, np, stride, x, round, acc);
-        break;
-      case element_type::bf16:
-        x86_gemv_rows<element_type::bf16, fused>(block, nr, np, stride, x, round, acc);
-        break;
-      case element_type::f32:
-        x86_gemv_rows<element_type::f32, fused>(block, nr, np, stride, x, round, acc);
-        break;
+    if (np <= gemv_col_block && np > 0) {
+      if (xs == nullptr) {
+        switch (t) {
+          case element_type::f16: xs = x86_prepare_x<element_type::f16>(x, 0, np, round, xbuf); break;
+          case element_type::bf16: xs = x86_prepare_x<element_type::bf16>(x, 0, np, round, xbuf); break;
+          case element_type::f32: xs = x; break;
+        }
+      }
+      std::memset(acc, 0, sizeof acc);
+      switch (t) {
+        case element_type::f16:
+          x86_rows_chunk<element_type::f16, Fused>(block, nr, stride, 0, np, xs, acc);
+          break;
+        case element_type::bf16:
+          x86_rows_chunk<element_type::bf16, Fused>(block, nr, stride, 0, np, xs, acc);
+          break;
+        case element_type::f32:
+          x86_rows_chunk<element_type::f32, Fused>(block, nr, stride, 0, np, xs, acc);
+          break;
+      }
+    } else {
+      switch (t) {
+        case element_type::f16:
+          x86_gemv_rows<element_type::f16, Fused>(block, nr, np, stride, x, round, acc);
+          break;
+        case element_type::bf16:
+          x86_gemv_rows<element_type::bf16, Fused>(block, nr, np, stride, x, round, acc);
+          break;
+        case element_type::f32:
+          x86_gemv_rows<element_type::f32, Fused>(block, nr, np, stride, x, round, acc);
+          break;
+      }
     }
-    for (std::size_t rr = 0; rr < nr; ++rr)
-      y[r0 + rr] = finish_dot<Tag, Fused>(reduce_lanes<Tag>(acc[rr], t), block + rr * stride, x,
-                                          np, cols, t, r);
+    // One chunk leaves bf16 lanes in split order; x86_gemv_rows unsplits.
+    const bool split = t == element_type::bf16 && np <= gemv_col_block && np > 0;
+    if (np == cols) {
+      for (std::size_t rr = 0; rr < nr; ++rr) y[r0 + rr] = x86_reduce_lanes(acc[rr], t, split);
+    } else {
+      for (std::size_t rr = 0; rr < nr; ++rr)
+        y[r0 + rr] = finish_dot<Tag, Fused>(x86_reduce_lanes(acc[rr], t, split),
+                                            block + rr * stride, x, np, cols, t, r);
+    }
   }
 }
 #endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
+
+/// gemv_simd's kernel. In a TU compiled for AVX2 and F16C (and FMA when the
+/// multiply-add is fused) on x86-64 GCC/Clang, the 8-wide architectures take
+/// the hand-written kernel above: the same instructions as the xsimd kernel,
+/// plus the bf16 split, and the same kernel the default build dispatches to,
+/// so both builds run at the same speed. Every other architecture, and every
+/// other compiler, takes the xsimd kernel (gemv_simd_generic). Same bits.
+template <class Arch, bool Fused>
+inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
+                           std::size_t stride, const float* x, float* y,
+                           activation_rounding r) noexcept {
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__F16C__)
+#if defined(__FMA__)
+  constexpr bool can_fuse = true;
+#else
+  constexpr bool can_fuse = false;
+#endif
+  if constexpr (batch_width<Arch>() == 8 && (can_fuse || !Fused)) {
+    gemv_x86_impl<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
+    return;
+  }
+#endif
+  gemv_simd_generic<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
+}
 
 }  // namespace detail
 }  // namespace moe_residency
