@@ -39,17 +39,17 @@ for t in "${targets[@]}"; do
   corpus="$build/corpus/$t" findings="$build/findings/$t"
   mkdir -p "$corpus" "$findings"
   echo "== fuzz: $t for ${seconds}s (corpus $corpus)"
-  start=$(date +%s)
+  start=$(date +%s) target_status=0
   # -max_len: the real-trace seeds are a few KiB; leave room to grow them.
   if ! "$build/fuzz/$t" "$corpus" "$build/seeds/$t" -max_total_time="$seconds" -max_len=16384 \
         -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$findings/" \
         >"$build/$t.log" 2>&1; then
-    status=1
+    status=1 target_status=1
     echo "scripts/fuzz.sh: $t found a failure; inputs in $findings, log $build/$t.log" >&2
     grep -E "ERROR|FUZZ CHECK FAILED|runtime error|uncaught|SUMMARY" "$build/$t.log" | head -20 >&2 || true
   fi
   end=$(date +%s)
   grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$build/$t.log" | sed "s/^/  $t /" || true
-  echo "$(date -u +%FT%TZ) $t $((end - start))s status=$status" >>"$build/fuzz-time.log"
+  echo "$(date -u +%FT%TZ) $t $((end - start))s status=$target_status" >>"$build/fuzz-time.log"
 done
 exit "$status"
