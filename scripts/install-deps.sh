@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs, through apt-get, the Debian packages moe-residency needs that are
 # not installed yet. Safe to run again: it does nothing when all are present.
+# --minimal: only what scripts/demo.sh needs; --aarch64: also the aarch64 cross
+# compiler and qemu-user (cmake/toolchains/aarch64-linux-gnu.cmake).
 set -euo pipefail
 
 packages=(
@@ -18,6 +20,11 @@ command -v npm >/dev/null 2>&1 || packages+=(npm)
 command -v git >/dev/null 2>&1 || packages+=(git)
 if [[ "${1:-}" == "--minimal" ]]; then
   packages=(g++ cmake ninja-build libeigen3-dev libxsimd-dev doctest-dev libcli11-dev nlohmann-json3-dev)
+fi
+# CI's aarch64 stage (the `aarch64` preset): the cross compiler and qemu-user to run
+# what it builds; the header-only dependencies above are reused from the host.
+if [[ "${1:-}" == "--aarch64" ]]; then
+  packages+=(g++-aarch64-linux-gnu qemu-user)
 fi
 
 missing=()

@@ -19,18 +19,20 @@ inline void* counted_malloc(std::size_t n) noexcept {
 }
 }  // namespace moe_residency_test
 
-void* operator new(std::size_t n) {
+// Kept out of line, like the deletes below: at -O3 (aarch64 release) GCC 12 inlines
+// them, sees malloc, and then flags the sized operator delete on that pointer.
+[[gnu::noinline]] void* operator new(std::size_t n) {
   if (void* p = moe_residency_test::counted_malloc(n)) return p;
   throw std::bad_alloc();
 }
-void* operator new[](std::size_t n) {
+[[gnu::noinline]] void* operator new[](std::size_t n) {
   if (void* p = moe_residency_test::counted_malloc(n)) return p;
   throw std::bad_alloc();
 }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+[[gnu::noinline]] void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   return moe_residency_test::counted_malloc(n);
 }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+[[gnu::noinline]] void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
   return moe_residency_test::counted_malloc(n);
 }
 // Kept out of line: GCC 12 inlines them at -O1 and then flags free() on memory

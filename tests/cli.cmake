@@ -2,9 +2,11 @@
 # from the tool's own output (not from the library functions behind it).
 if(TARGET moe_residency_cli)
   set(_mr_t "${MOE_RESIDENCY_TRACES_DIR}")
+  # Cross builds run the tool through CMAKE_CROSSCOMPILING_EMULATOR (qemu), '|'-separated.
+  string(REPLACE ";" "|" _mr_emulator "${CMAKE_CROSSCOMPILING_EMULATOR}")
   function(moe_residency_cli_test name args expect needs)
     add_test(NAME cli_${name}
-      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DARGS=${args}"
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
               "-DEXPECT=${expect}" "-DNEEDS=${needs}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moe_residency/cache.hpp"
+#include "support.hpp"
 
 using namespace moe_residency;
 
@@ -24,194 +25,14 @@ namespace {
 layer_id L(int l) { return layer_id(static_cast<std::uint16_t>(l)); }
 expert_id E(int e) { return expert_id(static_cast<std::uint16_t>(e)); }
 
-model_shape equal_shape(std::size_t layers, std::size_t experts, std::size_t k, std::uint64_t bytes = 100) {
-  return model_shape("t", experts, k, std::vector<std::uint64_t>(layers, bytes));
-}
-
-struct batch {
-  run_phase phase;
-  int layer;
-  std::vector<expert_id> ids;
-};
-
-/// A random trace in the engine's shape: a prefill batch per layer (many
-/// tokens, duplicates), then decode batches of k distinct ids per layer, with
-/// skewed (hot-expert) routing so policies differ.
-std::vector<batch> random_trace(const model_shape& s, std::uint32_t seed, int prefill_tokens, int decode_tokens) {
-  std::mt19937 rng(seed);
-  const int n_e = static_cast<int>(s.n_experts()), k = static_cast<int>(s.top_k());
-  std::vector<std::discrete_distribution<int>> dist;
-  for (std::size_t l = 0; l < s.n_layers(); ++l) {
-    std::vector<double> w(n_e);
-    for (int e = 0; e < n_e; ++e) w[e] = 1.0 / (1 + ((e * 7 + static_cast<int>(l) * 3) % n_e));
-    dist.emplace_back(w.begin(), w.end());
-  }
-  auto routing = [&](int l) {
-    std::vector<expert_id> ids;
-    while (static_cast<int>(ids.size()) < k) {
-      const expert_id e = E(dist[l](rng));
-      if (std::find(ids.begin(), ids.end(), e) == ids.end()) ids.push_back(e);
-    }
-    return ids;
-  };
-  std::vector<batch> out;
-  for (int l = 0; l < static_cast<int>(s.n_layers()); ++l) {
-    batch b{run_phase::prefill, l, {}};
-    for (int t = 0; t < prefill_tokens; ++t)
-      for (expert_id e : routing(l)) b.ids.push_back(e);
-    if (prefill_tokens) out.push_back(b);
-  }
-  for (int t = 0; t < decode_tokens; ++t)
-    for (int l = 0; l < static_cast<int>(s.n_layers()); ++l) out.push_back({run_phase::decode, l, routing(l)});
-  return out;
-}
-
-std::shared_ptr<const next_use_index> index_of(const model_shape& s, const std::vector<batch>& tr) {
-  auto idx = std::make_shared<next_use_index>(s);
-  for (const auto& b : tr) idx->add_batch(L(b.layer), b.ids);
-  idx->finish();
-  return idx;
-}
-
-cache_options opts(std::uint64_t budget) {
-  cache_options o;
-  o.budget_bytes = budget;
-  o.guard = cycle_guard::off;
-  return o;
-}
-
-/// Slow obvious twin: std::list LRU with the same batch accounting.
-struct list_lru {
-  std::uint64_t budget, used = 0, hits = 0, lookups = 0, bytes = 0;
-  std::list<std::pair<int, int>> order;  // front = most recent
-  std::map<std::pair<int, int>, std::list<std::pair<int, int>>::iterator> where;
-  std::uint64_t size_of(int l, const model_shape& s) const { return s.expert_bytes(L(l)); }
-  void run(const batch& b, const model_shape& s) {
-    std::set<std::pair<int, int>> touched;
-    for (expert_id e : b.ids) {
-      const std::pair<int, int> key{b.layer, static_cast<int>(to_index(e))};
-      const bool repeat = touched.count(key) > 0;
-      touched.insert(key);
-      auto it = where.find(key);
-      if (!repeat) ++lookups;
-      if (it != where.end()) {
-        if (!repeat) ++hits;
-        order.erase(it->second);
-      } else {
-        bytes += size_of(b.layer, s);
-        used += size_of(b.layer, s);
-      }
-      order.push_front(key);
-      where[key] = order.begin();
-    }
-    auto it = order.end();
-    while (used > budget && it != order.begin()) {
-      --it;
-      if (touched.count(*it)) continue;
-      used -= size_of(it->first, s);
-      where.erase(*it);
-      it = order.erase(it);
-    }
-  }
-};
-
-/// Slow obvious twin: Belady that rescans the future at every eviction.
-struct rescan_belady {
-  std::uint64_t budget, used = 0, hits = 0, lookups = 0;
-  std::map<std::pair<int, int>, std::uint64_t> last;  // resident → last access tick
-  std::uint64_t tick = 0;
-  void run(const std::vector<batch>& tr, std::size_t i, const model_shape& s) {
-    const batch& b = tr[i];
-    std::set<std::pair<int, int>> touched;
-    for (expert_id e : b.ids) {
-      const std::pair<int, int> key{b.layer, static_cast<int>(to_index(e))};
-      ++tick;
-      if (touched.count(key)) {
-        last[key] = tick;
-        continue;
-      }
-      touched.insert(key);
-      ++lookups;
-      if (last.count(key)) ++hits;
-      else used += s.expert_bytes(L(b.layer));
-      last[key] = tick;
-    }
-    evict(tr, i + 1, touched, s);
-  }
-  /// insert() after batch i: admitted, then evict to the budget sparing it.
-  void insert(const std::vector<batch>& tr, std::size_t i, const model_shape& s, std::pair<int, int> key) {
-    used += s.expert_bytes(L(key.first));
-    last[key] = ++tick;
-    evict(tr, i + 1, {key}, s);
-  }
-  void evict(const std::vector<batch>& tr, std::size_t from, const std::set<std::pair<int, int>>& touched,
-             const model_shape& s) {
-    while (used > budget) {
-      std::vector<std::tuple<std::size_t, std::uint64_t, std::pair<int, int>>> c;  // next use, -last
-      for (const auto& [key, t] : last) {
-        if (touched.count(key)) continue;
-        std::size_t next = SIZE_MAX;
-        for (std::size_t j = from; j < tr.size(); ++j)
-          if (tr[j].layer == key.first &&
-              std::find(tr[j].ids.begin(), tr[j].ids.end(), E(key.second)) != tr[j].ids.end()) {
-            next = j;
-            break;
-          }
-        c.emplace_back(next, t, key);
-      }
-      if (c.empty()) break;
-      std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-        if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) > std::get<0>(b);
-        return std::get<1>(a) < std::get<1>(b);
-      });
-      const auto key = std::get<2>(c.front());
-      used -= s.expert_bytes(L(key.first));
-      last.erase(key);
-    }
-  }
-};
-
-/// Runs a trace through a cache, checking the invariants after every batch:
-/// the budget holds unless every resident unpinned entry was touched by the
-/// batch; touched and pinned entries survive.
-template <class Policy>
-cache_stats run_checked(const model_shape& s, const std::vector<batch>& tr, std::uint64_t budget, Policy p,
-                        const std::vector<std::pair<int, int>>& pins = {}) {
-  expert_cache<Policy> c(s, opts(budget), std::move(p));
-  for (auto [l, e] : pins) c.pin(L(l), E(e));
-  for (const auto& b : tr) {
-    c.access_batch(b.phase, L(b.layer), b.ids);
-    for (expert_id e : b.ids) REQUIRE(c.is_resident(L(b.layer), e));  // touched survive
-    for (const auto& pin : pins) {
-      const int l = pin.first, e = pin.second;
-      const bool seen = std::any_of(tr.begin(), tr.end(), [&](const batch& x) {
-        return x.layer == l && std::find(x.ids.begin(), x.ids.end(), E(e)) != x.ids.end() && &x <= &b;
-      });
-      if (seen) REQUIRE(c.is_resident(L(l), E(e)));  // pinned survive once loaded
-    }
-    if constexpr (std::is_base_of_v<detail::cache_partition_base, Policy>) {
-      // A partition bounds each layer, not the total (floor of k per layer).
-      if (c.resident_count(L(b.layer)) > c.policy().layer_capacity(L(b.layer))) {
-        for (std::size_t e = 0; e < s.n_experts(); ++e) {
-          const bool touched = std::find(b.ids.begin(), b.ids.end(), E(static_cast<int>(e))) != b.ids.end();
-          if (!touched && !c.is_pinned(L(b.layer), E(static_cast<int>(e))))
-            REQUIRE_FALSE(c.is_resident(L(b.layer), E(static_cast<int>(e))));
-        }
-      }
-    } else if (c.resident_bytes() > budget) {
-      // Only allowed when nothing else could go: count evictable residents.
-      std::set<int> here;
-      for (expert_id e : b.ids) here.insert(static_cast<int>(to_index(e)));
-      for (std::size_t l = 0; l < s.n_layers(); ++l)
-        for (std::size_t e = 0; e < s.n_experts(); ++e) {
-          const bool touched = static_cast<int>(l) == b.layer && here.count(static_cast<int>(e));
-          const bool pinned = c.is_pinned(L(static_cast<int>(l)), E(static_cast<int>(e)));
-          if (!touched && !pinned) REQUIRE_FALSE(c.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e))));
-        }
-    }
-  }
-  return c.stats();
-}
+using moe_residency_test::fixtures::batch;
+using moe_residency_test::fixtures::equal_shape;
+using moe_residency_test::fixtures::index_of;
+using moe_residency_test::fixtures::list_lru;
+using moe_residency_test::fixtures::opts;
+using moe_residency_test::fixtures::random_trace;
+using moe_residency_test::fixtures::rescan_belady;
+using moe_residency_test::fixtures::run_checked;
 
 }  // namespace
 

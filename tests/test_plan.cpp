@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "alloc_counter.hpp"
+#include "support.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -90,11 +91,7 @@ routing make_routing(unsigned layer, const std::vector<float>& w,
   return r;
 }
 
-// Residency as a set of expert ids of any layer (tests use one layer at a time).
-struct resident_set {
-  std::set<unsigned> ids;
-  bool operator()(layer_id, expert_id e) const { return ids.count(static_cast<unsigned>(e)) != 0; }
-};
+using moe_residency_test::fixtures::resident_set;
 
 std::uint32_t mask_of(std::initializer_list<unsigned> slots) {
   std::uint32_t m = 0;
@@ -310,27 +307,7 @@ TEST_CASE("drop_policy: NaN weights are counted, not summed, never dropped") {
 
 namespace {
 
-// The slow obvious twin of drop_policy::evaluate.
-std::uint32_t twin_drop(const routing& r, double thr, const std::set<unsigned>& resident) {
-  // The top-weighted slot: sort slots by weight, NaN last, stable on ties.
-  std::vector<std::size_t> order(r.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    const float wa = r.weight(a), wb = r.weight(b);
-    if (std::isnan(wa)) return false;
-    if (std::isnan(wb)) return true;
-    return wa > wb;
-  });
-  const std::size_t top = order.empty() ? 0 : order[0];
-  std::uint32_t m = 0;
-  for (std::size_t s = 0; s < r.size(); ++s) {
-    if (s == top) continue;
-    const bool miss = resident.count(static_cast<unsigned>(r.id(s))) == 0;
-    const bool light = !std::isnan(r.weight(s)) && static_cast<double>(r.weight(s)) < thr;
-    if (miss && light) m |= 1u << s;
-  }
-  return m;
-}
+using moe_residency_test::fixtures::twin_drop;
 
 }  // namespace
 
@@ -467,22 +444,7 @@ TEST_CASE("speculation_planner: cap above 32 is rejected") {
 
 namespace {
 
-// The slow obvious twin of the planner: filter the list, then take `cap`.
-std::vector<unsigned> twin_plan(const ranking& pred, std::size_t top_k, std::size_t cap,
-                                const std::set<unsigned>& resident, std::optional<double> thr) {
-  std::vector<unsigned> seen, out;
-  for (std::size_t r = 0; r < std::min(top_k, pred.size()); ++r) {
-    const unsigned id = static_cast<unsigned>(pred.id(r));
-    const bool dup = std::find(seen.begin(), seen.end(), id) != seen.end();
-    seen.push_back(id);
-    if (dup || resident.count(id)) continue;
-    const float w = pred.weight(r);
-    if (thr && r != 0 && !std::isnan(w) && static_cast<double>(w) < *thr) continue;
-    out.push_back(id);
-  }
-  if (out.size() > cap) out.resize(cap);
-  return out;
-}
+using moe_residency_test::fixtures::twin_plan;
 
 }  // namespace
 

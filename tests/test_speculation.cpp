@@ -25,6 +25,7 @@
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/session.hpp"
 #include "moe_residency/synthetic.hpp"
+#include "support.hpp"
 
 using namespace moe_residency;
 
@@ -53,27 +54,7 @@ ranking make_ranking(std::vector<std::pair<unsigned, float>> entries) {
   return r;
 }
 
-// A read callback recording calls; expert ids listed in `fail` fail.
-struct recorder {
-  std::mutex mu;
-  std::vector<std::tuple<unsigned, unsigned, read_reason>> calls;
-  std::set<unsigned> fail;
-  read_callback callback() {
-    return [this](layer_id l, expert_id e, read_reason why) {
-      std::lock_guard<std::mutex> lock(mu);
-      calls.emplace_back(static_cast<unsigned>(to_index(l)), static_cast<unsigned>(to_index(e)),
-                         why);
-      return fail.count(static_cast<unsigned>(to_index(e))) ? read_status::failed
-                                                            : read_status::ok;
-    };
-  }
-  std::size_t count(read_reason why) {
-    std::lock_guard<std::mutex> lock(mu);
-    std::size_t n = 0;
-    for (auto& c : calls) n += std::get<2>(c) == why;
-    return n;
-  }
-};
+using moe_residency_test::fixtures::recorder;
 
 // 4 layers × 16 experts × 100 bytes, top-4; the budget holds 12 entries.
 model_shape tiny() { return model_shape("tiny", 16, 4, {100, 100, 100, 100}); }
@@ -383,218 +364,11 @@ TEST_CASE("simulated_flash: rejects each bad value, naming it") {
 
 namespace {
 
-struct demand_entry {  // one lookup: the batch's first token, layer, expert
-  std::uint32_t batch_token;
-  unsigned layer, expert;
-  bool operator<(const demand_entry& o) const {
-    return std::tie(batch_token, layer, expert) < std::tie(o.batch_token, o.layer, o.expert);
-  }
-  bool operator==(const demand_entry& o) const {
-    return batch_token == o.batch_token && layer == o.layer && expert == o.expert;
-  }
-};
-
-struct executed_slot {  // one routed expert the engine computes with
-  std::uint32_t batch_token, token;
-  unsigned layer, expert;
-  std::uint32_t weight_bits;  // exact, NaN-safe
-  auto key() const { return std::tie(batch_token, token, layer, expert, weight_bits); }
-  bool operator<(const executed_slot& o) const { return key() < o.key(); }
-  bool operator==(const executed_slot& o) const { return key() == o.key(); }
-};
-
-std::uint32_t bits_of(float w) {
-  std::uint32_t b;
-  std::memcpy(&b, &w, sizeof b);
-  return b;
-}
-
-// Shared by the recording cache and the routing recorder (host thread only).
-struct library_log {
-  std::uint32_t batch_token = 0;  // set at each begin_batch
-  bool batch_open = false;        // a cache load batch is open
-  unsigned batch_layer = 0;
-  std::vector<demand_entry> lookups;
-  std::uint64_t lookups_outside_batch = 0;
-  std::vector<executed_slot> executed;  // unmasked slots of the routings handed to extensions
-  std::uint64_t masked_slots = 0;       // slots the extensions asked the engine to skip
-};
-
-// An expert_cache<lru_policy> that logs what it is asked.
-class recording_cache {
- public:
-  recording_cache(lru_cache c, std::shared_ptr<library_log> log)
-      : c_(std::move(c)), log_(std::move(log)) {}
-  const model_shape& shape() const noexcept { return c_.shape(); }
-  bool is_resident(layer_id l, expert_id e) const noexcept { return c_.is_resident(l, e); }
-  bool insert(layer_id l, expert_id e, run_phase p) noexcept { return c_.insert(l, e, p); }
-  bool invalidate(layer_id l, expert_id e) noexcept { return c_.invalidate(l, e); }
-  bool begin_batch(run_phase phase, layer_id l) noexcept {
-    log_->batch_open = true;
-    log_->batch_layer = static_cast<unsigned>(to_index(l));
-    return c_.begin_batch(phase, l);
-  }
-  lookup_result lookup(expert_id e) noexcept {
-    if (!log_->batch_open) ++log_->lookups_outside_batch;
-    log_->lookups.push_back(
-        {log_->batch_token, log_->batch_layer, static_cast<unsigned>(to_index(e))});
-    return c_.lookup(e);
-  }
-  std::size_t end_batch() noexcept {
-    log_->batch_open = false;
-    return c_.end_batch();
-  }
-  const cache_stats& stats() const noexcept { return c_.stats(); }
-  std::uint64_t budget_bytes() const noexcept { return c_.budget_bytes(); }
-
- private:
-  lru_cache c_;
-  std::shared_ptr<library_log> log_;
-};
-
-// A session extension placed after the speculation: sees the routings and the
-// drop masks as the session hands them on.
-struct routing_recorder {
-  std::shared_ptr<library_log> log;
-  template <class S>
-  void on_begin_batch(S&, run_phase, std::uint32_t first_token, std::size_t) noexcept {
-    log->batch_token = first_token;
-  }
-  template <class S>
-  void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t> masks) {
-    for (std::size_t t = 0; t < rs.size(); ++t) {
-      const routing& r = rs[t];
-      const std::uint32_t mask = t < masks.size() ? masks[t] : 0u;
-      for (std::size_t i = 0; i < r.size(); ++i) {
-        if ((mask >> i) & 1u) {
-          ++log->masked_slots;
-          continue;
-        }
-        log->executed.push_back({log->batch_token, r.token, static_cast<unsigned>(to_index(l)),
-                                 static_cast<unsigned>(to_index(r.id(i))), bits_of(r.weight(i))});
-      }
-    }
-  }
-};
-
-using rec_spec_t = speculation<recording_cache>;
-using spec_session =
-    session<predictor_set<stale_gate_predictor>, rec_spec_t, routing_recorder>;
-
-struct run_result {
-  std::vector<demand_entry> demanded;   // what each layer asked the cache for, sorted
-  std::vector<executed_slot> executed;  // what the session handed on, unmasked, sorted
-  std::vector<executed_slot> host_executed;  // the host's routings minus s.drop_mask(t), sorted
-  std::uint64_t masked_slots = 0;
-  std::uint64_t lookups_outside_batch = 0;
-  speculation_stats spec;
-  scheduler_stats reads;
-  cache_stats cache;
-  std::size_t demanded_callbacks = 0;
-  std::size_t not_resident_when_executed = 0;
-  std::string notes;
-};
-
-// The experts demanded, as (batch, layer, expert): what the executed slots
-// should have asked the cache for.
-std::vector<demand_entry> demand_of(const std::vector<executed_slot>& executed) {
-  std::vector<demand_entry> d;
-  for (const executed_slot& x : executed) d.push_back({x.batch_token, x.layer, x.expert});
-  std::sort(d.begin(), d.end());
-  return d;
-}
-
-run_result run_synthetic(bool speculate, bool drop, std::size_t lanes, std::size_t tokens,
-                         double flash_scale = 0.0) {
-  const synthetic_config c =
-      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6);
-  const synthetic_model model(c);
-  const model_shape& shape = model.shape();
-  // A budget of 1.5 token cycles: LRU hits, and speculation both helps and evicts.
-  const std::uint64_t budget = token_cycle_bytes(shape) * 3 / 2;
-  std::unique_ptr<simulated_flash> flash;
-  recorder rec;
-  read_callback cb = rec.callback();
-  if (flash_scale > 0) {
-    simulated_flash_options fo;
-    fo.time_scale = flash_scale;
-    flash = std::make_unique<simulated_flash>(shape, fo);
-    cb = flash->callback();
-  }
-  speculation_options o;
-  o.enabled = speculate;
-  o.scheduler.lanes = lanes;
-  if (drop) o.drop = drop_options{};
-  auto log = std::make_shared<library_log>();
-  log->lookups.reserve(1u << 16);
-  spec_session s(
-      shape, session_options{}, std::tuple<stale_gate_predictor>{},
-      std::tuple<rec_spec_t, routing_recorder>{
-          rec_spec_t(shape,
-                     recording_cache(lru_cache(shape, {budget, cycle_guard::refuse, {}}), log),
-                     cb, o),
-          routing_recorder{log}});
-  install_routers(s, model);
-  synthetic_stream stream(model);
-  run_result out;
-  auto feed = [&](run_phase phase, std::size_t n) {
-    stream.next(n);
-    REQUIRE(s.begin_batch(phase, stream.first_token(), n));
-    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
-      const layer_id lid = L(static_cast<unsigned>(l));
-      if (!shape.is_moe(lid)) continue;
-      REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n,
-                           model.n_embd() * sizeof(float)));
-      REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), n)));
-      // The host: computes its own routings without the slots the session says to skip.
-      const rec_spec_t& x = s.extension<0>();
-      for (std::size_t t = 0; t < n; ++t) {
-        const routing& r = stream.routed(lid, t);
-        for (std::size_t i = 0; i < r.size(); ++i) {
-          if ((s.drop_mask(t) >> i) & 1u) continue;
-          out.host_executed.push_back({stream.first_token(),
-                                       stream.first_token() + static_cast<std::uint32_t>(t),
-                                       static_cast<unsigned>(l),
-                                       static_cast<unsigned>(to_index(r.id(i))),
-                                       bits_of(r.weight(i))});
-          if (!x.cache().is_resident(lid, r.id(i))) ++out.not_resident_when_executed;
-        }
-      }
-      REQUIRE(s.layer_loaded(lid));
-    }
-    REQUIRE(s.end_batch());
-  };
-  feed(run_phase::prefill, 8);
-  for (std::size_t t = 0; t < tokens; ++t) feed(run_phase::decode, 1);
-  rec_spec_t& x = s.extension<0>();
-  x.finish();
-  out.spec = x.stats();
-  out.reads = x.read_stats();
-  out.cache = x.cache().stats();
-  out.demanded_callbacks = rec.count(read_reason::demanded);
-  for (const std::string& n : x.lines()) out.notes += n + "\n";
-  out.demanded = log->lookups;
-  std::sort(out.demanded.begin(), out.demanded.end());
-  out.executed = log->executed;
-  std::sort(out.executed.begin(), out.executed.end());
-  std::sort(out.host_executed.begin(), out.host_executed.end());
-  out.masked_slots = log->masked_slots;
-  out.lookups_outside_batch = log->lookups_outside_batch;
-  return out;
-}
-
-// What must hold for any run with dropping off, speculation on or off.
-void check_run_consistent(const run_result& r) {
-  CHECK(r.lookups_outside_batch == 0);
-  CHECK(r.masked_slots == 0);
-  CHECK(!r.executed.empty());
-  // The session handed on exactly what the host routed, and the host's view of
-  // the drop masks matches what the extensions wrote.
-  CHECK(r.executed == r.host_executed);
-  // Each layer asked the cache for exactly the experts it computes with.
-  CHECK(r.demanded == demand_of(r.executed));
-  CHECK(r.not_resident_when_executed == 0);
-}
+using moe_residency_test::fixtures::bits_of;
+using moe_residency_test::fixtures::check_run_consistent;
+using moe_residency_test::fixtures::demand_of;
+using moe_residency_test::fixtures::run_result;
+using moe_residency_test::fixtures::run_synthetic;
 
 }  // namespace
 

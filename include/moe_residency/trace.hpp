@@ -833,6 +833,15 @@ inline route_trace parse_route_trace_binary(std::string_view bytes, const std::s
   if (body != n_rows * binary_trace_record_size)
     throw fail(std::to_string(body - n_rows * binary_trace_record_size) + " bytes after the last of " +
                std::to_string(n_rows) + " records; expected the file to end there");
+  // The layout's padding is zero; anything else means the lengths do not describe the file.
+  auto check_padding = [&](std::uint64_t from, std::uint64_t to, const char* after) {
+    for (std::uint64_t i = from; i < to; ++i)
+      if (b[i] != 0)
+        throw fail("header: padding byte at offset " + std::to_string(i) + " after the " + after + " is " +
+                   std::to_string(b[i]) + "; expected 0");
+  };
+  check_padding(binary_trace_fixed_header + model_len + arch_len, strings_end, "model and arch strings");
+  check_padding(strings_end + 17 * static_cast<std::uint64_t>(h.n_layer), layers_end, "layer flags");
   h.model.assign(reinterpret_cast<const char*>(b) + binary_trace_fixed_header, model_len);
   h.arch.assign(reinterpret_cast<const char*>(b) + binary_trace_fixed_header + model_len, arch_len);
   h.expert_bytes.resize(h.n_layer);

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs one libFuzzer target for a bounded time:
+#   scripts/fuzz.sh TARGET SECONDS      TARGET: fuzz_trace_csv, fuzz_trace_binary, fuzz_session, or all
+# Builds the targets with clang (-fsanitize=fuzzer,address,undefined) in build/fuzz,
+# writes the seed corpora there (from $MOE_RESIDENCY_TRACES or ../shared/traces and
+# the unit tests' small trace), keeps the growing corpus in build/fuzz/corpus/TARGET,
+# and leaves any crashing input in build/fuzz/findings/TARGET. Exits non-zero on a
+# finding. Appends the time spent to build/fuzz/fuzz-time.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+targets_all=(fuzz_trace_csv fuzz_trace_binary fuzz_session)
+target="${1:-}"
+seconds="${2:-60}"
+if [[ -z "$target" || ! "$seconds" =~ ^[0-9]+$ ]]; then
+  echo "usage: scripts/fuzz.sh TARGET SECONDS   (TARGET: ${targets_all[*]} | all)" >&2
+  exit 2
+fi
+if [[ "$target" == all ]]; then
+  targets=("${targets_all[@]}")
+else
+  case " ${targets_all[*]} " in *" $target "*) targets=("$target") ;; *)
+    echo "scripts/fuzz.sh: unknown target '$target'; expected one of: ${targets_all[*]} all" >&2
+    exit 2 ;;
+  esac
+fi
+
+build=build/fuzz
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+      -DMOE_RESIDENCY_BUILD_FUZZERS=ON -DMOE_RESIDENCY_BUILD_TESTS=OFF -DMOE_RESIDENCY_BUILD_EXAMPLES=OFF \
+      -DMOE_RESIDENCY_INSTALL=OFF -DMOE_RESIDENCY_WARNINGS_AS_ERRORS=ON >/dev/null
+cmake --build "$build" --target "${targets[@]}" moe_residency_fuzz_seeds
+
+traces="${MOE_RESIDENCY_TRACES:-$(cd .. && pwd)/shared/traces}"
+"$build/fuzz/moe_residency_fuzz_seeds" "$traces" "$build/seeds" >/dev/null
+
+status=0
+for t in "${targets[@]}"; do
+  corpus="$build/corpus/$t" findings="$build/findings/$t"
+  mkdir -p "$corpus" "$findings"
+  echo "== fuzz: $t for ${seconds}s (corpus $corpus)"
+  start=$(date +%s) target_status=0
+  # -max_len: the real-trace seeds are a few KiB; leave room to grow them.
+  if ! "$build/fuzz/$t" "$corpus" "$build/seeds/$t" -max_total_time="$seconds" -max_len=16384 \
+        -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$findings/" \
+        >"$build/$t.log" 2>&1; then
+    status=1 target_status=1
+    echo "scripts/fuzz.sh: $t found a failure; inputs in $findings, log $build/$t.log" >&2
+    grep -E "ERROR|FUZZ CHECK FAILED|runtime error|uncaught|SUMMARY" "$build/$t.log" | head -20 >&2 || true
+  fi
+  end=$(date +%s)
+  grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$build/$t.log" | sed "s/^/  $t /" || true
+  echo "$(date -u +%FT%TZ) $t $((end - start))s status=$target_status" >>"$build/fuzz-time.log"
+done
+exit "$status"
