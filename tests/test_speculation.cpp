@@ -3,6 +3,7 @@
 // never touching residency, and — on the synthetic workload through a session
 // — the byte-identity contract (dropping off: the experts demanded and the
 // routings executed are identical with and without speculation).
+#include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 
 #include <doctest/doctest.h>

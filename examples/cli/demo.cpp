@@ -13,6 +13,7 @@
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
+#include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 #include "moe_residency/synthetic.hpp"
 

@@ -37,6 +37,7 @@
 #include "moe_residency/core.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/predict.hpp"
+#include "moe_residency/predict/router_bank.hpp"
 #include "moe_residency/router.hpp"
 #include "moe_residency/score.hpp"
 
