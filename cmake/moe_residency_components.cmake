@@ -34,6 +34,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/cache.hpp
   moe_residency/score.hpp
   moe_residency/plan.hpp
+  moe_residency/session_hook.hpp
   moe_residency/predict/contract.hpp
   moe_residency/predict/history.hpp
   moe_residency/detail/half.hpp

@@ -38,6 +38,8 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/io.hpp"
 #include "moe_residency/plan.hpp"
+#include "moe_residency/predict/contract.hpp"
+#include "moe_residency/session_hook.hpp"
 
 namespace moe_residency {
 
@@ -264,6 +266,31 @@ class speculation {
 
   // ---- session extension hooks ---------------------------------------------
 
+  static constexpr session_hook hooks = session_hook::attach | session_hook::begin_batch |
+                                        session_hook::routings | session_hook::layer_loaded;
+
+  /// Refuses (throws `error`) a session whose predictor `Predictor` cannot rank
+  /// the layer `horizon` MoE layers ahead when end_load needs it: a gate
+  /// predictor of horizon H ranks layer l + H from layer l's gate input, so at
+  /// layer l's end it has ranked only up to l + H. Without this check every
+  /// end_load found no prediction and no speculative read was ever issued.
+  template <class Session>
+  void on_attach(const Session&) const {
+    static_assert(Predictor < Session::n_predictors,
+                  "speculation<Cache, Predictor>: Predictor is not an index of the session's predictors");
+    using P = typename Session::template predictor_type<Predictor>;
+    if constexpr (P::timing == prediction_timing::gate) {
+      if (options_.enabled && options_.horizon > P::horizon)
+        throw error("speculation: horizon " + std::to_string(options_.horizon) + " needs predictor " +
+                    std::to_string(Predictor) + " to rank the MoE layer " + std::to_string(options_.horizon) +
+                    " ahead when a layer is loaded, but predictor " + std::to_string(Predictor) + " ('" +
+                    P::label().name + "') is a gate predictor of horizon " + std::to_string(P::horizon) +
+                    "; expected horizon <= " + std::to_string(P::horizon) +
+                    ", or a predictor that ranks further ahead (stale_gate_l2_predictor for horizon 2, or a "
+                    "history predictor)");
+    }
+  }
+
   template <class Session>
   void on_begin_batch(Session&, run_phase phase, std::uint32_t, std::size_t n_tokens) noexcept {
     begin_token(phase, n_tokens);
@@ -302,6 +329,7 @@ class speculation {
   scheduler_stats read_stats() const { return scheduler_->stats(); }
 
   /// `moe-prefetch: issued N / useful U (P% of completed) / cancelled C, X MiB speculated per token; ...`
+  /// (with `no prediction N` when loads found no ranking of their target).
   std::string prefetch_line() const {
     const scheduler_stats r = scheduler_->stats();
     const speculation_stats s = stats();
@@ -319,6 +347,9 @@ class speculation {
            " MiB speculated per token; completed " + std::to_string(r.completed) + ", failed " +
            std::to_string(r.failed) + ", rejected " + std::to_string(r.rejected) + ", wasted " +
            detail::plan_fixed(to_mib(wasted), 1) + " MiB, pending " + std::to_string(s.pending) +
+           // Loads whose target the predictor had not ranked: shown when any, since
+           // they are reads that could not be planned at all.
+           (s.no_prediction ? ", no prediction " + std::to_string(s.no_prediction) : std::string()) +
            ", decode stall " + per_token_ms(s.decode_stall_ns) + " ms per token";
   }
   /// `moe-drop: F = 1 (threshold 0.125): dropped D of N routed experts in R of M routings, ...`
