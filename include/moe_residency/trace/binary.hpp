@@ -126,19 +126,17 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
   }
   if (const std::string p = header_problem(h); !p.empty()) throw fail("header: " + p);
 
-  // Decode every fixed-width record, then validate the rows in one pass
-  // (checking each row right after its stores stalled on store forwarding).
-  // Decode straight into the rows: a row assembled on the stack and copied
-  // would be reloaded wide right after its narrow stores (a forwarding stall).
-  t.rows.resize(static_cast<std::size_t>(n_rows));
-  trace_row* const out = t.rows.data();
-  const unsigned char* rp = b + layers_end;
-  bool bad_bits = false;
+  // One pass: decode a record into a local row, check it, append it; each
+  // row is written once (no value-initialising resize first).
+  t.rows.reserve(static_cast<std::size_t>(n_rows));
   const std::size_t n_layer = h.n_layer;
   const std::uint64_t* layer_bytes = h.expert_bytes.data();
-  const bool has_dropped = h.has_dropped_column;
+  const unsigned dropped_code = h.has_dropped_column ? 1u : 0u;  // (bits >> 1) != 0 must equal this
+  trace_row_checker checker(h);
+  trace_issue issue;
+  const unsigned char* rp = b + layers_end;
   for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size) {
-    trace_row& r = out[i];
+    trace_row r;
     r.turn = load_le<std::uint32_t>(rp);
     r.step = load_le<std::uint32_t>(rp + 4);
     r.weight = float_from_bits(load_le<std::uint32_t>(rp + 8));
@@ -148,25 +146,17 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
     r.phase = static_cast<run_phase>(rp[17]);
     r.residency = rp[18];
     const unsigned bits = rp[19];
-    bad_bits |= bits > 7 || (bits >> 1) == 3 || ((bits >> 1) != 0) != has_dropped;
+    if (bits > 7 || (bits >> 1) == 3 || static_cast<unsigned>((bits >> 1) != 0) != dropped_code)
+      throw fail("record " + std::to_string(i) + ", column dropped: bits " + std::to_string(bits) +
+                 (h.has_dropped_column ? "; expected dropped 0 or 1" : "; expected no dropped value (no column)"));
     r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
     // The read bit stands for the layer's expert bytes; an out-of-range
-    // layer is reported by the checker below.
+    // layer is reported by the checker.
     const std::size_t layer = to_index(r.layer);
     r.expert_bytes = (bits & 1) && layer < n_layer ? layer_bytes[layer] : 0;
-  }
-  trace_row_checker checker(h);
-  trace_issue issue;
-  rp = b + layers_end;
-  for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size) {
-    if (bad_bits) {
-      const unsigned bits = rp[19];
-      if (bits > 7 || (bits >> 1) == 3 || ((bits >> 1) != 0) != h.has_dropped_column)
-        throw fail("record " + std::to_string(i) + ", column dropped: bits " + std::to_string(bits) +
-                   (h.has_dropped_column ? "; expected dropped 0 or 1" : "; expected no dropped value (no column)"));
-    }
-    if (!checker.check(out[i], issue))
+    if (!checker.check(r, issue))
       throw fail("record " + std::to_string(i) + ", column " + column_name(issue.column) + ": " + issue.message);
+    t.rows.push_back(r);
   }
   return trace_access::make(std::move(t));
 }
