@@ -126,8 +126,12 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
   }
   if (const std::string p = header_problem(h); !p.empty()) throw fail("header: " + p);
 
-  // One pass: decode a record into a local row, check it, append it; each
-  // row is written once (no value-initialising resize first).
+  // One pass: each record is decoded straight into a new row of the vector,
+  // field by field, and checked there (the checker reads each field at the
+  // width it was stored). A row assembled on the stack and then copied
+  // (push_back) was reloaded 16 bytes at a time right after its one-byte
+  // stores: a store-forwarding stall that perf showed taking a quarter of the
+  // read. No value-initialising resize() pass either.
   t.rows.reserve(static_cast<std::size_t>(n_rows));
   const std::size_t n_layer = h.n_layer;
   const std::uint64_t* layer_bytes = h.expert_bytes.data();
@@ -136,7 +140,7 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
   trace_issue issue;
   const unsigned char* rp = b + layers_end;
   for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size) {
-    trace_row r;
+    trace_row& r = t.rows.emplace_back();
     r.turn = load_le<std::uint32_t>(rp);
     r.step = load_le<std::uint32_t>(rp + 4);
     r.weight = float_from_bits(load_le<std::uint32_t>(rp + 8));
@@ -156,7 +160,6 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
     r.expert_bytes = (bits & 1) && layer < n_layer ? layer_bytes[layer] : 0;
     if (!checker.check(r, issue))
       throw fail("record " + std::to_string(i) + ", column " + column_name(issue.column) + ": " + issue.message);
-    t.rows.push_back(r);
   }
   return trace_access::make(std::move(t));
 }
