@@ -414,6 +414,7 @@ class recording_cache {
 // A session extension placed after the speculation: sees the routings and the
 // drop masks as the session hands them on.
 struct routing_recorder {
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::routings;
   std::shared_ptr<library_log> log;
   template <class S>
   void on_begin_batch(S&, run_phase, std::uint32_t first_token, std::size_t) noexcept {

@@ -252,8 +252,8 @@ if (route_token(w, x, spec, r, ws)) {               // gemv + select, noexcept, 
 // Prints how many cache lookups one replay of the trace makes.
 std::size_t count_lookups(const std::string& path) {
   using namespace moe_residency;
-  const route_trace trace = read_route_trace(path);  // CSV or binary; throws error
-  const model_shape shape = trace.shape();           // arch, experts, top-k, bytes per layer
+  const validated_route_trace trace = read_route_trace(path);  // CSV or binary; throws error
+  const model_shape shape = trace.shape();  // arch, experts, top-k, bytes per layer
   const load_batches lb = group_load_batches(trace);
   std::size_t lookups = 0;
   for (const load_batch& b : lb.batches) {
@@ -265,7 +265,7 @@ std::size_t count_lookups(const std::string& path) {
     }
   }
   std::printf("%s: %zu rows, %zu batches, %zu lookups, token cycle %.0f MiB\n", path.c_str(),
-              trace.rows.size(), lb.batches.size(), lookups, to_mib(token_cycle_bytes(shape)));
+              trace.rows().size(), lb.batches.size(), lookups, to_mib(token_cycle_bytes(shape)));
   return lookups;
 }
 // ---

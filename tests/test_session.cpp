@@ -23,6 +23,9 @@ synthetic_config small_cfg() {
 
 // Records what the extension hooks saw; asks to drop slot 3 of every decode routing.
 struct recorder {
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::gate_input |
+                                        session_hook::routings | session_hook::layer_loaded |
+                                        session_hook::end_batch | session_hook::append_notes;
   int begins = 0, gates = 0, routings = 0, loads = 0, ends = 0;
   std::size_t predicted_next = 0;
   template <class S>
@@ -371,6 +374,7 @@ TEST_CASE("messages name the failing value and the token of a multi-token batch"
 namespace {
 // Records the tokens and row counts of the routings the session passes on.
 struct routing_log {
+  static constexpr session_hook hooks = session_hook::routings;
   std::vector<std::uint32_t> tokens;
   std::vector<std::size_t> rows;
   template <class S>

@@ -3,6 +3,7 @@
 // never touching residency, and — on the synthetic workload through a session
 // — the byte-identity contract (dropping off: the experts demanded and the
 // routings executed are identical with and without speculation).
+#include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 
 #include <doctest/doctest.h>
@@ -237,6 +238,86 @@ TEST_CASE("speculation: horizon 2 targets the MoE layer two ahead; a missing pre
   // No prediction: counted.
   CHECK(s.end_load(L(0), nullptr) == 0);
   CHECK(s.stats().no_prediction == 1);
+  // The prefetch line says so (it did not: a run without a single prediction
+  // printed "issued 0" and nothing else).
+  CHECK(s.prefetch_line().find(", no prediction 1, decode stall") != std::string::npos);
+}
+
+TEST_CASE("speculation: the prefetch line names no_prediction only when there was one") {
+  recorder rec;
+  spec_t s(tiny(), tiny_cache(), rec.callback(), sync_options());
+  std::uint32_t masks[1] = {};
+  const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
+  s.begin_load({&r0, 1}, masks);
+  const ranking pred = make_ranking({{5, 0.4f}});
+  s.end_load(L(0), &pred);
+  CHECK(s.prefetch_line().find("no prediction") == std::string::npos);
+}
+
+namespace {
+// A session whose speculation reads with predictor 0's ranking, over a small
+// synthetic model; the speculative reads issued over a few decode tokens, and
+// the loads that found no prediction.
+struct session_run {
+  std::uint64_t issued = 0, no_prediction = 0;
+};
+template <class Predictor>
+session_run issued_through_session(std::size_t horizon) {
+  const synthetic_model model(
+      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6));
+  const model_shape& shape = model.shape();
+  using session_t = session<predictor_set<Predictor>, spec_t>;
+  recorder rec;
+  speculation_options o = sync_options();
+  o.horizon = horizon;
+  session_t s(shape, session_options{}, std::tuple<Predictor>{},
+              std::tuple<spec_t>{spec_t(shape, lru_cache(shape, {token_cycle_bytes(shape) * 3 / 2,
+                                                                 cycle_guard::refuse, {}}),
+                                        rec.callback(), o)});
+  install_routers(s, model);
+  synthetic_stream stream(model);
+  for (std::size_t t = 0; t < 4; ++t) {
+    stream.next(1);
+    REQUIRE(s.begin_batch(run_phase::decode, stream.first_token(), 1));
+    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
+      const layer_id lid = L(static_cast<unsigned>(l));
+      if (!shape.is_moe(lid)) continue;
+      REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), 1, model.n_embd() * sizeof(float)));
+      REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), 1)));
+      REQUIRE(s.layer_loaded(lid));
+    }
+    REQUIRE(s.end_batch());
+  }
+  s.template extension<0>().finish();
+  return {s.template extension<0>().read_stats().issued, s.template extension<0>().stats().no_prediction};
+}
+}  // namespace
+
+TEST_CASE("speculation in a session: a horizon the predictor cannot rank is refused, naming both") {
+  // Reproduced before the fix: `moe-residency demo --streamed --budget 2000 --horizon 2`
+  // printed "issued 0" — the stale-gate ranks only the next MoE layer, so every
+  // end_load found no prediction for the layer two ahead.
+  CHECK_THROWS_WITH_AS(issued_through_session<stale_gate_predictor>(2),
+                       "speculation: horizon 2 needs predictor 0 to rank the MoE layer 2 ahead when a layer is "
+                       "loaded, but predictor 0 ('stale-gate') is a gate predictor of horizon 1; expected "
+                       "horizon <= 1, or a predictor that ranks further ahead (stale_gate_l2_predictor for "
+                       "horizon 2, or a history predictor)",
+                       error);
+  // The control ranks a layer only from its own input: no horizon works.
+  CHECK_THROWS_AS(issued_through_session<fresh_gate_control>(1), error);
+  // The combinations that can work are accepted and issue reads through the session.
+  const session_run h1 = issued_through_session<stale_gate_predictor>(1);
+  CHECK(h1.issued > 0);
+  CHECK(h1.no_prediction == 0);
+  const session_run l2 = issued_through_session<stale_gate_l2_predictor>(2);
+  CHECK(l2.issued > 0);
+  // Layers 0 and 1 have no layer two before them, whose input would rank them:
+  // one of the two end_loads per token that target them finds nothing.
+  CHECK(l2.no_prediction <= 4 * 2);
+  CHECK(issued_through_session<stale_gate_l2_predictor>(1).issued > 0);
+  // A history predictor ranks any layer at any time: accepted (its ranking is
+  // last token's routing, already resident here, so it may issue nothing).
+  CHECK_NOTHROW(issued_through_session<prev_token_predictor>(2));
 }
 
 TEST_CASE("speculation: with dropping armed, a correct speculative read un-drops an expert") {
@@ -457,6 +538,8 @@ struct recorded_batch {
 };
 // A session extension placed after the speculation.
 struct load_recorder {
+  static constexpr session_hook hooks =
+      session_hook::begin_batch | session_hook::routings | session_hook::layer_loaded;
   model_shape shape;
   std::shared_ptr<std::vector<recorded_batch>> batches;
   template <class S>

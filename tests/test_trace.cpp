@@ -18,7 +18,12 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#endif
 
 #include "support.hpp"
 
@@ -373,7 +378,7 @@ TEST_CASE("small traces: dropped column, dense layers, ubatches, multi-turn") {
         "# model=m arch=t n_layer=1 n_expert=2 n_expert_used=1\n"
         "# layer=0 expert_bytes=5 dense_bytes=1\n"
         "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n";
-    CHECK(parse_route_trace_csv(text, "empty.csv").rows.empty());
+    CHECK(parse_route_trace_csv(text, "empty.csv").rows().empty());
     CHECK(to_csv(parse_route_trace_csv(text, "empty.csv")) == text);
     const route_trace t = parse_route_trace_csv(text + "0,1,0,0,0,1,1,0,5", "nonl.csv");
     CHECK(t.rows.size() == 1);
@@ -403,3 +408,109 @@ TEST_CASE("binary and CSV are told apart by content") {
                        doctest::Contains("no/such/trace.csv: cannot open"), error);
 }
 
+
+// ---------------------------------------------------------------------------
+// The validated-trace contract and the smells fixed in the trace split.
+
+namespace {
+const char* const tiny_csv =
+    "# route_trace v1\n"
+    "# model=m.gguf arch=tiny n_layer=2 n_expert=4 n_expert_used=2\n"
+    "# layer=0 expert_bytes=100 dense_bytes=0\n"
+    "# layer=1 expert_bytes=100 dense_bytes=0\n"
+    "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n"
+    "0,1,0,0,0,0,0.6,0,100\n0,1,0,0,1,1,0.4,0,100\n"
+    "0,1,0,1,0,2,0.5,0,100\n0,1,0,1,1,3,0.5,0,100\n";
+}  // namespace
+
+// Only the parsers and validate_route_trace make one; it cannot be edited.
+static_assert(!std::is_default_constructible<validated_route_trace>::value, "validated only by the library");
+static_assert(!std::is_constructible<validated_route_trace, route_trace>::value, "validated only by the library");
+static_assert(!std::is_constructible<validated_route_trace, const route_trace&>::value, "validated only by the library");
+static_assert(std::is_same<decltype(std::declval<const validated_route_trace&>().rows()),
+                           const std::vector<trace_row>&>::value,
+              "rows are read-only");
+// The old spelling keeps compiling: a parse result converts into an open route_trace.
+static_assert(std::is_convertible<validated_route_trace&&, route_trace>::value, "source compatibility");
+
+TEST_CASE("validated_route_trace: the parsers' result is what the writers and grouping trust") {
+  const validated_route_trace v = parse_route_trace_csv(tiny_csv, "tiny.csv");
+  CHECK(v.rows().size() == 4);
+  CHECK(v.header().n_layer == 2);
+  // Same output as through an open trace that is validated again.
+  route_trace open = parse_route_trace_csv(tiny_csv, "tiny.csv");
+  CHECK(to_csv(open) == tiny_csv);
+  std::ostringstream s;
+  write_route_trace_csv(v, s);
+  CHECK(s.str() == tiny_csv);
+  CHECK(group_load_batches(v).batches.size() == group_load_batches(open).batches.size());
+  CHECK(collect_routings(v).routings.size() == 2);
+  SUBCASE("validate_route_trace turns an open trace into a validated one, or names the defect") {
+    const validated_route_trace again = validate_route_trace(open, "edited");
+    CHECK(again.rows().size() == 4);
+    open.rows[1].expert = open.rows[0].expert;  // a duplicate expert in one routing
+    CHECK_THROWS_WITH_AS(validate_route_trace(open, "edited"),
+                         "edited: rows[1], column expert: expert 0 already routed at slot 0 of this routing; "
+                         "expected distinct experts",
+                         error);
+    // The overloads for open traces still refuse it before writing anything.
+    std::ostringstream out;
+    CHECK_THROWS_AS(write_route_trace_binary(open, out), error);
+    CHECK(out.str().empty());
+  }
+}
+
+TEST_CASE("binary header bounds are computed in 64 bits before any size_t offset") {
+  // The largest lengths a header can claim: 48 + 2 (2^32 - 1) = 8589934638,
+  // padded to 8589934640. Formed as a size_t on a 32-bit target this wrapped
+  // to 48, and the reader then ran past the buffer.
+  constexpr auto e = detail::binary_trace_header_extent(0xFFFFFFFFu, 0xFFFFFFFFu, 65535);
+  static_assert(e.strings_end == 8589934640ull, "no wrap");
+  static_assert(e.layers_end == 8589934640ull + 16ull * 65535 + 65536, "no wrap");
+  CHECK(e.strings_end > 0xFFFFFFFFull);
+  CHECK(detail::binary_trace_header_extent(3, 5, 2).strings_end == 56);
+  CHECK(detail::binary_trace_header_extent(3, 5, 2).layers_end == 56 + 32 + 8);
+  // A file of 128 bytes that claims those lengths is refused as truncated,
+  // naming the 64-bit size it would need.
+  std::string bytes = to_binary(parse_route_trace_csv(tiny_csv, "tiny.csv"));
+  bytes.resize(128);
+  auto* p = reinterpret_cast<unsigned char*>(&bytes[0]);
+  detail::store_le<std::uint32_t>(p + 20, 1);  // n_layer
+  detail::store_le<std::uint64_t>(p + 32, 0);  // rows
+  detail::store_le<std::uint32_t>(p + 40, 0xFFFFFFFFu);
+  detail::store_le<std::uint32_t>(p + 44, 0xFFFFFFFFu);
+  CHECK_THROWS_WITH_AS(parse_route_trace_binary(bytes, "huge.bin"),
+                       "huge.bin: truncated: 128 bytes; the header needs 8589934664", error);
+}
+
+#if defined(__unix__) || defined(__APPLE__)
+namespace {
+struct stack_job {
+  const validated_route_trace* trace;
+  std::string out;
+};
+void* write_on_small_stack(void* arg) {
+  auto* job = static_cast<stack_job*>(arg);
+  std::ostringstream s;
+  write_route_trace_binary(*job->trace, s);
+  job->out = s.str();
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("the binary writer runs on a 64 KiB thread stack") {
+  // It used to keep an 80 KiB record buffer on the stack, which overflowed
+  // such a thread (a crash, so this test fails loudly without the fix).
+  const validated_route_trace t = parse_route_trace_csv(tiny_csv, "tiny.csv");
+  stack_job job{&t, {}};
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, 64 * 1024) == 0);
+  pthread_t thread;
+  REQUIRE(pthread_create(&thread, &attr, write_on_small_stack, &job) == 0);
+  REQUIRE(pthread_join(thread, nullptr) == 0);
+  pthread_attr_destroy(&attr);
+  CHECK(job.out == to_binary(t.trace()));
+  CHECK(job.out.size() == 48 + 16 + 32 + 8 + 4 * 20);  // header, strings "m.gguf"+"tiny", layers, records
+}
+#endif

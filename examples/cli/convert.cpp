@@ -21,12 +21,12 @@ bool is_binary_file(const std::string& path) {
 void convert(const std::string& in, const std::string& out, std::string to) {
   if (to.empty()) to = is_binary_file(in) ? "csv" : "binary";
   if (to != "csv" && to != "binary") throw error("--to: unknown form '" + to + "'; expected csv or binary");
-  const route_trace t = read_route_trace(in);
-  if (t.noncanonical_weights)
+  const validated_route_trace t = read_route_trace(in);  // validated once, written without a second pass
+  if (t.noncanonical_weights())
     std::fprintf(stderr,
                  "moe-residency: warning: %zu weights in %s are not in the engine's %%g form; they are written as "
                  "the nearest float in %%g (6 significant digits), not as their original text\n",
-                 t.noncanonical_weights, in.c_str());
+                 t.noncanonical_weights(), in.c_str());
   // Write next to the target and rename, so a failed write never leaves a half file.
   const std::string tmp = out + ".tmp";
   {
@@ -44,12 +44,13 @@ void convert(const std::string& in, const std::string& out, std::string to) {
     std::remove(tmp.c_str());
     throw error(out + ": cannot rename " + tmp + " to it");
   }
-  std::printf("%s -> %s (%s): %zu rows\n", in.c_str(), out.c_str(), to.c_str(), t.rows.size());
+  std::printf("%s -> %s (%s): %zu rows\n", in.c_str(), out.c_str(), to.c_str(), t.rows().size());
 }
 
 void trace_info(const std::string& path) {
-  const route_trace t = read_route_trace(path);
-  const trace_header& h = t.header;
+  const validated_route_trace t = read_route_trace(path);
+  const trace_header& h = t.header();
+  const std::vector<trace_row>& rows = t.rows();
   std::printf("%s: %s (%s)\n", path.c_str(), h.arch.c_str(), h.model.c_str());
   const model_shape s = t.shape();
   std::printf("shape: %zu layers (%zu MoE), %zu experts per layer, top-%zu\n", s.n_layers(), s.n_moe_layers(),
@@ -67,16 +68,16 @@ void trace_info(const std::string& path) {
 
   std::size_t rows_by_phase[2] = {0, 0}, by_residency[3] = {0, 0, 0}, dropped = 0, turns = 0;
   std::uint64_t read_bytes[2] = {0, 0};
-  for (std::size_t i = 0; i < t.rows.size(); ++i) {
-    const trace_row& r = t.rows[i];
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const trace_row& r = rows[i];
     const int p = static_cast<int>(r.phase);
     ++rows_by_phase[p];
     ++by_residency[r.residency];
     read_bytes[p] += r.expert_bytes;
     dropped += r.dropped == 1;
-    if (i == 0 || r.turn != t.rows[i - 1].turn) ++turns;
+    if (i == 0 || r.turn != rows[i - 1].turn) ++turns;
   }
-  std::printf("rows: %zu (prefill %zu, decode %zu) in %zu turn(s)%s\n", t.rows.size(), rows_by_phase[0],
+  std::printf("rows: %zu (prefill %zu, decode %zu) in %zu turn(s)%s\n", rows.size(), rows_by_phase[0],
               rows_by_phase[1], turns, h.has_dropped_column ? "" : "; no dropped column");
   if (h.has_dropped_column) std::printf("dropped: %zu\n", dropped);
 
@@ -102,9 +103,9 @@ void trace_info(const std::string& path) {
   std::printf("recorded expert reads: prefill %.1f MiB, decode %.1f MiB (%.2f MiB per decode token)\n",
               to_mib(read_bytes[0]), to_mib(read_bytes[1]),
               decode_tokens ? to_mib(read_bytes[1]) / static_cast<double>(decode_tokens) : 0.0);
-  if (t.noncanonical_weights)
+  if (t.noncanonical_weights())
     std::printf("note: %zu weights are not in the engine's %%g form (a CSV write will not reproduce their text)\n",
-                t.noncanonical_weights);
+                t.noncanonical_weights());
 }
 
 const moe_residency_cli::command_registrar convert_reg{

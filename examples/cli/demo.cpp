@@ -13,6 +13,7 @@
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
+#include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 #include "moe_residency/synthetic.hpp"
 
@@ -180,7 +181,7 @@ const moe_residency_cli::command_registrar reg{
           ->capture_default_str();
       sub.add_option("--cap", a->cap, "--streamed: speculative reads per layer")
           ->capture_default_str();
-      sub.add_option("--horizon", a->horizon, "--streamed: speculate 1 or 2 MoE layers ahead")
+      sub.add_option("--horizon", a->horizon, "--streamed: speculate this many MoE layers ahead (the stale-gate ranks only the next one, so 2 is refused)")
           ->capture_default_str();
       sub.add_option("--drop", a->drop, "--streamed: drop fraction F in (0, 1]; 0 = off")
           ->capture_default_str();

@@ -16,3 +16,4 @@
 #include "moe_residency/plan.hpp"
 #include "moe_residency/io.hpp"
 #include "moe_residency/speculation.hpp"
+#include "moe_residency/simulated_flash.hpp"

@@ -37,8 +37,10 @@
 #include "moe_residency/core.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/predict.hpp"
+#include "moe_residency/predict/router_bank.hpp"
 #include "moe_residency/router.hpp"
 #include "moe_residency/score.hpp"
+#include "moe_residency/session_hook.hpp"
 
 namespace moe_residency {
 
@@ -151,8 +153,9 @@ class session;
 /// A session owning predictors P... and extensions X....
 ///
 /// Extensions (issue 5's cache, drop policy, planner, scheduler; a trace
-/// recorder) receive the events after the session checked them, through any
-/// of these optional members, found at compile time:
+/// recorder) receive the events after the session checked them, through the
+/// members they declare in `static constexpr session_hook hooks` (checked at
+/// compile time: see session_hook):
 /// ```
 ///   void on_begin_batch(Session&, run_phase, std::uint32_t first_token, std::size_t n_tokens);
 ///   void on_gate_input(Session&, layer_id, const gate_input_view&);
@@ -160,6 +163,7 @@ class session;
 ///   void on_layer_loaded(Session&, layer_id);
 ///   void on_end_batch(Session&);
 ///   void append_notes(std::vector<std::string>& report_lines) const;
+///   void on_attach(const Session&) const;   // once, from the constructor; may throw to refuse
 /// ```
 /// `drop_masks[t]` bit i set = the extension asks the host to skip slot i of
 /// token t's routing; the host reads them with `drop_mask(t)` after `routed`.
@@ -187,6 +191,7 @@ class session<predictor_set<P...>, X...> {
         predictors_(std::move(predictors)),
         extensions_(std::move(extensions)),
         scorer_({P::label()...}, shape_.n_layers(), options.scoring) {
+    static_assert((check_extension<X>() && ...), "session: extension contract");
     std::apply([this](auto&... p) { (p.reset(shape_), ...); }, predictors_);
     for (std::size_t i = 0; i < n_predictors; ++i) {
       board_[i].assign(shape_.n_layers(), ranking{});
@@ -199,6 +204,9 @@ class session<predictor_set<P...>, X...> {
     gate_required_ = options_.gate_inputs == gate_input_requirement::required ||
                      (options_.gate_inputs == gate_input_requirement::automatic &&
                       has_gate_predictor);
+    for_each_extension_const([&](const auto& x) {
+      if constexpr (has_on_attach<decltype(x)>::value) x.on_attach(*this);
+    });
   }
 
   // ---- configuration ------------------------------------------------------
@@ -213,6 +221,9 @@ class session<predictor_set<P...>, X...> {
   const model_shape& shape() const noexcept { return shape_; }
   const session_options& options() const noexcept { return options_; }
 
+  /// The type of predictor I.
+  template <std::size_t I>
+  using predictor_type = std::tuple_element_t<I, std::tuple<P...>>;
   template <std::size_t I>
   auto& predictor() noexcept { return std::get<I>(predictors_); }
   template <std::size_t I>
@@ -527,10 +538,61 @@ class session<predictor_set<P...>, X...> {
       T, std::void_t<decltype(std::declval<T>().on_end_batch(std::declval<session&>()))>>
       : std::true_type {};
   template <class T, class = void>
+  struct has_on_attach : std::false_type {};
+  template <class T>
+  struct has_on_attach<T, std::void_t<decltype(std::declval<T>().on_attach(std::declval<const session&>()))>>
+      : std::true_type {};
+  template <class T, class = void>
   struct has_append_notes : std::false_type {};
   template <class T>
   struct has_append_notes<T, std::void_t<decltype(std::declval<T>().append_notes(
                                  std::declval<std::vector<std::string>&>()))>> : std::true_type {};
+
+  template <class T, class = void>
+  struct declares_hooks : std::false_type {};
+  template <class T>
+  struct declares_hooks<T, std::void_t<decltype(T::hooks)>>
+      : std::is_same<std::remove_cv_t<decltype(T::hooks)>, session_hook> {};
+
+  // One static_assert per hook: declared <=> callable with the exact arguments.
+  template <class Ext>
+  static constexpr bool check_extension() {
+    static_assert(declares_hooks<Ext>::value,
+                  "session: an extension must declare the hooks it implements, e.g. "
+                  "`static constexpr session_hook hooks = session_hook::routings | session_hook::layer_loaded;` "
+                  "(session_hook::none for none), so that a misspelt or mistyped hook does not compile");
+    if constexpr (declares_hooks<Ext>::value) {
+      constexpr session_hook h = Ext::hooks;
+      static_assert(declares_hook(h, session_hook::begin_batch) == has_on_begin_batch<Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::begin_batch: "
+                    "expected on_begin_batch(Session&, run_phase, std::uint32_t, std::size_t) exactly when "
+                    "declared (misspelt or mistyped hook?)");
+      static_assert(declares_hook(h, session_hook::gate_input) == has_on_gate_input<Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::gate_input: "
+                    "expected on_gate_input(Session&, layer_id, const gate_input_view&) exactly when "
+                    "declared (misspelt or mistyped hook?)");
+      static_assert(declares_hook(h, session_hook::routings) == has_on_routings<Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::routings: "
+                    "expected on_routings(Session&, layer_id, span<const routing>, span<std::uint32_t>) "
+                    "exactly when declared (misspelt or mistyped hook?)");
+      static_assert(declares_hook(h, session_hook::layer_loaded) == has_on_layer_loaded<Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::layer_loaded: "
+                    "expected on_layer_loaded(Session&, layer_id) exactly when declared (misspelt or "
+                    "mistyped hook?)");
+      static_assert(declares_hook(h, session_hook::end_batch) == has_on_end_batch<Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::end_batch: "
+                    "expected on_end_batch(Session&) exactly when declared (misspelt or mistyped hook?)");
+      static_assert(declares_hook(h, session_hook::attach) == has_on_attach<const Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::attach: "
+                    "expected on_attach(const Session&) const exactly when declared (misspelt or "
+                    "mistyped hook?)");
+      static_assert(declares_hook(h, session_hook::append_notes) == has_append_notes<const Ext&>::value,
+                    "session: an extension's hooks and its members disagree on session_hook::append_notes: "
+                    "expected append_notes(std::vector<std::string>&) const exactly when declared "
+                    "(misspelt or mistyped hook?)");
+    }
+    return true;
+  }
 
   template <class F>
   void for_each_extension(F&& f) {

@@ -28,10 +28,8 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,6 +38,8 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/io.hpp"
 #include "moe_residency/plan.hpp"
+#include "moe_residency/predict/contract.hpp"
+#include "moe_residency/session_hook.hpp"
 
 namespace moe_residency {
 
@@ -266,6 +266,31 @@ class speculation {
 
   // ---- session extension hooks ---------------------------------------------
 
+  static constexpr session_hook hooks = session_hook::attach | session_hook::begin_batch |
+                                        session_hook::routings | session_hook::layer_loaded;
+
+  /// Refuses (throws `error`) a session whose predictor `Predictor` cannot rank
+  /// the layer `horizon` MoE layers ahead when end_load needs it: a gate
+  /// predictor of horizon H ranks layer l + H from layer l's gate input, so at
+  /// layer l's end it has ranked only up to l + H. Without this check every
+  /// end_load found no prediction and no speculative read was ever issued.
+  template <class Session>
+  void on_attach(const Session&) const {
+    static_assert(Predictor < Session::n_predictors,
+                  "speculation<Cache, Predictor>: Predictor is not an index of the session's predictors");
+    using P = typename Session::template predictor_type<Predictor>;
+    if constexpr (P::timing == prediction_timing::gate) {
+      if (options_.enabled && options_.horizon > P::horizon)
+        throw error("speculation: horizon " + std::to_string(options_.horizon) + " needs predictor " +
+                    std::to_string(Predictor) + " to rank the MoE layer " + std::to_string(options_.horizon) +
+                    " ahead when a layer is loaded, but predictor " + std::to_string(Predictor) + " ('" +
+                    P::label().name + "') is a gate predictor of horizon " + std::to_string(P::horizon) +
+                    "; expected horizon <= " + std::to_string(P::horizon) +
+                    ", or a predictor that ranks further ahead (stale_gate_l2_predictor for horizon 2, or a "
+                    "history predictor)");
+    }
+  }
+
   template <class Session>
   void on_begin_batch(Session&, run_phase phase, std::uint32_t, std::size_t n_tokens) noexcept {
     begin_token(phase, n_tokens);
@@ -304,6 +329,7 @@ class speculation {
   scheduler_stats read_stats() const { return scheduler_->stats(); }
 
   /// `moe-prefetch: issued N / useful U (P% of completed) / cancelled C, X MiB speculated per token; ...`
+  /// (with `no prediction N` when loads found no ranking of their target).
   std::string prefetch_line() const {
     const scheduler_stats r = scheduler_->stats();
     const speculation_stats s = stats();
@@ -321,6 +347,9 @@ class speculation {
            " MiB speculated per token; completed " + std::to_string(r.completed) + ", failed " +
            std::to_string(r.failed) + ", rejected " + std::to_string(r.rejected) + ", wasted " +
            detail::plan_fixed(to_mib(wasted), 1) + " MiB, pending " + std::to_string(s.pending) +
+           // Loads whose target the predictor had not ranked: shown when any, since
+           // they are reads that could not be planned at all.
+           (s.no_prediction ? ", no prediction " + std::to_string(s.no_prediction) : std::string()) +
            ", decode stall " + per_token_ms(s.decode_stall_ns) + " ms per token";
   }
   /// `moe-drop: F = 1 (threshold 0.125): dropped D of N routed experts in R of M routings, ...`
@@ -436,81 +465,6 @@ class speculation {
   std::vector<read_outcome> outcomes_;
   speculation_stats stats_;
   run_phase last_phase_ = run_phase::prefill;  // phase of the last begin_load
-};
-
-// ---- a simulated storage device, for demos and tests -------------------------
-
-/// How a simulated flash device behaves. Defaults: the phone in
-/// shared/traces/flash-lanes.csv (4 MiB random reads, cold): one lane alone
-/// reads 1809.9 MiB/s; two or more saturate the device at ~2459.8 MiB/s, and
-/// more lanes only add latency.
-struct simulated_flash_options {
-  double device_mib_per_s = 2459.8;  ///< aggregate bandwidth of the device
-  double lane_mib_per_s = 1809.9;    ///< the most one read stream gets alone
-  double time_scale = 1.0;           ///< multiply every delay (e.g. 0.1 to run 10× faster)
-};
-
-/// A read callback that sleeps in proportion to bytes over the configured
-/// bandwidth: each read takes at least bytes / lane bandwidth, and all reads
-/// share the device's bandwidth (a device timeline reserved under a mutex),
-/// which is the lane ceiling. Thread-safe. Keep it alive while a scheduler
-/// uses `callback()`.
-class simulated_flash {
- public:
-  /// Throws `error` naming the value on a bandwidth or time scale that is not
-  /// a finite number > 0.
-  simulated_flash(const model_shape& shape, simulated_flash_options o = {})
-      : shape_(shape), o_(o) {
-    check_positive("device_mib_per_s", o_.device_mib_per_s, " MiB/s");
-    check_positive("lane_mib_per_s", o_.lane_mib_per_s, " MiB/s");
-    check_positive("time_scale", o_.time_scale, "");
-  }
-  simulated_flash(const simulated_flash&) = delete;
-  simulated_flash& operator=(const simulated_flash&) = delete;
-
-  read_status read(layer_id l, expert_id, read_reason why) {
-    const std::uint64_t bytes = shape_.expert_bytes(l);
-    if (bytes == 0) return read_status::failed;
-    using namespace std::chrono;
-    const auto device_time = duration<double>(to_mib(bytes) / o_.device_mib_per_s * o_.time_scale);
-    const auto lane_time = duration<double>(to_mib(bytes) / o_.lane_mib_per_s * o_.time_scale);
-    clock::time_point done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const clock::time_point now = clock::now();
-      free_at_ = std::max(free_at_, now) + duration_cast<clock::duration>(device_time);
-      done = std::max(free_at_, now + duration_cast<clock::duration>(lane_time));
-      (why == read_reason::demanded ? demanded_bytes_ : speculative_bytes_) += bytes;
-    }
-    std::this_thread::sleep_until(done);
-    return read_status::ok;
-  }
-  /// A callback bound to this device.
-  read_callback callback() {
-    return [this](layer_id l, expert_id e, read_reason why) { return read(l, e, why); };
-  }
-  std::uint64_t demanded_bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return demanded_bytes_;
-  }
-  std::uint64_t speculative_bytes() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return speculative_bytes_;
-  }
-
- private:
-  using clock = std::chrono::steady_clock;
-  // "simulated_flash: lane_mib_per_s = 0 MiB/s; expected a finite value > 0"
-  static void check_positive(const char* name, double v, const char* unit) {
-    if (v > 0 && v <= std::numeric_limits<double>::max()) return;
-    throw error(std::string("simulated_flash: ") + name + " = " + detail::plan_format_number(v) +
-                unit + "; expected a finite value > 0");
-  }
-  model_shape shape_;
-  simulated_flash_options o_;
-  mutable std::mutex mu_;
-  clock::time_point free_at_{};
-  std::uint64_t demanded_bytes_ = 0, speculative_bytes_ = 0;
 };
 
 }  // namespace moe_residency

@@ -1,11 +1,18 @@
 # Builds and runs tests/consumer one way. Invoked by CTest:
-#   cmake -DMODE=find_package|add_subdirectory -DSOURCE_DIR=… -DBUILD_ROOT=… -DGENERATOR=… -P run.cmake
-# For find_package it first installs this build tree's project into a fresh prefix.
-set(work "${BUILD_ROOT}/consumer-${MODE}")
+#   cmake -DMODE=find_package|add_subdirectory [-DCOMPONENT=all|core] -DSOURCE_DIR=… -DBUILD_ROOT=…
+#         -DGENERATOR=… [-DPREFIX=…] -P run.cmake
+# For find_package it first installs this build tree's project into a fresh prefix,
+# unless PREFIX names an existing install (scripts/check-core-only.sh).
+if(NOT COMPONENT)
+  set(COMPONENT all)
+endif()
+set(work "${BUILD_ROOT}/consumer-${MODE}-${COMPONENT}")
 file(REMOVE_RECURSE "${work}")
 set(args -S "${SOURCE_DIR}/tests/consumer" -B "${work}/build" -G "${GENERATOR}"
-         -DMOE_RESIDENCY_CONSUME=${MODE})
-if(MODE STREQUAL "find_package")
+         -DMOE_RESIDENCY_CONSUME=${MODE} -DMOE_RESIDENCY_COMPONENT=${COMPONENT} ${EXTRA_ARGS})
+if(MODE STREQUAL "find_package" AND PREFIX)
+  list(APPEND args "-DCMAKE_PREFIX_PATH=${PREFIX}")
+elseif(MODE STREQUAL "find_package")
   execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BUILD_ROOT}" --prefix "${work}/prefix"
                   RESULT_VARIABLE rc OUTPUT_QUIET)
   if(rc)

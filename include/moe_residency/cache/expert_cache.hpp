@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "moe_residency/cache/policy_contract.hpp"
 #include "moe_residency/core.hpp"
 #include "moe_residency/error.hpp"
 
@@ -157,6 +158,8 @@ inline std::string token_cycle_message(const std::string& who, std::uint64_t bud
 /// (O(n_layers × n_experts)).
 template <class Policy>
 class expert_cache {
+  static_assert(detail::check_cache_policy<Policy>(), "expert_cache: policy contract");
+
  public:
   using policy_type = Policy;
 

@@ -57,6 +57,7 @@
 #endif
 
 #include "moe_residency/detail/half.hpp"
+#include "moe_residency/element_type.hpp"
 
 /// 1 when the GEMV multiply-add is fused (one rounding), as ggml's is when
 /// built with FMA (x86 -mfma/-march=native, every aarch64). Defaults to what
@@ -72,15 +73,6 @@
 #endif
 
 namespace moe_residency {
-
-/// Element type of a router matrix.
-enum class element_type : std::uint8_t { f32, f16, bf16 };
-
-/// How the activation is treated before the dot product.
-/// `engine`: like ggml's CPU path, x is first rounded to the weight's 16-bit
-/// type (f16: IEEE round-to-nearest-even; bf16: ggml's rounding), accumulation
-/// in f32. No effect on f32 weights. `none`: x is used as given.
-enum class activation_rounding : std::uint8_t { engine, none };
 
 namespace detail {
 

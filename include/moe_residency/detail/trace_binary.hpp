@@ -39,6 +39,22 @@ inline constexpr std::size_t binary_trace_record_size = 20;
 inline constexpr std::size_t binary_trace_fixed_header = 48;
 
 inline constexpr std::size_t pad8(std::size_t n) noexcept { return (n + 7) & ~std::size_t{7}; }
+inline constexpr std::uint64_t pad8_u64(std::uint64_t n) noexcept { return (n + 7) & ~std::uint64_t{7}; }
+
+/// Where the variable parts of a binary header end, from its 32-bit lengths,
+/// in 64-bit arithmetic: at most 48 + 2 (2^32 - 1) + 7 + 17 (2^32 - 1) + 7 <
+/// 2^37, so nothing wraps on any target, 32-bit ones included. A reader
+/// compares these with the file size before it forms any size_t offset.
+struct binary_trace_extent {
+  std::uint64_t strings_end;  ///< end of model + arch, padded to 8
+  std::uint64_t layers_end;   ///< end of the per-layer tables, padded to 8: the first record
+};
+inline constexpr binary_trace_extent binary_trace_header_extent(std::uint32_t model_len, std::uint32_t arch_len,
+                                                                std::uint32_t n_layer) noexcept {
+  const std::uint64_t strings_end =
+      pad8_u64(std::uint64_t{binary_trace_fixed_header} + std::uint64_t{model_len} + std::uint64_t{arch_len});
+  return {strings_end, strings_end + 16 * std::uint64_t{n_layer} + pad8_u64(n_layer)};
+}
 
 template <class T>
 inline T load_le(const unsigned char* p) noexcept {
