@@ -1,0 +1,176 @@
+#pragma once
+/// Memory advice on a mapping: the small interface through which the mmap
+/// residency manager (residency.hpp) acts on the kernel, so tests can replace
+/// the kernel with a fake that records every call.
+///
+/// | advice         | Linux call                      | what it does to a file-backed shared mapping |
+/// |----------------|---------------------------------|----------------------------------------------|
+/// | willneed       | madvise(MADV_WILLNEED)          | starts asynchronous reads of the range into the page cache, in large requests |
+/// | populate_read  | madvise(MADV_POPULATE_READ)     | faults the range in and waits for it (Linux >= 5.14) |
+/// | lock           | mlock                           | faults the range in and keeps it out of reclaim |
+/// | unlock         | munlock                         | lets reclaim take the range again |
+/// | cold           | madvise(MADV_COLD)              | moves the pages to the inactive list: reclaimed first (Linux >= 5.4) |
+/// | pageout        | madvise(MADV_PAGEOUT)           | reclaims the pages now (Linux >= 5.4) |
+/// | random         | madvise(MADV_RANDOM)            | faults read one page, no read-around |
+/// | normal         | madvise(MADV_NORMAL)            | the default read-around on faults |
+///
+/// Other POSIX systems get what they have (posix_madvise WILLNEED/RANDOM/
+/// NORMAL, mlock/munlock) and `unsupported` (ENOSYS) for the rest; Windows
+/// gets `unsupported` for everything. Android is Linux: every call exists
+/// there (mlock is bounded by RLIMIT_MEMLOCK, often 64 KiB for apps).
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#define MOE_RESIDENCY_ADVICE_POSIX 1
+#else
+#define MOE_RESIDENCY_ADVICE_POSIX 0
+#endif
+
+namespace moe_residency::llama_cpp {
+
+/// One kind of memory advice (see the table above).
+enum class advice : std::uint8_t { willneed, populate_read, lock, unlock, cold, pageout, random, normal };
+inline constexpr std::size_t advice_kinds = 8;
+
+inline const char* to_string(advice a) noexcept {
+  switch (a) {
+    case advice::willneed: return "willneed";
+    case advice::populate_read: return "populate_read";
+    case advice::lock: return "lock";
+    case advice::unlock: return "unlock";
+    case advice::cold: return "cold";
+    case advice::pageout: return "pageout";
+    case advice::random: return "random";
+    case advice::normal: return "normal";
+  }
+  return "?";
+}
+
+/// The interface. Every member is noexcept and thread-safe (the manager calls
+/// `apply` from its read lanes as well as from the eval thread).
+class memory_advice {
+ public:
+  virtual ~memory_advice() = default;
+  /// Applies `a` to [addr, addr + len) (addr page-aligned, len > 0).
+  /// Returns 0, or the errno of the failure; ENOSYS when the system has no
+  /// such call.
+  virtual int apply(advice a, void* addr, std::size_t len) noexcept = 0;
+  /// Pages of [addr, addr + len) resident in memory right now (mincore); -1
+  /// when the system cannot say. addr page-aligned.
+  virtual long resident_pages(void* addr, std::size_t len) noexcept = 0;
+  /// The page size every range is aligned to.
+  virtual std::size_t page_size() const noexcept = 0;
+  /// Bytes the process may lock (RLIMIT_MEMLOCK); UINT64_MAX when unlimited
+  /// or when the process may lock without limit (CAP_IPC_LOCK is not probed:
+  /// a locking failure is counted when it happens).
+  virtual std::uint64_t lock_limit() const noexcept = 0;
+};
+
+/// The kernel's advice (see the table in this header).
+class system_memory_advice final : public memory_advice {
+ public:
+  int apply(advice a, void* addr, std::size_t len) noexcept override {
+#if MOE_RESIDENCY_ADVICE_POSIX
+    int rc = 0;
+    switch (a) {
+      case advice::lock: rc = ::mlock(addr, len); break;
+      case advice::unlock: rc = ::munlock(addr, len); break;
+#if defined(__linux__)
+      case advice::willneed: rc = ::madvise(addr, len, MADV_WILLNEED); break;
+      case advice::random: rc = ::madvise(addr, len, MADV_RANDOM); break;
+      case advice::normal: rc = ::madvise(addr, len, MADV_NORMAL); break;
+      case advice::populate_read: rc = ::madvise(addr, len, linux_populate_read); break;
+      case advice::cold: rc = ::madvise(addr, len, linux_cold); break;
+      case advice::pageout: rc = ::madvise(addr, len, linux_pageout); break;
+#else
+      case advice::willneed: return ::posix_madvise(addr, len, POSIX_MADV_WILLNEED);
+      case advice::random: return ::posix_madvise(addr, len, POSIX_MADV_RANDOM);
+      case advice::normal: return ::posix_madvise(addr, len, POSIX_MADV_NORMAL);
+      default: return ENOSYS;
+#endif
+    }
+    return rc == 0 ? 0 : errno;
+#else
+    (void)a;
+    (void)addr;
+    (void)len;
+    return ENOSYS;
+#endif
+  }
+
+  long resident_pages(void* addr, std::size_t len) noexcept override {
+#if MOE_RESIDENCY_ADVICE_POSIX
+    constexpr std::size_t chunk = 1024;
+#if defined(__linux__)
+    unsigned char vec[chunk];
+#else
+    char vec[chunk];
+#endif
+    const std::size_t page = page_size();
+    long resident = 0;
+    auto* p = static_cast<unsigned char*>(addr);
+    std::size_t pages = (len + page - 1) / page;
+    while (pages > 0) {
+      const std::size_t n = pages < chunk ? pages : chunk;
+      if (::mincore(p, n * page, vec) != 0) return -1;
+      for (std::size_t i = 0; i < n; ++i) resident += vec[i] & 1;
+      p += n * page;
+      pages -= n;
+    }
+    return resident;
+#else
+    (void)addr;
+    (void)len;
+    return -1;
+#endif
+  }
+
+  std::size_t page_size() const noexcept override {
+#if MOE_RESIDENCY_ADVICE_POSIX
+    const long p = ::sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<std::size_t>(p) : 4096;
+#else
+    return 4096;
+#endif
+  }
+
+  std::uint64_t lock_limit() const noexcept override {
+#if MOE_RESIDENCY_ADVICE_POSIX
+    rlimit r{};
+    if (::getrlimit(RLIMIT_MEMLOCK, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
+    if (::geteuid() == 0) return UINT64_MAX;  // root: CAP_IPC_LOCK bypasses the limit
+    return static_cast<std::uint64_t>(r.rlim_cur);
+#else
+    return 0;
+#endif
+  }
+
+ private:
+#if defined(__linux__)
+  // The values of <asm-generic/mman-common.h>, for C libraries that predate them.
+#ifdef MADV_POPULATE_READ
+  static constexpr int linux_populate_read = MADV_POPULATE_READ;
+#else
+  static constexpr int linux_populate_read = 22;
+#endif
+#ifdef MADV_COLD
+  static constexpr int linux_cold = MADV_COLD;
+#else
+  static constexpr int linux_cold = 20;
+#endif
+#ifdef MADV_PAGEOUT
+  static constexpr int linux_pageout = MADV_PAGEOUT;
+#else
+  static constexpr int linux_pageout = 21;
+#endif
+#endif
+};
+
+}  // namespace moe_residency::llama_cpp

@@ -1,0 +1,587 @@
+#pragma once
+/// The llama.cpp graph observer: observes an unmodified llama.cpp through its graph
+/// eval callback (`cb_eval` in llama_context_params) and turns each MoE
+/// layer's routing into library events; maps expert byte ranges in the GGUF
+/// file; reads experts from it for a warm-up or a speculative read.
+/// Not part of the umbrella header: it needs llama.h, ggml.h and gguf.h.
+/// See docs/llama-cpp.md.
+///
+///   moe_residency::llama_cpp::observer obs(model);
+///   llama_context_params cp = llama_context_default_params();
+///   obs.install(cp);                       // chains any cb_eval already set
+///   llama_context* ctx = llama_init_from_model(model, cp);
+///   obs.set_sink(&my_sink);                // on_layer(layer_batch) per MoE layer
+///
+/// What the callback sees, per MoE layer il (every architecture built on
+/// llama.cpp's build_moe_ffn): `ffn_moe_logits-il` (the router MUL_MAT: src[0]
+/// the router weight, src[1] the gate input, one f32 column per token),
+/// `ffn_moe_probs-il` (softmax, sigmoid, sqrt(softplus), or — softmax-weight
+/// gating — the logits themselves or an ADD of the logit bias),
+/// `ffn_moe_probs_biased-il` / `ffn_moe_group_topk-il` (DeepSeek-V3 selection
+/// bias and expert groups), `ffn_moe_topk-il` (i32 [k, n_tokens], a view of
+/// the argsort: row stride n_expert*4), the weights chain
+/// (`ffn_moe_weights`, `_softmax`, `_norm`, `_scaled`), and the expert
+/// matmuls, found by their op (MUL_MAT_ID, ids = the topk tensor) because
+/// their names change when per-expert scales are present. The observer reads
+/// the structure in the callback's ask phase (no data, no cost beyond a name
+/// check) and asks for data once per MoE layer: at the layer's first expert
+/// matmul, when the gate input, the ids and the final weights are all still
+/// live. So it adds one graph split per MoE layer.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "moe_residency/adapters/llama_cpp/structure.hpp"
+
+namespace moe_residency::llama_cpp {
+
+// ---------------------------------------------------------------------------
+// The observer.
+
+class observer {
+ public:
+  /// Reads the model's layer count and MoE metadata. The observer must
+  /// outlive every context it is installed into.
+  explicit observer(const llama_model* model) : model_(model) {
+    if (model == nullptr) throw error("llama_cpp observer: model is null");
+    n_layer_ = static_cast<std::size_t>(llama_model_n_layer(model));
+    if (n_layer_ == 0 || n_layer_ > 65535)
+      throw error("llama_cpp observer: model has " + std::to_string(n_layer_) +
+                  " layers; expected [1, 65535]");
+    arch_ = detail::model_meta(model, "general.architecture");
+    name_ = detail::model_meta(model, "general.name");
+    layers_.resize(n_layer_);
+    graph_.resize(n_layer_);
+    appeared_.assign(n_layer_, false);
+    unsupported_.assign(n_layer_, false);
+  }
+  observer(const observer&) = delete;
+  observer& operator=(const observer&) = delete;
+
+  /// Installs the observer as `p.cb_eval`, keeping any callback already
+  /// there: in the ask phase the node is requested when either wants it; in
+  /// the data phase each is called for the nodes it asked for, and the user's
+  /// answer is returned (the observer's own is always true). Call before
+  /// llama_init_from_model. Throws `error` if installed twice.
+  void install(llama_context_params& p) {
+    if (p.cb_eval == &observer::eval_callback && p.cb_eval_user_data == this)
+      throw error("llama_cpp observer: already installed in these context params");
+    chained_ = p.cb_eval;
+    chained_user_data_ = p.cb_eval_user_data;
+    p.cb_eval = &observer::eval_callback;
+    p.cb_eval_user_data = this;
+  }
+
+  /// Stops observing: the callback then only forwards to the chained one
+  /// (llama.cpp offers no way to remove cb_eval from a live context).
+  void detach() noexcept { attached_ = false; }
+  void attach() noexcept { attached_ = true; }
+  bool attached() const noexcept { return attached_; }
+
+  /// Where events go (null: learn the structure only, ask for no data).
+  void set_sink(observer_sink* s) noexcept { sink_ = s; }
+
+  /// The next graph's first token has position `pos` (a new sequence: 0).
+  /// The observer otherwise counts positions itself, ubatch after ubatch.
+  void set_position(std::uint32_t pos) noexcept {
+    next_position_ = pos;
+    have_graph_ = false;
+  }
+  /// Forces the phase of the following graphs; by default a graph of more
+  /// than one token is prefill and a single token is decode.
+  void set_phase(run_phase p) noexcept {
+    forced_phase_ = true;
+    phase_ = p;
+  }
+  void clear_forced_phase() noexcept { forced_phase_ = false; }
+
+  const llama_model* model() const noexcept { return model_; }
+  const std::string& arch() const noexcept { return arch_; }
+  const std::string& model_name() const noexcept { return name_; }
+  std::size_t n_layer() const noexcept { return n_layer_; }
+  /// True once a whole graph has been seen and every layer that routed in it
+  /// has its structure (spec, router view, expert tensors) or was counted as
+  /// unsupported. Query it between llama_decode calls.
+  bool structure_known() const noexcept {
+    if (n_structured_ == 0) return false;
+    for (std::size_t l = 0; l < n_layer_; ++l)
+      if (appeared_[l] && !layers_[l].moe && !unsupported_[l]) return false;
+    return true;
+  }
+  const layer_structure& layer(layer_id l) const { return layers_.at(to_index(l)); }
+  const std::vector<layer_structure>& layers() const noexcept { return layers_; }
+
+  /// The model as the cache sees it: every layer, MoE ones with their expert
+  /// bytes (Σ nb[2] of the layer's MUL_MAT_ID weights), top-k of the widest
+  /// MoE layer. Throws `error` before the structure is known.
+  model_shape shape() const {
+    if (!structure_known())
+      throw error("llama_cpp observer: the graph structure is not known yet; evaluate one batch first");
+    std::vector<std::uint64_t> bytes(n_layer_, 0);
+    std::vector<bool> moe(n_layer_, false);
+    std::size_t n_expert = 0, k = 0;
+    for (std::size_t l = 0; l < n_layer_; ++l) {
+      if (!layers_[l].moe) continue;
+      moe[l] = true;
+      bytes[l] = layers_[l].expert_bytes;
+      n_expert = std::max(n_expert, layers_[l].spec.n_experts);
+      k = std::max(k, layers_[l].spec.top_k);
+    }
+    return model_shape(arch_, n_expert, k, std::move(bytes), std::move(moe));
+  }
+
+  const observer_stats& stats() const noexcept { return stats_; }
+  /// The first disagreement between the graph and the GGUF metadata ("" if none).
+  const std::string& metadata_note() const noexcept { return metadata_note_; }
+  void reset_stats() noexcept { stats_ = observer_stats{}; }
+  /// The last caught exception's message ("" if none).
+  const char* last_error() const noexcept { return last_error_; }
+
+  /// The cb_eval trampoline. noexcept: nothing crosses into ggml.
+  static bool eval_callback(ggml_tensor* t, bool ask, void* user_data) noexcept {
+    auto* self = static_cast<observer*>(user_data);
+    return ask ? self->on_ask(t) : self->on_data(t);
+  }
+
+ private:
+  // Per graph evaluation, per layer: the nodes seen so far in the ask phase.
+  struct graph_layer {
+    const ggml_tensor* logits = nullptr;
+    const ggml_tensor* logit_bias = nullptr;
+    const ggml_tensor* probs = nullptr;
+    const ggml_tensor* selection_bias = nullptr;
+    const ggml_tensor* group_topk = nullptr;
+    const ggml_tensor* argsort_src = nullptr;
+    const ggml_tensor* topk = nullptr;
+    const ggml_tensor* weights = nullptr;
+    const ggml_tensor* trigger = nullptr;
+    bool weights_softmax = false, weights_norm = false, weights_scaled = false;
+    bool gating_known = false, unsupported = false;
+    gating_function gating = gating_function::softmax;
+    float scale = 1.0f;
+    bool emitted = false;
+    bool routed = false;  // on_routing delivered (or skipped) for this graph
+  };
+
+  bool on_ask(ggml_tensor* t) noexcept {
+    bool mine = false;
+    if (attached_) {
+      try {
+        mine = inspect(t);
+      } catch (const std::exception& e) {
+        note_exception(e.what());
+      } catch (...) {
+        note_exception("unknown exception");
+      }
+    }
+    bool theirs = false;
+    if (chained_ != nullptr) {
+      ++stats_.chained_calls;
+      theirs = chained_(t, true, chained_user_data_);
+    }
+    asked_node_ = t;
+    asked_mine_ = mine;
+    asked_theirs_ = theirs;
+    return mine || theirs;
+  }
+
+  bool on_data(ggml_tensor* t) noexcept {
+    const bool mine = asked_node_ == t ? asked_mine_ : false;
+    const bool theirs = asked_node_ == t ? asked_theirs_ : chained_ != nullptr;
+    if (mine) {
+      ++stats_.data_calls;
+      try {
+        deliver(t);
+      } catch (const std::exception& e) {
+        note_exception(e.what());
+      } catch (...) {
+        note_exception("unknown exception");
+      }
+    }
+    if (theirs && chained_ != nullptr) {
+      ++stats_.chained_calls;
+      return chained_(t, false, chained_user_data_);
+    }
+    return true;
+  }
+
+  void note_exception(const char* what) noexcept {
+    ++stats_.exceptions;
+    std::snprintf(last_error_, sizeof last_error_, "%s", what);
+  }
+
+  void begin_graph(std::size_t n_tokens) {
+    if (have_graph_) next_position_ += static_cast<std::uint32_t>(graph_tokens_);
+    have_graph_ = true;
+    graph_tokens_ = n_tokens;
+    graph_first_position_ = next_position_;
+    if (!forced_phase_) phase_ = n_tokens > 1 ? run_phase::prefill : run_phase::decode;
+    ++stats_.graphs;
+    for (auto& g : graph_) g = graph_layer{};
+    if (sink_ != nullptr) sink_->on_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
+  }
+
+  // Ask phase: record the structure; true for the one node per MoE layer
+  // whose data the observer wants.
+  bool inspect(ggml_tensor* t) {
+    if (t->op == GGML_OP_MUL_MAT_ID) return on_expert_matmul(t);
+    if (t->name[0] != 'f') return false;
+    int il = -1;
+    const detail::moe_node kind = detail::parse_moe_node(t->name, il);
+    if (kind == detail::moe_node::none || il < 0 || static_cast<std::size_t>(il) >= n_layer_)
+      return false;
+    const std::size_t l = static_cast<std::size_t>(il);
+    graph_layer& g = graph_[l];
+    switch (kind) {
+      case detail::moe_node::logits:
+        start_layer(l, t);
+        break;
+      case detail::moe_node::logits_biased:
+        if (t->op == GGML_OP_ADD && t->src[0] == g.logits) g.logit_bias = t->src[1];
+        break;
+      case detail::moe_node::probs:
+        on_probs(l, t);
+        break;
+      case detail::moe_node::probs_biased:
+        if (t->op == GGML_OP_ADD && t->src[0] == g.probs)
+          g.selection_bias = t->src[1];
+        else
+          g.unsupported = true;  // grovemoe: selection on a second sigmoid
+        break;
+      case detail::moe_node::group_topk:
+        g.group_topk = t;
+        break;
+      case detail::moe_node::argsort:
+        g.argsort_src = t->src[0];
+        break;
+      case detail::moe_node::topk:
+        g.topk = t;
+        // The routing is known here, before the expert matmuls: ask for it
+        // when a sink acts on it and the layer's structure is already known.
+        return sink_ != nullptr && sink_->wants_routing() && layers_[l].moe && g.logits != nullptr;
+      case detail::moe_node::weights:
+        g.weights = t;
+        break;
+      case detail::moe_node::weights_softmax:
+        g.weights = t;
+        g.weights_softmax = true;
+        break;
+      case detail::moe_node::weights_norm:
+        g.weights = t;
+        g.weights_norm = true;
+        break;
+      case detail::moe_node::weights_scaled:
+        g.weights = t;
+        if (t->op == GGML_OP_SCALE) {
+          g.weights_scaled = true;
+          std::memcpy(&g.scale, t->op_params, sizeof(float));
+        } else {
+          g.unsupported = true;
+        }
+        break;
+      default:
+        break;
+    }
+    return false;
+  }
+
+  void start_layer(std::size_t l, const ggml_tensor* logits) {
+    if (logits->op != GGML_OP_MUL_MAT) return;
+    const int il = static_cast<int>(l);
+    if (!have_graph_ || il <= last_layer_in_graph_) begin_graph(static_cast<std::size_t>(logits->ne[1]));
+    last_layer_in_graph_ = il;
+    graph_layer& g = graph_[l];
+    g = graph_layer{};
+    g.logits = logits;
+    appeared_[l] = true;
+  }
+
+  void on_probs(std::size_t l, const ggml_tensor* t) {
+    graph_layer& g = graph_[l];
+    if (t->op == GGML_OP_MUL_MAT) {
+      // softmax-weight gating without a logit bias: the router matmul itself
+      // carries the name ffn_moe_probs.
+      start_layer(l, t);
+      graph_[l].probs = t;
+      graph_[l].gating = gating_function::softmax_weight;
+      graph_[l].gating_known = true;
+      return;
+    }
+    g.probs = t;
+    g.gating_known = true;
+    switch (t->op) {
+      case GGML_OP_SOFT_MAX:
+        g.gating = gating_function::softmax;
+        break;
+      case GGML_OP_UNARY:
+        if (ggml_get_unary_op(t) == GGML_UNARY_OP_SIGMOID)
+          g.gating = gating_function::sigmoid;
+        else
+          g.unsupported = true;
+        break;
+      case GGML_OP_SQRT:
+        g.gating = gating_function::sqrt_softplus;
+        break;
+      case GGML_OP_ADD:
+        // softmax-weight gating with a logit bias (gpt-oss): probs = logits + b.
+        if (t->src[0] == g.logits) {
+          g.gating = gating_function::softmax_weight;
+          g.logit_bias = t->src[1];
+        } else {
+          g.unsupported = true;
+        }
+        break;
+      default:
+        g.unsupported = true;
+        break;
+    }
+  }
+
+  bool on_expert_matmul(const ggml_tensor* t) {
+    const ggml_tensor* ids = t->src[2];
+    if (ids == nullptr) return false;
+    // The layer whose topk this matmul consumes; usually the last one started.
+    std::size_t l = n_layer_;
+    if (last_layer_in_graph_ >= 0 && graph_[static_cast<std::size_t>(last_layer_in_graph_)].topk == ids) {
+      l = static_cast<std::size_t>(last_layer_in_graph_);
+    } else {
+      for (std::size_t i = 0; i < n_layer_; ++i)
+        if (graph_[i].topk == ids) {
+          l = i;
+          break;
+        }
+    }
+    if (l == n_layer_) return false;  // not a build_moe_ffn topk (e.g. a LoRA or a custom graph)
+    record_expert_tensor(l, t->src[0]);
+    graph_layer& g = graph_[l];
+    if (g.trigger != nullptr || g.emitted) return false;
+    g.trigger = t;
+    ensure_structure(l);
+    return sink_ != nullptr && sink_->wants_layers() && layers_[l].moe;
+  }
+
+  void record_expert_tensor(std::size_t l, const ggml_tensor* w) {
+    layer_structure& s = layers_[l];
+    for (const expert_tensor& e : s.experts)
+      if (e.tensor == w) return;
+    if (ggml_n_dims(w) < 3) return;
+    expert_tensor e;
+    e.name = w->name;
+    e.tensor = w;
+    e.bytes_per_expert = static_cast<std::uint64_t>(w->nb[2]);
+    e.n_expert = static_cast<std::size_t>(w->ne[2]);
+    s.experts.push_back(std::move(e));
+    s.expert_bytes = 0;
+    for (const expert_tensor& x : s.experts) s.expert_bytes += x.bytes_per_expert;
+  }
+
+  // The layer's router_spec, from the nodes this graph showed (once per layer:
+  // the structure of a model's graph does not change between ubatches).
+  void ensure_structure(std::size_t l) {
+    layer_structure& s = layers_[l];
+    if (s.moe) return;
+    const graph_layer& g = graph_[l];
+    if (g.logits == nullptr || g.topk == nullptr || g.weights == nullptr || !g.gating_known) return;
+    if (g.unsupported) {
+      if (!unsupported_[l]) ++stats_.unsupported;
+      unsupported_[l] = true;
+      return;
+    }
+    router_spec spec;
+    spec.gating = g.gating;
+    spec.n_experts = static_cast<std::size_t>(g.logits->ne[0]);
+    spec.top_k = static_cast<std::size_t>(g.topk->ne[0]);
+    if (g.logit_bias != nullptr) spec.logit_bias = detail::read_vector(g.logit_bias);
+    if (g.selection_bias != nullptr) spec.selection_bias = detail::read_vector(g.selection_bias);
+    if (g.group_topk != nullptr && g.group_topk->src[0] != nullptr) {
+      spec.n_groups = static_cast<std::size_t>(g.group_topk->src[0]->ne[0]);
+      spec.n_group_used = static_cast<std::size_t>(g.group_topk->ne[0]);
+    }
+    // llama4 ranks the raw logits while its weights come from the sigmoid.
+    const ggml_tensor* raw = g.logit_bias != nullptr && g.gating != gating_function::softmax_weight
+                                 ? nullptr
+                                 : g.logits;
+    spec.select_on_logits = g.gating != gating_function::softmax_weight && raw != nullptr &&
+                            g.argsort_src == raw;
+    spec.normalize_weights = g.weights_norm;
+    spec.scale_weights = g.weights_scaled;
+    spec.weight_scale = g.weights_scaled ? g.scale : 1.0f;
+    if (g.weights_softmax != (g.gating == gating_function::softmax_weight)) {
+      if (!unsupported_[l]) ++stats_.unsupported;
+      unsupported_[l] = true;
+      return;
+    }
+    spec.validate();
+
+    const ggml_tensor* w = g.logits->src[0];
+    s.router = matrix_view{};
+    s.router_readable = false;
+    element_type et{};
+    if (w != nullptr && detail::to_element_type(w->type, et) && detail::host_readable(w)) {
+      s.router.data = w->data;
+      s.router.type = et;
+      s.router.rows = static_cast<std::size_t>(w->ne[1]);
+      s.router.cols = static_cast<std::size_t>(w->ne[0]);
+      s.router.row_stride_bytes = static_cast<std::size_t>(w->nb[1]);
+      s.router_readable = s.router.rows == spec.n_experts;
+    }
+    check_metadata(l, spec);
+    s.spec = std::move(spec);
+    s.moe = true;
+    ++n_structured_;
+  }
+
+  // The GGUF keys, where present, must say what the graph does. llama.cpp
+  // hard-codes some choices per architecture (qwen3moe always normalises,
+  // gpt-oss always uses softmax_weight), so only keys that the graph
+  // reflects directly are compared.
+  void check_metadata(std::size_t l, const router_spec& spec) {
+    auto key = [&](const char* suffix) { return detail::model_meta(model_, arch_ + "." + suffix); };
+    std::string problem;
+    auto expect = [&](const char* what, const std::string& meta, const std::string& graph) {
+      if (problem.empty() && !meta.empty() && meta != graph)
+        problem = std::string(what) + " is " + meta + " in the GGUF but " + graph + " in the graph";
+    };
+    const char* code = "1";  // llama_expert_gating_func_type
+    switch (spec.gating) {
+      case gating_function::softmax: code = "1"; break;
+      case gating_function::sigmoid: code = "2"; break;
+      case gating_function::softmax_weight: code = "3"; break;
+      case gating_function::sqrt_softplus: code = "4"; break;
+    }
+    const std::string g = key("expert_gating_func");
+    if (!g.empty() && g != "0") expect("expert_gating_func", g, code);
+    const std::string groups = key("expert_group_count");
+    if (!groups.empty() && groups != "0" && groups != "1") {
+      expect("expert_group_count", groups, std::to_string(spec.n_groups));
+      expect("expert_group_used_count", key("expert_group_used_count"), std::to_string(spec.n_group_used));
+    }
+    expect("expert_count", key("expert_count"), std::to_string(spec.n_experts));
+    const std::string scale = key("expert_weights_scale");
+    if (!scale.empty() && spec.scale_weights) {
+      const double v = std::strtod(scale.c_str(), nullptr);
+      if (std::fabs(v - static_cast<double>(spec.weight_scale)) > 1e-6 * std::fabs(v))
+        expect("expert_weights_scale", scale, moe_residency::detail::format_float(spec.weight_scale));
+    }
+    if (problem.empty()) return;
+    ++stats_.metadata_mismatches;
+    if (metadata_note_.empty()) metadata_note_ = "layer " + std::to_string(l) + ": " + problem;
+  }
+
+  // Data phase: a layer's topk (its routing, before the expert matmuls) or
+  // its first expert matmul (the routing with its final weights).
+  void deliver(const ggml_tensor* t) {
+    if (sink_ == nullptr) return;
+    for (std::size_t i = 0; i < n_layer_; ++i) {
+      if (graph_[i].trigger == t) return deliver_layer(i);
+      if (graph_[i].topk == t && !graph_[i].routed) return deliver_routing(i);
+    }
+  }
+
+  // The gate input and the ids of layer l, checked; false (counted as
+  // unreadable) when their layout is not the one build_moe_ffn makes.
+  bool fill_routing(std::size_t l, layer_batch& b) {
+    const graph_layer& g = graph_[l];
+    const layer_structure& s = layers_[l];
+    const ggml_tensor* x = g.logits->src[1];
+    const ggml_tensor* ids = g.topk;
+    const std::size_t n_tok = static_cast<std::size_t>(ids->ne[1]);
+    const std::size_t k = static_cast<std::size_t>(ids->ne[0]);
+    const bool ok = x != nullptr && x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 &&
+                    static_cast<std::size_t>(x->ne[1]) == n_tok && x->nb[0] == sizeof(float) &&
+                    ids->nb[0] == sizeof(std::int32_t) && x->nb[1] % sizeof(float) == 0 &&
+                    ids->nb[1] % sizeof(std::int32_t) == 0 && detail::host_readable(x) &&
+                    detail::host_readable(ids) && n_tok <= graph_tokens_ && k == s.spec.top_k;
+    if (!ok) {
+      ++stats_.unreadable;
+      return false;
+    }
+    b.layer = layer_id(static_cast<std::uint16_t>(l));
+    b.phase = phase_;
+    b.n_tokens = n_tok;
+    b.outputs_only = n_tok < graph_tokens_;
+    b.first_position = graph_first_position_ + static_cast<std::uint32_t>(graph_tokens_ - n_tok);
+    b.structure = &s;
+    b.gate_input = static_cast<const float*>(x->data);
+    b.gate_input_stride = x->nb[1] / sizeof(float);
+    b.ids = static_cast<const std::int32_t*>(ids->data);
+    b.ids_stride = ids->nb[1] / sizeof(std::int32_t);
+    b.k = k;
+    return true;
+  }
+
+  void deliver_routing(std::size_t l) {
+    graph_[l].routed = true;
+    if (!layers_[l].moe) return;
+    layer_batch b;
+    if (!fill_routing(l, b)) return;
+    ++stats_.routing_events;
+    sink_->on_routing(b);
+  }
+
+  void deliver_layer(std::size_t l) {
+    graph_layer& g = graph_[l];
+    g.emitted = true;
+    if (!layers_[l].moe) return;
+    const ggml_tensor* w = g.weights;
+    if (w->type != GGML_TYPE_F32 || !detail::host_readable(w)) {
+      ++stats_.unreadable;
+      return;
+    }
+    layer_batch b;
+    if (!fill_routing(l, b)) return;
+    const std::size_t k = b.k;
+    b.weights = static_cast<const float*>(w->data);
+    // [1, k, T] (get_rows / scale output) or [k, T] (norm, softmax reshaped)
+    if (w->ne[0] == 1 && static_cast<std::size_t>(w->ne[1]) == k) {
+      b.weight_slot_stride = w->nb[1] / sizeof(float);
+      b.weight_token_stride = w->nb[2] / sizeof(float);
+    } else if (static_cast<std::size_t>(w->ne[0]) == k) {
+      b.weight_slot_stride = w->nb[0] / sizeof(float);
+      b.weight_token_stride = w->nb[1] / sizeof(float);
+    } else {
+      ++stats_.unreadable;
+      return;
+    }
+    ++stats_.layer_batches;
+    sink_->on_layer(b);
+  }
+
+  const llama_model* model_;
+  std::size_t n_layer_ = 0;
+  std::string arch_, name_;
+  std::vector<layer_structure> layers_;
+  std::vector<graph_layer> graph_;
+  std::vector<bool> appeared_, unsupported_;
+  std::size_t n_structured_ = 0;
+
+  ggml_backend_sched_eval_callback chained_ = nullptr;
+  void* chained_user_data_ = nullptr;
+  observer_sink* sink_ = nullptr;
+  bool attached_ = true;
+
+  const ggml_tensor* asked_node_ = nullptr;
+  bool asked_mine_ = false, asked_theirs_ = false;
+
+  bool have_graph_ = false;
+  int last_layer_in_graph_ = -1;
+  std::size_t graph_tokens_ = 0;
+  std::uint32_t next_position_ = 0, graph_first_position_ = 0;
+  bool forced_phase_ = false;
+  run_phase phase_ = run_phase::prefill;
+
+  observer_stats stats_;
+  std::string metadata_note_;
+  char last_error_[256] = {};
+};
+
+}  // namespace moe_residency::llama_cpp

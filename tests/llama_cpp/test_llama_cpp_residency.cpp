@@ -1,0 +1,464 @@
+// The mmap residency manager against a real llama.cpp on a saved, memory-
+// mapped random-weight model, with the kernel replaced by a fake memory-advice
+// interface that records every call: exactly the routed experts' ranges of
+// every expert tensor are requested before the layer's expert matmuls; the
+// pinned bytes never exceed the budget after any layer; an evicted expert is
+// unlocked; the dense ranges are locked once; failing calls are counted and
+// the run goes on; and with the real kernel's advice the logits are
+// bit-identical to plain mmap.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "llama_support.hpp"
+#include "moe_residency/adapters/llama_cpp/residency.hpp"
+
+using namespace moe_residency;
+using namespace moe_residency_test;
+
+namespace {
+
+struct temp_model {
+  std::string path;
+  explicit temp_model(const std::string& stem, mre::random_model_spec spec)
+      : path("moe_residency_res_" + stem + "_" + std::to_string(::getpid()) + ".gguf") {
+    auto built = mre::make_random_model(spec);
+    llama_model_save_to_file(built.get(), path.c_str());
+  }
+  ~temp_model() { std::remove(path.c_str()); }
+};
+
+mre::model_ptr load_mmap(const std::string& path) {
+  llama_model_params mp = llama_model_default_params();
+  mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+  mp.use_extra_bufts = false;
+  mre::model_ptr m(llama_model_load_from_file(path.c_str(), mp));
+  REQUIRE(m != nullptr);
+  return m;
+}
+
+// A global order of events: advice calls and the ask phase of expert matmuls.
+std::uint64_t g_seq = 0;
+std::mutex g_seq_mu;
+std::uint64_t next_seq() {
+  std::lock_guard<std::mutex> lock(g_seq_mu);
+  return ++g_seq;
+}
+
+/// Records every call; keeps the set of locked pages; can fail a kind.
+class fake_advice final : public mrl::memory_advice {
+ public:
+  struct call_record {
+    mrl::advice kind;
+    std::uintptr_t addr;
+    std::size_t len;
+    std::uint64_t seq;
+    int rc;
+  };
+  std::size_t fail_every = 0;  // fail every n-th call of `fail_kind` (0: never)
+  mrl::advice fail_kind = mrl::advice::lock;
+  std::uint64_t limit = UINT64_MAX;
+
+  int apply(mrl::advice a, void* addr, std::size_t len) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto p = reinterpret_cast<std::uintptr_t>(addr);
+    int rc = 0;
+    if (fail_every != 0 && a == fail_kind && ++kind_calls_ % fail_every == 0) rc = ENOMEM;
+    if (rc == 0 && a == mrl::advice::lock)
+      for (std::uintptr_t q = p; q < p + len; q += 4096) locked_.insert(q);
+    if (rc == 0 && a == mrl::advice::unlock)
+      for (std::uintptr_t q = p; q < p + len; q += 4096) locked_.erase(q);
+    calls_.push_back({a, p, len, next_seq(), rc});
+    return rc;
+  }
+  long resident_pages(void*, std::size_t len) noexcept override { return static_cast<long>(len / 4096); }
+  std::size_t page_size() const noexcept override { return 4096; }
+  std::uint64_t lock_limit() const noexcept override { return limit; }
+
+  std::vector<call_record> calls() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+  std::size_t calls_since(std::size_t from, std::vector<call_record>& out) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    out.assign(calls_.begin() + static_cast<std::ptrdiff_t>(std::min(from, calls_.size())), calls_.end());
+    return calls_.size();
+  }
+  bool locked(std::uintptr_t page) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return locked_.count(page) != 0;
+  }
+  std::size_t locked_pages() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return locked_.size();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<call_record> calls_;
+  std::set<std::uintptr_t> locked_;
+  std::size_t kind_calls_ = 0;
+};
+
+std::uintptr_t floor4k(const void* p) { return reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{4095}; }
+std::uintptr_t ceil4k(const void* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) + 4095) & ~std::uintptr_t{4095};
+}
+
+/// Expert e's slice of every expert tensor of layer l, page-aligned outward.
+std::set<std::pair<std::uintptr_t, std::size_t>> expert_ranges(const mrl::layer_structure& s, std::size_t e) {
+  std::set<std::pair<std::uintptr_t, std::size_t>> out;
+  for (const auto& t : s.experts) {
+    const auto* a = static_cast<const unsigned char*>(t.tensor->data) + e * t.bytes_per_expert;
+    out.insert({floor4k(a), ceil4k(a + t.bytes_per_expert) - floor4k(a)});
+  }
+  return out;
+}
+
+/// After the manager: checks, at every managed layer, what the fake saw.
+class checking_sink : public mrl::observer_sink {
+ public:
+  const mrl::observer* obs = nullptr;
+  fake_advice* fake = nullptr;
+  mrl::mmap_residency<>* res = nullptr;
+  std::size_t seen = 0;
+  std::size_t layers_checked = 0, exact_mismatch = 0, over_budget = 0, unpinned_resident = 0,
+              pinned_evicted = 0;
+
+  bool wants_routing() const noexcept override { return true; }
+  bool wants_layers() const noexcept override { return false; }
+  void on_layer(const mrl::layer_batch&) override {}
+  void on_routing(const mrl::layer_batch& b) override {
+    std::vector<fake_advice::call_record> calls;
+    seen = fake->calls_since(seen, calls);
+    if (!res->active() || b.phase != run_phase::decode) return;
+    ++layers_checked;
+    routings.push_back({static_cast<int>(to_index(b.layer)), next_seq()});
+    const auto& s = *b.structure;
+    if (res->cache() == nullptr && !res->options().predicted) check_exact(b, s, calls);
+    if (res->cache() != nullptr) check_cache();
+  }
+
+  // Without cache or prediction: the willneed calls since the previous layer
+  // are exactly the routed experts' slices of every expert tensor.
+  void check_exact(const mrl::layer_batch& b, const mrl::layer_structure& s,
+                   const std::vector<fake_advice::call_record>& calls) {
+    // The routed experts of this layer, and the ranges their reads must cover.
+    std::set<std::pair<std::uintptr_t, std::size_t>> want, got;
+    for (std::size_t j = 0; j < b.k; ++j)
+      for (const auto& r : expert_ranges(s, static_cast<std::size_t>(b.ids[j]))) want.insert(r);
+    for (const auto& c : calls)
+      if (c.kind == mrl::advice::willneed) got.insert({c.addr, c.len});
+    exact_mismatch += got != want;
+  }
+
+  void check_cache() {
+    {
+      const auto st = res->stats();
+      over_budget += st.pinned_bytes > res->budget_bytes();
+      // Every expert the cache holds is locked; every other has no locked interior page.
+      for (std::size_t l = 0; l < obs->n_layer(); ++l) {
+        const auto& ls = obs->layers()[l];
+        if (!ls.moe) continue;
+        for (std::size_t e = 0; e < ls.spec.n_experts; ++e) {
+          const bool resident = res->cache()->is_resident(layer_id(static_cast<std::uint16_t>(l)),
+                                                           expert_id(static_cast<std::uint16_t>(e)));
+          for (const auto& t : ls.experts) {
+            const auto* a = static_cast<const unsigned char*>(t.tensor->data) + e * t.bytes_per_expert;
+            const auto interior = ceil4k(a);
+            if (interior + 4096 > floor4k(a + t.bytes_per_expert)) continue;
+            const bool locked = fake->locked(interior);
+            unpinned_resident += resident && !locked;
+            pinned_evicted += !resident && locked;
+          }
+        }
+      }
+    }
+  }
+  std::vector<std::pair<int, std::uint64_t>> routings;  // (layer, seq) of managed decode routings
+};
+
+/// A user callback chained under the observer: the order of expert matmuls.
+struct matmul_order {
+  std::vector<std::pair<int, std::uint64_t>> asks;  // (layer, seq) of MUL_MAT_ID asks
+  static bool cb(ggml_tensor* t, bool ask, void* ud) {
+    if (ask && t->op == GGML_OP_MUL_MAT_ID) {
+      auto* self = static_cast<matmul_order*>(ud);
+      int il = -1;
+      if (std::sscanf(t->name, "ffn_moe_%*[a-z_]-%d", &il) != 1) il = -1;
+      self->asks.push_back({il, next_seq()});
+    }
+    return false;
+  }
+};
+
+mre::random_model_spec lab_spec() {
+  mre::random_model_spec s = spec_for("qwen3moe", GGML_TYPE_F16);
+  s.n_layer = 4;
+  s.n_expert = 16;
+  s.n_expert_used = 4;
+  s.n_embd = 256;
+  s.n_ff_exp = 256;  // 128 KiB per expert slice: page-sized boundaries matter
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("mmap residency: exact reads request exactly the routed experts' ranges, before their matmuls") {
+  llama_init_once();
+  temp_model file("exact", lab_spec());
+  auto model = load_mmap(file.path);
+  mrl::observer obs(model.get());
+  matmul_order order;
+  auto cp = test_context_params();
+  cp.cb_eval = &matmul_order::cb;
+  cp.cb_eval_user_data = &order;
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+
+  fake_advice fake;
+  mrl::residency_options o;
+  o.exact = true;
+  o.lanes = 2;
+  mrl::mmap_residency<> res(obs, file.path, o, &fake);
+  checking_sink check;
+  check.obs = &obs;
+  check.fake = &fake;
+  check.res = &res;
+  res.set_next(&check);
+  obs.set_sink(&res);
+
+  run_tokens(ctx.get(), model.get(), 6, 12);
+  REQUIRE(res.active());
+  CHECK(res.status() == "");
+  CHECK(check.layers_checked == 12 * 4);
+  CHECK(check.exact_mismatch == 0);
+  const auto st = res.stats();
+  CHECK(st.exact_failed == 0);
+  CHECK(st.advice_errors() == 0);
+  CHECK(st.calls[static_cast<std::size_t>(mrl::advice::populate_read)] > 0);
+  CHECK(st.calls[static_cast<std::size_t>(mrl::advice::random)] > 0);  // random faults on expert ranges
+  CHECK(st.calls[static_cast<std::size_t>(mrl::advice::lock)] == 0);   // no cache: nothing locked
+
+  // Each routing event (after which the reads are done: demand() waits for
+  // the lanes) comes before the ask of that layer's first expert matmul, and
+  // that ask before the layer's next routing (the next graph).
+  std::size_t ordered = 0;
+  for (std::size_t i = 0; i < check.routings.size(); ++i) {
+    const auto [layer, seq] = check.routings[i];
+    auto ask = std::find_if(order.asks.begin(), order.asks.end(),
+                            [&](const auto& a) { return a.first == layer && a.second > seq; });
+    auto next = std::find_if(check.routings.begin() + static_cast<std::ptrdiff_t>(i) + 1, check.routings.end(),
+                             [&](const auto& r) { return r.first == layer; });
+    ordered += ask != order.asks.end() && (next == check.routings.end() || ask->second < next->second);
+  }
+  CHECK(ordered == check.routings.size());
+}
+
+TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions, locks dense once") {
+  llama_init_once();
+  temp_model file("cache", lab_spec());
+  auto model = load_mmap(file.path);
+  mrl::observer obs(model.get());
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+
+  const std::uint64_t expert_bytes = 3ull * 256 * 256 * 2;  // gate, up, down f16
+  for (std::size_t fail_every : {std::size_t{0}, std::size_t{3}}) {
+    CAPTURE(fail_every);
+    fake_advice fake;
+    fake.fail_every = fail_every;
+    mrl::residency_options o;
+    o.pin_dense = true;
+    o.exact = true;
+    o.cache = true;
+    o.cache_budget_bytes = 24 * expert_bytes;  // 1.5 token cycles of 4 layers x 4
+    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    checking_sink check;
+    check.obs = &obs;
+    check.fake = &fake;
+    check.res = &res;
+    res.set_next(&check);
+    obs.set_sink(&res);
+    obs.set_position(0);
+    llama_memory_clear(llama_get_memory(ctx.get()), true);
+    run_tokens(ctx.get(), model.get(), 6, 16);
+    obs.set_sink(nullptr);
+
+    REQUIRE(res.active());
+    const auto st = res.stats();
+    CHECK(check.layers_checked == 16 * 4);
+    CHECK(check.over_budget == 0);
+    CHECK(check.pinned_evicted == 0);
+    if (fail_every == 0) {
+      CHECK(check.unpinned_resident == 0);
+      CHECK(st.lock_failed == 0);
+      CHECK(st.advice_errors() == 0);
+    } else {
+      // Every third lock fails: counted, the expert invalidated, the run goes on.
+      CHECK(st.lock_failed > 0);
+      CHECK(st.errors[static_cast<std::size_t>(mrl::advice::lock)] > 0);
+      CHECK(check.unpinned_resident == 0);  // a failed lock is not left in the cache
+    }
+    CHECK(st.evictions > 0);
+    CHECK(st.cache_hits + st.cache_misses == 16 * 4 * 4 - 0);  // k = 4 unique ids per layer
+    CHECK(st.pinned_bytes <= res.budget_bytes());
+    CHECK(st.pinned_peak_bytes <= res.budget_bytes());
+
+    // Dense: each non-expert tensor's pages locked by exactly one call.
+    const auto g = mrl::detail::open_gguf(file.path, "test");
+    const mrl::gguf_expert_map map(file.path, obs);
+    const auto* base = static_cast<const unsigned char*>(obs.layers()[0].experts[0].tensor->data) -
+                       map.ranges(layer_id(0))[0].offset;
+    std::map<std::pair<std::uintptr_t, std::size_t>, int> dense;
+    for (std::int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
+      if (std::string(gguf_get_tensor_name(g.get(), i)).find("_exps.") != std::string::npos) continue;
+      const auto* a = base + gguf_get_data_offset(g.get()) + gguf_get_tensor_offset(g.get(), i);
+      ++dense[{floor4k(a), ceil4k(a + gguf_get_tensor_size(g.get(), i)) - floor4k(a)}];
+    }
+    REQUIRE(dense.size() > 5);
+    std::map<std::pair<std::uintptr_t, std::size_t>, int> locked_dense;
+    for (const auto& c : fake.calls())
+      if (c.kind == mrl::advice::lock && dense.count({c.addr, c.len}) != 0) ++locked_dense[{c.addr, c.len}];
+    CHECK(locked_dense == dense);  // one call per dense tensor, none repeated per token
+    if (fail_every == 0) CHECK(st.dense_bytes > 0);
+  }
+}
+
+TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
+  llama_init_once();
+  temp_model file("pred", lab_spec());
+  auto model = load_mmap(file.path);
+  mrl::observer obs(model.get());
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+  std::vector<std::uint64_t> hit_share;
+  for (double degrade : {0.0, 1.0}) {
+    CAPTURE(degrade);
+    fake_advice fake;
+    mrl::residency_options o;
+    o.predicted = true;
+    o.spec_cap = 2;
+    o.degrade = degrade;
+    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    obs.set_sink(&res);
+    obs.set_position(0);
+    llama_memory_clear(llama_get_memory(ctx.get()), true);
+    run_tokens(ctx.get(), model.get(), 6, 16);
+    obs.set_sink(nullptr);
+    const auto st = res.stats();
+    // 3 of 4 layers have a next MoE layer; 16 decode tokens.
+    CHECK(st.predictions == 16 * 3);
+    CHECK(st.predicted_issued == 16 * 3 * 2);
+    CHECK(st.predicted_useful + st.predicted_late + st.predicted_wasted == st.predicted_issued);
+    hit_share.push_back(st.predicted_useful + st.predicted_late);
+  }
+  // Every predicted slot replaced by a wrong expert: far fewer reads hit the routing.
+  CHECK(hit_share[0] > 2 * hit_share[1]);
+}
+
+TEST_CASE("mmap residency: refusals name the figures") {
+  llama_init_once();
+  temp_model file("refuse", lab_spec());
+  auto model = load_mmap(file.path);
+  mrl::observer obs(model.get());
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+
+  {
+    fake_advice fake;
+    mrl::residency_options o;
+    o.cache = true;
+    o.cache_budget_bytes = 64ull << 20;
+    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("evaluate one batch first"), error);
+  }
+  run_tokens(ctx.get(), model.get(), 4, 1);
+  {
+    fake_advice fake;
+    fake.limit = 1 << 20;  // 1 MiB of RLIMIT_MEMLOCK
+    mrl::residency_options o;
+    o.cache = true;
+    o.cache_budget_bytes = 64ull << 20;
+    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("RLIMIT_MEMLOCK is 1.0 MiB"), error);
+  }
+  {
+    mrl::residency_options o;
+    o.horizon = 3;
+    CHECK_THROWS_WITH_AS(mrl::mmap_residency<>(obs, file.path, o), doctest::Contains("horizon 3; expected 1 or 2"),
+                         error);
+  }
+  {
+    // A model that is not memory-mapped: nothing to manage, said in words.
+    llama_model_params mp = llama_model_default_params();
+    mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    mre::model_ptr copy(llama_model_load_from_file(file.path.c_str(), mp));
+    REQUIRE(copy != nullptr);
+    mrl::observer obs2(copy.get());
+    auto cp2 = test_context_params();
+    obs2.install(cp2);
+    auto ctx2 = make_context(copy.get(), cp2);
+    run_tokens(ctx2.get(), copy.get(), 4, 1);
+    fake_advice fake;
+    mrl::residency_options o;
+    o.exact = true;
+    mrl::mmap_residency<> res(obs2, file.path, o, &fake);
+    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("is not at its file offset"), error);
+  }
+  // The auto budget reads a limit from the cgroup or /proc/meminfo.
+  const mrl::memory_limit lim = mrl::detail::process_memory_limit();
+  CHECK(lim.bytes > 0);
+  CHECK(!lim.source.empty());
+}
+
+TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits bit-identical") {
+  llama_init_once();
+  temp_model file("logits", lab_spec());
+  auto model = load_mmap(file.path);
+  auto cp = test_context_params();
+  std::vector<float> plain;
+  {
+    auto ctx = make_context(model.get(), cp);
+    plain = run_tokens(ctx.get(), model.get(), 6, 12).logits;
+  }
+  struct config {
+    const char* name;
+    bool dense, exact, predicted, cache;
+  };
+  for (const config& c : {config{"dense", true, false, false, false}, config{"exact", false, true, false, false},
+                          config{"predicted", false, false, true, false}, config{"cache", false, false, false, true},
+                          config{"all", true, true, true, true}}) {
+    CAPTURE(c.name);
+    mrl::observer obs(model.get());
+    auto cp2 = test_context_params();
+    obs.install(cp2);
+    auto ctx = make_context(model.get(), cp2);
+    mrl::residency_options o;
+    o.pin_dense = c.dense;
+    o.exact = c.exact;
+    o.predicted = c.predicted;
+    o.cache = c.cache;
+    o.cache_budget_bytes = 8ull << 20;
+    o.measure = true;
+    mrl::mmap_residency<> res(obs, file.path, o);
+    obs.set_sink(&res);
+    const auto got = run_tokens(ctx.get(), model.get(), 6, 12).logits;
+    CHECK(res.active());
+    CHECK(res.status() == "");
+    REQUIRE(got.size() == plain.size());
+    CHECK(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)) == 0);
+    MESSAGE(res.summary());
+  }
+}
