@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp.hpp"
+#include "moe_residency/adapters/llama_cpp/residency.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
@@ -57,6 +58,12 @@ struct probe_args {
   bool save_only = false;
   bool no_observer = false;
   std::string per_token_csv;
+  // The residency manager (mmap_residency): parts, budget, lanes.
+  std::string residency = "none";
+  std::string residency_budget = "auto";
+  std::size_t lanes = 2;
+  std::size_t spec_cap = 2;
+  double degrade = 0.0;
   std::string prompt;
   std::size_t tokens = 32;  // prompt tokens when no --prompt
   std::size_t decode = 64;
@@ -199,13 +206,17 @@ void fnv1a_bytes(std::uint64_t& h, const void* p, std::size_t n) {
 /// Prompt batch, then `n_decode` tokens sampled from softmax(logits) with a
 /// seeded generator. Times every llama_decode call and, with `record`, samples
 /// the counters around each; digests the logits every decode token produced.
+using residency_manager = mrl::mmap_residency<lru_policy>;
+
 run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
-               std::size_t n_decode, std::uint64_t seed, bool record = false) {
+               std::size_t n_decode, std::uint64_t seed, bool record = false,
+               const residency_manager* res = nullptr) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
   const std::string cg_file = record ? cgroup_io_file() : std::string();
   run_result r;
   auto timed = [&](llama_batch batch, std::size_t token, bool is_prompt) {
     const counters c0 = record ? sample(cg_file) : counters{};
+    const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = llama_decode(ctx, batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -220,6 +231,19 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
       t.minflt = c1.minflt - c0.minflt;
       t.read_bytes = c1.read_bytes - c0.read_bytes;
       t.cgroup_read_bytes = c1.cgroup_read_bytes - c0.cgroup_read_bytes;
+      if (res) {
+        // issued: every read the manager queued (exact and predicted); useful
+        // and late: the predicted ones. hit_pct: the routed experts (decode)
+        // fully resident when their layer's routing came (mincore).
+        const mrl::residency_stats r1 = res->stats();
+        t.prefetch_issued = (r1.exact_reads - r0.exact_reads) + (r1.predicted_issued - r0.predicted_issued);
+        t.prefetch_useful = r1.predicted_useful - r0.predicted_useful;
+        t.prefetch_late = r1.predicted_late - r0.predicted_late;
+        t.pinned_mib = to_mib(r1.pinned_bytes + r1.dense_bytes);
+        const std::uint64_t routed = r1.routed_experts - r0.routed_experts;
+        if (routed)
+          t.hit_pct = 100.0 * static_cast<double>(r1.routed_resident - r0.routed_resident) / static_cast<double>(routed);
+      }
       r.rows.push_back(t);
     }
     return s;
@@ -310,10 +334,49 @@ void report_run(const probe_args& a, const run_result& r) {
   if (!out) throw error("--per-token-csv: writing '" + a.per_token_csv + "' failed");
 }
 
+/// --residency LIST (dense, exact, predicted, cache; all; none) and the rest
+/// of the manager's options. Returns false for none.
+bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
+  bool any = false;
+  std::stringstream in(a.residency);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    if (part == "none") continue;
+    if (part == "all") o.pin_dense = o.exact = o.predicted = o.cache = true;
+    else if (part == "dense") o.pin_dense = true;
+    else if (part == "exact") o.exact = true;
+    else if (part == "predicted") o.predicted = true;
+    else if (part == "cache") o.cache = true;
+    else
+      throw error("--residency: '" + part + "' in '" + a.residency +
+                  "'; expected a comma list of dense, exact, predicted, cache, or all, or none");
+    any = true;
+  }
+  if (a.residency_budget != "auto") {
+    char* end = nullptr;
+    const double mib = std::strtod(a.residency_budget.c_str(), &end);
+    if (a.residency_budget.empty() || *end != '\0' || !(mib > 0))
+      throw error("--residency-budget: '" + a.residency_budget + "'; expected MiB > 0 or auto");
+    o.cache_budget_bytes = from_mib(mib);
+  }
+  o.lanes = a.lanes;
+  o.spec_cap = a.spec_cap;
+  o.degrade = a.degrade;
+  o.seed = a.seed;
+  o.measure = true;  // the page cache's hit rate at routing: the per-token hit_pct
+  o.validate();
+  return any;
+}
+
 int probe(const probe_args& a) {
   if (a.model_path.empty() == a.random_arch.empty())
     throw error("give exactly one of --model FILE.gguf and --random ARCH");
   if (a.decode == 0) throw error("--decode: 0; expected at least 1 decode token");
+  mrl::residency_options ro;
+  const bool managed = residency_options_from(a, ro);
+  if (managed && a.no_observer) throw error("--residency needs the observer; drop --no-observer");
+  if (managed && a.model_path.empty() && a.save_model.empty())
+    throw error("--residency manages a memory-mapped file: give --model FILE, or --random with --save-model FILE");
   if (!a.warm.empty() && a.warm != "pread" && a.warm != "fadvise")
     throw error("--warm: '" + a.warm + "'; expected pread or fadvise");
   llama_log_set([](ggml_log_level level, const char* text, void*) {
@@ -438,9 +501,17 @@ int probe(const probe_args& a) {
     rec.describe(label, obs.arch(), std::vector<std::uint64_t>(shape.n_layers(), 0));
   }
   mrl::session_sink<probe_session> sink(s, &rec);
-  obs.set_sink(&sink);
+  std::unique_ptr<residency_manager> res;
+  if (managed) {
+    // Acts at each layer's routing, then hands every event on to the session.
+    res = std::make_unique<residency_manager>(obs, gguf_path, ro, nullptr, &sink);
+    res->activate();  // now, so a refusal (locking limit, budget) stops the run with its figures
+    obs.set_sink(res.get());
+  } else {
+    obs.set_sink(&sink);
+  }
 
-  const run_result observed = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true);
+  const run_result observed = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true, res.get());
   const double observed_s = observed.decode_s;
 
   std::size_t first_moe = 0;
@@ -470,6 +541,10 @@ int probe(const probe_args& a) {
     std::printf("note: %llu layers' GGUF keys disagree with the graph (the graph is used); first: %s\n",
                 static_cast<unsigned long long>(st.metadata_mismatches), obs.metadata_note().c_str());
 
+  if (res) {
+    std::printf("%s\n", res->summary().c_str());
+    if (!res->budget_note().empty()) std::printf("residency budget: %s\n", res->budget_note().c_str());
+  }
   report_run(a, observed);
 
   if (!a.trace_out.empty()) {
@@ -551,6 +626,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-observer", a.no_observer,
                "Plain llama.cpp: no observer, no report; only the run's digest, summary and --per-token-csv");
+  app.add_option("--residency", a.residency,
+                 "Residency manager parts: comma list of dense, exact, predicted, cache; or all; or none")
+      ->capture_default_str();
+  app.add_option("--residency-budget", a.residency_budget,
+                 "Pinned expert cache budget in MiB, or auto (from the memory limit)")
+      ->capture_default_str();
+  app.add_option("--lanes", a.lanes, "Residency: read lanes")->capture_default_str();
+  app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")->capture_default_str();
+  app.add_option("--degrade", a.degrade,
+                 "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")
+      ->capture_default_str();
   app.add_option("--per-token-csv", a.per_token_csv,
                  "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
                  "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct");

@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -436,8 +437,8 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
 /// make_random_model(spec), byte for byte. Writes `path`.part and renames it
 /// when complete, so an interrupted run never leaves a truncated model.
 /// `progress`, if given, is called with (bytes written, total bytes).
-template <class Progress = void (*)(std::uint64_t, std::uint64_t)>
-void save_random_gguf(const random_model_spec& spec, const std::string& path, Progress progress = nullptr) {
+inline void save_random_gguf(const random_model_spec& spec, const std::string& path,
+                             const std::function<void(std::uint64_t, std::uint64_t)>& progress = {}) {
   const std::vector<tensor_entry> tensors = random_model_tensors(spec);
   detail::gguf_ptr g = detail::metadata(spec, false);
   ggml_init_params ip{};
