@@ -15,6 +15,10 @@
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
 #   --threads N        llama.cpp threads (default 2)
+#   --budget MIB|auto|P%  the pinned expert cache's budget: MiB, auto (the manager
+#                      sizes it from the cgroup limit), or a share of the limit
+#                      (default: auto; quick and smoke: 40%, their limits being
+#                      too small for the auto margin)
 #   --run-timeout S    give up on one run after S seconds (default 1800; quick 600)
 #   --no-plot          no gnuplot
 #   --no-disk          skip the disk bandwidth measurement
@@ -58,6 +62,7 @@ ratios=""
 probe=""
 threads=2
 run_timeout=""
+budget=""
 plot=1
 disk=1
 die() { echo "memlab: $*" >&2; exit 2; }
@@ -72,6 +77,7 @@ while [[ $# -gt 0 ]]; do
     --ratios) ratios="${2:?--ratios needs a list}"; shift ;;
     --probe) probe="${2:?--probe needs a path}"; shift ;;
     --threads) threads="${2:?--threads needs a number}"; shift ;;
+    --budget) budget="${2:?--budget needs MiB, auto or a share like 40%}"; shift ;;
     --run-timeout) run_timeout="${2:?--run-timeout needs seconds}"; shift ;;
     --no-plot) plot=0 ;;
     --no-disk) disk=0 ;;
@@ -87,12 +93,12 @@ done
 case "$preset" in
   full)  spec=(--layers 16 --experts 128 --k 8 --embd 2048 --expert-ff 768); tokens=32; decode=64
          : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident}"
-         : "${run_timeout:=1800}"; disk_reads=256 ;;
+         : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   quick) spec=(--layers 12 --experts 64 --k 8 --embd 1024 --expert-ff 768); tokens=16; decode=24
          : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident}"
-         : "${run_timeout:=600}"; disk_reads=64 ;;
+         : "${run_timeout:=600}"; : "${budget:=40%}"; disk_reads=64 ;;
   smoke) spec=(--layers 8 --experts 64 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
-         : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; disk=0 ;;
+         : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=40%}"; disk=0 ;;
 esac
 for c in ${configs//,/ }; do
   case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident) ;;
@@ -214,13 +220,15 @@ run() {
   return 0
 }
 
-config_args() {  # the probe options of a configuration
+config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuration
+  local b="$budget"
+  [[ $b == *% ]] && b=$(awk -v l="$3" -v p="${b%\%}" 'BEGIN{printf "%.0f", l * p / 100}')
   case "$1" in
     mmap|resident) echo "--no-observer" ;;
     observer) echo "" ;;
-    dense|exact|predicted|cache) echo "--residency $1" ;;
-    all) echo "--residency all" ;;
-    degraded) echo "--residency all --degrade $2" ;;
+    dense|exact|predicted|cache) echo "--residency $1 --residency-budget $b" ;;
+    all) echo "--residency all --residency-budget $b" ;;
+    degraded) echo "--residency all --residency-budget $b --degrade $2" ;;
   esac
 }
 
@@ -261,7 +269,7 @@ for ratio in ${ratios//,/ }; do
     log "$name: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
     drop_caches
     # shellcheck disable=SC2046
-    run "$name" "$limit_bytes" $(config_args "$config" "$degrade")
+    run "$name" "$limit_bytes" $(config_args "$config" "$degrade" "$limit")
   done
 done
 

@@ -66,7 +66,7 @@ struct random_model_spec {
   /// qwen3moe and gpt-oss ignore the key, so a value that disagrees with their
   /// hard-coded gating is a metadata/graph disagreement the observer reports.
   std::uint32_t gating_func_key = 0;
-  /// Type of the expert weights (blk.*.ffn_{gate,up,down}_exps.weight):
+  /// Type of the expert weights (blk.*.ffn_{gate,up,down,gate_up}_exps.weight):
   /// f32, f16, bf16, q8_0 or q4_K. A quantised type needs the rows (--embd and
   /// --expert-ff) to be multiples of its block (32 for q8_0, 256 for q4_K).
   ggml_type expert_type = GGML_TYPE_F32;
@@ -345,6 +345,9 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
       entry(spec.expert_type, "blk.%u.ffn_gate_exps.weight", il);
       entry(spec.expert_type, "blk.%u.ffn_up_exps.weight", il);
       entry(spec.expert_type, "blk.%u.ffn_down_exps.weight", il);
+      // Where the architecture fuses gate and up (deepseek2 here), llama.cpp
+      // creates this one instead; an entry for a tensor not created is ignored.
+      entry(spec.expert_type, "blk.%u.ffn_gate_up_exps.weight", il);
     }
   }
   return g;
