@@ -7,17 +7,18 @@
 #   sudo scripts/memlab.sh --quick --csv FILE a smaller model, fewer tokens (minutes)
 #
 # Options:
-#   --quick            the quick preset (a ~1 GiB model, 16 prompt + 24 decode tokens)
-#   --smoke            the CTest preset (a ~0.4 GiB model, ratio 2, mmap and all only)
+#   --quick            the quick preset (a ~1.4 GiB model, 8 prompt + 16 decode tokens)
+#   --smoke            the CTest preset (a ~1 GiB model, ratio 2, mmap and all only)
 #   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,
 #                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical)
 #   --configs LIST     comma list of mmap,observer,dense,exact,predicted,cache,all,degraded,resident
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
-#   --threads N        llama.cpp threads (default 2)
+#   --threads N        llama.cpp threads (default 1: on a loaded 2-core machine
+#                      ggml's spinning thread barrier makes 2 threads ~100x slower)
 #   --budget MIB|auto|P%  the pinned expert cache's budget: MiB, auto (the manager
 #                      sizes it from the cgroup limit), or a share of the limit
-#                      (default: auto; quick and smoke: 40%, their limits being
+#                      (default: auto; quick and smoke: 25%, their limits being
 #                      too small for the auto margin)
 #   --run-timeout S    give up on one run after S seconds (default 1800; quick 600)
 #   --no-plot          no gnuplot
@@ -60,7 +61,7 @@ csv=""
 configs=""
 ratios=""
 probe=""
-threads=2
+threads=1
 run_timeout=""
 budget=""
 plot=1
@@ -94,11 +95,11 @@ case "$preset" in
   full)  spec=(--layers 16 --experts 128 --k 8 --embd 2048 --expert-ff 768); tokens=32; decode=64
          : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident}"
          : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
-  quick) spec=(--layers 12 --experts 64 --k 8 --embd 1024 --expert-ff 768); tokens=16; decode=24
+  quick) spec=(--layers 12 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=16
          : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident}"
-         : "${run_timeout:=600}"; : "${budget:=40%}"; disk_reads=64 ;;
-  smoke) spec=(--layers 8 --experts 64 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
-         : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=40%}"; disk=0 ;;
+         : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
+  smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
+         : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
 esac
 for c in ${configs//,/ }; do
   case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident) ;;

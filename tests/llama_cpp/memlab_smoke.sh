@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest llama_cpp_memlab_smoke: the memory lab's claim in small. A random
-# qwen3moe with q4_K experts (~450 MiB) runs in a memory cgroup limited to half
+# qwen3moe with q4_K experts (~1 GiB) runs in a memory cgroup limited to half
 # its size, through plain mmap and with the residency manager on (`all`); major
 # faults per decode token must fall at least 5x (counts, not times) and the
 # logits must be identical (scripts/memlab.sh --smoke does the runs).
