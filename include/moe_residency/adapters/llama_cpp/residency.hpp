@@ -80,7 +80,8 @@ struct residency_options {
   /// Auto budget: at most this many bytes (0: no ceiling).
   std::uint64_t cache_ceiling_bytes = 0;
   /// Auto budget: bytes kept free besides the dense weights and llama.cpp's
-  /// own buffers (0: max(256 MiB, limit / 8) plus two reads in flight per lane).
+  /// own buffers (0: max(256 MiB, limit / 8), plus two reads in flight per
+  /// lane and per speculative slot, plus one layer's routed experts).
   std::uint64_t margin_bytes = 0;
   /// With exact: advise the expert ranges MADV_RANDOM (no read-around on faults).
   bool random_faults = true;
@@ -126,7 +127,11 @@ struct residency_stats {
   std::uint64_t predicted_bytes = 0;
   // cache
   std::uint64_t cache_hits = 0, cache_misses = 0, evictions = 0;
-  std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;  ///< experts locked now / at most
+  /// Expert bytes locked now, and the most after any layer. Within a layer,
+  /// its misses are locked before the cache evicts (the engine's batch
+  /// accounting): up to one layer's routed experts on top, which the auto
+  /// budget's margin includes.
+  std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;
   std::uint64_t lock_failed = 0;  ///< admitted experts whose lock failed (invalidated)
   // dense
   std::uint64_t dense_bytes = 0;  ///< non-expert bytes locked
@@ -486,7 +491,7 @@ class mmap_residency : public observer_sink {
     const std::uint64_t margin = options_.margin_bytes != 0
                                      ? options_.margin_bytes
                                      : std::max<std::uint64_t>(256ull << 20, lim.bytes / 8) +
-                                           2 * (options_.lanes + options_.spec_cap) * widest_;
+                                           (2 * (options_.lanes + options_.spec_cap) + shape_.top_k()) * widest_;
     const std::uint64_t need = dense_total_ + anon + margin;
     std::ostringstream note;
     note << "limit " << detail::mib(lim.bytes) << " (" << lim.source << ") - dense " << detail::mib(dense_total_)
@@ -555,7 +560,9 @@ class mmap_residency : public observer_sink {
   // large asynchronous requests, then wait for it (populate_read), or lock it
   // for the cache. noexcept; a failure is the read's outcome.
   read_status read_expert(layer_id l, expert_id e, read_reason why) noexcept {
-    const bool lock = why == read_reason::demanded && cache_ != nullptr;
+    // lock_demanded_ is written by the host before demand() hands the reads
+    // to the lanes (under the scheduler's mutex), so lanes see this batch's.
+    const bool lock = why == read_reason::demanded && lock_demanded_;
     const layer_ranges& lr = layers_[to_index(l)];
     bool ok = true;
     for (const auto& t : lr.tensors) {
@@ -668,6 +675,7 @@ class mmap_residency : public observer_sink {
   }
 
   void read_on_lanes(layer_id l, bool lock) {
+    lock_demanded_ = lock;
     requests_.clear();
     for (expert_id e : to_read_) requests_.push_back(read_request{l, e, layers_[to_index(l)].bytes});
     const std::size_t n = requests_.size();
@@ -682,6 +690,7 @@ class mmap_residency : public observer_sink {
   }
 
   void read_inline(layer_id l) {
+    lock_demanded_ = true;
     for (expert_id e : to_read_) admitted(l, e, read_expert(l, e, read_reason::demanded) == read_status::ok);
   }
 
@@ -706,7 +715,6 @@ class mmap_residency : public observer_sink {
       add_refs(r.first, r.second);
     }
     stats_.pinned_bytes += layers_[to_index(l)].bytes;
-    stats_.pinned_peak_bytes = std::max(stats_.pinned_peak_bytes, stats_.pinned_bytes);
   }
 
   void close_cache_batch() {
@@ -725,6 +733,7 @@ class mmap_residency : public observer_sink {
       stats_.pinned_bytes -= layers_[li].bytes;
     }
     log.clear();
+    stats_.pinned_peak_bytes = std::max(stats_.pinned_peak_bytes, stats_.pinned_bytes);
   }
 
   // ---- predicted reads -------------------------------------------------------
@@ -834,6 +843,7 @@ class mmap_residency : public observer_sink {
   residency_stats stats_;
   std::array<std::atomic<std::uint64_t>, advice_kinds> calls_{}, errors_{};
   std::atomic<bool> populate_unsupported_{false};
+  bool lock_demanded_ = false;  // demanded reads of this batch lock (cache admissions)
 };
 
 }  // namespace moe_residency::llama_cpp

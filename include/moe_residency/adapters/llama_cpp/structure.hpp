@@ -129,10 +129,19 @@ inline std::vector<float> read_vector(const ggml_tensor* t) {
   return out;
 }
 
+/// A GGUF metadata value as a string ("" when absent), whole: llama.cpp
+/// returns the full length, so a value longer than the first buffer is read again.
 inline std::string model_meta(const llama_model* m, const std::string& key) {
-  char buf[256];
-  const int32_t n = llama_model_meta_val_str(m, key.c_str(), buf, sizeof buf);
-  return n < 0 ? std::string() : std::string(buf);
+  std::string buf(256, '\0');
+  int32_t n = llama_model_meta_val_str(m, key.c_str(), buf.data(), buf.size());
+  if (n < 0) return std::string();
+  if (static_cast<std::size_t>(n) >= buf.size()) {
+    buf.assign(static_cast<std::size_t>(n) + 1, '\0');
+    n = llama_model_meta_val_str(m, key.c_str(), buf.data(), buf.size());
+    if (n < 0) return std::string();
+  }
+  buf.resize(static_cast<std::size_t>(n));
+  return buf;
 }
 
 }  // namespace detail
