@@ -21,6 +21,9 @@
 #                      (default: auto; quick and smoke: 25%, their limits being
 #                      too small for the auto margin)
 #   --run-timeout S    give up on one run after S seconds (default 1800; quick 600)
+#   --csv-extended     append engine_majflt_per_token (major faults of llama.cpp's own
+#                      threads: getrusage also counts the manager's lanes populating
+#                      pages on purpose) and status to every CSV row
 #   --no-plot          no gnuplot
 #   --no-disk          skip the disk bandwidth measurement
 #
@@ -64,6 +67,7 @@ probe=""
 threads=1
 run_timeout=""
 budget=""
+extended=0
 plot=1
 disk=1
 die() { echo "memlab: $*" >&2; exit 2; }
@@ -80,6 +84,7 @@ while [[ $# -gt 0 ]]; do
     --threads) threads="${2:?--threads needs a number}"; shift ;;
     --budget) budget="${2:?--budget needs MiB, auto or a share like 40%}"; shift ;;
     --run-timeout) run_timeout="${2:?--run-timeout needs seconds}"; shift ;;
+    --csv-extended) extended=1 ;;
     --no-plot) plot=0 ;;
     --no-disk) disk=0 ;;
     -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -214,9 +219,15 @@ run() {
   child=""
   echo "$(cg_peak_mib)" > "$out/$name.peak"
   if [[ $rc -ne 0 ]]; then
-    log "$name: exited with $rc$([[ $rc == 124 ]] && echo " (timed out after $run_timeout s)") — see $out/$name.log"
+    local status=failed
+    [[ $rc == 124 ]] && status=timeout
+    [[ $rc == 137 ]] && status=killed  # SIGKILL: the cgroup's OOM killer (see dmesg)
+    echo "$status" > "$out/$name.status"
+    log "$name: exited with $rc ($status) — see $out/$name.log"
     tail -n 3 "$out/$name.log" >&2 || true
     rm -f "$out/$name.csv"
+  else
+    echo ok > "$out/$name.status"
   fi
   return 0
 }
@@ -265,6 +276,7 @@ for ratio in ${ratios//,/ }; do
       fi
       [[ -f "$out/resident.csv" ]] && cp "$out/resident.csv" "$out/$name.csv" && cp "$out/resident.log" "$out/$name.log"
       [[ -f "$out/resident.peak" ]] && cp "$out/resident.peak" "$out/$name.peak"
+      [[ -f "$out/resident.status" ]] && cp "$out/resident.status" "$out/$name.status"
       continue
     fi
     log "$name: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
@@ -275,15 +287,15 @@ for ratio in ${ratios//,/ }; do
 done
 
 # ---- the table ----------------------------------------------------------------
-summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned
-  awk -F, 'NR > 1 && $2 == "decode" { n++; ms += $3; rb += $6; mf += $4; t[n] = $3;
+summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engine_majflt
+  awk -F, 'NR > 1 && $2 == "decode" { n++; ms += $3; rb += $6; mf += $4; emf += $12; t[n] = $3;
              if ($11 != "") { hit = $11; has = 1 } if ($10 + 0 > pin) pin = $10 + 0 }
            function pct(q,   pos, lo, hi) { pos = q * (n - 1); lo = int(pos) + 1; hi = lo < n ? lo + 1 : n;
              return t[lo] + (t[hi] - t[lo]) * (pos - int(pos)) }
-           END { if (n == 0) { print "- - - - - - -"; exit }
+           END { if (n == 0) { print "- - - - - - - -"; exit }
              for (i = 2; i <= n; i++) { v = t[i]; j = i - 1; while (j > 0 && t[j] > v) { t[j + 1] = t[j]; j-- } t[j + 1] = v }
-             printf "%.3f %.1f %.1f %.2f %.2f %s %.1f\n", n / (ms / 1000), pct(0.5), pct(0.9), rb / n / 1048576,
-                    mf / n, has ? hit : "-", pin }' "$1"
+             printf "%.3f %.1f %.1f %.2f %.2f %s %.1f %.2f\n", n / (ms / 1000), pct(0.5), pct(0.9), rb / n / 1048576,
+                    mf / n, has ? hit : "-", pin, emf / n }' "$1"
 }
 digest() { sed -n 's/^logits: fnv1a64 \([0-9a-f]*\) over.*/\1/p' "$1" 2>/dev/null | head -1; }
 
@@ -299,22 +311,32 @@ done
 table="$out/table.txt"
 {
   echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine"
-  printf '%-6s %-6s %-9s %9s %8s %8s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
-         MiB_rd/tok majflt/tok hit% pin_MiB peakMiB logits
+  printf '%-6s %-6s %-9s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
+         MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits
 } > "$table"
-[[ -n "$csv" ]] && echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical" > "$csv"
+if [[ -n "$csv" ]]; then
+  echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical$([[ $extended == 1 ]] && echo ",engine_majflt_per_token,status")" > "$csv"
+fi
 for ratio in ${ratios//,/ }; do
   limit=$(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}')
   for config in ${configs//,/ }; do
     f="$out/r$ratio-$config.csv"
-    [[ -f "$f" ]] || continue
-    read -r tok p50 p90 rd mf hit pin <<< "$(summarize "$f")"
+    status="$(cat "$out/r$ratio-$config.status" 2>/dev/null || true)"
+    [[ -n "$status" ]] || continue  # not run (skipped)
+    lim=$([[ $config == resident ]] && echo none || echo "$limit")
+    peak="$(cat "$out/r$ratio-$config.peak" 2>/dev/null || echo -)"
+    if [[ "$status" != ok || ! -f "$f" ]]; then
+      # A run that did not finish: a row saying so, no figures.
+      printf '%-6s %-6s %-9s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
+      [[ -n "$csv" ]] && echo "$ratio,$config,,,,,,,,no$([[ $extended == 1 ]] && echo ",,$status")" >> "$csv"
+      continue
+    fi
+    read -r tok p50 p90 rd mf hit pin emf <<< "$(summarize "$f")"
     d="$(digest "$out/r$ratio-$config.log")"
     same=$([[ -n "$d" && "$d" == "$reference" ]] && echo yes || echo no)
-    lim=$([[ $config == resident ]] && echo none || echo "$limit")
-    printf '%-6s %-6s %-9s %9s %8s %8s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
-           "$rd" "$mf" "$hit" "$pin" "$(cat "$out/r$ratio-$config.peak" 2>/dev/null || echo -)" "$same" >> "$table"
-    [[ -n "$csv" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same" >> "$csv"
+    printf '%-6s %-6s %-9s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
+           "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" >> "$table"
+    [[ -n "$csv" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same$([[ $extended == 1 ]] && echo ",$emf,ok")" >> "$csv"
   done
 done
 cat "$table"

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <dirent.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -120,7 +121,43 @@ std::vector<llama_token> prompt_tokens(const probe_args& a, const llama_model* m
 /// cgroup (in the root cgroup: the machine).
 struct counters {
   std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0;
+  std::uint64_t engine_majflt = 0;  ///< of the engine's threads only (see engine_threads)
 };
+
+/// The threads alive now (/proc/self/task): taken after llama.cpp's first
+/// decode and before the residency manager starts its read lanes, they are
+/// the engine's — the eval thread and ggml's workers.
+std::vector<std::string> current_threads() {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+/// Major faults of these threads (field 12 of /proc/self/task/TID/stat). The
+/// process-wide count (getrusage) also holds the faults the manager's lanes
+/// take on purpose — MADV_POPULATE_READ and mlock populate pages through the
+/// fault path, and the kernel counts those as major faults of the thread —
+/// so this is the count of faults the engine itself stalled on.
+std::uint64_t threads_majflt(const std::vector<std::string>& tids) {
+  std::uint64_t sum = 0;
+  for (const auto& t : tids) {
+    std::ifstream in("/proc/self/task/" + t + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;  // an exited worker
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream f(line.substr(close + 2));
+    std::string field;
+    // fields from 3 (state) on; majflt is field 12
+    for (int i = 3; i <= 12 && f >> field; ++i)
+      if (i == 12) sum += std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return sum;
+}
 
 std::uint64_t proc_read_bytes() {
   std::ifstream in("/proc/self/io");
@@ -169,8 +206,9 @@ std::uint64_t cgroup_read_bytes(const std::string& file) {
   return sum;
 }
 
-counters sample(const std::string& cg_file) {
+counters sample(const std::string& cg_file, const std::vector<std::string>& engine) {
   counters c;
+  c.engine_majflt = threads_majflt(engine);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   c.majflt = static_cast<std::uint64_t>(ru.ru_majflt);
@@ -185,7 +223,7 @@ struct token_record {
   std::size_t token = 0;
   bool prompt = false;
   double wall_ms = 0;
-  std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0;
+  std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0, engine_majflt = 0;
   std::uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_late = 0;
   double pinned_mib = 0;
   double hit_pct = -1;  // < 0: not measured (no residency manager)
@@ -210,25 +248,27 @@ using residency_manager = mrl::mmap_residency<lru_policy>;
 
 run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
                std::size_t n_decode, std::uint64_t seed, bool record = false,
-               const residency_manager* res = nullptr) {
+               const residency_manager* res = nullptr, std::vector<std::string> engine = {}) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
   const std::string cg_file = record ? cgroup_io_file() : std::string();
+  if (record && engine.empty()) engine = current_threads();
   run_result r;
   auto timed = [&](llama_batch batch, std::size_t token, bool is_prompt) {
-    const counters c0 = record ? sample(cg_file) : counters{};
+    const counters c0 = record ? sample(cg_file, engine) : counters{};
     const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = llama_decode(ctx, batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rc != 0) throw error(is_prompt ? "llama_decode failed on the prompt batch" : "llama_decode failed");
     if (record) {
-      const counters c1 = sample(cg_file);
+      const counters c1 = sample(cg_file, engine);
       token_record t;
       t.token = token;
       t.prompt = is_prompt;
       t.wall_ms = 1e3 * s;
       t.majflt = c1.majflt - c0.majflt;
       t.minflt = c1.minflt - c0.minflt;
+      t.engine_majflt = c1.engine_majflt - c0.engine_majflt;
       t.read_bytes = c1.read_bytes - c0.read_bytes;
       t.cgroup_read_bytes = c1.cgroup_read_bytes - c0.cgroup_read_bytes;
       if (res) {
@@ -301,34 +341,36 @@ void report_run(const probe_args& a, const run_result& r) {
   }
   const bool use_cgroup = proc == 0 && cg != 0;
   std::vector<double> ms;
-  std::uint64_t majflt = 0, bytes = 0;
+  std::uint64_t majflt = 0, engine_majflt = 0, bytes = 0;
   for (const auto& t : r.rows)
     if (!t.prompt) {
       ms.push_back(t.wall_ms);
       majflt += t.majflt;
+      engine_majflt += t.engine_majflt;
       bytes += use_cgroup ? t.cgroup_read_bytes : t.read_bytes;
     }
   const double n = static_cast<double>(ms.size());
-  std::printf("decode: %zu tokens, %.3f tok/s, p50 %.1f ms, p90 %.1f ms, %.2f major faults/token, "
-              "%.2f MiB read/token (%s)\n",
+  std::printf("decode: %zu tokens, %.3f tok/s, p50 %.1f ms, p90 %.1f ms, %.2f major faults/token "
+              "(%.2f in the engine's threads), %.2f MiB read/token (%s)\n",
               ms.size(), r.decode_s > 0 ? n / r.decode_s : 0.0, percentile(ms, 0.5), percentile(ms, 0.9),
-              static_cast<double>(majflt) / n, to_mib(bytes) / n,
+              static_cast<double>(majflt) / n, static_cast<double>(engine_majflt) / n, to_mib(bytes) / n,
               use_cgroup ? "the cgroup's I/O statistics" : "the process's read_bytes");
   if (a.per_token_csv.empty()) return;
   std::ofstream out(a.per_token_csv);
   if (!out) throw error("--per-token-csv: cannot write '" + a.per_token_csv + "'");
   out << "token,phase,wall_ms,majflt,minflt,read_bytes,prefetch_issued,prefetch_useful,prefetch_late,"
-         "pinned_mib,hit_pct\n";
+         "pinned_mib,hit_pct,engine_majflt\n";
   char line[512];
   for (const auto& t : r.rows) {
     char hit[32] = "";
     if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
-    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s\n", t.token,
+    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu\n", t.token,
                   t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
                   static_cast<unsigned long long>(t.minflt),
                   static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes),
                   static_cast<unsigned long long>(t.prefetch_issued), static_cast<unsigned long long>(t.prefetch_useful),
-                  static_cast<unsigned long long>(t.prefetch_late), t.pinned_mib, hit);
+                  static_cast<unsigned long long>(t.prefetch_late), t.pinned_mib, hit,
+                  static_cast<unsigned long long>(t.engine_majflt));
     out << line;
   }
   if (!out) throw error("--per-token-csv: writing '" + a.per_token_csv + "' failed");
@@ -501,6 +543,7 @@ int probe(const probe_args& a) {
     rec.describe(label, obs.arch(), std::vector<std::uint64_t>(shape.n_layers(), 0));
   }
   mrl::session_sink<probe_session> sink(s, &rec);
+  const std::vector<std::string> engine = current_threads();  // before the manager's lanes
   std::unique_ptr<residency_manager> res;
   if (managed) {
     // Acts at each layer's routing, then hands every event on to the session.
@@ -511,7 +554,7 @@ int probe(const probe_args& a) {
     obs.set_sink(&sink);
   }
 
-  const run_result observed = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true, res.get());
+  const run_result observed = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true, res.get(), engine);
   const double observed_s = observed.decode_s;
 
   std::size_t first_moe = 0;
@@ -639,7 +682,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--per-token-csv", a.per_token_csv,
                  "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
-                 "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct");
+                 "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");
   app.add_option("--threads", a.threads, "llama.cpp threads")->capture_default_str();
   app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->capture_default_str();
   app.add_flag("--cost", a.cost, "Also measure decode time without and with the observer (ratio)");
