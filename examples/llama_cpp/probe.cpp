@@ -421,6 +421,8 @@ int probe(const probe_args& a) {
     throw error("--residency manages a memory-mapped file: give --model FILE, or --random with --save-model FILE");
   if (!a.warm.empty() && a.warm != "pread" && a.warm != "fadvise")
     throw error("--warm: '" + a.warm + "'; expected pread or fadvise");
+  if (a.save_only && (a.random_arch.empty() || a.save_model.empty()))
+    throw error("--save-only needs --random ARCH and --save-model FILE");
   llama_log_set([](ggml_log_level level, const char* text, void*) {
     if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
   }, nullptr);
@@ -452,8 +454,6 @@ int probe(const probe_args& a) {
         return 0;
       }
     }
-  } else if (a.save_only) {
-    throw error("--save-only needs --random ARCH and --save-model FILE");
   }
   if (!gguf_path.empty()) {
     llama_model_params mp = llama_model_default_params();
