@@ -11,7 +11,8 @@
 #   --smoke            the CTest preset (a ~1 GiB model, ratio 2, mmap and all only)
 #   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,
 #                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical)
-#   --configs LIST     comma list of mmap,observer,dense,exact,predicted,cache,all,degraded,resident
+#   --configs LIST     comma list of mmap,observer,dense,exact,predicted,cache,all,degraded,
+#                      resident,resident-all
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
 #   --threads N        llama.cpp threads (default 1: on a loaded 2-core machine
@@ -52,6 +53,8 @@
 #             stale-gate's slot accuracy falls to ~88.6% (the seed engine's on a
 #             real Qwen3-30B; random weights flatter it)
 #   resident  plain llama.cpp, no limit, page cache warm: the upper bound
+#   resident-all  all parts on (auto budget), no limit, page cache warm: when the
+#             model fits, the manager must cost no more than noise against `resident`
 # Each of dense..cache is that part alone on top of the observer; `all` is them together.
 set -euo pipefail
 
@@ -98,17 +101,17 @@ done
 # multiples of 256.
 case "$preset" in
   full)  spec=(--layers 16 --experts 128 --k 8 --embd 2048 --expert-ff 768); tokens=32; decode=64
-         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident}"
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all}"
          : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   quick) spec=(--layers 12 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=16
-         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident}"
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all}"
          : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
          : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
 esac
 for c in ${configs//,/ }; do
-  case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident) ;;
-    *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded or resident" ;;
+  case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident|resident-all) ;;
+    *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident or resident-all" ;;
   esac
 done
 
@@ -267,16 +270,18 @@ for ratio in ${ratios//,/ }; do
       degrade=$(awk -v a="$acc" 'BEGIN{p = 1 - 88.6 / a; if (p < 0) p = 0; printf "%.4f", p}')
       log "$name: stale-gate measured $acc% of slots; --degrade $degrade"
     fi
-    if [[ $config == resident ]]; then
-      if [[ -z "$resident_done" ]]; then
-        log "resident: no limit, page cache warm (the upper bound)"
+    if [[ $config == resident || $config == resident-all ]]; then
+      # One run per configuration, not per ratio (no limit); its row repeats under each ratio.
+      if [[ " $resident_done " != *" $config "* ]]; then
+        log "$config: no limit, page cache warm"
         cat "$model" > /dev/null
-        run resident none --no-observer
-        resident_done=1
+        if [[ $config == resident ]]; then run "$config" none --no-observer
+        else run "$config" none --residency all --residency-budget auto; fi
+        resident_done+=" $config"
       fi
-      [[ -f "$out/resident.csv" ]] && cp "$out/resident.csv" "$out/$name.csv" && cp "$out/resident.log" "$out/$name.log"
-      [[ -f "$out/resident.peak" ]] && cp "$out/resident.peak" "$out/$name.peak"
-      [[ -f "$out/resident.status" ]] && cp "$out/resident.status" "$out/$name.status"
+      for ext in csv log peak status; do
+        if [[ -f "$out/$config.$ext" ]]; then cp "$out/$config.$ext" "$out/$name.$ext"; fi
+      done
       continue
     fi
     log "$name: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
@@ -311,7 +316,7 @@ done
 table="$out/table.txt"
 {
   echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine"
-  printf '%-6s %-6s %-9s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
+  printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
          MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits
 } > "$table"
 if [[ -n "$csv" ]]; then
@@ -323,18 +328,18 @@ for ratio in ${ratios//,/ }; do
     f="$out/r$ratio-$config.csv"
     status="$(cat "$out/r$ratio-$config.status" 2>/dev/null || true)"
     [[ -n "$status" ]] || continue  # not run (skipped)
-    lim=$([[ $config == resident ]] && echo none || echo "$limit")
+    lim=$([[ $config == resident* ]] && echo none || echo "$limit")
     peak="$(cat "$out/r$ratio-$config.peak" 2>/dev/null || echo -)"
     if [[ "$status" != ok || ! -f "$f" ]]; then
       # A run that did not finish: a row saying so, no figures.
-      printf '%-6s %-6s %-9s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
+      printf '%-6s %-6s %-12s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
       [[ -n "$csv" ]] && echo "$ratio,$config,,,,,,,,no$([[ $extended == 1 ]] && echo ",,$status")" >> "$csv"
       continue
     fi
     read -r tok p50 p90 rd mf hit pin emf <<< "$(summarize "$f")"
     d="$(digest "$out/r$ratio-$config.log")"
     same=$([[ -n "$d" && "$d" == "$reference" ]] && echo yes || echo no)
-    printf '%-6s %-6s %-9s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
+    printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
            "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" >> "$table"
     [[ -n "$csv" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same$([[ $extended == 1 ]] && echo ",$emf,ok")" >> "$csv"
   done

@@ -65,6 +65,7 @@ struct probe_args {
   std::size_t lanes = 2;
   std::size_t spec_cap = 2;
   double degrade = 0.0;
+  bool no_hit_measure = false;
   std::string prompt;
   std::size_t tokens = 32;  // prompt tokens when no --prompt
   std::size_t decode = 64;
@@ -405,7 +406,7 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
   o.spec_cap = a.spec_cap;
   o.degrade = a.degrade;
   o.seed = a.seed;
-  o.measure = true;  // the page cache's hit rate at routing: the per-token hit_pct
+  o.measure = !a.no_hit_measure;  // the page cache's hit rate at routing: the per-token hit_pct
   o.validate();
   return any;
 }
@@ -680,6 +681,8 @@ int main(int argc, char** argv) {
   app.add_option("--degrade", a.degrade,
                  "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")
       ->capture_default_str();
+  app.add_flag("--no-hit-measure", a.no_hit_measure,
+               "Residency: no mincore of the routed experts at each routing (hit_pct stays empty)");
   app.add_option("--per-token-csv", a.per_token_csv,
                  "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
                  "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");
