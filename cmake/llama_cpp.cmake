@@ -82,6 +82,24 @@ if(NOT TARGET moe_residency_llama_cpp_checks)
   endif()
 endif()
 
+# Every adapter header compiles on its own (the main header-set check cannot:
+# these need llama.h). One generated translation unit per header.
+if(MOE_RESIDENCY_BUILD_TESTS AND NOT TARGET moe_residency_llama_cpp_headers)
+  file(GLOB _mr_adapter_hpp CONFIGURE_DEPENDS RELATIVE "${_mr_llama_repo}/include"
+       "${_mr_llama_repo}/include/moe_residency/adapters/llama_cpp.hpp"
+       "${_mr_llama_repo}/include/moe_residency/adapters/llama_cpp/*.hpp")
+  set(_mr_adapter_tus "")
+  foreach(_h IN LISTS _mr_adapter_hpp)
+    string(MAKE_C_IDENTIFIER "${_h}" _id)
+    set(_tu "${CMAKE_BINARY_DIR}/adapter_headers/${_id}.cpp")
+    file(CONFIGURE OUTPUT "${_tu}" CONTENT "#include \"${_h}\"\n")
+    list(APPEND _mr_adapter_tus "${_tu}")
+  endforeach()
+  add_library(moe_residency_llama_cpp_headers OBJECT ${_mr_adapter_tus})
+  target_link_libraries(moe_residency_llama_cpp_headers PRIVATE moe_residency::llama_cpp moe_residency_warnings)
+  add_dependencies(moe_residency_llama_cpp_checks moe_residency_llama_cpp_headers)
+endif()
+
 if(MOE_RESIDENCY_BUILD_EXAMPLES)
   add_subdirectory("${_mr_llama_repo}/examples/llama_cpp" "${CMAKE_BINARY_DIR}/examples/llama_cpp")
 endif()

@@ -280,6 +280,25 @@ TEST_CASE("drop_policy: the drop line's counters") {
   CHECK(p.stats().routings == 0);
 }
 
+TEST_CASE("drop_policy: decide asks the cache about each routed expert once") {
+  drop_policy p(shape_k(8), drop_options{});
+  const routing a =
+      make_routing(1, {0.30f, 0.20f, 0.15f, 0.10f, 0.10f, 0.08f, 0.04f, 0.03f});
+  const resident_set res{{10, 12, 14}};
+  std::size_t asked = 0;
+  auto counting = [&](layer_id l, expert_id e) noexcept {
+    ++asked;
+    return res(l, e);
+  };
+  const drop_decision d = p.decide(a, counting);
+  CHECK(d.dropped_mask == mask_of({3, 5, 6, 7}));
+  CHECK(asked == a.size());  // once per slot (it used to ask the candidates twice)
+  CHECK(p.stats().misses == 5);
+  asked = 0;
+  CHECK(p.evaluate(a, counting).dropped_mask == d.dropped_mask);
+  CHECK(asked == 5);  // evaluate asks only the slots below the threshold (not the top)
+}
+
 TEST_CASE("drop_policy: NaN weights are counted, not summed, never dropped") {
   drop_policy p(shape_k(4), {1.0, false, quiet});
   const drop_decision d = p.decide(make_routing(0, {nan_w, nan_w, 0.01f, nan_w}), resident_set{});

@@ -1173,3 +1173,35 @@ TEST_CASE("gemv_simd from TUs built for different targets, linked into one progr
 #endif
 
 #endif  // MOE_RESIDENCY_TEST_SECOND_TU
+
+TEST_CASE("router_spec: validate and selection apply the same shape rules (one implementation)") {
+  // For random shapes, validate() throws exactly when selection refuses the
+  // spec (bias values and weight_scale aside: selection does not read those).
+  std::mt19937_64 gen(20261130);
+  std::uniform_int_distribution<int> small(0, 12);
+  std::size_t refused = 0, accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    router_spec s;
+    s.n_experts = static_cast<std::size_t>(small(gen) * small(gen));
+    s.top_k = static_cast<std::size_t>(small(gen) * 3);
+    s.n_groups = static_cast<std::size_t>(small(gen) % 5);
+    s.n_group_used = static_cast<std::size_t>(small(gen) % 5);
+    if (small(gen) == 0) s.logit_bias.assign(static_cast<std::size_t>(small(gen)), 0.5f);
+    if (small(gen) == 0) s.selection_bias.assign(s.n_experts + static_cast<std::size_t>(small(gen) % 2), 0.5f);
+    bool threw = false;
+    try {
+      s.validate();
+    } catch (const error&) {
+      threw = true;
+    }
+    std::vector<float> logits(s.n_experts, 0.25f);
+    router_workspace ws(s.n_experts);
+    routing out;
+    const bool selected = select_experts(s, logits.data(), out, ws);
+    CHECK(threw == !selected);
+    refused += threw;
+    accepted += !threw;
+  }
+  CHECK(refused > 1000);  // both sides of every rule are exercised
+  CHECK(accepted > 1000);
+}

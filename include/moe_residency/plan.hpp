@@ -138,23 +138,7 @@ class drop_policy {
   /// must not throw. Routing ids are expected unique (an engine's top-k).
   template <class IsResident>
   drop_decision evaluate(const routing& r, IsResident&& is_resident) const noexcept {
-    drop_decision d;
-    const std::uint64_t bytes = shape_.expert_bytes(r.layer);
-    if ((r.phase == run_phase::prefill && !options_.include_prefill) || bytes == 0) return d;
-    d.eligible = true;
-    const std::size_t top = top_weighted_slot(r);
-    for (std::size_t s = 0; s < r.size(); ++s) {
-      if (s == top) continue;
-      const float w = r.weight(s);
-      // NaN compares false: a NaN weight is never below the threshold.
-      if (!(static_cast<double>(w) < threshold_)) continue;
-      if (is_resident(r.layer, r.id(s))) continue;
-      d.dropped_mask |= (1u << s);
-      ++d.n_dropped;
-      d.bytes_avoided += bytes;
-      d.weight_discarded += static_cast<double>(w);
-    }
-    return d;
+    return evaluate_slots(r, is_resident, nullptr);
   }
 
   /// Decides one routing and adds it to `stats()`. Call it after the
@@ -163,7 +147,8 @@ class drop_policy {
   /// dropped (speculation "un-drops" it).
   template <class IsResident>
   drop_decision decide(const routing& r, IsResident&& is_resident) noexcept {
-    const drop_decision d = evaluate(r, is_resident);
+    std::uint32_t miss_mask = 0;  // residency asked once per slot, for the decision and the stats
+    const drop_decision d = evaluate_slots(r, is_resident, &miss_mask);
     if (!d.eligible) {
       ++stats_.ineligible;
       return d;
@@ -178,7 +163,7 @@ class drop_policy {
       } else if (std::isfinite(w)) {
         stats_.weight_total += static_cast<double>(w);
       }
-      if (!is_resident(r.layer, r.id(s))) {
+      if ((miss_mask >> s) & 1u) {
         ++stats_.misses;
         stats_.miss_bytes += bytes;
       }
@@ -210,6 +195,32 @@ class drop_policy {
   }
 
  private:
+  // The rule. With `miss_mask`, residency is asked for every slot once and
+  // the misses recorded (decide's statistics need them all); without, only
+  // for the slots below the threshold.
+  template <class IsResident>
+  drop_decision evaluate_slots(const routing& r, IsResident& is_resident, std::uint32_t* miss_mask) const noexcept {
+    drop_decision d;
+    const std::uint64_t bytes = shape_.expert_bytes(r.layer);
+    if ((r.phase == run_phase::prefill && !options_.include_prefill) || bytes == 0) return d;
+    d.eligible = true;
+    const std::size_t top = top_weighted_slot(r);
+    for (std::size_t s = 0; s < r.size(); ++s) {
+      const float w = r.weight(s);
+      // NaN compares false: a NaN weight is never below the threshold.
+      const bool candidate = s != top && static_cast<double>(w) < threshold_;
+      if (!candidate && miss_mask == nullptr) continue;
+      const bool miss = !is_resident(r.layer, r.id(s));
+      if (miss && miss_mask != nullptr) *miss_mask |= (1u << s);
+      if (!candidate || !miss) continue;
+      d.dropped_mask |= (1u << s);
+      ++d.n_dropped;
+      d.bytes_avoided += bytes;
+      d.weight_discarded += static_cast<double>(w);
+    }
+    return d;
+  }
+
   model_shape shape_;
   drop_options options_;
   double threshold_ = 0.0;

@@ -234,6 +234,28 @@ inline std::string format_float(float v) {
 ///   (softmax over them for softmax_weight), / their sum when
 ///   normalize_weights (sum clamped to >= 6.103515625e-5), * weight_scale
 ///   when scale_weights.
+struct router_spec;
+namespace detail {
+/// The first shape rule a router_spec breaks (`none`: usable). The one
+/// implementation of those rules: router_spec::validate turns a fault into a
+/// message, selection refuses a spec with one.
+enum class spec_fault : std::uint8_t {
+  none,
+  n_experts_range,
+  top_k_range,
+  top_k_above_experts,
+  logit_bias_size,
+  selection_bias_size,
+  n_groups_zero,
+  group_used_without_groups,
+  groups_not_dividing,
+  groups_too_small,
+  group_used_range,
+  groups_keep_too_few,
+};
+spec_fault shape_fault(const router_spec& s) noexcept;
+}  // namespace detail
+
 struct router_spec {
   gating_function gating = gating_function::softmax;
   std::size_t n_experts = 0;
@@ -259,37 +281,40 @@ struct router_spec {
   /// experts, and a non-finite weight_scale.
   void validate() const {
     const std::string who = "router_spec: ";
-    if (n_experts < 1 || n_experts > 65535)
-      throw error(who + "n_experts " + std::to_string(n_experts) + " out of range; expected [1, 65535]");
-    if (top_k < 1 || top_k > max_top_k)
-      throw error(who + "top_k " + std::to_string(top_k) + " out of range; expected [1, " +
-                  std::to_string(max_top_k) + "]");
-    if (top_k > n_experts)
-      throw error(who + "top_k " + std::to_string(top_k) + " exceeds n_experts " +
-                  std::to_string(n_experts) + "; expected top_k <= n_experts");
-    check_bias(logit_bias, "logit_bias");
-    check_bias(selection_bias, "selection_bias");
-    if (n_groups < 1) throw error(who + "n_groups 0; expected >= 1 (1 = groups off)");
-    if (n_groups == 1 && n_group_used != 1)
-      throw error(who + "n_group_used " + std::to_string(n_group_used) +
-                  " with n_groups 1; expected 1 when groups are off");
-    if (n_groups > 1) {
-      if (n_experts % n_groups != 0)
+    const std::size_t per_group = n_groups != 0 ? n_experts / n_groups : 0;
+    switch (detail::shape_fault(*this)) {
+      case detail::spec_fault::none: break;
+      case detail::spec_fault::n_experts_range:
+        throw error(who + "n_experts " + std::to_string(n_experts) + " out of range; expected [1, 65535]");
+      case detail::spec_fault::top_k_range:
+        throw error(who + "top_k " + std::to_string(top_k) + " out of range; expected [1, " +
+                    std::to_string(max_top_k) + "]");
+      case detail::spec_fault::top_k_above_experts:
+        throw error(who + "top_k " + std::to_string(top_k) + " exceeds n_experts " +
+                    std::to_string(n_experts) + "; expected top_k <= n_experts");
+      case detail::spec_fault::logit_bias_size: bias_size_error(logit_bias, "logit_bias");
+      case detail::spec_fault::selection_bias_size: bias_size_error(selection_bias, "selection_bias");
+      case detail::spec_fault::n_groups_zero:
+        throw error(who + "n_groups 0; expected >= 1 (1 = groups off)");
+      case detail::spec_fault::group_used_without_groups:
+        throw error(who + "n_group_used " + std::to_string(n_group_used) +
+                    " with n_groups 1; expected 1 when groups are off");
+      case detail::spec_fault::groups_not_dividing:
         throw error(who + "n_groups " + std::to_string(n_groups) + " does not divide n_experts " +
                     std::to_string(n_experts) + "; expected a divisor");
-      if (n_experts / n_groups < 2)
-        throw error(who + "n_groups " + std::to_string(n_groups) + " leaves " +
-                    std::to_string(n_experts / n_groups) +
+      case detail::spec_fault::groups_too_small:
+        throw error(who + "n_groups " + std::to_string(n_groups) + " leaves " + std::to_string(per_group) +
                     " expert per group; expected at least 2 (groups are scored by their top-2)");
-      if (n_group_used < 1 || n_group_used > n_groups)
+      case detail::spec_fault::group_used_range:
         throw error(who + "n_group_used " + std::to_string(n_group_used) +
                     " out of range; expected [1, " + std::to_string(n_groups) + "]");
-      if (n_group_used * (n_experts / n_groups) < top_k)
+      case detail::spec_fault::groups_keep_too_few:
         throw error(who + "n_group_used " + std::to_string(n_group_used) + " keeps " +
-                    std::to_string(n_group_used * (n_experts / n_groups)) +
-                    " experts, fewer than top_k " + std::to_string(top_k) +
-                    "; expected n_group_used * experts_per_group >= top_k");
+                    std::to_string(n_group_used * per_group) + " experts, fewer than top_k " +
+                    std::to_string(top_k) + "; expected n_group_used * experts_per_group >= top_k");
     }
+    check_bias_values(logit_bias, "logit_bias");
+    check_bias_values(selection_bias, "selection_bias");
     if (!std::isfinite(weight_scale))
       throw error(who + "weight_scale " + detail::format_float(weight_scale) +
                   "; expected a finite value");
@@ -352,10 +377,11 @@ struct router_spec {
   }
 
  private:
-  void check_bias(const std::vector<float>& b, const char* name) const {
-    if (!b.empty() && b.size() != n_experts)
-      throw error("router_spec: " + std::string(name) + " has " + std::to_string(b.size()) +
-                  " entries; expected 0 or n_experts (" + std::to_string(n_experts) + ")");
+  [[noreturn]] void bias_size_error(const std::vector<float>& b, const char* name) const {
+    throw error("router_spec: " + std::string(name) + " has " + std::to_string(b.size()) +
+                " entries; expected 0 or n_experts (" + std::to_string(n_experts) + ")");
+  }
+  void check_bias_values(const std::vector<float>& b, const char* name) const {
     for (std::size_t i = 0; i < b.size(); ++i)
       if (!std::isfinite(b[i]))
         throw error("router_spec: " + std::string(name) + "[" + std::to_string(i) + "] is " +
@@ -447,18 +473,24 @@ namespace detail {
 /// per group when > 1; n_group_used in [1, n_groups]; the kept groups holding
 /// at least top_k experts. Bias values are not scanned (a non-finite one gives
 /// a NaN probability, which the callers report, or a +-inf score).
-inline bool spec_usable(const router_spec& s) noexcept {
+inline spec_fault shape_fault(const router_spec& s) noexcept {
   const std::size_t n = s.n_experts;
-  if (n == 0 || n > 65535) return false;
-  if (s.top_k == 0 || s.top_k > max_top_k || s.top_k > n) return false;
-  if (!s.logit_bias.empty() && s.logit_bias.size() != n) return false;
-  if (!s.selection_bias.empty() && s.selection_bias.size() != n) return false;
-  if (s.n_groups == 0 || n % s.n_groups != 0) return false;
-  if (s.n_group_used == 0 || s.n_group_used > s.n_groups) return false;
-  if (s.n_groups > 1 && (n / s.n_groups < 2 || s.n_group_used * (n / s.n_groups) < s.top_k))
-    return false;
-  return true;
+  if (n == 0 || n > 65535) return spec_fault::n_experts_range;
+  if (s.top_k == 0 || s.top_k > max_top_k) return spec_fault::top_k_range;
+  if (s.top_k > n) return spec_fault::top_k_above_experts;
+  if (!s.logit_bias.empty() && s.logit_bias.size() != n) return spec_fault::logit_bias_size;
+  if (!s.selection_bias.empty() && s.selection_bias.size() != n) return spec_fault::selection_bias_size;
+  if (s.n_groups == 0) return spec_fault::n_groups_zero;
+  if (s.n_groups == 1) return s.n_group_used == 1 ? spec_fault::none : spec_fault::group_used_without_groups;
+  if (n % s.n_groups != 0) return spec_fault::groups_not_dividing;
+  if (n / s.n_groups < 2) return spec_fault::groups_too_small;
+  if (s.n_group_used == 0 || s.n_group_used > s.n_groups) return spec_fault::group_used_range;
+  if (s.n_group_used * (n / s.n_groups) < s.top_k) return spec_fault::groups_keep_too_few;
+  return spec_fault::none;
 }
+
+/// True when selection may run on `s` (bias values and weight_scale aside).
+inline bool spec_usable(const router_spec& s) noexcept { return shape_fault(s) == spec_fault::none; }
 }  // namespace detail
 
 struct router_workspace_access {
@@ -478,12 +510,17 @@ struct router_workspace_access {
 /// n_groups 0 or not dividing n_experts or leaving < 2 experts per group,
 /// n_group_used 0 or > n_groups, kept groups holding < top_k experts) — the
 /// fields are public, so this is checked on every call, not assumed.
-inline bool compute_selection_scores(const router_spec& spec, const float* logits,
-                                     router_workspace& ws) noexcept {
+namespace detail {
+inline bool select_from_usable(const router_spec& spec, const float* logits, routing& out,
+                               router_workspace& ws) noexcept;
+
+// compute_selection_scores for a spec already found usable (each public entry
+// point checks the spec once, not once per layer of calls).
+inline bool selection_scores_of_usable(const router_spec& spec, const float* logits,
+                                       router_workspace& ws) noexcept {
   using acc = router_workspace_access;
   const std::size_t n = spec.n_experts;
   acc::set_size(ws, 0);
-  if (!detail::spec_usable(spec)) return false;
   if (ws.capacity() < n) return false;
   if (detail::any_nan(logits, n)) return false;
   float* z = acc::biased(ws).data();
@@ -526,6 +563,13 @@ inline bool compute_selection_scores(const router_spec& spec, const float* logit
   }
   acc::set_size(ws, n);
   return true;
+}
+}  // namespace detail
+
+inline bool compute_selection_scores(const router_spec& spec, const float* logits,
+                                     router_workspace& ws) noexcept {
+  router_workspace_access::set_size(ws, 0);
+  return detail::spec_usable(spec) && detail::selection_scores_of_usable(spec, logits, ws);
 }
 
 /// The k best of scores[0, n), best first, into out[0, min(k, n, 32)). Tie
@@ -570,7 +614,13 @@ inline bool select_experts(const router_spec& spec, const float* logits, routing
                            router_workspace& ws) noexcept {
   out.clear();
   if (!detail::spec_usable(spec)) return false;
-  if (!compute_selection_scores(spec, logits, ws)) return false;
+  return detail::select_from_usable(spec, logits, out, ws);
+}
+
+namespace detail {
+inline bool select_from_usable(const router_spec& spec, const float* logits, routing& out,
+                               router_workspace& ws) noexcept {
+  if (!selection_scores_of_usable(spec, logits, ws)) return false;
   expert_id ids[max_top_k];
   float w[max_top_k];
   const std::size_t k = spec.top_k;
@@ -578,6 +628,7 @@ inline bool select_experts(const router_spec& spec, const float* logits, routing
   weights_from_probs(spec, ws, ids, k, w);
   return out.assign(ids, w, k);
 }
+}  // namespace detail
 
 /// Like select_experts, into a ranking of n (0 = top_k, at most 32) experts
 /// with their selection scores; the first min(n, top_k) get the weights the
@@ -587,7 +638,7 @@ inline bool rank_experts(const router_spec& spec, const float* logits, ranking& 
                          router_workspace& ws, std::size_t n = 0) noexcept {
   out.clear();
   if (!detail::spec_usable(spec)) return false;
-  if (!compute_selection_scores(spec, logits, ws)) return false;
+  if (!detail::selection_scores_of_usable(spec, logits, ws)) return false;
   if (n == 0) n = spec.top_k;
   if (n > max_top_k) n = max_top_k;
   if (n > spec.n_experts) n = spec.n_experts;
@@ -614,7 +665,7 @@ inline bool expert_weights(const router_spec& spec, const float* logits,
   if (ids.size() > max_top_k) return false;
   for (const expert_id e : ids)
     if (to_index(e) >= spec.n_experts) return false;
-  if (!compute_selection_scores(spec, logits, ws)) return false;
+  if (!detail::selection_scores_of_usable(spec, logits, ws)) return false;
   weights_from_probs(spec, ws, ids.data(), ids.size(), weights);
   return true;
 }
@@ -630,7 +681,7 @@ inline bool route_token(const matrix_view& w, const float* x, const router_spec&
   if (w.rows != spec.n_experts || ws.capacity() < spec.n_experts) return false;
   float* logits = router_workspace_access::logits(ws).data();
   gemv(w, x, logits, rounding);
-  return select_experts(spec, logits, out, ws);
+  return detail::select_from_usable(spec, logits, out, ws);
 }
 
 /// Tie-aware match of two selections: true when they have the same size and,

@@ -14,6 +14,8 @@
 #include "llama_support.hpp"
 #include "moe_residency/router.hpp"
 #include "moe_residency/session.hpp"
+#include "moe_residency/speculation.hpp"
+#include "moe_residency/cache/lru.hpp"
 
 using namespace moe_residency;
 using namespace moe_residency_test;
@@ -428,4 +430,114 @@ TEST_CASE("llama.cpp observer: node names") {
   CHECK(mrl::detail::parse_blk_layer("blk.17.ffn_up_exps.weight") == 17);
   CHECK(mrl::detail::parse_blk_layer("blk.x.ffn_up_exps.weight") == -1);
   CHECK(mrl::detail::parse_blk_layer("output.weight") == -1);
+}
+
+namespace {
+/// A session whose `routed` throws once, at the n-th call: an anomaly in the
+/// middle of a graph, after the layer's gate input was accepted.
+template <class S>
+struct faulty_session {
+  S* s;
+  int throw_at = -1;
+  int calls = 0;
+  const model_shape& shape() const noexcept { return s->shape(); }
+  const router_bank& routers() const noexcept { return s->routers(); }
+  bool begin_batch(run_phase p, std::uint32_t first, std::size_t n) { return s->begin_batch(p, first, n); }
+  bool gate_input(layer_id l, const float* x, std::size_t n_embd, std::size_t n, std::size_t stride) {
+    return s->gate_input(l, x, n_embd, n, stride);
+  }
+  bool routed(layer_id l, span<const routing> r) {
+    if (calls++ == throw_at) throw moe_residency::error("injected anomaly");
+    return s->routed(l, r);
+  }
+  bool layer_loaded(layer_id l) { return s->layer_loaded(l); }
+  std::uint32_t drop_mask(std::size_t t) const noexcept { return s->drop_mask(t); }
+};
+}  // namespace
+
+TEST_CASE("llama.cpp observer: session_sink recovers a throw-mode session at the next graph") {
+  llama_init_once();
+  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
+  mrl::observer obs(model.get());
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+  run_tokens(ctx.get(), model.get(), 1, 0);
+  llama_memory_clear(llama_get_memory(ctx.get()), true);
+  obs.set_position(0);
+  const model_shape shape = obs.shape();
+  standard_session s(shape);  // throw mode, as in docs/llama-cpp.md
+  mrl::configure_routers(s, obs);
+  faulty_session<standard_session> fs{&s};
+  fs.throw_at = static_cast<int>(shape.n_layers()) + 1;  // layer 1 of the first decode graph
+  mrl::session_sink<faulty_session<standard_session>> sink(fs);
+  obs.set_sink(&sink);
+  const std::size_t n_decode = 6;
+  run_tokens(ctx.get(), model.get(), 4, n_decode);
+  obs.set_sink(nullptr);
+  // The injected throw, then the mid-layer boundary it left, rethrown once
+  // the next graph's batch had begun; nothing else was lost.
+  CHECK(obs.stats().exceptions == 2);
+  CHECK(s.decode_tokens() == n_decode);
+  const prediction_report r = s.report();
+  const std::size_t ctrl = r.control_index();
+  REQUIRE(ctrl < r.predictors.size());
+  CHECK(r.totals[ctrl].routings == n_decode * shape.n_layers() - 1);
+  CHECK(r.totals[ctrl].slot_hits == r.totals[ctrl].slots);
+}
+
+TEST_CASE("llama.cpp observer: session_sink refuses, loudly, drops llama.cpp cannot make") {
+  llama_init_once();
+  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
+  mrl::observer obs(model.get());
+  auto cp = test_context_params();
+  obs.install(cp);
+  auto ctx = make_context(model.get(), cp);
+  run_tokens(ctx.get(), model.get(), 1, 0);
+  llama_memory_clear(llama_get_memory(ctx.get()), true);
+  obs.set_position(0);
+  const model_shape shape = obs.shape();
+  using spec_t = speculation<expert_cache<lru_policy>>;
+  using drop_session = session<predictor_set<stale_gate_predictor>, spec_t>;
+  speculation_options o;
+  o.drop = drop_options{};  // F = 1.0
+  o.scheduler.lanes = 0;
+  cache_options co;
+  co.budget_bytes = token_cycle_bytes(shape) * 2;
+  session_options so;
+  so.on_anomaly = anomaly_action::count;
+  drop_session s(shape, so, std::tuple<stale_gate_predictor>{},
+                 std::tuple<spec_t>{spec_t(shape, expert_cache<lru_policy>(shape, co),
+                                           [](layer_id, expert_id, read_reason) noexcept { return read_status::ok; },
+                                           o)});
+  mrl::configure_routers(s, obs);
+  mrl::session_sink<drop_session> sink(s);
+  obs.set_sink(&sink);
+  run_tokens(ctx.get(), model.get(), 4, 8);
+  obs.set_sink(nullptr);
+  CHECK(sink.ignored_drops() > 0);
+  CHECK(obs.stats().exceptions == 1);  // loud once, counted always
+  CHECK(std::string(obs.last_error()).find("disarm dropping") != std::string::npos);
+}
+
+TEST_CASE("llama.cpp observer: a second install over another chained callback is refused") {
+  llama_init_once();
+  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
+  mrl::observer obs(model.get());
+  struct user_cb {
+    static bool a(ggml_tensor*, bool, void*) { return false; }
+    static bool b(ggml_tensor*, bool, void*) { return false; }
+  };
+  auto cp1 = test_context_params();
+  cp1.cb_eval = &user_cb::a;
+  obs.install(cp1);
+  auto cp2 = test_context_params();
+  cp2.cb_eval = &user_cb::a;
+  CHECK_NOTHROW(obs.install(cp2));  // the same chained callback: a replacement context
+  auto cp3 = test_context_params();
+  cp3.cb_eval = &user_cb::b;
+  CHECK_THROWS_WITH_AS(obs.install(cp3), doctest::Contains("use one observer per live context"),
+                       moe_residency::error);
+  const bool untouched = cp3.cb_eval == &user_cb::b;
+  CHECK(untouched);  // refused: the params are untouched
 }

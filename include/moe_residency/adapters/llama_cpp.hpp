@@ -12,9 +12,13 @@
 /// | llama_cpp/gguf.hpp          | expert byte ranges in the file, dense bytes       |
 /// | llama_cpp/reader.hpp        | pread / fadvise reads of an expert                |
 /// | llama_cpp/sinks.hpp         | session_sink, configure_routers, route_recorder   |
+/// | llama_cpp/advice.hpp        | memory advice (madvise/mlock) behind an interface |
+/// | llama_cpp/residency.hpp     | mmap_residency: experts of a mapped model managed |
 
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
+#include "moe_residency/adapters/llama_cpp/advice.hpp"
 #include "moe_residency/adapters/llama_cpp/reader.hpp"
+#include "moe_residency/adapters/llama_cpp/residency.hpp"
 #include "moe_residency/adapters/llama_cpp/sinks.hpp"
 #include "moe_residency/adapters/llama_cpp/structure.hpp"

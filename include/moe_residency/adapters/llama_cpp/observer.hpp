@@ -72,9 +72,18 @@ class observer {
   /// the data phase each is called for the nodes it asked for, and the user's
   /// answer is returned (the observer's own is always true). Call before
   /// llama_init_from_model. Throws `error` if installed twice.
+  ///
+  /// One observer serves one live context: it keeps one chained callback and
+  /// one graph's state. Installing it again (for a context that replaces a
+  /// freed one) is fine; installing it over a different chained callback
+  /// than before throws, since the first context's callback would be lost.
   void install(llama_context_params& p) {
     if (p.cb_eval == &observer::eval_callback && p.cb_eval_user_data == this)
       throw error("llama_cpp observer: already installed in these context params");
+    if (installed_ && (p.cb_eval != chained_ || p.cb_eval_user_data != chained_user_data_))
+      throw error("llama_cpp observer: already installed over another chained cb_eval; it keeps one chained "
+                  "callback and one graph's state: use one observer per live context");
+    installed_ = true;
     chained_ = p.cb_eval;
     chained_user_data_ = p.cb_eval_user_data;
     p.cb_eval = &observer::eval_callback;
@@ -227,7 +236,16 @@ class observer {
     if (!forced_phase_) phase_ = n_tokens > 1 ? run_phase::prefill : run_phase::decode;
     ++stats_.graphs;
     for (auto& g : graph_) g = graph_layer{};
-    if (sink_ != nullptr) sink_->on_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
+    // The sink's exception is counted here, not in the ask phase that called
+    // us: the structure bookkeeping of this node must still run.
+    if (sink_ == nullptr) return;
+    try {
+      sink_->on_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
+    } catch (const std::exception& e) {
+      note_exception(e.what());
+    } catch (...) {
+      note_exception("unknown exception");
+    }
   }
 
   // Ask phase: record the structure; true for the one node per MoE layer
@@ -492,6 +510,10 @@ class observer {
   bool fill_routing(std::size_t l, layer_batch& b) {
     const graph_layer& g = graph_[l];
     const layer_structure& s = layers_[l];
+    if (g.logits == nullptr || g.topk == nullptr) {  // this graph never showed the layer's router
+      ++stats_.unreadable;
+      return false;
+    }
     const ggml_tensor* x = g.logits->src[1];
     const ggml_tensor* ids = g.topk;
     const std::size_t n_tok = static_cast<std::size_t>(ids->ne[1]);
@@ -568,6 +590,7 @@ class observer {
   void* chained_user_data_ = nullptr;
   observer_sink* sink_ = nullptr;
   bool attached_ = true;
+  bool installed_ = false;
 
   const ggml_tensor* asked_node_ = nullptr;
   bool asked_mine_ = false, asked_theirs_ = false;

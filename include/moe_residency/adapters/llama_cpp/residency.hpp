@@ -12,10 +12,10 @@
 /// - dense: the non-expert tensors' pages locked once (mlock), so reclaim
 ///   never takes the weights every token needs;
 /// - exact: at layer l's routing, every routed expert's slices of every
-///   expert tensor of the layer are read on the read scheduler's lanes
-///   (MADV_WILLNEED, then MADV_POPULATE_READ or mlock) while the eval thread
-///   waits: one layer's misses in parallel and in large requests, not fault
-///   by fault; with it, the expert ranges are advised MADV_RANDOM so a stray
+///   expert tensor of the layer are requested at once (MADV_WILLNEED from the
+///   eval thread: every miss queued at the device in large requests), then
+///   waited for on the read scheduler's lanes (MADV_POPULATE_READ, or mlock
+///   for the cache) while the eval thread waits: not fault by fault; with it, the expert ranges are advised MADV_RANDOM so a stray
 ///   fault reads one page, not a read-around window;
 /// - predicted: the stale-gate's ranking of the next MoE layer through the
 ///   speculation planner (cap, residents free) onto the same lanes, behind
@@ -556,19 +556,27 @@ class mmap_residency : public observer_sink {
     return {page_floor(a), page_ceil(a + t.stride)};
   }
 
-  // Lanes (and the host thread): read one expert of layer l — WILLNEED for
-  // large asynchronous requests, then wait for it (populate_read), or lock it
-  // for the cache. noexcept; a failure is the read's outcome.
+  // WILLNEED on every slice of expert e of layer l: asynchronous reads in
+  // large requests (the kernel's readahead ignores MADV_RANDOM here).
+  void start_reads(layer_id l, expert_id e) noexcept {
+    for (const auto& t : layers_[to_index(l)].tensors) {
+      const auto r = slice(t, to_index(e));
+      call(advice::willneed, r.first, r.second - r.first);
+    }
+  }
+
+  // Lanes (and the host thread): wait for one expert of layer l to be
+  // resident (populate_read), or lock it for the cache. A demanded read's
+  // WILLNEED was issued by the host for the whole layer at once, so every
+  // miss of the layer is queued at the device before any lane waits; a
+  // speculative read issues its own. noexcept; a failure is the outcome.
   read_status read_expert(layer_id l, expert_id e, read_reason why) noexcept {
     // lock_demanded_ is written by the host before demand() hands the reads
     // to the lanes (under the scheduler's mutex), so lanes see this batch's.
     const bool lock = why == read_reason::demanded && lock_demanded_;
     const layer_ranges& lr = layers_[to_index(l)];
     bool ok = true;
-    for (const auto& t : lr.tensors) {
-      const auto r = slice(t, to_index(e));
-      call(advice::willneed, r.first, r.second - r.first);
-    }
+    if (why == read_reason::speculative) start_reads(l, e);
     for (const auto& t : lr.tensors) {
       const auto r = slice(t, to_index(e));
       if (lock) {
@@ -654,6 +662,7 @@ class mmap_residency : public observer_sink {
     }
 
     if (!to_read_.empty()) {
+      for (expert_id e : to_read_) start_reads(l, e);
       if (options_.exact) read_on_lanes(l, cached);
       else if (cached) read_inline(l);
     }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,9 +37,24 @@ class session_sink : public observer_sink {
  public:
   explicit session_sink(Session& s, observer_sink* next = nullptr) : session_(&s), next_(next) {}
 
+  /// Begins the session's batch even after an anomaly left the previous one
+  /// open in throw mode (a layer of the last graph routed no further): each
+  /// retry of begin_batch reports one such layer, so at most a layer count of
+  /// retries begins it. The first anomaly is then rethrown, for the observer
+  /// to count, with this graph's batch already begun.
   void on_batch(const batch_info& b) override {
-    session_->begin_batch(b.phase, b.first_position, b.n_tokens);
+    std::exception_ptr first;
+    const std::size_t attempts = session_->shape().n_layers() + 2;
+    for (std::size_t i = 0; i < attempts; ++i) {
+      try {
+        session_->begin_batch(b.phase, b.first_position, b.n_tokens);
+        break;
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
     if (next_ != nullptr) next_->on_batch(b);
+    if (first) std::rethrow_exception(first);
   }
 
   void on_layer(const layer_batch& b) override {
@@ -56,14 +72,33 @@ class session_sink : public observer_sink {
       for (std::size_t t = 0; t < b.n_tokens && ok; ++t) ok = b.routing_of(t, buffer_[t]);
       if (ok) {
         session_->routed(b.layer, span<const routing>(buffer_.data(), b.n_tokens));
+        // llama.cpp computes every routed expert: a drop the session's policy
+        // asked for did not happen, and its cache counted it as skipped.
+        std::size_t dropped = 0;
+        for (std::size_t t = 0; t < b.n_tokens; ++t) dropped += popcount(session_->drop_mask(t));
         session_->layer_loaded(b.layer);
         if (b.outputs_only) ++partial_;
+        if (dropped != 0) {
+          ignored_drops_ += dropped;
+          if (next_ != nullptr) next_->on_layer(b);
+          if (ignored_drops_ == dropped)  // loud once; counted always
+            throw error("session_sink: the session's drop policy asked to skip " + std::to_string(dropped) +
+                        " routed expert(s) of layer " + std::to_string(to_index(b.layer)) +
+                        "; llama.cpp computes every routed expert, so the session's cache now counts "
+                        "reads that happened as skipped: disarm dropping for a session fed from llama.cpp");
+          return;
+        }
       } else {
         ++bad_;
       }
     }
     if (next_ != nullptr) next_->on_layer(b);
   }
+
+  /// Routed experts the session's drop policy asked to skip, which llama.cpp
+  /// computed anyway (the first time, the sink also throws, and the observer
+  /// counts it with the message in last_error()).
+  std::uint64_t ignored_drops() const noexcept { return ignored_drops_; }
 
   /// Prefill layers that saw only the batch's output rows and were sent to
   /// the session with those rows (one per prompt batch with llama.cpp).
@@ -75,8 +110,14 @@ class session_sink : public observer_sink {
  private:
   Session* session_;
   observer_sink* next_;
+  static std::size_t popcount(std::uint32_t m) noexcept {
+    std::size_t n = 0;
+    for (; m != 0; m &= m - 1) ++n;
+    return n;
+  }
+
   std::vector<routing> buffer_;
-  std::uint64_t partial_ = 0, bad_ = 0;
+  std::uint64_t partial_ = 0, bad_ = 0, ignored_drops_ = 0;
 };
 
 /// Configures a session's routers from what the observer learned: every MoE
