@@ -8,20 +8,35 @@
 //
 //   moe-llama-probe --random qwen3moe --tokens 32 --decode 64 --budget-mib 8
 //   moe-llama-probe --model model.gguf --prompt "Hello" --trace-out run.route.csv --warm pread
+//
+// For the memory lab (scripts/memlab.sh, docs/memlab.md):
+//   moe-llama-probe --random qwen3moe --expert-type q4_K ... --save-model lab.gguf --save-only
+//     streams a random model to disk (never held in memory);
+//   moe-llama-probe --model lab.gguf --no-observer --per-token-csv run.csv
+//     decodes through plain mmap and records each token (wall ms, page faults,
+//     bytes read from storage) and prints a digest of every decode token's logits.
 
 #include <CLI/CLI.hpp>
 
+#include <dirent.h>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <sstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp.hpp"
+#include "moe_residency/adapters/llama_cpp/residency.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
@@ -40,6 +55,17 @@ struct probe_args {
   std::string model_path, random_arch;
   mre::random_model_spec spec;
   std::string router = "f32";
+  std::string expert_type = "f32";
+  bool save_only = false;
+  bool no_observer = false;
+  std::string per_token_csv;
+  // The residency manager (mmap_residency): parts, budget, lanes.
+  std::string residency = "none";
+  std::string residency_budget = "auto";
+  std::size_t lanes = 2;
+  std::size_t spec_cap = 2;
+  double degrade = 0.0;
+  bool no_hit_measure = false;
   std::string prompt;
   std::size_t tokens = 32;  // prompt tokens when no --prompt
   std::size_t decode = 64;
@@ -88,20 +114,192 @@ std::vector<llama_token> prompt_tokens(const probe_args& a, const llama_model* m
   return t;
 }
 
+/// The process's counters that say where a token's time went: page faults
+/// (getrusage) and bytes read from storage — the process's own read_bytes
+/// (/proc/self/io) and its block-I/O cgroup's bytes read (v1
+/// blkio.throttle.io_service_bytes_recursive, v2 io.stat rbytes), the latter a
+/// fallback where task I/O accounting reads 0; it counts every process of the
+/// cgroup (in the root cgroup: the machine).
+struct counters {
+  std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0;
+  std::uint64_t engine_majflt = 0;  ///< of the engine's threads only (see engine_threads)
+};
+
+/// The threads alive now (/proc/self/task): taken after llama.cpp's first
+/// decode and before the residency manager starts its read lanes, they are
+/// the engine's — the eval thread and ggml's workers.
+std::vector<std::string> current_threads() {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+/// Major faults of these threads (field 12 of /proc/self/task/TID/stat). The
+/// process-wide count (getrusage) also holds the faults the manager's lanes
+/// take on purpose — MADV_POPULATE_READ and mlock populate pages through the
+/// fault path, and the kernel counts those as major faults of the thread —
+/// so this is the count of faults the engine itself stalled on.
+std::uint64_t threads_majflt(const std::vector<std::string>& tids) {
+  std::uint64_t sum = 0;
+  for (const auto& t : tids) {
+    std::ifstream in("/proc/self/task/" + t + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;  // an exited worker
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream f(line.substr(close + 2));
+    std::string field;
+    // fields from 3 (state) on; majflt is field 12
+    for (int i = 3; i <= 12 && f >> field; ++i)
+      if (i == 12) sum += std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return sum;
+}
+
+std::uint64_t proc_read_bytes() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  std::uint64_t v = 0;
+  while (in >> key >> v)
+    if (key == "read_bytes:") return v;
+  return 0;
+}
+
+/// The block-I/O statistics file of this process's cgroup, or "" (none readable).
+std::string cgroup_io_file() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line, v1, v2;
+  while (std::getline(in, line)) {
+    const auto c1 = line.find(':'), c2 = line.find(':', c1 + 1);
+    if (c1 == std::string::npos || c2 == std::string::npos) continue;
+    const std::string ctrl = line.substr(c1 + 1, c2 - c1 - 1), path = line.substr(c2 + 1);
+    if (ctrl.find("blkio") != std::string::npos) v1 = path;
+    if (line.compare(0, 3, "0::") == 0) v2 = path;
+  }
+  for (const std::string& f : {"/sys/fs/cgroup/blkio" + v1 + "/blkio.throttle.io_service_bytes_recursive",
+                               "/sys/fs/cgroup/blkio" + v1 + "/blkio.throttle.io_service_bytes",
+                               "/sys/fs/cgroup" + v2 + "/io.stat", "/sys/fs/cgroup/unified" + v2 + "/io.stat"})
+    if (std::ifstream(f)) return f;
+  return "";
+}
+
+std::uint64_t cgroup_read_bytes(const std::string& file) {
+  if (file.empty()) return 0;
+  std::ifstream in(file);
+  std::string line;
+  std::uint64_t sum = 0;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string dev, word;
+    ls >> dev;
+    if (file.compare(file.size() - 7, 7, "io.stat") == 0) {
+      while (ls >> word)
+        if (word.compare(0, 7, "rbytes=") == 0) sum += std::strtoull(word.c_str() + 7, nullptr, 10);
+    } else {
+      std::uint64_t v = 0;
+      if (ls >> word >> v && word == "Read") sum += v;
+    }
+  }
+  return sum;
+}
+
+counters sample(const std::string& cg_file, const std::vector<std::string>& engine) {
+  counters c;
+  c.engine_majflt = threads_majflt(engine);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  c.majflt = static_cast<std::uint64_t>(ru.ru_majflt);
+  c.minflt = static_cast<std::uint64_t>(ru.ru_minflt);
+  c.read_bytes = proc_read_bytes();
+  c.cgroup_read_bytes = cgroup_read_bytes(cg_file);
+  return c;
+}
+
+/// One row of --per-token-csv: the prompt batch (token 0) or one decode token.
+struct token_record {
+  std::size_t token = 0;
+  bool prompt = false;
+  double wall_ms = 0;
+  std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0, engine_majflt = 0;
+  std::uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_late = 0;
+  double pinned_mib = 0;
+  double hit_pct = -1;  // < 0: not measured (no residency manager)
+};
+
+struct run_result {
+  double decode_s = 0;
+  std::vector<token_record> rows;
+  std::uint64_t digest = 1469598103934665603ull;  // FNV-1a 64 of every decode token's logits
+  std::size_t digested = 0;
+};
+
+void fnv1a_bytes(std::uint64_t& h, const void* p, std::size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+}
+
 /// Prompt batch, then `n_decode` tokens sampled from softmax(logits) with a
-/// seeded generator. Returns seconds spent in decode llama_decode calls.
-double run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
-           std::size_t n_decode, std::uint64_t seed) {
+/// seeded generator. Times every llama_decode call and, with `record`, samples
+/// the counters around each; digests the logits every decode token produced.
+using residency_manager = mrl::mmap_residency<lru_policy>;
+
+run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
+               std::size_t n_decode, std::uint64_t seed, bool record = false,
+               const residency_manager* res = nullptr, std::vector<std::string> engine = {}) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
+  const std::string cg_file = record ? cgroup_io_file() : std::string();
+  if (record && engine.empty()) engine = current_threads();
+  run_result r;
+  auto timed = [&](llama_batch batch, std::size_t token, bool is_prompt) {
+    const counters c0 = record ? sample(cg_file, engine) : counters{};
+    const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = llama_decode(ctx, batch);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rc != 0) throw error(is_prompt ? "llama_decode failed on the prompt batch" : "llama_decode failed");
+    if (record) {
+      const counters c1 = sample(cg_file, engine);
+      token_record t;
+      t.token = token;
+      t.prompt = is_prompt;
+      t.wall_ms = 1e3 * s;
+      t.majflt = c1.majflt - c0.majflt;
+      t.minflt = c1.minflt - c0.minflt;
+      t.engine_majflt = c1.engine_majflt - c0.engine_majflt;
+      t.read_bytes = c1.read_bytes - c0.read_bytes;
+      t.cgroup_read_bytes = c1.cgroup_read_bytes - c0.cgroup_read_bytes;
+      if (res) {
+        // issued: every read the manager queued (exact and predicted); useful
+        // and late: the predicted ones. hit_pct: the routed experts (decode)
+        // fully resident when their layer's routing came (mincore).
+        const mrl::residency_stats r1 = res->stats();
+        t.prefetch_issued = (r1.exact_reads - r0.exact_reads) + (r1.predicted_issued - r0.predicted_issued);
+        t.prefetch_useful = r1.predicted_useful - r0.predicted_useful;
+        t.prefetch_late = r1.predicted_late - r0.predicted_late;
+        t.pinned_mib = to_mib(r1.pinned_bytes + r1.dense_bytes);
+        const std::uint64_t routed = r1.routed_experts - r0.routed_experts;
+        if (routed)
+          t.hit_pct = 100.0 * static_cast<double>(r1.routed_resident - r0.routed_resident) / static_cast<double>(routed);
+      }
+      r.rows.push_back(t);
+    }
+    return s;
+  };
   std::vector<llama_token> toks = prompt;
-  if (llama_decode(ctx, llama_batch_get_one(toks.data(), static_cast<int32_t>(toks.size()))) != 0)
-    throw error("llama_decode failed on the prompt batch");
+  timed(llama_batch_get_one(toks.data(), static_cast<int32_t>(toks.size())), 0, true);
   std::mt19937_64 gen(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   std::vector<double> p(static_cast<std::size_t>(n_vocab));
-  double decode_s = 0;
   for (std::size_t step = 0; step < n_decode; ++step) {
     const float* lg = llama_get_logits_ith(ctx, -1);
+    if (step > 0) {
+      fnv1a_bytes(r.digest, lg, sizeof(float) * static_cast<std::size_t>(n_vocab));
+      ++r.digested;
+    }
     float mx = lg[0];
     for (int i = 1; i < n_vocab; ++i) mx = std::max(mx, lg[i]);
     double sum = 0;
@@ -113,48 +311,182 @@ double run(llama_context* ctx, const llama_model* m, const std::vector<llama_tok
         next = i;
         break;
       }
-    const auto t0 = std::chrono::steady_clock::now();
-    if (llama_decode(ctx, llama_batch_get_one(&next, 1)) != 0) throw error("llama_decode failed");
-    decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.decode_s += timed(llama_batch_get_one(&next, 1), step + 1, false);
   }
-  return decode_s;
+  const float* lg = llama_get_logits_ith(ctx, -1);
+  fnv1a_bytes(r.digest, lg, sizeof(float) * static_cast<std::size_t>(n_vocab));
+  ++r.digested;
+  return r;
+}
+
+double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+/// The digest line, the decode summary and --per-token-csv. read_bytes is the
+/// process's own counter unless it read 0 over the whole run while the
+/// cgroup's did not (task I/O accounting off): then the cgroup's, and the
+/// summary says so.
+void report_run(const probe_args& a, const run_result& r) {
+  std::printf("logits: fnv1a64 %016llx over %zu tokens\n", static_cast<unsigned long long>(r.digest), r.digested);
+  if (r.rows.empty()) return;
+  std::uint64_t proc = 0, cg = 0;
+  for (const auto& t : r.rows) {
+    proc += t.read_bytes;
+    cg += t.cgroup_read_bytes;
+  }
+  const bool use_cgroup = proc == 0 && cg != 0;
+  std::vector<double> ms;
+  std::uint64_t majflt = 0, engine_majflt = 0, bytes = 0;
+  for (const auto& t : r.rows)
+    if (!t.prompt) {
+      ms.push_back(t.wall_ms);
+      majflt += t.majflt;
+      engine_majflt += t.engine_majflt;
+      bytes += use_cgroup ? t.cgroup_read_bytes : t.read_bytes;
+    }
+  const double n = static_cast<double>(ms.size());
+  std::printf("decode: %zu tokens, %.3f tok/s, p50 %.1f ms, p90 %.1f ms, %.2f major faults/token "
+              "(%.2f in the engine's threads), %.2f MiB read/token (%s)\n",
+              ms.size(), r.decode_s > 0 ? n / r.decode_s : 0.0, percentile(ms, 0.5), percentile(ms, 0.9),
+              static_cast<double>(majflt) / n, static_cast<double>(engine_majflt) / n, to_mib(bytes) / n,
+              use_cgroup ? "the cgroup's I/O statistics" : "the process's read_bytes");
+  if (a.per_token_csv.empty()) return;
+  std::ofstream out(a.per_token_csv);
+  if (!out) throw error("--per-token-csv: cannot write '" + a.per_token_csv + "'");
+  out << "token,phase,wall_ms,majflt,minflt,read_bytes,prefetch_issued,prefetch_useful,prefetch_late,"
+         "pinned_mib,hit_pct,engine_majflt\n";
+  char line[512];
+  for (const auto& t : r.rows) {
+    char hit[32] = "";
+    if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
+    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu\n", t.token,
+                  t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
+                  static_cast<unsigned long long>(t.minflt),
+                  static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes),
+                  static_cast<unsigned long long>(t.prefetch_issued), static_cast<unsigned long long>(t.prefetch_useful),
+                  static_cast<unsigned long long>(t.prefetch_late), t.pinned_mib, hit,
+                  static_cast<unsigned long long>(t.engine_majflt));
+    out << line;
+  }
+  if (!out) throw error("--per-token-csv: writing '" + a.per_token_csv + "' failed");
+}
+
+/// --residency LIST (dense, exact, predicted, cache; all; none) and the rest
+/// of the manager's options. Returns false for none.
+bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
+  bool any = false;
+  std::stringstream in(a.residency);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    if (part == "none") continue;
+    if (part == "all") o.pin_dense = o.exact = o.predicted = o.cache = true;
+    else if (part == "dense") o.pin_dense = true;
+    else if (part == "exact") o.exact = true;
+    else if (part == "predicted") o.predicted = true;
+    else if (part == "cache") o.cache = true;
+    else
+      throw error("--residency: '" + part + "' in '" + a.residency +
+                  "'; expected a comma list of dense, exact, predicted, cache, or all, or none");
+    any = true;
+  }
+  if (a.residency_budget != "auto") {
+    char* end = nullptr;
+    const double mib = std::strtod(a.residency_budget.c_str(), &end);
+    if (a.residency_budget.empty() || *end != '\0' || !(mib > 0))
+      throw error("--residency-budget: '" + a.residency_budget + "'; expected MiB > 0 or auto");
+    o.cache_budget_bytes = from_mib(mib);
+  }
+  o.lanes = a.lanes;
+  o.spec_cap = a.spec_cap;
+  o.degrade = a.degrade;
+  o.seed = a.seed;
+  o.measure = !a.no_hit_measure;  // the page cache's hit rate at routing: the per-token hit_pct
+  o.validate();
+  return any;
 }
 
 int probe(const probe_args& a) {
   if (a.model_path.empty() == a.random_arch.empty())
     throw error("give exactly one of --model FILE.gguf and --random ARCH");
   if (a.decode == 0) throw error("--decode: 0; expected at least 1 decode token");
+  mrl::residency_options ro;
+  const bool managed = residency_options_from(a, ro);
+  if (managed && a.no_observer) throw error("--residency needs the observer; drop --no-observer");
+  if (managed && a.model_path.empty() && a.save_model.empty())
+    throw error("--residency manages a memory-mapped file: give --model FILE, or --random with --save-model FILE");
   if (!a.warm.empty() && a.warm != "pread" && a.warm != "fadvise")
     throw error("--warm: '" + a.warm + "'; expected pread or fadvise");
+  if (a.save_only && (a.random_arch.empty() || a.save_model.empty()))
+    throw error("--save-only needs --random ARCH and --save-model FILE");
   llama_log_set([](ggml_log_level level, const char* text, void*) {
     if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
   }, nullptr);
   llama_backend_init();
 
-  // The model: from a file (mmap), or random weights in memory.
+  // The model: from a file (mmap), or random weights — streamed to a GGUF file
+  // and loaded from it (mmap) when a file is wanted, else built in memory.
   mre::model_ptr model;
   std::string gguf_path = a.model_path;
-  if (!a.model_path.empty()) {
-    llama_model_params mp = llama_model_default_params();
-    mp.use_extra_bufts = false;  // repacked weights are not in the file's layout
-    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
-    model.reset(llama_model_load_from_file(a.model_path.c_str(), mp));
-    if (!model) throw error("--model: llama.cpp could not load '" + a.model_path + "'");
-  } else {
-    mre::random_model_spec spec = a.spec;
+  mre::random_model_spec spec = a.spec;
+  if (!a.random_arch.empty()) {
     spec.arch = a.random_arch;
     spec.router_type = mre::parse_router_type(a.router);
-    model = mre::make_random_model(spec);
-    if (!a.save_model.empty() || !a.trace_out.empty() || !a.warm.empty()) {
-      // The byte ranges and the reads come from a real GGUF of the same weights.
+    spec.expert_type = mre::parse_expert_type(a.expert_type);
+    if (!a.save_model.empty() || !a.trace_out.empty() || !a.warm.empty() || a.save_only) {
       gguf_path = !a.save_model.empty() ? a.save_model : std::string("moe-llama-probe-random.gguf");
-      llama_model_save_to_file(model.get(), gguf_path.c_str());
+      const auto t0 = std::chrono::steady_clock::now();
+      int last_pct = -1;
+      mre::save_random_gguf(spec, gguf_path, [&](std::uint64_t done, std::uint64_t total) {
+        const int pct = total ? static_cast<int>(100 * done / total) : 100;
+        if (a.save_only && pct / 10 != last_pct / 10) std::fprintf(stderr, "moe-llama-probe: writing %s: %d%%\n", gguf_path.c_str(), pct);
+        last_pct = pct;
+      });
+      if (a.save_only) {
+        std::ifstream f(gguf_path, std::ios::binary | std::ios::ate);
+        std::printf("saved: %s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
+                    to_mib(static_cast<std::uint64_t>(f.tellg())), a.expert_type.c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        return 0;
+      }
     }
+  }
+  if (!gguf_path.empty()) {
+    llama_model_params mp = llama_model_default_params();
+    // No "extra" CPU buffer types: with them, llama.cpp's CPU backend repacks
+    // quantised weights (Q4_K, Q8_0, … into interleaved layouts for its GEMM
+    // kernels) by copying them out of the mapping into anonymous memory at
+    // load. The experts would then no longer be the file's pages — nothing to
+    // page in, prefetch or pin, and a model larger than memory could not load.
+    mp.use_extra_bufts = false;
+    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    model.reset(llama_model_load_from_file(gguf_path.c_str(), mp));
+    if (!model) throw error("--model: llama.cpp could not load '" + gguf_path + "'");
+  } else {
+    model = mre::make_random_model(spec);
   }
   char desc[256];
   llama_model_desc(model.get(), desc, sizeof desc);
   const std::vector<llama_token> prompt = prompt_tokens(a, model.get());
   const std::size_t n_total = prompt.size() + a.decode;
+
+  if (a.no_observer) {
+    // Plain llama.cpp: no callback at all; the same warm-up token as below.
+    context_ptr ctx(llama_init_from_model(model.get(), context_params(a, n_total)));
+    if (!ctx) throw error("llama_init_from_model failed");
+    llama_token t0 = prompt.front();
+    if (llama_decode(ctx.get(), llama_batch_get_one(&t0, 1)) != 0) throw error("warm-up decode failed");
+    llama_memory_clear(llama_get_memory(ctx.get()), true);
+    const run_result r = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true);
+    std::printf("model: %s, no observer\nrun: %zu prompt tokens, %zu decoded\n", desc, prompt.size(), a.decode);
+    report_run(a, r);
+    return 0;
+  }
 
   // The observer; one warm-up token teaches it the graph (the routers, each
   // layer's spec, the expert tensors) before the session is built.
@@ -212,9 +544,19 @@ int probe(const probe_args& a) {
     rec.describe(label, obs.arch(), std::vector<std::uint64_t>(shape.n_layers(), 0));
   }
   mrl::session_sink<probe_session> sink(s, &rec);
-  obs.set_sink(&sink);
+  const std::vector<std::string> engine = current_threads();  // before the manager's lanes
+  std::unique_ptr<residency_manager> res;
+  if (managed) {
+    // Acts at each layer's routing, then hands every event on to the session.
+    res = std::make_unique<residency_manager>(obs, gguf_path, ro, nullptr, &sink);
+    res->activate();  // now, so a refusal (locking limit, budget) stops the run with its figures
+    obs.set_sink(res.get());
+  } else {
+    obs.set_sink(&sink);
+  }
 
-  const double observed_s = run(ctx.get(), model.get(), prompt, a.decode, a.seed);
+  const run_result observed = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true, res.get(), engine);
+  const double observed_s = observed.decode_s;
 
   std::size_t first_moe = 0;
   while (!shape.is_moe(layer_id(static_cast<std::uint16_t>(first_moe)))) ++first_moe;
@@ -243,6 +585,12 @@ int probe(const probe_args& a) {
     std::printf("note: %llu layers' GGUF keys disagree with the graph (the graph is used); first: %s\n",
                 static_cast<unsigned long long>(st.metadata_mismatches), obs.metadata_note().c_str());
 
+  if (res) {
+    std::printf("%s\n", res->summary().c_str());
+    if (!res->budget_note().empty()) std::printf("residency budget: %s\n", res->budget_note().c_str());
+  }
+  report_run(a, observed);
+
   if (!a.trace_out.empty()) {
     std::ofstream out(a.trace_out);
     if (!out) throw error("--trace-out: cannot write '" + a.trace_out + "'");
@@ -262,22 +610,22 @@ int probe(const probe_args& a) {
     double plain_s = 1e300, idle_s = 1e300, split_s = 1e300, observed_best = 1e300;
     for (int round = 0; round < a.cost_rounds; ++round) {
       llama_memory_clear(llama_get_memory(plain.get()), true);
-      plain_s = std::min(plain_s, run(plain.get(), model.get(), prompt, a.decode, a.seed));
+      plain_s = std::min(plain_s, run(plain.get(), model.get(), prompt, a.decode, a.seed).decode_s);
       llama_memory_clear(llama_get_memory(ctx.get()), true);
       obs.set_position(0);
       obs.set_sink(nullptr);
-      idle_s = std::min(idle_s, run(ctx.get(), model.get(), prompt, a.decode, a.seed));
+      idle_s = std::min(idle_s, run(ctx.get(), model.get(), prompt, a.decode, a.seed).decode_s);
       llama_memory_clear(llama_get_memory(ctx.get()), true);
       obs.set_position(0);
       obs.set_sink(&nothing);
-      split_s = std::min(split_s, run(ctx.get(), model.get(), prompt, a.decode, a.seed));
+      split_s = std::min(split_s, run(ctx.get(), model.get(), prompt, a.decode, a.seed).decode_s);
       llama_memory_clear(llama_get_memory(ctx.get()), true);
       obs.set_position(0);
       probe_session s2(shape, so);
       mrl::configure_routers(s2, obs);
       mrl::session_sink<probe_session> sink2(s2);
       obs.set_sink(&sink2);
-      observed_best = std::min(observed_best, run(ctx.get(), model.get(), prompt, a.decode, a.seed));
+      observed_best = std::min(observed_best, run(ctx.get(), model.get(), prompt, a.decode, a.seed).decode_s);
       obs.set_sink(nullptr);
     }
     const double n = static_cast<double>(a.decode);
@@ -312,7 +660,32 @@ int main(int argc, char** argv) {
   app.add_option("--budget-mib", a.budget_mib, "LRU cache budget in MiB (default: half of all experts)");
   app.add_option("--trace-out", a.trace_out, "Write the route trace (route_trace v1 CSV)");
   app.add_option("--warm", a.warm, "Read every missed expert from the GGUF file: pread or fadvise");
-  app.add_option("--save-model", a.save_model, "Random model: save it as a GGUF file here");
+  app.add_option("--save-model", a.save_model,
+                 "Random model: stream it to this GGUF file (never held in memory) and run it from the file (mmap)");
+  app.add_flag("--save-only", a.save_only, "Random model: write --save-model and exit");
+  app.add_option("--expert-type", a.expert_type,
+                 "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see random_model.hpp)")
+      ->capture_default_str();
+  app.add_option("--expert-pool", a.spec.expert_pool, "Random model: distinct quantised experts per kind")
+      ->capture_default_str();
+  app.add_flag("--no-observer", a.no_observer,
+               "Plain llama.cpp: no observer, no report; only the run's digest, summary and --per-token-csv");
+  app.add_option("--residency", a.residency,
+                 "Residency manager parts: comma list of dense, exact, predicted, cache; or all; or none")
+      ->capture_default_str();
+  app.add_option("--residency-budget", a.residency_budget,
+                 "Pinned expert cache budget in MiB, or auto (from the memory limit)")
+      ->capture_default_str();
+  app.add_option("--lanes", a.lanes, "Residency: read lanes")->capture_default_str();
+  app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")->capture_default_str();
+  app.add_option("--degrade", a.degrade,
+                 "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")
+      ->capture_default_str();
+  app.add_flag("--no-hit-measure", a.no_hit_measure,
+               "Residency: no mincore of the routed experts at each routing (hit_pct stays empty)");
+  app.add_option("--per-token-csv", a.per_token_csv,
+                 "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
+                 "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");
   app.add_option("--threads", a.threads, "llama.cpp threads")->capture_default_str();
   app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->capture_default_str();
   app.add_flag("--cost", a.cost, "Also measure decode time without and with the observer (ratio)");

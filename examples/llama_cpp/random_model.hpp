@@ -1,7 +1,21 @@
 #pragma once
 /// A random-weight Mixture-of-Experts model of a real llama.cpp architecture,
 /// built in memory with the public gguf API and llama_model_init_from_user —
-/// no download. Used by moe-llama-probe --random and by the adapter's tests.
+/// no download — or streamed straight to a GGUF file (save_random_gguf) with
+/// the same weights, tensor by tensor, so a model larger than memory can be
+/// written without ever being held in memory. Used by moe-llama-probe --random
+/// and by the adapter's tests and memory lab.
+///
+/// Experts can be f32, f16, q8_0 or q4_K (`expert_type`); quantised experts
+/// use ggml's own quantiser (ggml_quantize_chunk), so bytes per expert and
+/// compute per byte resemble a Q4_K_M file. Quantising gigabytes of random
+/// floats takes minutes on a small machine, so quantised expert tensors are
+/// filled from a *pool*: `expert_pool` random experts per kind (gate, up,
+/// down) are drawn and quantised once, and every expert slice of every layer
+/// is a seeded pick from that pool. Each expert still has its own bytes in the
+/// file (its own pages to fault in, read and cache), and the routers, which
+/// decide the routing, are drawn per layer as before; only the experts'
+/// values repeat. f32/f16 experts are drawn element by element, unpooled.
 ///
 /// The weights are scaled like a trained network's, so routing is not
 /// degenerate: linear weights N(0, 1/fan_in) keep activations at unit scale
@@ -10,14 +24,20 @@
 /// bias is small next to the probabilities it is added to. Accuracies of any
 /// predictor on such a model are not claims about real models.
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ggml-backend.h"
@@ -46,7 +66,23 @@ struct random_model_spec {
   /// qwen3moe and gpt-oss ignore the key, so a value that disagrees with their
   /// hard-coded gating is a metadata/graph disagreement the observer reports.
   std::uint32_t gating_func_key = 0;
+  /// Type of the expert weights (blk.*.ffn_{gate,up,down,gate_up}_exps.weight):
+  /// f32, f16, bf16, q8_0 or q4_K. A quantised type needs the rows (--embd and
+  /// --expert-ff) to be multiples of its block (32 for q8_0, 256 for q4_K).
+  ggml_type expert_type = GGML_TYPE_F32;
+  /// Quantised experts: distinct random experts per kind (see the file comment).
+  std::uint32_t expert_pool = 32;
 };
+
+/// "f32", "f16", "bf16", "q8_0" or "q4_K" (also "q4_k").
+inline ggml_type parse_expert_type(const std::string& s) {
+  if (s == "f32") return GGML_TYPE_F32;
+  if (s == "f16") return GGML_TYPE_F16;
+  if (s == "bf16") return GGML_TYPE_BF16;
+  if (s == "q8_0") return GGML_TYPE_Q8_0;
+  if (s == "q4_K" || s == "q4_k") return GGML_TYPE_Q4_K;
+  throw std::invalid_argument("expert type '" + s + "'; expected f32, f16, bf16, q8_0 or q4_K");
+}
 
 inline ggml_type parse_router_type(const std::string& s) {
   if (s == "f32") return GGML_TYPE_F32;
@@ -73,18 +109,14 @@ inline bool ends_with(const std::string& s, const char* suffix) {
   return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
 }
 
-struct fill_context {
-  const random_model_spec* spec;
-};
+inline bool is_expert_weight(const std::string& name) { return ends_with(name, "_exps.weight"); }
 
 /// The standard deviation (and mean) a trained network would have for this tensor.
-inline void init_scale(const ggml_tensor* t, const random_model_spec& spec, float& mean,
-                       float& stddev) {
-  const std::string name = t->name;
-  const bool one_dim = ggml_n_dims(t) == 1;
+inline void init_scale(const std::string& name, bool one_dim, std::int64_t fan_in,
+                       const random_model_spec& spec, float& mean, float& stddev) {
   mean = 0.0f;
   if (name.find("ffn_gate_inp.weight") != std::string::npos) {
-    stddev = spec.router_logit_std / std::sqrt(static_cast<float>(t->ne[0]));
+    stddev = spec.router_logit_std / std::sqrt(static_cast<float>(fan_in));
   } else if (name.find("exp_probs_b") != std::string::npos) {
     stddev = 0.1f;  // selection bias: matters at the margin, does not dominate
   } else if (name.find("ffn_gate_inp.bias") != std::string::npos) {
@@ -99,39 +131,109 @@ inline void init_scale(const ggml_tensor* t, const random_model_spec& spec, floa
   } else if (ends_with(name, ".bias") || one_dim) {
     stddev = 0.02f;
   } else {
-    stddev = 1.0f / std::sqrt(static_cast<float>(t->ne[0]));  // fan-in
+    stddev = 1.0f / std::sqrt(static_cast<float>(fan_in));  // fan-in
   }
 }
 
-inline void fill_tensor(ggml_tensor* t, void* user) {
-  const auto& spec = *static_cast<fill_context*>(user)->spec;
-  float mean = 0, stddev = 1;
-  init_scale(t, spec, mean, stddev);
-  std::mt19937_64 gen(spec.seed ^ fnv1a(t->name));
-  std::normal_distribution<float> dist(mean, stddev);
-  const std::int64_t n = ggml_nelements(t);
-  std::vector<float> f(static_cast<std::size_t>(n));
-  for (auto& v : f) v = dist(gen);
-  switch (t->type) {
+/// `n` floats (`rows` rows of `n_per_row`) in `type`, appended to `out`.
+inline void convert_rows(ggml_type type, const float* f, std::int64_t rows, std::int64_t n_per_row,
+                         std::vector<std::uint8_t>& out) {
+  const std::size_t bytes = ggml_row_size(type, n_per_row) * static_cast<std::size_t>(rows);
+  out.resize(bytes);
+  const std::int64_t n = rows * n_per_row;
+  switch (type) {
     case GGML_TYPE_F32:
-      ggml_backend_tensor_set(t, f.data(), 0, ggml_nbytes(t));
+      std::memcpy(out.data(), f, bytes);
       break;
-    case GGML_TYPE_F16: {
-      std::vector<ggml_fp16_t> h(f.size());
-      ggml_fp32_to_fp16_row(f.data(), h.data(), n);
-      ggml_backend_tensor_set(t, h.data(), 0, ggml_nbytes(t));
+    case GGML_TYPE_F16:
+      ggml_fp32_to_fp16_row(f, reinterpret_cast<ggml_fp16_t*>(out.data()), n);
       break;
-    }
-    case GGML_TYPE_BF16: {
-      std::vector<ggml_bf16_t> h(f.size());
-      ggml_fp32_to_bf16_row(f.data(), h.data(), n);
-      ggml_backend_tensor_set(t, h.data(), 0, ggml_nbytes(t));
+    case GGML_TYPE_BF16:
+      ggml_fp32_to_bf16_row(f, reinterpret_cast<ggml_bf16_t*>(out.data()), n);
       break;
-    }
     default:
-      // Other types are never requested by make_random_model; leave zeros.
-      break;
+      if (ggml_quantize_chunk(type, f, out.data(), 0, rows, n_per_row, nullptr) != bytes)
+        throw std::runtime_error(std::string("random model: ggml_quantize_chunk to ") + ggml_type_name(type) +
+                                 " wrote an unexpected size");
   }
+}
+
+inline std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// Every weight of a random model, generated tensor by tensor and handed out
+/// in file order through a sink (void(const void*, std::size_t)), so the
+/// in-memory model and the streamed GGUF get the same bytes.
+class weight_source {
+ public:
+  explicit weight_source(const random_model_spec& spec) : spec_(spec) {}
+
+  template <class Sink>
+  void generate(const std::string& name, ggml_type type, const std::int64_t* ne, int n_dims, Sink&& sink) {
+    if (is_expert_weight(name) && ggml_is_quantized(type) && n_dims == 3) {
+      const auto& pool = pool_for(name, type, ne[0], ne[1]);
+      for (std::int64_t e = 0; e < ne[2]; ++e) {
+        const std::uint64_t pick = splitmix64(spec_.seed ^ fnv1a(name.c_str()) ^ splitmix64(static_cast<std::uint64_t>(e)));
+        const auto& slice = pool[static_cast<std::size_t>(pick % pool.size())];
+        sink(slice.data(), slice.size());
+      }
+      return;
+    }
+    // Element by element from one seeded stream per tensor, one 2-D slice at a time.
+    float mean = 0, stddev = 1;
+    init_scale(name, n_dims == 1, ne[0], spec_, mean, stddev);
+    std::mt19937_64 gen(spec_.seed ^ fnv1a(name.c_str()));
+    std::normal_distribution<float> dist(mean, stddev);
+    const std::int64_t rows = n_dims == 1 ? 1 : ne[1];
+    const std::int64_t slices = (n_dims > 2 ? ne[2] : 1) * (n_dims > 3 ? ne[3] : 1);
+    std::vector<float> f(static_cast<std::size_t>(ne[0] * rows));
+    for (std::int64_t s = 0; s < slices; ++s) {
+      for (auto& v : f) v = dist(gen);
+      convert_rows(type, f.data(), rows, ne[0], buf_);
+      sink(buf_.data(), buf_.size());
+    }
+  }
+
+ private:
+  using pool_t = std::vector<std::vector<std::uint8_t>>;
+
+  /// The pool of one expert kind ("ffn_gate_exps.weight", …) in one type and shape.
+  const pool_t& pool_for(const std::string& name, ggml_type type, std::int64_t ne0, std::int64_t ne1) {
+    const std::size_t dot = name.find('.', name.find('.') + 1);  // after "blk.N."
+    const std::string kind = name.compare(0, 4, "blk.") == 0 && dot != std::string::npos ? name.substr(dot + 1) : name;
+    const std::string key = kind + "/" + ggml_type_name(type) + "/" + std::to_string(ne0) + "x" + std::to_string(ne1);
+    auto it = pools_.find(key);
+    if (it != pools_.end()) return it->second;
+    float mean = 0, stddev = 1;
+    init_scale(kind, false, ne0, spec_, mean, stddev);
+    const std::uint32_t n = std::max<std::uint32_t>(1, std::min(spec_.expert_pool, spec_.n_expert));
+    pool_t pool(n);
+    std::vector<float> f(static_cast<std::size_t>(ne0 * ne1));
+    for (std::uint32_t p = 0; p < n; ++p) {
+      std::mt19937_64 gen(spec_.seed ^ fnv1a(kind.c_str()) ^ splitmix64(p + 1));
+      std::normal_distribution<float> dist(mean, stddev);
+      for (auto& v : f) v = dist(gen);
+      convert_rows(type, f.data(), ne1, ne0, pool[p]);
+    }
+    return pools_.emplace(key, std::move(pool)).first->second;
+  }
+
+  random_model_spec spec_;
+  std::map<std::string, pool_t> pools_;
+  std::vector<std::uint8_t> buf_;
+};
+
+inline void fill_tensor(ggml_tensor* t, void* user) {
+  auto& src = *static_cast<weight_source*>(user);
+  std::size_t offset = 0;
+  src.generate(t->name, t->type, t->ne, ggml_n_dims(t), [&](const void* p, std::size_t n) {
+    ggml_backend_tensor_set(t, p, offset, n);
+    offset += n;
+  });
 }
 
 struct gguf_deleter {
@@ -140,11 +242,11 @@ struct gguf_deleter {
 
 }  // namespace detail
 
-/// Builds the model in memory. Throws std::invalid_argument on a spec llama.cpp
-/// would reject, std::runtime_error when llama.cpp fails to build it.
-/// The CPU backend must be loaded (llama_backend_init / ggml_backend_load_all).
-inline model_ptr make_random_model(const random_model_spec& spec,
-                                   llama_model_params params = llama_model_default_params()) {
+namespace detail {
+
+using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
+
+inline void validate(const random_model_spec& spec) {
   const std::string& a = spec.arch;
   if (a != "qwen3moe" && a != "deepseek2" && a != "gpt-oss")
     throw std::invalid_argument("random model: architecture '" + a +
@@ -160,6 +262,21 @@ inline model_ptr make_random_model(const random_model_spec& spec,
     throw std::invalid_argument("random model: --embd " + std::to_string(spec.n_embd) +
                                 " must be a multiple of 64");
 
+  if (spec.expert_type != GGML_TYPE_F32) {
+    const std::int64_t blck = ggml_blck_size(spec.expert_type);
+    for (auto [what, v] : {std::pair<const char*, std::uint32_t>{"--embd", spec.n_embd},
+                           std::pair<const char*, std::uint32_t>{"--expert-ff", spec.n_ff_exp}})
+      if (v % blck != 0)
+        throw std::invalid_argument(std::string("random model: ") + what + " " + std::to_string(v) +
+                                    " must be a multiple of " + std::to_string(blck) + " for " +
+                                    ggml_type_name(spec.expert_type) + " experts (its block size)");
+  }
+}
+
+/// The model's GGUF key/values; with `type_entries`, also the tensor entries
+/// that give llama_model_init_from_user each non-f32 tensor's type.
+inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
+  const std::string& a = spec.arch;
   std::unique_ptr<gguf_context, detail::gguf_deleter> g(gguf_init_empty());
   auto key = [&](const char* suffix) { return a + "." + suffix; };
   auto u32 = [&](const char* suffix, std::uint32_t v) { gguf_set_val_u32(g.get(), key(suffix).c_str(), v); };
@@ -212,24 +329,167 @@ inline model_ptr make_random_model(const random_model_spec& spec,
 
   if (spec.gating_func_key != 0) u32("expert_gating_func", spec.gating_func_key);
 
+  if (!type_entries) return g;
   // A tensor entry with only a name and a type makes llama.cpp create that
   // tensor with that type (F32 otherwise).
-  if (spec.router_type != GGML_TYPE_F32) {
-    for (std::uint32_t il = 0; il < spec.n_layer; ++il) {
-      ggml_tensor t;
-      std::memset(&t, 0, sizeof t);
-      t.type = spec.router_type;
-      std::snprintf(t.name, sizeof t.name, "blk.%u.ffn_gate_inp.weight", il);
-      gguf_add_tensor(g.get(), &t);
+  auto entry = [&](ggml_type type, const char* fmt, std::uint32_t il) {
+    ggml_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.type = type;
+    std::snprintf(t.name, sizeof t.name, fmt, il);
+    gguf_add_tensor(g.get(), &t);
+  };
+  for (std::uint32_t il = 0; il < spec.n_layer; ++il) {
+    if (spec.router_type != GGML_TYPE_F32) entry(spec.router_type, "blk.%u.ffn_gate_inp.weight", il);
+    if (spec.expert_type != GGML_TYPE_F32 && !(a == "deepseek2" && il == 0)) {
+      entry(spec.expert_type, "blk.%u.ffn_gate_exps.weight", il);
+      entry(spec.expert_type, "blk.%u.ffn_up_exps.weight", il);
+      entry(spec.expert_type, "blk.%u.ffn_down_exps.weight", il);
+      // Where the architecture fuses gate and up (deepseek2 here), llama.cpp
+      // creates this one instead; an entry for a tensor not created is ignored.
+      entry(spec.expert_type, "blk.%u.ffn_gate_up_exps.weight", il);
     }
   }
+  return g;
+}
 
-  detail::fill_context fc{&spec};
+}  // namespace detail
+
+/// Builds the model in memory. Throws std::invalid_argument on a spec llama.cpp
+/// would reject, std::runtime_error when llama.cpp fails to build it.
+/// The CPU backend must be loaded (llama_backend_init / ggml_backend_load_all).
+inline model_ptr make_random_model(const random_model_spec& spec,
+                                   llama_model_params params = llama_model_default_params()) {
+  detail::validate(spec);
+  detail::gguf_ptr g = detail::metadata(spec, true);
+  detail::weight_source src(spec);
   params.progress_callback = [](float, void*) { return true; };
   params.progress_callback_user_data = nullptr;
-  model_ptr m(llama_model_init_from_user(g.get(), detail::fill_tensor, &fc, params));
-  if (!m) throw std::runtime_error("random model: llama_model_init_from_user failed for " + a);
+  model_ptr m(llama_model_init_from_user(g.get(), detail::fill_tensor, &src, params));
+  if (!m) throw std::runtime_error("random model: llama_model_init_from_user failed for " + spec.arch);
   return m;
+}
+
+/// One tensor of a random model: name, type and shape, as llama.cpp creates it.
+struct tensor_entry {
+  std::string name;
+  ggml_type type = GGML_TYPE_F32;
+  int n_dims = 1;
+  std::int64_t ne[GGML_MAX_DIMS] = {1, 1, 1, 1};
+};
+
+/// The tensors llama.cpp creates for `spec`, in layer order. Taken from
+/// llama.cpp itself rather than written out per architecture: a two-layer
+/// model of the same spec is built with a callback that records each tensor
+/// and fills nothing (its buffers are never touched, so never resident), and
+/// its last layer stands for every later one (layers of these architectures
+/// differ only in their index; deepseek2's dense layer 0 is kept as layer 0).
+inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& spec) {
+  detail::validate(spec);
+  random_model_spec two = spec;
+  two.n_layer = 2;
+  detail::gguf_ptr g = detail::metadata(two, true);
+  std::vector<tensor_entry> seen;
+  llama_model_params params = llama_model_default_params();
+  params.progress_callback = [](float, void*) { return true; };
+  params.progress_callback_user_data = nullptr;
+  model_ptr m(llama_model_init_from_user(
+      g.get(),
+      [](ggml_tensor* t, void* user) {
+        auto& seen = *static_cast<std::vector<tensor_entry>*>(user);
+        for (const auto& s : seen)
+          if (s.name == t->name) return;  // a tensor llama.cpp uses twice (tied output)
+        tensor_entry e;
+        e.name = t->name;
+        e.type = t->type;
+        e.n_dims = ggml_n_dims(t);
+        for (int i = 0; i < GGML_MAX_DIMS; ++i) e.ne[i] = t->ne[i];
+        seen.push_back(std::move(e));
+      },
+      &seen, params));
+  if (!m) throw std::runtime_error("random model: llama_model_init_from_user failed for " + spec.arch);
+  m.reset();
+
+  auto layer_of = [](const std::string& name) -> int {
+    if (name.compare(0, 4, "blk.") != 0) return -1;
+    return std::atoi(name.c_str() + 4);
+  };
+  std::vector<tensor_entry> out;
+  for (const auto& e : seen)
+    if (layer_of(e.name) < 0 && e.name.find("output") == std::string::npos) out.push_back(e);
+  for (std::uint32_t il = 0; il < spec.n_layer; ++il) {
+    const int from = il == 0 ? 0 : 1;
+    const std::string from_prefix = "blk." + std::to_string(from) + ".";
+    const std::string to_prefix = "blk." + std::to_string(il) + ".";
+    for (const auto& e : seen)
+      if (layer_of(e.name) == from) {
+        tensor_entry c = e;
+        c.name = to_prefix + e.name.substr(from_prefix.size());
+        out.push_back(std::move(c));
+      }
+  }
+  for (const auto& e : seen)
+    if (layer_of(e.name) < 0 && e.name.find("output") != std::string::npos) out.push_back(e);
+  return out;
+}
+
+/// Writes the random model of `spec` to `path` as a GGUF file, streaming:
+/// the metadata first, then each tensor's bytes as they are generated, so at
+/// most one expert slice (or one small dense tensor) and the quantised expert
+/// pools are in memory at a time. The weights are those of
+/// make_random_model(spec), byte for byte. Writes `path`.part and renames it
+/// when complete, so an interrupted run never leaves a truncated model.
+/// `progress`, if given, is called with (bytes written, total bytes).
+inline void save_random_gguf(const random_model_spec& spec, const std::string& path,
+                             const std::function<void(std::uint64_t, std::uint64_t)>& progress = {}) {
+  const std::vector<tensor_entry> tensors = random_model_tensors(spec);
+  detail::gguf_ptr g = detail::metadata(spec, false);
+  ggml_init_params ip{};
+  ip.mem_size = (tensors.size() + 1) * ggml_tensor_overhead();
+  ip.mem_buffer = nullptr;
+  ip.no_alloc = true;
+  std::unique_ptr<ggml_context, void (*)(ggml_context*)> ctx(ggml_init(ip), ggml_free);
+  if (!ctx) throw std::runtime_error("random model: ggml_init failed");
+  for (const auto& e : tensors) {
+    ggml_tensor* t = ggml_new_tensor(ctx.get(), e.type, e.n_dims, e.ne);
+    ggml_set_name(t, e.name.c_str());
+    gguf_add_tensor(g.get(), t);
+  }
+  const std::string part = path + ".part";
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(part.c_str(), "wb"), std::fclose);
+  if (!f) throw std::runtime_error("random model: cannot write '" + part + "': " + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    f.reset();
+    std::remove(part.c_str());
+    throw std::runtime_error(std::string("random model: ") + what + " '" + part + "' failed: " + std::strerror(errno));
+  };
+  if (!gguf_write_to_file_ptr(g.get(), f.get(), true)) fail("writing the metadata of");
+  const long data_start = std::ftell(f.get());
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) total += gguf_get_tensor_size(g.get(), static_cast<std::int64_t>(i));
+  std::uint64_t written = 0, pos = static_cast<std::uint64_t>(data_start);
+  static const char zeros[64] = {};
+  detail::weight_source src(spec);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::uint64_t at = static_cast<std::uint64_t>(data_start) + gguf_get_tensor_offset(g.get(), static_cast<std::int64_t>(i));
+    if (at < pos || at - pos > sizeof zeros) fail("laying out the tensors of");
+    if (at > pos && std::fwrite(zeros, 1, at - pos, f.get()) != at - pos) fail("writing");
+    pos = at;
+    const auto& e = tensors[i];
+    std::uint64_t n = 0;
+    src.generate(e.name, e.type, e.ne, e.n_dims, [&](const void* p, std::size_t bytes) {
+      if (std::fwrite(p, 1, bytes, f.get()) != bytes) fail("writing");
+      n += bytes;
+    });
+    if (n != gguf_get_tensor_size(g.get(), static_cast<std::int64_t>(i))) fail("sizing a tensor of");
+    pos += n;
+    written += n;
+    if (progress) progress(written, total);
+  }
+  if (std::fflush(f.get()) != 0) fail("flushing");
+  f.reset();
+  if (std::rename(part.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("random model: cannot rename '" + part + "' to '" + path + "': " + std::strerror(errno));
 }
 
 }  // namespace moe_residency::llama_cpp::examples

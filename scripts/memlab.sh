@@ -1,0 +1,378 @@
+#!/usr/bin/env bash
+# The memory lab: stock llama.cpp decoding a Mixture-of-Experts GGUF larger
+# than its memory limit, through plain mmap and with moe_residency's parts
+# switched on one at a time, side by side (docs/memlab.md).
+#
+#   sudo scripts/memlab.sh                    the full lab (tens of minutes)
+#   sudo scripts/memlab.sh --quick --csv FILE a smaller model, fewer tokens (minutes)
+#
+# Options:
+#   --quick            the quick preset (a ~1.4 GiB model, 8 prompt + 16 decode tokens)
+#   --smoke            the CTest preset (a ~1 GiB model, ratio 2, mmap and all only)
+#   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,
+#                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical)
+#   --configs LIST     comma list of mmap,observer,dense,exact,predicted,cache,all,degraded,
+#                      resident,resident-all
+#   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
+#   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
+#   --threads N        llama.cpp threads (default 1: on a loaded 2-core machine
+#                      ggml's spinning thread barrier makes 2 threads ~100x slower)
+#   --budget MIB|auto|P%  the pinned expert cache's budget: MiB, auto (the manager
+#                      sizes it from the cgroup limit), or a share of the limit
+#                      (default: auto; quick and smoke: 25%, their limits being
+#                      too small for the auto margin)
+#   --run-timeout S    give up on one run after S seconds (default 1800; quick 600)
+#   --csv-extended     append engine_majflt_per_token (major faults of llama.cpp's own
+#                      threads: getrusage also counts the manager's lanes populating
+#                      pages on purpose) and status to every CSV row
+#   --no-plot          no gnuplot
+#   --no-disk          skip the disk bandwidth measurement
+#
+# What it does: builds the tools once (build/memlab, Release, against the
+# llama.cpp of scripts/fetch-llama-cpp.sh --install); builds once and caches a
+# random-weight qwen3moe GGUF with q4_K experts under
+# ${MOE_RESIDENCY_CACHE:-~/.cache/moe-residency}/memlab/; measures the disk's
+# cold random-read bandwidth against 1/2/4/8 readers (moe-disk-lanes, O_DIRECT);
+# creates one memory cgroup moe-residency-memlab-<pid> (v1 or v2, detected) and
+# removes it on exit, error or Ctrl-C; then for every ratio sets the cgroup's
+# limit to model size / ratio and runs each configuration in it, the page cache
+# dropped before each run (sync; echo 3 > /proc/sys/vm/drop_caches — this
+# drops the whole machine's clean page cache). Each run's per-token CSV, log,
+# the table and the plots go to .../memlab/runs/<time>-<preset>/.
+#
+# Configurations (one moe-llama-probe run each, all on the same model file
+# through mmap, same prompt, seed and threads, so the logits must be identical):
+#   mmap      plain llama.cpp: no observer (--no-observer)
+#   observer  the observer and its session only (predictions scored, nothing acted on)
+#   dense     + dense weights pinned           (--residency dense)
+#   exact     + exact prefetch of the routed experts (--residency exact)
+#   predicted + predicted prefetch of the next layers (--residency predicted)
+#   cache     + the budgeted, pinned expert cache (--residency cache)
+#   all       every part (--residency all)
+#   degraded  all, with a seeded share of predicted slots replaced so the
+#             stale-gate's slot accuracy falls to ~88.6% (the seed engine's on a
+#             real Qwen3-30B; random weights flatter it)
+#   resident  plain llama.cpp, no limit, page cache warm: the upper bound
+#   resident-all  all parts on (auto budget), no limit, page cache warm: when the
+#             model fits, the manager must cost no more than noise against `resident`
+# Each of dense..cache is that part alone on top of the observer; `all` is them together.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${MOE_RESIDENCY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/moe-residency}"
+lab="$cache/memlab"
+
+preset=full
+csv=""
+configs=""
+ratios=""
+probe=""
+threads=1
+run_timeout=""
+budget=""
+extended=0
+plot=1
+disk=1
+die() { echo "memlab: $*" >&2; exit 2; }
+log() { echo "memlab: $*" >&2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --quick) preset=quick ;;
+    --smoke) preset=smoke ;;
+    --csv) csv="${2:?--csv needs a file}"; shift ;;
+    --configs) configs="${2:?--configs needs a list}"; shift ;;
+    --ratios) ratios="${2:?--ratios needs a list}"; shift ;;
+    --probe) probe="${2:?--probe needs a path}"; shift ;;
+    --threads) threads="${2:?--threads needs a number}"; shift ;;
+    --budget) budget="${2:?--budget needs MiB, auto or a share like 40%}"; shift ;;
+    --run-timeout) run_timeout="${2:?--run-timeout needs seconds}"; shift ;;
+    --csv-extended) extended=1 ;;
+    --no-plot) plot=0 ;;
+    --no-disk) disk=0 ;;
+    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+[[ -z "$csv" || "$csv" = /* ]] || csv="$PWD/$csv"
+
+# The model and the run of each preset. q4_K needs --embd and --expert-ff to be
+# multiples of 256.
+case "$preset" in
+  full)  spec=(--layers 16 --experts 128 --k 8 --embd 2048 --expert-ff 768); tokens=32; decode=64
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all}"
+         : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
+  quick) spec=(--layers 12 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=16
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all}"
+         : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
+  smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
+         : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
+esac
+for c in ${configs//,/ }; do
+  case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident|resident-all) ;;
+    *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident or resident-all" ;;
+  esac
+done
+
+# ---- root and a memory cgroup, or a clear refusal --------------------------
+[[ "$(id -u)" -eq 0 ]] || die "needs root: it creates a memory cgroup and drops the page cache (run it with sudo)"
+cg_version=""
+if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+  grep -qw memory /sys/fs/cgroup/cgroup.controllers ||
+    die "cgroup v2 is mounted at /sys/fs/cgroup but has no memory controller"
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control ||
+    die "cgroup v2: the memory controller is not enabled for child groups of /sys/fs/cgroup (cgroup.subtree_control)"
+  cg_version=2; cg_root=/sys/fs/cgroup
+elif [[ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]]; then
+  cg_version=1; cg_root=/sys/fs/cgroup/memory
+else
+  die "no memory cgroup: neither cgroup v2 with the memory controller at /sys/fs/cgroup nor the v1 memory controller at /sys/fs/cgroup/memory"
+fi
+[[ -w /proc/sys/vm/drop_caches ]] || die "cannot write /proc/sys/vm/drop_caches"
+
+cg="$cg_root/moe-residency-memlab-$$"
+child=""
+cleanup() {
+  local rc=$?
+  if [[ -n "$child" ]] && kill -0 "$child" 2>/dev/null; then
+    kill -TERM "$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true
+  fi
+  if [[ -d "$cg" ]]; then
+    # Only processes this script started can be in it; hand any left to the parent.
+    if [[ -f "$cg/cgroup.procs" ]]; then
+      while read -r p; do echo "$p" > "$cg_root/cgroup.procs" 2>/dev/null || true; done < "$cg/cgroup.procs"
+    fi
+    for _ in 1 2 3 4 5; do rmdir "$cg" 2>/dev/null && break; sleep 1; done
+    [[ -d "$cg" ]] && echo "memlab: could not remove the cgroup $cg; remove it with: rmdir $cg" >&2
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+cg_limit() {  # bytes, or "none"
+  if [[ $cg_version == 1 ]]; then
+    echo "$([[ $1 == none ]] && echo -1 || echo "$1")" > "$cg/memory.limit_in_bytes"
+    echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
+  else
+    echo "$([[ $1 == none ]] && echo max || echo "$1")" > "$cg/memory.max"
+  fi
+}
+cg_peak_mib() {
+  local f="$cg/memory.max_usage_in_bytes"; [[ $cg_version == 2 ]] && f="$cg/memory.peak"
+  [[ -r "$f" ]] && awk '{printf "%.0f", $1/1048576}' "$f" || echo "-"
+}
+
+# ---- tools ----------------------------------------------------------------
+if [[ -z "$probe" ]]; then
+  log "building moe-llama-probe and moe-disk-lanes (build/memlab, Release)"
+  prefix="$("$repo/scripts/fetch-llama-cpp.sh" --install)"
+  cmake -S "$repo" -B "$repo/build/memlab" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DMOE_RESIDENCY_BUILD_LLAMA_CPP=ON -DMOE_RESIDENCY_TEST_CONSUMER=OFF \
+        -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build "$repo/build/memlab" -j2 --target moe_llama_probe moe_disk_lanes >&2
+  probe="$repo/build/memlab/bin/moe-llama-probe"
+fi
+[[ -x "$probe" ]] || die "--probe: '$probe' is not an executable"
+lanes_tool="$(dirname "$probe")/moe-disk-lanes"
+has_residency=0
+"$probe" --help 2>/dev/null | grep -q -- '--residency' && has_residency=1
+
+# ---- the model --------------------------------------------------------------
+mkdir -p "$lab"
+model="$lab/qwen3moe-L${spec[1]}-E${spec[3]}-k${spec[5]}-d${spec[7]}-ff${spec[9]}-q4_K.gguf"
+if [[ ! -f "$model" ]]; then
+  log "writing the lab model $model (random weights, q4_K experts from a pool of 32 per kind)"
+  "$probe" --random qwen3moe "${spec[@]}" --expert-type q4_K --save-model "$model" --save-only >&2
+fi
+size=$(stat -c %s "$model")
+size_mib=$(( size / 1048576 ))
+
+stamp="$(date +%Y%m%d-%H%M%S)"
+out="$lab/runs/$stamp-$preset"
+mkdir -p "$out"
+machine="$(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), cgroup v$cg_version"
+log "model $model ($size_mib MiB); results in $out"
+log "machine: $machine"
+
+# ---- the disk ---------------------------------------------------------------
+if [[ $disk == 1 && -x "$lanes_tool" ]]; then
+  log "disk: cold random 4 MiB O_DIRECT reads of the model file against concurrent readers"
+  "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" | tee "$out/disk-lanes.csv" >&2
+fi
+
+# ---- runs -------------------------------------------------------------------
+mkdir "$cg"
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# run NAME LIMIT ARGS... : one probe run in the cgroup; its log and per-token CSV in $out.
+run() {
+  local name="$1" limit="$2"; shift 2
+  cg_limit "$limit"
+  local rc=0
+  timeout -s TERM "$run_timeout" \
+    sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+    "$probe" --model "$model" --tokens "$tokens" --decode "$decode" --threads "$threads" \
+    --per-token-csv "$out/$name.csv" "$@" > "$out/$name.log" 2>&1 &
+  child=$!
+  wait "$child" || rc=$?
+  child=""
+  echo "$(cg_peak_mib)" > "$out/$name.peak"
+  if [[ $rc -ne 0 ]]; then
+    local status=failed
+    [[ $rc == 124 ]] && status=timeout
+    [[ $rc == 137 ]] && status=killed  # SIGKILL: the cgroup's OOM killer (see dmesg)
+    echo "$status" > "$out/$name.status"
+    log "$name: exited with $rc ($status) — see $out/$name.log"
+    tail -n 3 "$out/$name.log" >&2 || true
+    rm -f "$out/$name.csv"
+  else
+    echo ok > "$out/$name.status"
+  fi
+  return 0
+}
+
+config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuration
+  local b="$budget"
+  [[ $b == *% ]] && b=$(awk -v l="$3" -v p="${b%\%}" 'BEGIN{printf "%.0f", l * p / 100}')
+  case "$1" in
+    mmap|resident) echo "--no-observer" ;;
+    observer) echo "" ;;
+    dense|exact|predicted|cache) echo "--residency $1 --residency-budget $b" ;;
+    all) echo "--residency all --residency-budget $b" ;;
+    degraded) echo "--residency all --residency-budget $b --degrade $2" ;;
+  esac
+}
+
+resident_done=""
+for ratio in ${ratios//,/ }; do
+  limit=$(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}')
+  limit_bytes=$(( limit * 1048576 ))
+  degrade=0
+  for config in ${configs//,/ }; do
+    name="r$ratio-$config"
+    case "$config" in
+      dense|exact|predicted|cache|all|degraded)
+        if [[ $has_residency == 0 ]]; then
+          log "$name: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
+          continue
+        fi ;;
+    esac
+    if [[ $config == degraded ]]; then
+      # Replace a share P of predicted slots so that acc * (1 - P) ~ 88.6%,
+      # acc being the stale-gate's slot accuracy the observer run measured.
+      acc=$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$out/r$ratio-observer.log" 2>/dev/null | head -1)
+      [[ -n "$acc" ]] || acc=$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$out"/r*-all.log 2>/dev/null | head -1)
+      [[ -n "$acc" ]] || { log "$name: skipped — no stale-gate accuracy measured (run observer or all first)"; continue; }
+      degrade=$(awk -v a="$acc" 'BEGIN{p = 1 - 88.6 / a; if (p < 0) p = 0; printf "%.4f", p}')
+      log "$name: stale-gate measured $acc% of slots; --degrade $degrade"
+    fi
+    if [[ $config == resident || $config == resident-all ]]; then
+      # One run per configuration, not per ratio (no limit); its row repeats under each ratio.
+      if [[ " $resident_done " != *" $config "* ]]; then
+        log "$config: no limit, page cache warm"
+        cat "$model" > /dev/null
+        if [[ $config == resident ]]; then run "$config" none --no-observer
+        else run "$config" none --residency all --residency-budget auto; fi
+        resident_done+=" $config"
+      fi
+      for ext in csv log peak status; do
+        if [[ -f "$out/$config.$ext" ]]; then cp "$out/$config.$ext" "$out/$name.$ext"; fi
+      done
+      continue
+    fi
+    log "$name: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
+    drop_caches
+    # shellcheck disable=SC2046
+    run "$name" "$limit_bytes" $(config_args "$config" "$degrade" "$limit")
+  done
+done
+
+# ---- the table ----------------------------------------------------------------
+summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engine_majflt
+  awk -F, 'NR > 1 && $2 == "decode" { n++; ms += $3; rb += $6; mf += $4; emf += $12; t[n] = $3;
+             if ($11 != "") { hit = $11; has = 1 } if ($10 + 0 > pin) pin = $10 + 0 }
+           function pct(q,   pos, lo, hi) { pos = q * (n - 1); lo = int(pos) + 1; hi = lo < n ? lo + 1 : n;
+             return t[lo] + (t[hi] - t[lo]) * (pos - int(pos)) }
+           END { if (n == 0) { print "- - - - - - - -"; exit }
+             for (i = 2; i <= n; i++) { v = t[i]; j = i - 1; while (j > 0 && t[j] > v) { t[j + 1] = t[j]; j-- } t[j + 1] = v }
+             printf "%.3f %.1f %.1f %.2f %.2f %s %.1f %.2f\n", n / (ms / 1000), pct(0.5), pct(0.9), rb / n / 1048576,
+                    mf / n, has ? hit : "-", pin, emf / n }' "$1"
+}
+digest() { sed -n 's/^logits: fnv1a64 \([0-9a-f]*\) over.*/\1/p' "$1" 2>/dev/null | head -1; }
+
+reference=""
+for ratio in ${ratios//,/ }; do
+  for config in ${configs//,/ }; do
+    [[ -f "$out/r$ratio-$config.csv" ]] || continue
+    reference="$(digest "$out/r$ratio-$config.log")"
+    [[ -n "$reference" ]] && break 2
+  done
+done
+
+table="$out/table.txt"
+{
+  echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine"
+  printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
+         MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits
+} > "$table"
+if [[ -n "$csv" ]]; then
+  echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical$([[ $extended == 1 ]] && echo ",engine_majflt_per_token,status")" > "$csv"
+fi
+for ratio in ${ratios//,/ }; do
+  limit=$(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}')
+  for config in ${configs//,/ }; do
+    f="$out/r$ratio-$config.csv"
+    status="$(cat "$out/r$ratio-$config.status" 2>/dev/null || true)"
+    [[ -n "$status" ]] || continue  # not run (skipped)
+    lim=$([[ $config == resident* ]] && echo none || echo "$limit")
+    peak="$(cat "$out/r$ratio-$config.peak" 2>/dev/null || echo -)"
+    if [[ "$status" != ok || ! -f "$f" ]]; then
+      # A run that did not finish: a row saying so, no figures.
+      printf '%-6s %-6s %-12s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
+      [[ -n "$csv" ]] && echo "$ratio,$config,,,,,,,,no$([[ $extended == 1 ]] && echo ",,$status")" >> "$csv"
+      continue
+    fi
+    read -r tok p50 p90 rd mf hit pin emf <<< "$(summarize "$f")"
+    d="$(digest "$out/r$ratio-$config.log")"
+    same=$([[ -n "$d" && "$d" == "$reference" ]] && echo yes || echo no)
+    printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
+           "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" >> "$table"
+    [[ -n "$csv" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same$([[ $extended == 1 ]] && echo ",$emf,ok")" >> "$csv"
+  done
+done
+cat "$table"
+[[ -n "$csv" ]] && cp "$csv" "$out/table.csv" 2>/dev/null || true
+
+# ---- plots --------------------------------------------------------------------
+if [[ $plot == 1 ]] && command -v gnuplot > /dev/null; then
+  for ratio in ${ratios//,/ }; do
+    series=""
+    for config in ${configs//,/ }; do
+      f="$out/r$ratio-$config.csv"
+      [[ -f "$f" ]] || continue
+      series+="${series:+, }'$f' using 1:(strcol(2) eq \"decode\" ? \$3 : 1/0) with linespoints title '$config'"
+    done
+    [[ -n "$series" ]] || continue
+    for term in "pngcairo size 1000,600" "svg size 1000,600"; do
+      ext=${term%% *}; ext=${ext#png}; ext=${ext:-png}; [[ $term == pngcairo* ]] && ext=png
+      gnuplot <<EOF
+set datafile separator ","
+set terminal $term
+set output "$out/tokens-r$ratio.$ext"
+set title "memlab ($preset): decode token time, model $size_mib MiB at ratio $ratio (limit $(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}') MiB)"
+set xlabel "decode token"
+set ylabel "ms per token"
+set logscale y
+set key outside right
+set grid
+plot $series
+EOF
+    done
+    log "plot: $out/tokens-r$ratio.png, .svg"
+  done
+fi
+log "done: $table"

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# CTest llama_cpp_memlab_smoke: the memory lab's claim in small. A random
+# qwen3moe with q4_K experts (~1 GiB) runs in a memory cgroup limited to half
+# its size, through plain mmap and with the residency manager on (`all`); major
+# faults per decode token must fall at least 5x (counts, not times) and the
+# logits must be identical (scripts/memlab.sh --smoke does the runs).
+#
+# The faults counted are those of llama.cpp's own threads (the eval thread and
+# ggml's workers), the faults decoding stalls on. getrusage(RUSAGE_SELF) also
+# counts the manager's read lanes populating expert pages on purpose
+# (MADV_POPULATE_READ and mlock fault pages in, and the kernel counts those as
+# major faults of the lane); the process-wide figures are printed too.
+#
+#   memlab_smoke.sh PROBE WORKDIR
+#
+# Needs root and a memory cgroup. Without them it is SKIPPED (exit 77) with a
+# loud message. Where they are available it must run: with CI=true, a probe
+# without the residency manager is a failure, not a skip.
+set -uo pipefail
+probe="${1:?usage: memlab_smoke.sh PROBE WORKDIR}"
+work="${2:?usage: memlab_smoke.sh PROBE WORKDIR}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+memlab="$here/../../scripts/memlab.sh"
+
+skip() {
+  echo "########################################################################"
+  echo "# llama_cpp_memlab_smoke SKIPPED: $*"
+  echo "# (it needs root and a memory cgroup; CI has both and runs it)"
+  echo "########################################################################"
+  exit 77
+}
+fail() { echo "llama_cpp_memlab_smoke FAILED: $*"; exit 1; }
+
+[[ "$(id -u)" -eq 0 ]] || skip "not root"
+if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+  grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
+    skip "cgroup v2 without the memory controller enabled for child groups"
+elif [[ ! -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]]; then
+  skip "no memory cgroup (neither v2 nor the v1 memory controller)"
+fi
+if ! "$probe" --help 2>/dev/null | grep -q -- '--residency'; then
+  [[ "${CI:-}" == true ]] && fail "root and a memory cgroup are available but $probe has no --residency"
+  skip "$probe has no --residency (the residency manager is not built in)"
+fi
+
+mkdir -p "$work"
+csv="$work/memlab-smoke.csv"
+rm -f "$csv"
+bash "$memlab" --smoke --probe "$probe" --csv "$csv" --csv-extended --no-plot || fail "scripts/memlab.sh --smoke exited with $?"
+[[ -f "$csv" ]] || fail "no CSV written"
+cat "$csv"
+header="ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,engine_majflt_per_token,status"
+[[ "$(head -1 "$csv")" == "$header" ]] || fail "CSV header is '$(head -1 "$csv")', expected '$header'"
+row() { awk -F, -v c="$1" 'NR > 1 && $2 == c' "$csv"; }
+mmap="$(row mmap)"; all="$(row all)"
+[[ -n "$mmap" ]] || fail "no mmap row (the plain mmap run failed; see its log under the memlab cache)"
+[[ -n "$all" ]] || fail "no all row (the residency run failed; see its log under the memlab cache)"
+for r in "$mmap" "$all"; do
+  [[ "$(cut -d, -f12 <<< "$r")" == ok ]] || fail "a run did not finish: $r"
+  [[ "$(cut -d, -f10 <<< "$r")" == yes ]] || fail "logits differ from the first run: $r"
+done
+mf_mmap="$(cut -d, -f11 <<< "$mmap")"; mf_all="$(cut -d, -f11 <<< "$all")"
+echo "process-wide major faults per decode token: mmap $(cut -d, -f7 <<< "$mmap"), all $(cut -d, -f7 <<< "$all")"
+awk -v m="$mf_mmap" 'BEGIN { exit !(m >= 1) }' ||
+  fail "plain mmap took $mf_mmap major faults per decode token: the limit does not bind, the test proves nothing"
+awk -v m="$mf_mmap" -v a="$mf_all" 'BEGIN { exit !(a * 5 <= m) }' ||
+  fail "major faults per decode token (engine threads): mmap $mf_mmap, all $mf_all — less than the 5x fall required"
+echo "llama_cpp_memlab_smoke: engine major faults per decode token mmap $mf_mmap -> all $mf_all; logits identical"

@@ -1,0 +1,152 @@
+// The random model streamed to disk (save_random_gguf, which never holds the
+// model in memory) against its slow obvious twin: the same spec built in
+// memory by llama.cpp and saved by llama.cpp's own llama_model_save_to_file.
+// Every tensor must have the same name, type, shape and bytes; the streamed
+// file must load through mmap and give bit-identical logits; quantised experts
+// must be the type asked for and come from ggml's quantiser (a pool).
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <unistd.h>
+
+#include "llama_support.hpp"
+
+using namespace moe_residency_test;
+
+namespace {
+
+struct temp_file {
+  std::string path;
+  explicit temp_file(const std::string& stem)
+      : path("moe_residency_" + stem + "_" + std::to_string(::getpid()) + ".gguf") {}
+  ~temp_file() { std::remove(path.c_str()); }
+};
+
+struct gguf_file {
+  gguf_context* g = nullptr;
+  ggml_context* data = nullptr;
+  explicit gguf_file(const std::string& path) {
+    gguf_init_params p{};
+    p.no_alloc = false;
+    p.ctx = &data;
+    g = gguf_init_from_file(path.c_str(), p);
+    REQUIRE_MESSAGE(g != nullptr, "gguf_init_from_file failed on " << path);
+  }
+  ~gguf_file() {
+    if (data) ggml_free(data);
+    if (g) gguf_free(g);
+  }
+  gguf_file(const gguf_file&) = delete;
+  gguf_file& operator=(const gguf_file&) = delete;
+};
+
+mre::random_model_spec small_spec(const std::string& arch, ggml_type experts) {
+  mre::random_model_spec s = spec_for(arch, arch == "deepseek2" ? GGML_TYPE_BF16 : GGML_TYPE_F32);
+  s.n_layer = 3;
+  s.expert_type = experts;
+  s.expert_pool = 5;
+  if (experts == GGML_TYPE_Q4_K) {  // rows must be multiples of 256
+    s.n_embd = 256;
+    s.n_ff_exp = 256;
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, byte for byte") {
+  llama_init_once();
+  const std::pair<const char*, ggml_type> cases[] = {{"qwen3moe", GGML_TYPE_Q4_K},
+                                                     {"qwen3moe", GGML_TYPE_F32},
+                                                     {"deepseek2", GGML_TYPE_Q8_0},
+                                                     {"gpt-oss", GGML_TYPE_F16}};
+  for (const auto& [arch, experts] : cases) {
+    const std::string config = std::string(arch) + " experts " + ggml_type_name(experts);
+    CAPTURE(config);
+    const mre::random_model_spec spec = small_spec(arch, experts);
+    temp_file saved(std::string(arch) + "_saved"), streamed(std::string(arch) + "_streamed");
+    auto built = mre::make_random_model(spec);
+    llama_model_save_to_file(built.get(), saved.path.c_str());
+    mre::save_random_gguf(spec, streamed.path);
+
+    gguf_file a(saved.path), b(streamed.path);
+    REQUIRE(gguf_get_n_tensors(a.g) == gguf_get_n_tensors(b.g));
+    std::size_t experts_seen = 0;
+    for (std::int64_t i = 0; i < gguf_get_n_tensors(a.g); ++i) {
+      const char* name = gguf_get_tensor_name(a.g, i);
+      const std::string tensor = name;
+      CAPTURE(tensor);
+      const ggml_tensor* ta = ggml_get_tensor(a.data, name);
+      const ggml_tensor* tb = ggml_get_tensor(b.data, name);
+      REQUIRE(ta != nullptr);
+      REQUIRE_MESSAGE(tb != nullptr, "the streamed file lacks " << name);
+      CHECK(ta->type == tb->type);
+      for (int d = 0; d < GGML_MAX_DIMS; ++d) CHECK(ta->ne[d] == tb->ne[d]);
+      REQUIRE(ggml_nbytes(ta) == ggml_nbytes(tb));
+      CHECK(std::memcmp(ta->data, tb->data, ggml_nbytes(ta)) == 0);
+      if (tensor.find("_exps.weight") != std::string::npos) {
+        ++experts_seen;
+        CHECK(tb->type == experts);
+      }
+    }
+    // deepseek2: layer 0 dense, gate and up fused (ffn_gate_up_exps) in the others.
+    const std::size_t expected = std::string(arch) == "deepseek2" ? 2 * (spec.n_layer - 1) : 3 * spec.n_layer;
+    CHECK(experts_seen == expected);
+
+    // The streamed file runs through mmap to the in-memory model's logits, bit for bit.
+    llama_model_params mp = llama_model_default_params();
+    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    mp.use_extra_bufts = false;
+    mre::model_ptr loaded(llama_model_load_from_file(streamed.path.c_str(), mp));
+    REQUIRE(loaded != nullptr);
+    auto c1 = make_context(built.get(), test_context_params());
+    auto c2 = make_context(loaded.get(), test_context_params());
+    const auto r1 = run_tokens(c1.get(), built.get(), 6, 4);
+    const auto r2 = run_tokens(c2.get(), loaded.get(), 6, 4);
+    REQUIRE(r1.logits.size() == r2.logits.size());
+    CHECK(std::memcmp(r1.logits.data(), r2.logits.data(), r1.logits.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("random model: quantised experts are ggml's quantisation of a pool of random experts") {
+  llama_init_once();
+  const mre::random_model_spec spec = small_spec("qwen3moe", GGML_TYPE_Q8_0);
+  temp_file streamed("qwen3moe_q8_pool");
+  mre::save_random_gguf(spec, streamed.path);
+  gguf_file f(streamed.path);
+  const ggml_tensor* t = ggml_get_tensor(f.data, "blk.1.ffn_up_exps.weight");
+  REQUIRE(t != nullptr);
+  REQUIRE(t->type == GGML_TYPE_Q8_0);
+  // Every expert slice is one of at most expert_pool distinct byte strings,
+  // and more than one of them is used.
+  std::map<std::string, int> distinct;
+  for (std::int64_t e = 0; e < t->ne[2]; ++e)
+    ++distinct[std::string(static_cast<const char*>(t->data) + e * t->nb[2], t->nb[2])];
+  CHECK(distinct.size() <= spec.expert_pool);
+  CHECK(distinct.size() > 1);
+  // Dequantised, a slice has the fan-in scale 1/sqrt(n_embd) of the f32 weights.
+  const auto* traits = ggml_get_type_traits(GGML_TYPE_Q8_0);
+  std::vector<float> x(static_cast<std::size_t>(t->ne[0] * t->ne[1]));
+  traits->to_float(t->data, x.data(), static_cast<std::int64_t>(x.size()));
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  const double sd = std::sqrt(ss / static_cast<double>(x.size()));
+  CHECK(sd == doctest::Approx(1.0 / std::sqrt(double(spec.n_embd))).epsilon(0.05));
+}
+
+TEST_CASE("random model: expert types are parsed and checked against the block size") {
+  CHECK(mre::parse_expert_type("q4_K") == GGML_TYPE_Q4_K);
+  CHECK(mre::parse_expert_type("q8_0") == GGML_TYPE_Q8_0);
+  CHECK(mre::parse_expert_type("f16") == GGML_TYPE_F16);
+  CHECK_THROWS_WITH_AS(mre::parse_expert_type("q5_K"),
+                       "expert type 'q5_K'; expected f32, f16, bf16, q8_0 or q4_K", std::invalid_argument);
+  mre::random_model_spec s = small_spec("qwen3moe", GGML_TYPE_Q4_K);
+  s.n_ff_exp = 128;
+  CHECK_THROWS_WITH_AS(mre::save_random_gguf(s, "never-written.gguf"),
+                       "random model: --expert-ff 128 must be a multiple of 256 for q4_K experts (its block size)",
+                       std::invalid_argument);
+}
