@@ -271,6 +271,7 @@ using phase_layer = std::tuple<int, std::uint16_t>;  // (phase, layer)
 
 /// A session extension: the token of every routing the session accepted.
 struct routed_tokens {
+  static constexpr session_hook hooks = session_hook::routings;
   std::map<phase_layer, std::vector<std::uint32_t>> tokens;
   template <class S>
   void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
