@@ -28,6 +28,7 @@
 #include "moe_residency/cache.hpp"
 #include "moe_residency/plan.hpp"
 #include "moe_residency/session.hpp"
+#include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 #include "moe_residency/synthetic.hpp"
 
