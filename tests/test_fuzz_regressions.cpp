@@ -35,7 +35,7 @@ TEST_CASE("fuzz_trace_binary: non-zero padding after the strings or the layer fl
   // and wrote back as a different file (the padding zeroed), so corruption of the
   // lengths could go unnoticed. The layout says the padding is zero; now it is checked.
   const std::string good = binary_of(one_layer);
-  CHECK(parse_route_trace_binary(good, "t.bin").rows.size() == 2);
+  CHECK(parse_route_trace_binary(good, "t.bin").rows().size() == 2);
   // Fixed header 48 + "m.gguf" 6 + "qwen3moe" 8 = 62: bytes 62 and 63 pad the strings.
   std::string bad = good;
   bad[63] = '\x07';

@@ -1219,8 +1219,6 @@ TEST_CASE("gemv_simd from TUs built for different targets, linked into one progr
 }
 #endif
 
-#endif  // MOE_RESIDENCY_TEST_SECOND_TU
-
 TEST_CASE("router_spec: validate and selection apply the same shape rules (one implementation)") {
   // For random shapes, validate() throws exactly when selection refuses the
   // spec (bias values and weight_scale aside: selection does not read those).
@@ -1252,3 +1250,5 @@ TEST_CASE("router_spec: validate and selection apply the same shape rules (one i
   CHECK(refused > 1000);  // both sides of every rule are exercised
   CHECK(accepted > 1000);
 }
+
+#endif  // MOE_RESIDENCY_TEST_SECOND_TU
