@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -68,8 +69,8 @@ class memory_advice {
   /// The page size every range is aligned to.
   virtual std::size_t page_size() const noexcept = 0;
   /// Bytes the process may lock (RLIMIT_MEMLOCK); UINT64_MAX when unlimited
-  /// or when the process may lock without limit (CAP_IPC_LOCK is not probed:
-  /// a locking failure is counted when it happens).
+  /// or when the process holds CAP_IPC_LOCK (the kernel's implementation reads
+  /// CapEff; root in a container may lack it).
   virtual std::uint64_t lock_limit() const noexcept = 0;
 };
 
@@ -145,7 +146,7 @@ class system_memory_advice final : public memory_advice {
 #if MOE_RESIDENCY_ADVICE_POSIX
     rlimit r{};
     if (::getrlimit(RLIMIT_MEMLOCK, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return UINT64_MAX;
-    if (::geteuid() == 0) return UINT64_MAX;  // root: CAP_IPC_LOCK bypasses the limit
+    if (has_ipc_lock()) return UINT64_MAX;  // CAP_IPC_LOCK bypasses the limit (root in a container may lack it)
     return static_cast<std::uint64_t>(r.rlim_cur);
 #else
     return 0;
@@ -153,6 +154,23 @@ class system_memory_advice final : public memory_advice {
   }
 
  private:
+  // CAP_IPC_LOCK (bit 14) in the effective set, from /proc/self/status.
+  static bool has_ipc_lock() noexcept {
+#if defined(__linux__)
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    if (f == nullptr) return false;
+    char line[256];
+    unsigned long long caps = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f) != nullptr)
+      found = std::sscanf(line, "CapEff: %llx", &caps) == 1;
+    std::fclose(f);
+    return found && ((caps >> 14) & 1u) != 0;
+#else
+    return false;
+#endif
+  }
+
 #if defined(__linux__)
   // The values of <asm-generic/mman-common.h>, for C libraries that predate them.
 #ifdef MADV_POPULATE_READ

@@ -285,7 +285,10 @@ class observer {
         g.topk = t;
         // The routing is known here, before the expert matmuls: ask for it
         // when a sink acts on it and the layer's structure is already known.
-        return sink_ != nullptr && sink_->wants_routing() && layers_[l].moe && g.logits != nullptr;
+        // Only in host memory: a router on a GPU (experts on the CPU) is not
+        // split out of its fused graph for a routing nobody could read.
+        return sink_ != nullptr && sink_->wants_routing() && layers_[l].moe && g.logits != nullptr &&
+               detail::host_readable(t);
       case detail::moe_node::weights:
         g.weights = t;
         break;

@@ -58,6 +58,11 @@
 #include <utility>
 #include <vector>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
 #include "moe_residency/adapters/llama_cpp/advice.hpp"
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
@@ -133,6 +138,7 @@ struct residency_stats {
   /// budget's margin includes.
   std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;
   std::uint64_t lock_failed = 0;  ///< admitted experts whose lock failed (invalidated)
+  std::uint64_t unlock_failed_bytes = 0;  ///< bytes a failed munlock left locked
   // dense
   std::uint64_t dense_bytes = 0;  ///< non-expert bytes locked
   // measure
@@ -169,35 +175,99 @@ inline std::uint64_t read_u64_file(const std::string& path, bool& ok) {
   return ok ? std::stoull(v) : 0;
 }
 
-/// The memory limit of the process's cgroup (v2, then v1), else MemAvailable.
-inline memory_limit process_memory_limit() {
+/// The tightest memory limit over the process's cgroup and its ancestors
+/// (v2 `memory.max` of each level; v1 `hierarchical_memory_limit` of
+/// `memory.stat`, which already includes the ancestors, else
+/// `memory.limit_in_bytes`), else MemAvailable. `root` prefixes /proc and
+/// /sys (tests point it at a fake tree).
+inline memory_limit process_memory_limit(const std::string& root = "") {
   memory_limit out;
-  std::ifstream cg("/proc/self/cgroup");
+  auto consider = [&](std::uint64_t v, const std::string& source) {
+    if (v < (std::uint64_t{1} << 60) && (out.bytes == 0 || v < out.bytes)) {
+      out.bytes = v;
+      out.source = source;
+    }
+  };
+  std::ifstream cg(root + "/proc/self/cgroup");
   std::string line;
   while (std::getline(cg, line)) {
     const auto a = line.find(':'), b = line.find(':', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    std::string file;
-    if (controllers.empty()) file = "/sys/fs/cgroup" + path + "/memory.max";
-    else if (("," + controllers + ",").find(",memory,") != std::string::npos)
-      file = "/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes";
-    if (file.empty()) continue;
-    bool ok = false;
-    const std::uint64_t v = read_u64_file(file, ok);
-    if (ok && v < (std::uint64_t{1} << 60) && (out.bytes == 0 || v < out.bytes)) {
-      out.bytes = v;
-      out.source = (controllers.empty() ? "cgroup v2 " : "cgroup v1 ") + file;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    if (controllers.empty()) {
+      // v2: every level from the process's group up to the root (a scope
+      // under a limited slice reads "max" itself).
+      for (;;) {
+        const std::string file = root + "/sys/fs/cgroup" + (path == "/" ? "" : path) + "/memory.max";
+        bool ok = false;
+        const std::uint64_t v = read_u64_file(file, ok);
+        if (ok) consider(v, "cgroup v2 " + file);
+        if (path.empty() || path == "/") break;
+        const auto slash = path.rfind('/');
+        path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+      }
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      const std::string dir = root + "/sys/fs/cgroup/memory" + (path == "/" ? "" : path);
+      std::ifstream stat(dir + "/memory.stat");
+      std::string key;
+      std::uint64_t v = 0;
+      bool hierarchical = false;
+      while (stat >> key >> v)
+        if (key == "hierarchical_memory_limit") {
+          consider(v, "cgroup v1 " + dir + "/memory.stat hierarchical_memory_limit");
+          hierarchical = true;
+        }
+      bool ok = false;
+      const std::uint64_t own = read_u64_file(dir + "/memory.limit_in_bytes", ok);
+      if (ok && !hierarchical) consider(own, "cgroup v1 " + dir + "/memory.limit_in_bytes");
     }
   }
   if (out.bytes != 0) return out;
-  std::ifstream mi("/proc/meminfo");
+  std::ifstream mi(root + "/proc/meminfo");
   while (std::getline(mi, line))
     if (line.rfind("MemAvailable:", 0) == 0) {
       out.bytes = std::stoull(line.substr(13)) * 1024;
       out.source = "MemAvailable in /proc/meminfo";
     }
   return out;
+}
+
+/// True when the mapping at `addr` already carries locked pages' flag
+/// (`lo` in /proc/self/smaps: llama.cpp's mlock load mode): the manager's
+/// munlock would undo those locks. False when it cannot tell.
+inline bool mapping_locked(const void* addr) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    const auto dash = line.find('-');
+    const auto space = line.find(' ');
+    if (dash != std::string::npos && space != std::string::npos && dash < space &&
+        line.find_first_not_of("0123456789abcdef") == dash) {
+      const std::uintptr_t lo = std::stoull(line.substr(0, dash), nullptr, 16);
+      const std::uintptr_t hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return (line + " ").find(" lo ") != std::string::npos;
+    }
+  }
+  return false;
+}
+
+/// True when this process may page out (MADV_PAGEOUT) and see the residency
+/// (mincore) of the file's pages: the kernel allows both only to the file's
+/// owner (or CAP_FOWNER) or a process that could write it.
+inline bool may_inspect_file(const std::string& path) {
+#if MOE_RESIDENCY_ADVICE_POSIX
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  return st.st_uid == ::geteuid() || ::geteuid() == 0 || ::access(path.c_str(), W_OK) == 0;
+#else
+  (void)path;
+  return false;
+#endif
 }
 
 /// Resident anonymous memory of the process (llama.cpp's KV cache and compute
@@ -265,6 +335,7 @@ class mmap_residency : public observer_sink {
   /// Stops the lanes and unlocks every page it locked.
   ~mmap_residency() override {
     scheduler_.reset();
+    if (random_applied_) advise_expert_ranges(advice::normal);
     for (std::size_t p = 0; p < refs_.size();) {
       if (refs_[p] == 0) {
         ++p;
@@ -289,15 +360,25 @@ class mmap_residency : public observer_sink {
     if (!obs_->structure_known())
       throw error("mmap_residency: the graph structure is not known yet; evaluate one batch first");
     shape_ = obs_->shape();
+    // Everything that can refuse runs before any advice is applied, so a
+    // refusal leaves the mapping exactly as llama.cpp left it.
     map_layout();
+    check_mapping();
+    try {
+      check_lock_limit();
+      if (options_.cache) make_cache();
+      if (options_.predicted) make_predictor();
+      if (options_.exact || options_.predicted) make_scheduler();
+    } catch (...) {
+      scheduler_.reset();
+      cache_.reset();
+      throw;
+    }
     if (options_.pin_dense) pin_dense();
-    if (options_.exact && options_.random_faults)
-      for (const auto& l : layers_)
-        for (const auto& t : l.tensors)
-          call(advice::random, page_floor(t.data), page_ceil(t.data + t.stride * t.n_expert) - page_floor(t.data));
-    if (options_.cache) make_cache();
-    if (options_.predicted) make_predictor();
-    if (options_.exact || options_.predicted) make_scheduler();
+    if (options_.exact && options_.random_faults) {
+      advise_expert_ranges(advice::random);
+      random_applied_ = true;
+    }
     active_ = true;
   }
 
@@ -337,11 +418,15 @@ class mmap_residency : public observer_sink {
       o << " cache " << Policy::name << " " << detail::mib(budget_) << buf << ", pinned "
         << detail::mib(s.pinned_bytes) << " (peak " << detail::mib(s.pinned_peak_bytes) << ") |";
     }
-    if (options_.measure) {
+    if (options_.measure && !inspectable_) {
+      o << " resident at routing: unavailable (the kernel reports every page of a file this process may "
+           "not write as resident) |";
+    } else if (options_.measure) {
       char buf[64];
       std::snprintf(buf, sizeof buf, " resident at routing %.2f%% |", s.resident_pct());
       o << buf;
     }
+    if (s.unlock_failed_bytes != 0) o << " munlock failed on " << detail::mib(s.unlock_failed_bytes) << " |";
     o << " advice errors " << s.advice_errors();
     return o.str();
   }
@@ -397,6 +482,8 @@ class mmap_residency : public observer_sink {
   }
 
   void map_layout() {
+    dense_total_ = 0;
+    widest_ = 0;
     gguf_expert_map map(path_, *obs_);
     const detail::gguf_ptr ctx = detail::open_gguf(path_, "mmap_residency");
     const std::uint64_t data_offset = gguf_get_data_offset(ctx.get());
@@ -408,7 +495,11 @@ class mmap_residency : public observer_sink {
     // The mapping's base: every expert tensor must sit at base + its file offset.
     const unsigned char* base = nullptr;
     layers_.assign(obs_->n_layer(), layer_ranges{});
+    // Every weight an expert matmul multiplies is an expert tensor (also in a
+    // layer whose routing the observer cannot express): never dense.
     std::vector<std::string> expert_names;
+    for (const layer_structure& s : obs_->layers())
+      for (const expert_tensor& et : s.experts) expert_names.push_back(et.name);
     for (std::size_t l = 0; l < obs_->n_layer(); ++l) {
       const layer_structure& s = obs_->layers()[l];
       if (!s.moe) continue;
@@ -429,7 +520,6 @@ class mmap_residency : public observer_sink {
                       "and use_extra_bufts = false: repacked weights are copies, not the file)");
         layers_[l].tensors.push_back(tensor_range{const_cast<unsigned char*>(data), et.bytes_per_expert, et.n_expert});
         layers_[l].bytes += et.bytes_per_expert;
-        expert_names.push_back(et.name);
       }
     }
     if (base == nullptr) throw error("mmap_residency: the model has no MoE layer with expert tensors");
@@ -450,29 +540,61 @@ class mmap_residency : public observer_sink {
     for (std::size_t l = 0; l < layers_.size(); ++l) widest_ = std::max(widest_, layers_[l].bytes);
   }
 
-  void pin_dense() {
+  // Refuses, before any advice, when RLIMIT_MEMLOCK cannot hold what will be locked.
+  void check_lock_limit() {
     const std::uint64_t limit = advice_->lock_limit();
-    if (limit != UINT64_MAX && dense_total_ > limit)
-      throw error("mmap_residency: locking the dense weights needs " + detail::mib(dense_total_) +
-                  " but RLIMIT_MEMLOCK is " + detail::mib(limit) +
-                  "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the process CAP_IPC_LOCK");
+    const std::uint64_t dense = options_.pin_dense ? dense_total_ : 0;
+    const std::uint64_t need = dense + (options_.cache ? std::max<std::uint64_t>(options_.cache_budget_bytes, 1) : 0);
+    if (limit == UINT64_MAX || need <= limit) return;
+    throw error("mmap_residency: locking needs " + detail::mib(need) + " (dense " + detail::mib(dense) +
+                (options_.cache ? " + the cache's budget" : std::string()) + ") but RLIMIT_MEMLOCK is " +
+                detail::mib(limit) +
+                "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the "
+                "process CAP_IPC_LOCK");
+  }
+
+  // The mapping must be ours to manage: not locked by llama.cpp itself, and
+  // pageout only where the kernel honours it.
+  void check_mapping() {
+    if (detail::mapping_locked(base_))
+      throw error("mmap_residency: the model's mapping of " + path_ +
+                  " is already locked (llama.cpp's mlock load mode); the manager's unlocks would undo those "
+                  "locks: load with LLAMA_LOAD_MODE_MMAP");
+    inspectable_ = detail::may_inspect_file(path_);
+    if (!inspectable_ && options_.release == advice::pageout)
+      throw error("mmap_residency: release = pageout, but the kernel ignores MADV_PAGEOUT on " + path_ +
+                  " for a process that neither owns nor may write it; use release = cold");
+  }
+
+  void pin_dense() {
     for (const auto& d : dense_) {
       const std::uintptr_t a = page_floor(d.first), b = page_ceil(d.first + d.second);
-      if (call(advice::lock, reinterpret_cast<unsigned char*>(a), b - a) == 0) {
+      if (call(advice::lock, a, b - a) == 0) {
         add_refs(a, b);
         stats_.dense_bytes += d.second;
+      } else {
+        // mlock marks the range locked before faulting it in: undo a partial lock
+        // of the pages no other lock holds.
+        add_refs(a, b);
+        drop_refs(a, b, false);
       }
     }
+  }
+
+  void advise_expert_ranges(advice a) noexcept {
+    for (const auto& l : layers_)
+      for (const auto& t : l.tensors)
+        call(a, page_floor(t.data), page_ceil(t.data + t.stride * t.n_expert) - page_floor(t.data));
   }
 
   void make_cache() {
     budget_ = options_.cache_budget_bytes;
     if (budget_ == 0) budget_ = auto_budget();
     const std::uint64_t limit = advice_->lock_limit();
-    const std::uint64_t need = budget_ + stats_.dense_bytes;
+    const std::uint64_t need = budget_ + (options_.pin_dense ? dense_total_ : 0);
     if (limit != UINT64_MAX && need > limit)
       throw error("mmap_residency: the pinned cache needs " + detail::mib(need) + " locked (budget " +
-                  detail::mib(budget_) + " + dense " + detail::mib(stats_.dense_bytes) +
+                  detail::mib(budget_) + " + dense " + detail::mib(options_.pin_dense ? dense_total_ : 0) +
                   ") but RLIMIT_MEMLOCK is " + detail::mib(limit) +
                   "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the process CAP_IPC_LOCK");
     cache_options o;
@@ -584,6 +706,7 @@ class mmap_residency : public observer_sink {
       } else if (!populate_unsupported_.load(std::memory_order_relaxed)) {
         const int rc = call(advice::populate_read, r.first, r.second - r.first);
         if (rc == EINVAL || rc == ENOSYS) populate_unsupported_.store(true, std::memory_order_relaxed);
+        else if (rc != 0) ok = false;  // e.g. EIO, EFAULT: the expert is not resident
       }
     }
     return ok ? read_status::ok : read_status::failed;
@@ -598,7 +721,7 @@ class mmap_residency : public observer_sink {
   // Drops one reference from every page of [a, b); unlocks (and releases) the
   // runs of pages nothing else holds: a page shared with a neighbour that is
   // still pinned stays locked.
-  void drop_refs(std::uintptr_t a, std::uintptr_t b) noexcept {
+  void drop_refs(std::uintptr_t a, std::uintptr_t b, bool release = true) noexcept {
     const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(base_);
     std::uintptr_t run = 0;
     bool in_run = false;
@@ -612,8 +735,10 @@ class mmap_residency : public observer_sink {
         run = p;
         in_run = true;
       } else if (!freed && in_run) {
-        call(advice::unlock, run, p - run);
-        call(options_.release, run, p - run);
+        // A failed munlock (ENOMEM: a VMA split past vm.max_map_count) leaves
+        // the pages locked outside the budget: counted, never hidden.
+        if (call(advice::unlock, run, p - run) != 0) stats_.unlock_failed_bytes += p - run;
+        if (release) call(options_.release, run, p - run);
         in_run = false;
       }
     }
@@ -642,7 +767,7 @@ class mmap_residency : public observer_sink {
     for (expert_id e : routed_) seen_[to_index(e)] = 0;
 
     if (scheduler_) settle_predictions(l);
-    if (options_.measure && decode) measure(li);
+    if (options_.measure && inspectable_ && decode) measure(li);
 
     // The cache decides what is read and pinned (decode only).
     to_read_.clear();
@@ -710,11 +835,14 @@ class mmap_residency : public observer_sink {
     if (!ok) {
       ++stats_.lock_failed;
       cache_->invalidate(l, e);
-      // a partly locked expert: drop what did lock
+      // A partly locked expert: unlock what no other lock holds (without
+      // releasing it: the layer multiplies it next), then make sure it is
+      // resident the way exact reads do.
       for (const auto& t : layers_[to_index(l)].tensors) {
         const auto r = slice(t, to_index(e));
         add_refs(r.first, r.second);
-        drop_refs(r.first, r.second);
+        drop_refs(r.first, r.second, false);
+        call(advice::populate_read, r.first, r.second - r.first);
       }
       return;
     }
@@ -727,8 +855,7 @@ class mmap_residency : public observer_sink {
   }
 
   void close_cache_batch() {
-    auto& log = cache_->policy().log();
-    log.clear();
+    auto& log = cache_->policy().log();  // cleared after each use: it may hold a reopened batch's
     cache_->end_batch();
     for (std::uint32_t s : log) {
       if (!pinned_[s]) continue;  // invalidated after a failed lock
@@ -852,6 +979,8 @@ class mmap_residency : public observer_sink {
   residency_stats stats_;
   std::array<std::atomic<std::uint64_t>, advice_kinds> calls_{}, errors_{};
   std::atomic<bool> populate_unsupported_{false};
+  bool random_applied_ = false;  // MADV_RANDOM on the expert ranges: restored by the destructor
+  bool inspectable_ = true;      // mincore and pageout work on this file (see may_inspect_file)
   bool lock_demanded_ = false;  // demanded reads of this batch lock (cache admissions)
 };
 
