@@ -27,6 +27,10 @@
 ///   not the kernel's LRU, decides which experts stay. Prompt batches are
 ///   prefetched but never pinned (one touches nearly every expert of a layer).
 ///
+/// When the whole model fits in the memory limit (with llama.cpp's own memory
+/// and the margin), the default is to stand down: nothing is advised and the
+/// graph is not split for routing, so leaving it on costs nothing measurable.
+///
 /// Advice never changes what the engine computes: logits stay bit-identical.
 /// Failures of madvise/mlock are counted per kind, never thrown across the C
 /// boundary. The first graph teaches the observer the structure; management
@@ -74,6 +78,12 @@
 
 namespace moe_residency::llama_cpp {
 
+/// What the manager does when the whole model fits in the memory limit.
+enum class when_fits : std::uint8_t {
+  stand_down,  ///< act on nothing and ask nothing of the graph: plain mmap's speed, safe to leave on
+  act,         ///< act anyway (tests; a limit the manager cannot see)
+};
+
 /// Which parts are on, and how they are sized.
 struct residency_options {
   bool pin_dense = false;  ///< lock the non-expert tensors once
@@ -101,6 +111,9 @@ struct residency_options {
   std::uint64_t seed = 1;
   /// mincore every routed expert before acting: the page cache's own hit rate.
   bool measure = false;
+  /// The default stands down when the mapped model, llama.cpp's anonymous
+  /// memory and the auto margin all fit in the memory limit (auto_budget's).
+  when_fits fits = when_fits::stand_down;
 
   /// Throws `error` naming the option, the value and what was expected.
   void validate() const {
@@ -364,6 +377,11 @@ class mmap_residency : public observer_sink {
     // refusal leaves the mapping exactly as llama.cpp left it.
     map_layout();
     check_mapping();
+    if (options_.fits == when_fits::stand_down && model_fits()) {
+      standing_down_ = true;
+      active_ = true;
+      return;
+    }
     try {
       check_lock_limit();
       if (options_.cache) make_cache();
@@ -383,6 +401,11 @@ class mmap_residency : public observer_sink {
   }
 
   bool active() const noexcept { return active_; }
+  /// True when activation found the whole model fits the memory limit
+  /// (options().fits == stand_down): nothing is advised, nothing asked.
+  bool standing_down() const noexcept { return standing_down_; }
+  /// Why it stands down, or why not (the figures), after activation.
+  const std::string& fit_note() const noexcept { return fit_note_; }
   /// Why the manager is inactive after a failed automatic activation ("" otherwise).
   const std::string& status() const noexcept { return status_; }
   const residency_options& options() const noexcept { return options_; }
@@ -407,6 +430,7 @@ class mmap_residency : public observer_sink {
     std::ostringstream o;
     o << "residency:";
     if (!active_) o << " inactive" << (status_.empty() ? "" : " (" + status_ + ")");
+    if (standing_down_) return o.str() + " standing down: " + fit_note_;
     if (options_.pin_dense) o << " dense " << detail::mib(s.dense_bytes) << " locked |";
     if (options_.exact) o << " exact " << s.exact_reads << " reads " << detail::mib(s.exact_bytes) << " |";
     if (options_.predicted)
@@ -438,7 +462,7 @@ class mmap_residency : public observer_sink {
   }
   bool wants_layers() const noexcept override { return next_ != nullptr && next_->wants_layers(); }
   bool wants_routing() const noexcept override {
-    return (status_.empty() || active_) || (next_ != nullptr && next_->wants_routing());
+    return (!standing_down_ && (status_.empty() || active_)) || (next_ != nullptr && next_->wants_routing());
   }
   void on_layer(const layer_batch& b) override {
     if (next_ != nullptr && next_->wants_layers()) next_->on_layer(b);
@@ -451,8 +475,8 @@ class mmap_residency : public observer_sink {
         status_ = e.what();
       }
     }
-    if (active_) manage(b);
-    else ++stats_.inactive_layers;
+    if (active_ && !standing_down_) manage(b);
+    else if (!active_) ++stats_.inactive_layers;
     if (next_ != nullptr && next_->wants_routing()) next_->on_routing(b);
   }
 
@@ -604,16 +628,33 @@ class mmap_residency : public observer_sink {
     cache_ = std::make_unique<cache_type>(shape_, std::move(o));
   }
 
+  // Kept free besides the dense weights and llama.cpp's own memory (see margin_bytes).
+  std::uint64_t margin_for(std::uint64_t limit) const noexcept {
+    return options_.margin_bytes != 0 ? options_.margin_bytes
+                                      : std::max<std::uint64_t>(256ull << 20, limit / 8) +
+                                            (2 * (options_.lanes + options_.spec_cap) + shape_.top_k()) * widest_;
+  }
+
+  // The mapped model, llama.cpp's anonymous memory and the margin fit the limit.
+  bool model_fits() {
+    const memory_limit lim = detail::process_memory_limit();
+    const std::uint64_t mapped = static_cast<std::uint64_t>(refs_.size()) * page_;
+    const std::uint64_t anon = detail::process_anon_bytes();
+    const std::uint64_t need = mapped + anon + margin_for(lim.bytes);
+    const bool fits = lim.bytes != 0 && need <= lim.bytes;
+    fit_note_ = "model " + detail::mib(mapped) + " + llama.cpp anonymous " + detail::mib(anon) + " + margin " +
+                detail::mib(margin_for(lim.bytes)) + (fits ? " fit" : " exceed") + " the limit " +
+                detail::mib(lim.bytes) + " (" + lim.source + ")";
+    return fits;
+  }
+
   /// limit − dense − llama.cpp's anonymous memory − margin, capped by the ceiling.
   std::uint64_t auto_budget() {
     const memory_limit lim = detail::process_memory_limit();
     if (lim.bytes == 0)
       throw error("mmap_residency: auto budget: no cgroup limit and no MemAvailable; give cache_budget_bytes");
     const std::uint64_t anon = detail::process_anon_bytes();
-    const std::uint64_t margin = options_.margin_bytes != 0
-                                     ? options_.margin_bytes
-                                     : std::max<std::uint64_t>(256ull << 20, lim.bytes / 8) +
-                                           (2 * (options_.lanes + options_.spec_cap) + shape_.top_k()) * widest_;
+    const std::uint64_t margin = margin_for(lim.bytes);
     const std::uint64_t need = dense_total_ + anon + margin;
     std::ostringstream note;
     note << "limit " << detail::mib(lim.bytes) << " (" << lim.source << ") - dense " << detail::mib(dense_total_)
@@ -979,7 +1020,9 @@ class mmap_residency : public observer_sink {
   residency_stats stats_;
   std::array<std::atomic<std::uint64_t>, advice_kinds> calls_{}, errors_{};
   std::atomic<bool> populate_unsupported_{false};
-  bool random_applied_ = false;  // MADV_RANDOM on the expert ranges: restored by the destructor
+  bool random_applied_ = false;
+  bool standing_down_ = false;
+  std::string fit_note_;  // MADV_RANDOM on the expert ranges: restored by the destructor
   bool inspectable_ = true;      // mincore and pageout work on this file (see may_inspect_file)
   bool lock_demanded_ = false;  // demanded reads of this batch lock (cache admissions)
 };
