@@ -48,3 +48,25 @@ TEST_CASE("fuzz_trace_binary: non-zero padding after the strings or the layer fl
   CHECK_THROWS_WITH_AS(parse_route_trace_binary(bad, "t.bin"),
                        "t.bin: header: padding byte at offset 85 after the layer flags is 1; expected 0", error);
 }
+
+TEST_CASE("fuzz_trace_binary: a model name the CSV header cannot hold is refused") {
+  // Found by fuzz_trace_binary: a binary trace whose model string contained
+  // " arch=" parsed, but its CSV form could not be read back (the CSV header runs
+  // the model up to its " arch=" field); a trailing space was silently dropped.
+  // Both are refused now, by the binary reader and by the writers' validation.
+  const std::string good = binary_of(one_layer);
+  std::string bad = good;
+  // "m.gguf" is at offset 48: make it "m arch" followed by '=' ... keep the length (6).
+  bad.replace(48, 6, std::string(" arch=", 6));
+  CHECK_THROWS_WITH_AS(parse_route_trace_binary(bad, "t.bin"),
+                       "t.bin: header: model ' arch=' contains ' arch=' or ends in a space; the CSV form cannot hold it",
+                       error);
+  bad = good;
+  bad[53] = ' ';  // "m.ggu "
+  CHECK_THROWS_AS(parse_route_trace_binary(bad, "t.bin"), error);
+  route_trace t = parse_route_trace_binary(good, "t.bin");
+  t.header.model = "a arch=b";
+  std::ostringstream out;
+  CHECK_THROWS_AS(write_route_trace_csv(t, out), error);
+  CHECK(out.str().empty());  // validated before anything is written
+}
