@@ -129,6 +129,9 @@ inline std::string header_problem(const trace_header& h) {
     return "arch " + quote_field(h.arch) + " contains a space or line break";
   if (h.model.find_first_of("\n\r") != std::string::npos)
     return "model " + quote_field(h.model) + " contains a line break";
+  // The CSV header line runs the model up to its " arch=" field, and drops a trailing space.
+  if (h.model.find(" arch=") != std::string::npos || (!h.model.empty() && h.model.back() == ' '))
+    return "model " + quote_field(h.model) + " contains ' arch=' or ends in a space; the CSV form cannot hold it";
   return {};
 }
 
