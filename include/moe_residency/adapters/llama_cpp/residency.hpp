@@ -44,6 +44,15 @@
 /// Destroy it before the model (it unlocks what it locked). Linux first; on
 /// other systems the calls that exist are used and the rest are counted as
 /// unsupported (ENOSYS). See docs/llama-cpp-residency.md.
+///
+/// The manager's parts each have a header: residency_options.hpp (options and
+/// counters), memory_limit.hpp (what it reads about the process and its
+/// cgroups), expert_pages.hpp (where each expert sits in the mapping, and the
+/// per-page lock counts), predicted_reads.hpp (the stale-gate's reads). This
+/// header is the one class that ties them to the observer's events: its
+/// activation, refusals and per-layer steps are kept in one place (~550
+/// lines) because their order is the contract (everything that can refuse
+/// runs before any advice; a layer's misses are locked before its evictions).
 
 #include <algorithm>
 #include <array>
@@ -56,248 +65,24 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <sys/stat.h>
-#include <unistd.h>
-#endif
-
 #include "moe_residency/adapters/llama_cpp/advice.hpp"
-#include "moe_residency/adapters/llama_cpp/gguf.hpp"
+#include "moe_residency/adapters/llama_cpp/expert_pages.hpp"
+#include "moe_residency/adapters/llama_cpp/memory_limit.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
+#include "moe_residency/adapters/llama_cpp/predicted_reads.hpp"
+#include "moe_residency/adapters/llama_cpp/residency_options.hpp"
 #include "moe_residency/cache/expert_cache.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/io.hpp"
-#include "moe_residency/plan.hpp"
-#include "moe_residency/predict/gate.hpp"
 
 namespace moe_residency::llama_cpp {
 
-/// What the manager does when the whole model fits in the memory limit.
-enum class when_fits : std::uint8_t {
-  stand_down,  ///< act on nothing and ask nothing of the graph: plain mmap's speed, safe to leave on
-  act,         ///< act anyway (tests; a limit the manager cannot see)
-};
-
-/// Which parts are on, and how they are sized.
-struct residency_options {
-  bool pin_dense = false;  ///< lock the non-expert tensors once
-  bool exact = false;      ///< read each layer's routed experts on the lanes before its matmuls
-  bool predicted = false;  ///< stale-gate speculative reads of the next MoE layer
-  bool cache = false;      ///< a budgeted, pinned expert cache
-  /// Pinned cache budget, bytes. 0: sized from the memory limit (see auto_budget).
-  std::uint64_t cache_budget_bytes = 0;
-  /// Auto budget: at most this many bytes (0: no ceiling).
-  std::uint64_t cache_ceiling_bytes = 0;
-  /// Auto budget: bytes kept free besides the dense weights and llama.cpp's
-  /// own buffers (0: max(256 MiB, limit / 8), plus two reads in flight per
-  /// lane and per speculative slot, plus one layer's routed experts).
-  std::uint64_t margin_bytes = 0;
-  /// With exact: advise the expert ranges MADV_RANDOM (no read-around on faults).
-  bool random_faults = true;
-  /// What an evicted expert's pages are advised: cold or pageout.
-  advice release = advice::cold;
-  std::size_t lanes = 2;     ///< read lanes (storage saturates at ~2; LAB.md)
-  std::size_t spec_cap = 2;  ///< predicted reads per layer at most
-  std::size_t horizon = 1;   ///< 1: stale-gate (l -> l+1); 2: l -> l+2
-  /// Share of predicted slots replaced by a wrong expert (seeded): lets a lab
-  /// degrade a random-weight model's flattering stale-gate to a real model's.
-  double degrade = 0.0;
-  std::uint64_t seed = 1;
-  /// mincore every routed expert before acting: the page cache's own hit rate.
-  bool measure = false;
-  /// The default stands down when the mapped model, llama.cpp's anonymous
-  /// memory and the auto margin all fit in the memory limit (auto_budget's).
-  when_fits fits = when_fits::stand_down;
-
-  /// Throws `error` naming the option, the value and what was expected.
-  void validate() const {
-    auto bad = [](const std::string& what) { throw error("residency_options: " + what); };
-    if (lanes > 64) bad("lanes " + std::to_string(lanes) + "; expected [0, 64]");
-    if (spec_cap > 32) bad("spec_cap " + std::to_string(spec_cap) + "; expected [0, 32]");
-    if (horizon != 1 && horizon != 2) bad("horizon " + std::to_string(horizon) + "; expected 1 or 2");
-    if (!(degrade >= 0.0 && degrade <= 1.0))
-      bad("degrade " + std::to_string(degrade) + "; expected a share in [0, 1]");
-    if (release != advice::cold && release != advice::pageout)
-      bad(std::string("release ") + to_string(release) + "; expected cold or pageout");
-    if (predicted && lanes == 0) bad("predicted reads need lanes; lanes is 0");
-  }
-};
-
-/// Counters since construction (host thread; read between llama_decode calls).
-struct residency_stats {
-  std::uint64_t routed_layers = 0;    ///< on_routing events managed
-  std::uint64_t inactive_layers = 0;  ///< events before activation (the first graph)
-  // exact
-  std::uint64_t exact_reads = 0, exact_bytes = 0, exact_failed = 0;
-  // predicted
-  std::uint64_t predictions = 0;       ///< layers a prediction was made for
-  std::uint64_t predicted_issued = 0;  ///< speculative reads queued
-  std::uint64_t predicted_rejected = 0;  ///< refused by a full scheduler queue
-  std::uint64_t predicted_useful = 0;  ///< completed before the layer, and demanded by it
-  std::uint64_t predicted_late = 0;    ///< demanded, but not complete when the layer's routing came
-  std::uint64_t predicted_wasted = 0;  ///< not demanded by the layer
-  std::uint64_t predicted_bytes = 0;
-  // cache
-  std::uint64_t cache_hits = 0, cache_misses = 0, evictions = 0;
-  /// Expert bytes locked now, and the most after any layer. Within a layer,
-  /// its misses are locked before the cache evicts (the engine's batch
-  /// accounting): up to one layer's routed experts on top, which the auto
-  /// budget's margin includes.
-  std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;
-  std::uint64_t lock_failed = 0;  ///< admitted experts whose lock failed (invalidated)
-  std::uint64_t unlock_failed_bytes = 0;  ///< bytes a failed munlock left locked
-  // dense
-  std::uint64_t dense_bytes = 0;  ///< non-expert bytes locked
-  // measure
-  std::uint64_t routed_experts = 0, routed_resident = 0;  ///< decode; fully resident at routing
-  // every call through memory_advice, and its failures, by advice kind
-  std::array<std::uint64_t, advice_kinds> calls{}, errors{};
-  std::uint64_t advice_errors() const noexcept {
-    std::uint64_t n = 0;
-    for (auto e : errors) n += e;
-    return n;
-  }
-  double cache_hit_pct() const noexcept {
-    const std::uint64_t n = cache_hits + cache_misses;
-    return n ? 100.0 * static_cast<double>(cache_hits) / static_cast<double>(n) : 0.0;
-  }
-  double resident_pct() const noexcept {
-    return routed_experts ? 100.0 * static_cast<double>(routed_resident) / static_cast<double>(routed_experts)
-                          : 0.0;
-  }
-};
-
-/// The memory the process may use, as the auto budget sees it.
-struct memory_limit {
-  std::uint64_t bytes = 0;  ///< 0: unknown
-  std::string source;       ///< "cgroup v2 /sys/fs/cgroup/.../memory.max", "MemAvailable", ...
-};
-
 namespace detail {
-
-inline std::uint64_t read_u64_file(const std::string& path, bool& ok) {
-  std::ifstream f(path);
-  std::string v;
-  ok = static_cast<bool>(f >> v) && !v.empty() && v != "max" && v.find_first_not_of("0123456789") == std::string::npos;
-  return ok ? std::stoull(v) : 0;
-}
-
-/// The tightest memory limit over the process's cgroup and its ancestors
-/// (v2 `memory.max` of each level; v1 `hierarchical_memory_limit` of
-/// `memory.stat`, which already includes the ancestors, else
-/// `memory.limit_in_bytes`), else MemAvailable. `root` prefixes /proc and
-/// /sys (tests point it at a fake tree).
-inline memory_limit process_memory_limit(const std::string& root = "") {
-  memory_limit out;
-  auto consider = [&](std::uint64_t v, const std::string& source) {
-    if (v < (std::uint64_t{1} << 60) && (out.bytes == 0 || v < out.bytes)) {
-      out.bytes = v;
-      out.source = source;
-    }
-  };
-  std::ifstream cg(root + "/proc/self/cgroup");
-  std::string line;
-  while (std::getline(cg, line)) {
-    const auto a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    std::string path = line.substr(b + 1);
-    if (controllers.empty()) {
-      // v2: every level from the process's group up to the root (a scope
-      // under a limited slice reads "max" itself).
-      for (;;) {
-        const std::string file = root + "/sys/fs/cgroup" + (path == "/" ? "" : path) + "/memory.max";
-        bool ok = false;
-        const std::uint64_t v = read_u64_file(file, ok);
-        if (ok) consider(v, "cgroup v2 " + file);
-        if (path.empty() || path == "/") break;
-        const auto slash = path.rfind('/');
-        path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-      }
-    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
-      const std::string dir = root + "/sys/fs/cgroup/memory" + (path == "/" ? "" : path);
-      std::ifstream stat(dir + "/memory.stat");
-      std::string key;
-      std::uint64_t v = 0;
-      bool hierarchical = false;
-      while (stat >> key >> v)
-        if (key == "hierarchical_memory_limit") {
-          consider(v, "cgroup v1 " + dir + "/memory.stat hierarchical_memory_limit");
-          hierarchical = true;
-        }
-      bool ok = false;
-      const std::uint64_t own = read_u64_file(dir + "/memory.limit_in_bytes", ok);
-      if (ok && !hierarchical) consider(own, "cgroup v1 " + dir + "/memory.limit_in_bytes");
-    }
-  }
-  if (out.bytes != 0) return out;
-  std::ifstream mi(root + "/proc/meminfo");
-  while (std::getline(mi, line))
-    if (line.rfind("MemAvailable:", 0) == 0) {
-      out.bytes = std::stoull(line.substr(13)) * 1024;
-      out.source = "MemAvailable in /proc/meminfo";
-    }
-  return out;
-}
-
-/// True when the mapping at `addr` already carries locked pages' flag
-/// (`lo` in /proc/self/smaps: llama.cpp's mlock load mode): the manager's
-/// munlock would undo those locks. False when it cannot tell.
-inline bool mapping_locked(const void* addr) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  const auto a = reinterpret_cast<std::uintptr_t>(addr);
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    const auto dash = line.find('-');
-    const auto space = line.find(' ');
-    if (dash != std::string::npos && space != std::string::npos && dash < space &&
-        line.find_first_not_of("0123456789abcdef") == dash) {
-      const std::uintptr_t lo = std::stoull(line.substr(0, dash), nullptr, 16);
-      const std::uintptr_t hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
-      inside = a >= lo && a < hi;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
-      return (line + " ").find(" lo ") != std::string::npos;
-    }
-  }
-  return false;
-}
-
-/// True when this process may page out (MADV_PAGEOUT) and see the residency
-/// (mincore) of the file's pages: the kernel allows both only to the file's
-/// owner (or CAP_FOWNER) or a process that could write it.
-inline bool may_inspect_file(const std::string& path) {
-#if MOE_RESIDENCY_ADVICE_POSIX
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return false;
-  return st.st_uid == ::geteuid() || ::geteuid() == 0 || ::access(path.c_str(), W_OK) == 0;
-#else
-  (void)path;
-  return false;
-#endif
-}
-
-/// Resident anonymous memory of the process (llama.cpp's KV cache and compute
-/// buffers among it), bytes; 0 when unknown.
-inline std::uint64_t process_anon_bytes() {
-  std::ifstream st("/proc/self/status");
-  std::string line;
-  while (std::getline(st, line))
-    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
-  return 0;
-}
-
-inline std::string mib(std::uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / 1048576.0);
-  return buf;
-}
 
 /// A cache policy that also logs the slots it evicts (host thread).
 template <class Policy>
@@ -349,16 +134,7 @@ class mmap_residency : public observer_sink {
   ~mmap_residency() override {
     scheduler_.reset();
     if (random_applied_) advise_expert_ranges(advice::normal);
-    for (std::size_t p = 0; p < refs_.size();) {
-      if (refs_[p] == 0) {
-        ++p;
-        continue;
-      }
-      std::size_t q = p;
-      while (q < refs_.size() && refs_[q] != 0) refs_[q++] = 0;
-      call(advice::unlock, base_ + p * page_, (q - p) * page_);
-      p = q;
-    }
+    pages_.drop_all([this](std::uintptr_t a, std::size_t len) { call(advice::unlock, a, len); });
   }
 
   void set_next(observer_sink* next) noexcept { next_ = next; }
@@ -385,7 +161,7 @@ class mmap_residency : public observer_sink {
     try {
       check_lock_limit();
       if (options_.cache) make_cache();
-      if (options_.predicted) make_predictor();
+      if (options_.predicted) predictions_.init(*obs_, shape_, options_);
       if (options_.exact || options_.predicted) make_scheduler();
     } catch (...) {
       scheduler_.reset();
@@ -481,93 +257,17 @@ class mmap_residency : public observer_sink {
   }
 
  private:
-  struct tensor_range {
-    unsigned char* data = nullptr;  // expert 0 in the mapping
-    std::uint64_t stride = 0;       // bytes per expert (nb[2])
-    std::size_t n_expert = 0;
-  };
-  struct layer_ranges {
-    std::vector<tensor_range> tensors;
-    std::uint64_t bytes = 0;  // one expert, all tensors
-  };
-  struct issued_read {
-    layer_id layer{};
-    expert_id expert{};
-    std::uint64_t ticket = 0;
-  };
-
   // ---- activation ----------------------------------------------------------
 
-  std::uintptr_t page_floor(const unsigned char* p) const noexcept {
-    return reinterpret_cast<std::uintptr_t>(p) & ~static_cast<std::uintptr_t>(page_ - 1);
-  }
-  std::uintptr_t page_ceil(const unsigned char* p) const noexcept {
-    return (reinterpret_cast<std::uintptr_t>(p) + page_ - 1) & ~static_cast<std::uintptr_t>(page_ - 1);
-  }
-
   void map_layout() {
-    dense_total_ = 0;
-    widest_ = 0;
-    gguf_expert_map map(path_, *obs_);
-    const detail::gguf_ptr ctx = detail::open_gguf(path_, "mmap_residency");
-    const std::uint64_t data_offset = gguf_get_data_offset(ctx.get());
-    std::uint64_t file_end = data_offset;
-    const std::int64_t n = gguf_get_n_tensors(ctx.get());
-    for (std::int64_t i = 0; i < n; ++i)
-      file_end = std::max<std::uint64_t>(file_end, data_offset + gguf_get_tensor_offset(ctx.get(), i) +
-                                                       gguf_get_tensor_size(ctx.get(), i));
-    // The mapping's base: every expert tensor must sit at base + its file offset.
-    const unsigned char* base = nullptr;
-    layers_.assign(obs_->n_layer(), layer_ranges{});
-    // Every weight an expert matmul multiplies is an expert tensor (also in a
-    // layer whose routing the observer cannot express): never dense.
-    std::vector<std::string> expert_names;
-    for (const layer_structure& s : obs_->layers())
-      for (const expert_tensor& et : s.experts) expert_names.push_back(et.name);
-    for (std::size_t l = 0; l < obs_->n_layer(); ++l) {
-      const layer_structure& s = obs_->layers()[l];
-      if (!s.moe) continue;
-      const auto& ranges = map.ranges(layer_id(static_cast<std::uint16_t>(l)));
-      for (std::size_t i = 0; i < s.experts.size(); ++i) {
-        const expert_tensor& et = s.experts[i];
-        const expert_file_range& fr = ranges[i];
-        if (!detail::host_readable(et.tensor))
-          throw error("mmap_residency: expert tensor '" + et.name +
-                      "' is not in host memory (offloaded); expected a memory-mapped CPU weight");
-        const auto* data = static_cast<const unsigned char*>(et.tensor->data);
-        const unsigned char* b = data - fr.offset;
-        if (base == nullptr) base = b;
-        if (b != base)
-          throw error("mmap_residency: expert tensor '" + et.name + "' is not at its file offset " +
-                      std::to_string(fr.offset) + " in the mapping of " + path_ +
-                      "; expected every expert tensor in one mmap of the file (load with use_mmap = true "
-                      "and use_extra_bufts = false: repacked weights are copies, not the file)");
-        layers_[l].tensors.push_back(tensor_range{const_cast<unsigned char*>(data), et.bytes_per_expert, et.n_expert});
-        layers_[l].bytes += et.bytes_per_expert;
-      }
-    }
-    if (base == nullptr) throw error("mmap_residency: the model has no MoE layer with expert tensors");
-    base_ = reinterpret_cast<unsigned char*>(page_floor(base));
-    const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(base) + file_end - page_floor(base);
-    refs_.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
+    pages_.map(path_, *obs_, page_);
     pinned_.assign(shape_.n_layers() * shape_.n_experts(), 0);
-    // Dense: every other tensor of the file.
-    dense_.clear();
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::string name = gguf_get_tensor_name(ctx.get(), i);
-      if (std::find(expert_names.begin(), expert_names.end(), name) != expert_names.end()) continue;
-      const std::uint64_t off = data_offset + gguf_get_tensor_offset(ctx.get(), i);
-      const std::uint64_t size = gguf_get_tensor_size(ctx.get(), i);
-      if (size != 0) dense_.push_back({const_cast<unsigned char*>(base) + off, size});
-      dense_total_ += size;
-    }
-    for (std::size_t l = 0; l < layers_.size(); ++l) widest_ = std::max(widest_, layers_[l].bytes);
   }
 
   // Refuses, before any advice, when RLIMIT_MEMLOCK cannot hold what will be locked.
   void check_lock_limit() {
     const std::uint64_t limit = advice_->lock_limit();
-    const std::uint64_t dense = options_.pin_dense ? dense_total_ : 0;
+    const std::uint64_t dense = options_.pin_dense ? pages_.dense_bytes() : 0;
     const std::uint64_t need = dense + (options_.cache ? std::max<std::uint64_t>(options_.cache_budget_bytes, 1) : 0);
     if (limit == UINT64_MAX || need <= limit) return;
     throw error("mmap_residency: locking needs " + detail::mib(need) + " (dense " + detail::mib(dense) +
@@ -580,7 +280,7 @@ class mmap_residency : public observer_sink {
   // The mapping must be ours to manage: not locked by llama.cpp itself, and
   // pageout only where the kernel honours it.
   void check_mapping() {
-    if (detail::mapping_locked(base_))
+    if (detail::mapping_locked(pages_.base()))
       throw error("mmap_residency: the model's mapping of " + path_ +
                   " is already locked (llama.cpp's mlock load mode); the manager's unlocks would undo those "
                   "locks: load with LLAMA_LOAD_MODE_MMAP");
@@ -591,34 +291,34 @@ class mmap_residency : public observer_sink {
   }
 
   void pin_dense() {
-    for (const auto& d : dense_) {
-      const std::uintptr_t a = page_floor(d.first), b = page_ceil(d.first + d.second);
+    for (const auto& d : pages_.dense()) {
+      const std::uintptr_t a = pages_.floor(d.first), b = pages_.ceil(d.first + d.second);
       if (call(advice::lock, a, b - a) == 0) {
-        add_refs(a, b);
+        pages_.add_refs(a, b);
         stats_.dense_bytes += d.second;
       } else {
         // mlock marks the range locked before faulting it in: undo a partial lock
         // of the pages no other lock holds.
-        add_refs(a, b);
+        pages_.add_refs(a, b);
         drop_refs(a, b, false);
       }
     }
   }
 
   void advise_expert_ranges(advice a) noexcept {
-    for (const auto& l : layers_)
+    for (const auto& l : pages_.layers())
       for (const auto& t : l.tensors)
-        call(a, page_floor(t.data), page_ceil(t.data + t.stride * t.n_expert) - page_floor(t.data));
+        call(a, pages_.floor(t.data), pages_.ceil(t.data + t.stride * t.n_expert) - pages_.floor(t.data));
   }
 
   void make_cache() {
     budget_ = options_.cache_budget_bytes;
     if (budget_ == 0) budget_ = auto_budget();
     const std::uint64_t limit = advice_->lock_limit();
-    const std::uint64_t need = budget_ + (options_.pin_dense ? dense_total_ : 0);
+    const std::uint64_t need = budget_ + (options_.pin_dense ? pages_.dense_bytes() : 0);
     if (limit != UINT64_MAX && need > limit)
       throw error("mmap_residency: the pinned cache needs " + detail::mib(need) + " locked (budget " +
-                  detail::mib(budget_) + " + dense " + detail::mib(options_.pin_dense ? dense_total_ : 0) +
+                  detail::mib(budget_) + " + dense " + detail::mib(options_.pin_dense ? pages_.dense_bytes() : 0) +
                   ") but RLIMIT_MEMLOCK is " + detail::mib(limit) +
                   "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the process CAP_IPC_LOCK");
     cache_options o;
@@ -632,13 +332,13 @@ class mmap_residency : public observer_sink {
   std::uint64_t margin_for(std::uint64_t limit) const noexcept {
     return options_.margin_bytes != 0 ? options_.margin_bytes
                                       : std::max<std::uint64_t>(256ull << 20, limit / 8) +
-                                            (2 * (options_.lanes + options_.spec_cap) + shape_.top_k()) * widest_;
+                                            (2 * (options_.lanes + options_.spec_cap) + shape_.top_k()) * pages_.widest_expert_bytes();
   }
 
   // The mapped model, llama.cpp's anonymous memory and the margin fit the limit.
   bool model_fits() {
     const memory_limit lim = detail::process_memory_limit();
-    const std::uint64_t mapped = static_cast<std::uint64_t>(refs_.size()) * page_;
+    const std::uint64_t mapped = pages_.mapped_bytes();
     const std::uint64_t anon = detail::process_anon_bytes();
     const std::uint64_t need = mapped + anon + margin_for(lim.bytes);
     const bool fits = lim.bytes != 0 && need <= lim.bytes;
@@ -655,11 +355,11 @@ class mmap_residency : public observer_sink {
       throw error("mmap_residency: auto budget: no cgroup limit and no MemAvailable; give cache_budget_bytes");
     const std::uint64_t anon = detail::process_anon_bytes();
     const std::uint64_t margin = margin_for(lim.bytes);
-    const std::uint64_t need = dense_total_ + anon + margin;
+    const std::uint64_t need = pages_.dense_bytes() + anon + margin;
     std::ostringstream note;
-    note << "limit " << detail::mib(lim.bytes) << " (" << lim.source << ") - dense " << detail::mib(dense_total_)
+    note << "limit " << detail::mib(lim.bytes) << " (" << lim.source << ") - dense " << detail::mib(pages_.dense_bytes())
          << " - llama.cpp anonymous " << detail::mib(anon) << " - margin " << detail::mib(margin);
-    const std::uint64_t layer_need = widest_ * shape_.top_k();
+    const std::uint64_t layer_need = pages_.widest_expert_bytes() * shape_.top_k();
     if (lim.bytes <= need || lim.bytes - need < layer_need)
       throw error("mmap_residency: auto budget: " + note.str() + " leaves " +
                   detail::mib(lim.bytes > need ? lim.bytes - need : 0) +
@@ -673,20 +373,6 @@ class mmap_residency : public observer_sink {
     note << " = " << detail::mib(b);
     budget_note_ = note.str();
     return b;
-  }
-
-  void make_predictor() {
-    bank_ = router_bank(shape_);
-    for (std::size_t l = 0; l < obs_->n_layer(); ++l) {
-      const layer_structure& s = obs_->layers()[l];
-      if (s.moe && s.router_readable) bank_.set(layer_id(static_cast<std::uint16_t>(l)), s.router, s.spec);
-    }
-    if (bank_.size() == 0)
-      throw error("mmap_residency: predicted reads need the routers in host memory as f32/f16/bf16; none is");
-    gate1_.reset(shape_);
-    gate2_.reset(shape_);
-    planner_ = speculation_planner(options_.spec_cap);
-    rng_.seed(options_.seed);
   }
 
   void make_scheduler() {
@@ -713,17 +399,11 @@ class mmap_residency : public observer_sink {
     return call(a, reinterpret_cast<unsigned char*>(addr), len);
   }
 
-  // Expert e's slice of tensor t, page-aligned outward.
-  std::pair<std::uintptr_t, std::uintptr_t> slice(const tensor_range& t, std::size_t e) const noexcept {
-    const unsigned char* a = t.data + e * t.stride;
-    return {page_floor(a), page_ceil(a + t.stride)};
-  }
-
   // WILLNEED on every slice of expert e of layer l: asynchronous reads in
   // large requests (the kernel's readahead ignores MADV_RANDOM here).
   void start_reads(layer_id l, expert_id e) noexcept {
-    for (const auto& t : layers_[to_index(l)].tensors) {
-      const auto r = slice(t, to_index(e));
+    for (const auto& t : pages_.layers()[to_index(l)].tensors) {
+      const auto r = pages_.slice(t, to_index(e));
       call(advice::willneed, r.first, r.second - r.first);
     }
   }
@@ -737,11 +417,11 @@ class mmap_residency : public observer_sink {
     // lock_demanded_ is written by the host before demand() hands the reads
     // to the lanes (under the scheduler's mutex), so lanes see this batch's.
     const bool lock = why == read_reason::demanded && lock_demanded_;
-    const layer_ranges& lr = layers_[to_index(l)];
+    const detail::expert_pages::layer_ranges& lr = pages_.layers()[to_index(l)];
     bool ok = true;
     if (why == read_reason::speculative) start_reads(l, e);
     for (const auto& t : lr.tensors) {
-      const auto r = slice(t, to_index(e));
+      const auto r = pages_.slice(t, to_index(e));
       if (lock) {
         ok = call(advice::lock, r.first, r.second - r.first) == 0 && ok;
       } else if (!populate_unsupported_.load(std::memory_order_relaxed)) {
@@ -753,36 +433,16 @@ class mmap_residency : public observer_sink {
     return ok ? read_status::ok : read_status::failed;
   }
 
-  void add_refs(std::uintptr_t a, std::uintptr_t b) noexcept {
-    for (std::uintptr_t p = a; p < b; p += page_) {
-      const std::size_t i = (p - reinterpret_cast<std::uintptr_t>(base_)) / page_;
-      if (i < refs_.size() && refs_[i] < 255) ++refs_[i];
-    }
-  }
-  // Drops one reference from every page of [a, b); unlocks (and releases) the
+  // Drops one lock from every page of [a, b); unlocks (and releases) the
   // runs of pages nothing else holds: a page shared with a neighbour that is
   // still pinned stays locked.
   void drop_refs(std::uintptr_t a, std::uintptr_t b, bool release = true) noexcept {
-    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(base_);
-    std::uintptr_t run = 0;
-    bool in_run = false;
-    for (std::uintptr_t p = a; p <= b; p += page_) {
-      bool freed = false;
-      if (p < b) {
-        const std::size_t i = (p - base) / page_;
-        if (i < refs_.size() && refs_[i] > 0) freed = --refs_[i] == 0;
-      }
-      if (freed && !in_run) {
-        run = p;
-        in_run = true;
-      } else if (!freed && in_run) {
-        // A failed munlock (ENOMEM: a VMA split past vm.max_map_count) leaves
-        // the pages locked outside the budget: counted, never hidden.
-        if (call(advice::unlock, run, p - run) != 0) stats_.unlock_failed_bytes += p - run;
-        if (release) call(options_.release, run, p - run);
-        in_run = false;
-      }
-    }
+    pages_.drop_refs(a, b, [&](std::uintptr_t run, std::size_t len) {
+      // A failed munlock (ENOMEM: a VMA split past vm.max_map_count) leaves
+      // the pages locked outside the budget: counted, never hidden.
+      if (call(advice::unlock, run, len) != 0) stats_.unlock_failed_bytes += len;
+      if (release) call(options_.release, run, len);
+    });
   }
 
   // ---- per layer ------------------------------------------------------------
@@ -791,7 +451,7 @@ class mmap_residency : public observer_sink {
     ++stats_.routed_layers;
     const layer_id l = b.layer;
     const std::size_t li = to_index(l);
-    if (li >= layers_.size() || layers_[li].tensors.empty()) return;
+    if (li >= pages_.layers().size() || pages_.layers()[li].tensors.empty()) return;
     const bool decode = b.phase == run_phase::decode;
 
     // The experts this layer reads: the union over its tokens, first-seen order.
@@ -807,7 +467,7 @@ class mmap_residency : public observer_sink {
       }
     for (expert_id e : routed_) seen_[to_index(e)] = 0;
 
-    if (scheduler_) settle_predictions(l);
+    if (scheduler_) predictions_.settle(*scheduler_, l, routed_, stats_);
     if (options_.measure && inspectable_ && decode) measure(li);
 
     // The cache decides what is read and pinned (decode only).
@@ -833,15 +493,19 @@ class mmap_residency : public observer_sink {
       else if (cached) read_inline(l);
     }
     if (cached) close_cache_batch();
-    if (options_.predicted && decode && b.n_tokens > 0) predict(l, b.x(b.n_tokens - 1));
+    if (options_.predicted && decode && b.n_tokens > 0) {
+      const cache_type* c = cache_.get();
+      predictions_.issue(*scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_,
+                         [c](layer_id tl, expert_id e) noexcept { return c != nullptr && c->is_resident(tl, e); });
+    }
   }
 
   void measure(std::size_t li) {
     for (expert_id e : routed_) {
       ++stats_.routed_experts;
       bool all = true;
-      for (const auto& t : layers_[li].tensors) {
-        const auto r = slice(t, to_index(e));
+      for (const auto& t : pages_.layers()[li].tensors) {
+        const auto r = pages_.slice(t, to_index(e));
         const long pages = advice_->resident_pages(reinterpret_cast<void*>(r.first), r.second - r.first);
         all = all && pages >= 0 && static_cast<std::uint64_t>(pages) == (r.second - r.first) / page_;
       }
@@ -852,7 +516,7 @@ class mmap_residency : public observer_sink {
   void read_on_lanes(layer_id l, bool lock) {
     lock_demanded_ = lock;
     requests_.clear();
-    for (expert_id e : to_read_) requests_.push_back(read_request{l, e, layers_[to_index(l)].bytes});
+    for (expert_id e : to_read_) requests_.push_back(read_request{l, e, pages_.layers()[to_index(l)].bytes});
     const std::size_t n = requests_.size();
     scheduler_->demand(span<const read_request>(requests_.data(), n), span<read_outcome>(outcomes_.data(), n));
     for (std::size_t i = 0; i < n; ++i) {
@@ -879,20 +543,20 @@ class mmap_residency : public observer_sink {
       // A partly locked expert: unlock what no other lock holds (without
       // releasing it: the layer multiplies it next), then make sure it is
       // resident the way exact reads do.
-      for (const auto& t : layers_[to_index(l)].tensors) {
-        const auto r = slice(t, to_index(e));
-        add_refs(r.first, r.second);
+      for (const auto& t : pages_.layers()[to_index(l)].tensors) {
+        const auto r = pages_.slice(t, to_index(e));
+        pages_.add_refs(r.first, r.second);
         drop_refs(r.first, r.second, false);
         call(advice::populate_read, r.first, r.second - r.first);
       }
       return;
     }
     pinned_[s] = 1;
-    for (const auto& t : layers_[to_index(l)].tensors) {
-      const auto r = slice(t, to_index(e));
-      add_refs(r.first, r.second);
+    for (const auto& t : pages_.layers()[to_index(l)].tensors) {
+      const auto r = pages_.slice(t, to_index(e));
+      pages_.add_refs(r.first, r.second);
     }
-    stats_.pinned_bytes += layers_[to_index(l)].bytes;
+    stats_.pinned_bytes += pages_.layers()[to_index(l)].bytes;
   }
 
   void close_cache_batch() {
@@ -903,83 +567,14 @@ class mmap_residency : public observer_sink {
       pinned_[s] = 0;
       ++stats_.evictions;
       const std::size_t li = s / shape_.n_experts(), e = s % shape_.n_experts();
-      for (const auto& t : layers_[li].tensors) {
-        const auto r = slice(t, e);
+      for (const auto& t : pages_.layers()[li].tensors) {
+        const auto r = pages_.slice(t, e);
         drop_refs(r.first, r.second);
       }
-      stats_.pinned_bytes -= layers_[li].bytes;
+      stats_.pinned_bytes -= pages_.layers()[li].bytes;
     }
     log.clear();
     stats_.pinned_peak_bytes = std::max(stats_.pinned_peak_bytes, stats_.pinned_bytes);
-  }
-
-  // ---- predicted reads -------------------------------------------------------
-
-  // At layer l's routing: the speculative reads issued for l are useful
-  // (complete and demanded), late (demanded, not complete) or wasted.
-  void settle_predictions(layer_id l) {
-    const span<const completed_read> done = scheduler_->quiesce();
-    for (const completed_read& c : done)
-      if (c.outcome == read_outcome::ok) completed_tickets_.push_back(c.ticket);
-    std::size_t keep = 0;
-    for (const issued_read& r : issued_) {
-      if (to_index(r.layer) > to_index(l) && r.layer != l) {
-        issued_[keep++] = r;  // a later layer's (horizon 2): settled there
-        continue;
-      }
-      const bool complete =
-          std::find(completed_tickets_.begin(), completed_tickets_.end(), r.ticket) != completed_tickets_.end();
-      const bool demanded = r.layer == l && std::find(routed_.begin(), routed_.end(), r.expert) != routed_.end();
-      if (!demanded) ++stats_.predicted_wasted;
-      else if (complete) ++stats_.predicted_useful;
-      else ++stats_.predicted_late;
-    }
-    issued_.resize(keep);
-    if (issued_.empty()) completed_tickets_.clear();
-  }
-
-  void predict(layer_id l, const float* x) {
-    layer_id target{};
-    if (!moe_layer_ahead(shape_, l, options_.horizon, target)) return;
-    ranking& pr = prediction_;
-    const bool ok = options_.horizon == 1 ? gate1_.predict(bank_, l, target, x, pr)
-                                          : gate2_.predict(bank_, l, target, x, pr);
-    if (!ok) return;
-    ++stats_.predictions;
-    const std::size_t k = shape_.top_k();
-    if (options_.degrade > 0) degrade(pr, k);
-    const cache_type* c = cache_.get();
-    const speculation_plan plan = planner_.plan(
-        target, pr, k, [c](layer_id tl, expert_id e) noexcept { return c != nullptr && c->is_resident(tl, e); });
-    for (std::size_t i = 0; i < plan.size(); ++i) {
-      const read_request r{target, plan.id(i), layers_[to_index(target)].bytes};
-      if (scheduler_->speculate(r)) {
-        issued_.push_back(issued_read{target, plan.id(i), next_ticket_++});
-        ++stats_.predicted_issued;
-        stats_.predicted_bytes += r.bytes;
-      } else {
-        ++stats_.predicted_rejected;
-      }
-    }
-  }
-
-  // Replaces a seeded share of the top-k predicted slots by experts outside it.
-  void degrade(ranking& pr, std::size_t k) {
-    ranking out;
-    const std::size_t n = shape_.n_experts(), depth = std::min(k, pr.size());
-    std::uniform_real_distribution<double> coin(0.0, 1.0);
-    std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-    std::size_t free = n > depth ? n - depth : 0;  // experts a replacement may take
-    for (std::size_t r = 0; r < pr.size(); ++r) {
-      expert_id e = pr.id(r);
-      if (r < depth && free > 0 && coin(rng_) < options_.degrade) {
-        do e = expert_id(static_cast<std::uint16_t>(pick(rng_)));
-        while (pr.contains(e, depth) || out.contains(e));
-        --free;
-      }
-      out.push_back(e, pr.score(r), pr.weight(r));
-    }
-    pr = out;
   }
 
   const observer* obs_;
@@ -993,24 +588,13 @@ class mmap_residency : public observer_sink {
   std::string status_, budget_note_, cache_warning_;
 
   model_shape shape_;
-  std::vector<layer_ranges> layers_;
-  std::vector<std::pair<unsigned char*, std::uint64_t>> dense_;
-  std::uint64_t dense_total_ = 0, widest_ = 0, budget_ = 0;
-  unsigned char* base_ = nullptr;
-  std::vector<std::uint8_t> refs_;    // locks held per page of the mapping
+  detail::expert_pages pages_;
+  std::uint64_t budget_ = 0;
   std::vector<std::uint8_t> pinned_;  // per (layer, expert): locked by the cache
 
   std::unique_ptr<cache_type> cache_;
   std::unique_ptr<read_scheduler> scheduler_;
-  router_bank bank_;
-  stale_gate_predictor gate1_;
-  stale_gate_l2_predictor gate2_;
-  speculation_planner planner_;
-  std::mt19937_64 rng_;
-  ranking prediction_;
-  std::vector<issued_read> issued_;
-  std::vector<std::uint64_t> completed_tickets_;
-  std::uint64_t next_ticket_ = 0;
+  detail::predicted_reads predictions_;
 
   std::vector<expert_id> routed_, to_read_;
   std::vector<std::uint8_t> seen_;

@@ -1,0 +1,150 @@
+#pragma once
+/// What the mmap residency manager (residency.hpp) reads about the process
+/// before it acts: the memory limit over the cgroup hierarchy (v1 and v2,
+/// else MemAvailable), whether llama.cpp already locked the mapping, whether
+/// the kernel lets this process inspect and page out the file's pages, and
+/// llama.cpp's own anonymous memory. Linux files; elsewhere "unknown".
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "moe_residency/adapters/llama_cpp/advice.hpp"
+
+#if MOE_RESIDENCY_ADVICE_POSIX
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+namespace moe_residency::llama_cpp {
+
+/// The memory the process may use, as the auto budget sees it.
+struct memory_limit {
+  std::uint64_t bytes = 0;  ///< 0: unknown
+  std::string source;       ///< "cgroup v2 /sys/fs/cgroup/.../memory.max", "MemAvailable", ...
+};
+
+namespace detail {
+
+inline std::uint64_t read_u64_file(const std::string& path, bool& ok) {
+  std::ifstream f(path);
+  std::string v;
+  ok = static_cast<bool>(f >> v) && !v.empty() && v != "max" && v.find_first_not_of("0123456789") == std::string::npos;
+  return ok ? std::stoull(v) : 0;
+}
+
+/// The tightest memory limit over the process's cgroup and its ancestors
+/// (v2 `memory.max` of each level; v1 `hierarchical_memory_limit` of
+/// `memory.stat`, which already includes the ancestors, else
+/// `memory.limit_in_bytes`), else MemAvailable. `root` prefixes /proc and
+/// /sys (tests point it at a fake tree).
+inline memory_limit process_memory_limit(const std::string& root = "") {
+  memory_limit out;
+  auto consider = [&](std::uint64_t v, const std::string& source) {
+    if (v < (std::uint64_t{1} << 60) && (out.bytes == 0 || v < out.bytes)) {
+      out.bytes = v;
+      out.source = source;
+    }
+  };
+  std::ifstream cg(root + "/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    std::string path = line.substr(b + 1);
+    if (controllers.empty()) {
+      // v2: every level from the process's group up to the root (a scope
+      // under a limited slice reads "max" itself).
+      for (;;) {
+        const std::string file = root + "/sys/fs/cgroup" + (path == "/" ? "" : path) + "/memory.max";
+        bool ok = false;
+        const std::uint64_t v = read_u64_file(file, ok);
+        if (ok) consider(v, "cgroup v2 " + file);
+        if (path.empty() || path == "/") break;
+        const auto slash = path.rfind('/');
+        path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+      }
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      const std::string dir = root + "/sys/fs/cgroup/memory" + (path == "/" ? "" : path);
+      std::ifstream stat(dir + "/memory.stat");
+      std::string key;
+      std::uint64_t v = 0;
+      bool hierarchical = false;
+      while (stat >> key >> v)
+        if (key == "hierarchical_memory_limit") {
+          consider(v, "cgroup v1 " + dir + "/memory.stat hierarchical_memory_limit");
+          hierarchical = true;
+        }
+      bool ok = false;
+      const std::uint64_t own = read_u64_file(dir + "/memory.limit_in_bytes", ok);
+      if (ok && !hierarchical) consider(own, "cgroup v1 " + dir + "/memory.limit_in_bytes");
+    }
+  }
+  if (out.bytes != 0) return out;
+  std::ifstream mi(root + "/proc/meminfo");
+  while (std::getline(mi, line))
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      out.bytes = std::stoull(line.substr(13)) * 1024;
+      out.source = "MemAvailable in /proc/meminfo";
+    }
+  return out;
+}
+
+/// True when the mapping at `addr` already carries locked pages' flag
+/// (`lo` in /proc/self/smaps: llama.cpp's mlock load mode): the manager's
+/// munlock would undo those locks. False when it cannot tell.
+inline bool mapping_locked(const void* addr) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    const auto dash = line.find('-');
+    const auto space = line.find(' ');
+    if (dash != std::string::npos && space != std::string::npos && dash < space &&
+        line.find_first_not_of("0123456789abcdef") == dash) {
+      const std::uintptr_t lo = std::stoull(line.substr(0, dash), nullptr, 16);
+      const std::uintptr_t hi = std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16);
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return (line + " ").find(" lo ") != std::string::npos;
+    }
+  }
+  return false;
+}
+
+/// True when this process may page out (MADV_PAGEOUT) and see the residency
+/// (mincore) of the file's pages: the kernel allows both only to the file's
+/// owner (or CAP_FOWNER) or a process that could write it.
+inline bool may_inspect_file(const std::string& path) {
+#if MOE_RESIDENCY_ADVICE_POSIX
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  return st.st_uid == ::geteuid() || ::geteuid() == 0 || ::access(path.c_str(), W_OK) == 0;
+#else
+  (void)path;
+  return false;
+#endif
+}
+
+/// Resident anonymous memory of the process (llama.cpp's KV cache and compute
+/// buffers among it), bytes; 0 when unknown.
+inline std::uint64_t process_anon_bytes() {
+  std::ifstream st("/proc/self/status");
+  std::string line;
+  while (std::getline(st, line))
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
+  return 0;
+}
+
+inline std::string mib(std::uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / 1048576.0);
+  return buf;
+}
+
+}  // namespace detail
+
+}  // namespace moe_residency::llama_cpp

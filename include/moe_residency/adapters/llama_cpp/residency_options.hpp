@@ -1,0 +1,110 @@
+#pragma once
+/// The mmap residency manager's options and counters (residency.hpp): which
+/// parts are on, how they are sized, and what each part did.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "moe_residency/adapters/llama_cpp/advice.hpp"
+#include "moe_residency/error.hpp"
+
+namespace moe_residency::llama_cpp {
+
+/// What the manager does when the whole model fits in the memory limit.
+enum class when_fits : std::uint8_t {
+  stand_down,  ///< act on nothing and ask nothing of the graph: plain mmap's speed, safe to leave on
+  act,         ///< act anyway (tests; a limit the manager cannot see)
+};
+
+/// Which parts are on, and how they are sized.
+struct residency_options {
+  bool pin_dense = false;  ///< lock the non-expert tensors once
+  bool exact = false;      ///< read each layer's routed experts on the lanes before its matmuls
+  bool predicted = false;  ///< stale-gate speculative reads of the next MoE layer
+  bool cache = false;      ///< a budgeted, pinned expert cache
+  /// Pinned cache budget, bytes. 0: sized from the memory limit (see auto_budget).
+  std::uint64_t cache_budget_bytes = 0;
+  /// Auto budget: at most this many bytes (0: no ceiling).
+  std::uint64_t cache_ceiling_bytes = 0;
+  /// Auto budget: bytes kept free besides the dense weights and llama.cpp's
+  /// own buffers (0: max(256 MiB, limit / 8), plus two reads in flight per
+  /// lane and per speculative slot, plus one layer's routed experts).
+  std::uint64_t margin_bytes = 0;
+  /// With exact: advise the expert ranges MADV_RANDOM (no read-around on faults).
+  bool random_faults = true;
+  /// What an evicted expert's pages are advised: cold or pageout.
+  advice release = advice::cold;
+  std::size_t lanes = 2;     ///< read lanes (storage saturates at ~2; LAB.md)
+  std::size_t spec_cap = 2;  ///< predicted reads per layer at most
+  std::size_t horizon = 1;   ///< 1: stale-gate (l -> l+1); 2: l -> l+2
+  /// Share of predicted slots replaced by a wrong expert (seeded): lets a lab
+  /// degrade a random-weight model's flattering stale-gate to a real model's.
+  double degrade = 0.0;
+  std::uint64_t seed = 1;
+  /// mincore every routed expert before acting: the page cache's own hit rate.
+  bool measure = false;
+  /// The default stands down when the mapped model, llama.cpp's anonymous
+  /// memory and the auto margin all fit in the memory limit (auto_budget's).
+  when_fits fits = when_fits::stand_down;
+
+  /// Throws `error` naming the option, the value and what was expected.
+  void validate() const {
+    auto bad = [](const std::string& what) { throw error("residency_options: " + what); };
+    if (lanes > 64) bad("lanes " + std::to_string(lanes) + "; expected [0, 64]");
+    if (spec_cap > 32) bad("spec_cap " + std::to_string(spec_cap) + "; expected [0, 32]");
+    if (horizon != 1 && horizon != 2) bad("horizon " + std::to_string(horizon) + "; expected 1 or 2");
+    if (!(degrade >= 0.0 && degrade <= 1.0))
+      bad("degrade " + std::to_string(degrade) + "; expected a share in [0, 1]");
+    if (release != advice::cold && release != advice::pageout)
+      bad(std::string("release ") + to_string(release) + "; expected cold or pageout");
+    if (predicted && lanes == 0) bad("predicted reads need lanes; lanes is 0");
+  }
+};
+
+/// Counters since construction (host thread; read between llama_decode calls).
+struct residency_stats {
+  std::uint64_t routed_layers = 0;    ///< on_routing events managed
+  std::uint64_t inactive_layers = 0;  ///< events before activation (the first graph)
+  // exact
+  std::uint64_t exact_reads = 0, exact_bytes = 0, exact_failed = 0;
+  // predicted
+  std::uint64_t predictions = 0;       ///< layers a prediction was made for
+  std::uint64_t predicted_issued = 0;  ///< speculative reads queued
+  std::uint64_t predicted_rejected = 0;  ///< refused by a full scheduler queue
+  std::uint64_t predicted_useful = 0;  ///< completed before the layer, and demanded by it
+  std::uint64_t predicted_late = 0;    ///< demanded, but not complete when the layer's routing came
+  std::uint64_t predicted_wasted = 0;  ///< not demanded by the layer
+  std::uint64_t predicted_bytes = 0;
+  // cache
+  std::uint64_t cache_hits = 0, cache_misses = 0, evictions = 0;
+  /// Expert bytes locked now, and the most after any layer. Within a layer,
+  /// its misses are locked before the cache evicts (the engine's batch
+  /// accounting): up to one layer's routed experts on top, which the auto
+  /// budget's margin includes.
+  std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;
+  std::uint64_t lock_failed = 0;  ///< admitted experts whose lock failed (invalidated)
+  std::uint64_t unlock_failed_bytes = 0;  ///< bytes a failed munlock left locked
+  // dense
+  std::uint64_t dense_bytes = 0;  ///< non-expert bytes locked
+  // measure
+  std::uint64_t routed_experts = 0, routed_resident = 0;  ///< decode; fully resident at routing
+  // every call through memory_advice, and its failures, by advice kind
+  std::array<std::uint64_t, advice_kinds> calls{}, errors{};
+  std::uint64_t advice_errors() const noexcept {
+    std::uint64_t n = 0;
+    for (auto e : errors) n += e;
+    return n;
+  }
+  double cache_hit_pct() const noexcept {
+    const std::uint64_t n = cache_hits + cache_misses;
+    return n ? 100.0 * static_cast<double>(cache_hits) / static_cast<double>(n) : 0.0;
+  }
+  double resident_pct() const noexcept {
+    return routed_experts ? 100.0 * static_cast<double>(routed_resident) / static_cast<double>(routed_experts)
+                          : 0.0;
+  }
+};
+
+}  // namespace moe_residency::llama_cpp
