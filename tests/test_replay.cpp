@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "moe_residency/replay.hpp"
@@ -184,6 +185,67 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
     replay_options refuse = o;
     refuse.guard = cycle_guard::refuse;
     CHECK_THROWS_WITH_AS(replay_cell(in, "lru", 0.0001, refuse), doctest::Contains("below the token cycle"), error);
+  }
+}
+
+TEST_CASE("the policy registry: names, types, aliases, refusals") {
+  const model_shape s("toy", 8, 2, {100, 100});
+  load_batches lb;
+  for (int t = 0; t < 20; ++t)
+    for (std::uint16_t l = 0; l < 2; ++l) {
+      const auto first = static_cast<std::uint32_t>(lb.experts.size());
+      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t + l) % 8)));
+      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t * 3 + l + 1) % 8 == (t + l) % 8 ? (t + l + 1) % 8 : (t * 3 + l + 1) % 8)));
+      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first, 2});
+    }
+  const replay_input in(s, lb);
+  const auto& reg = cache_policy_registry();
+  REQUIRE(reg.size() == 10);
+  cache_policy_args args;
+  args.next_use = in.next_use();
+  for (const auto& p : reg) {
+    CAPTURE(p.name);
+    // The name builds the type that carries that name, and the replay knows it.
+    std::string built;
+    with_cache_policy(p.name, args, [&](auto policy) { built = decltype(policy)::name; });
+    CHECK(built == p.name);
+    CHECK(std::string(p.help).size() > 10);
+    CHECK(replay_cell(in, p.name, 0.001).policy == p.name);
+    CHECK(replay_cell(in, std::string(p.name) + "+prev", 0.001).policy == std::string(p.name) + "+prev");
+  }
+  CHECK(replay_policy_names().size() == reg.size());
+
+  SUBCASE("an alias is the same policy and is reported by its canonical name") {
+    REQUIRE(cache_policy_aliases().size() == 1);
+    CHECK(find_cache_policy("layer_lfu") == "layerlfu");
+    const replay_result a = replay_cell(in, "layer_lfu+oracle", 0.001), b = replay_cell(in, "layerlfu+oracle", 0.001);
+    CHECK(a.policy == "layerlfu+oracle");
+    CHECK(a.stats.all.hits == b.stats.all.hits);
+    CHECK(a.stats.all.misses == b.stats.all.misses);
+    std::string built;
+    with_cache_policy("layer_lfu", args, [&](auto policy) { built = decltype(policy)::name; });
+    CHECK(built == "layerlfu");
+  }
+  SUBCASE("an unknown name is refused with every valid name") {
+    for (const char* bad : {"mru", "layer-lfu", "LRU", "retention", ""}) {
+      CAPTURE(bad);
+      CHECK(find_cache_policy(bad).empty());
+      try {
+        replay_cell(in, bad, 1);
+        FAIL("expected a refusal");
+      } catch (const error& e) {
+        const std::string m = e.what();
+        CHECK(m.find("'" + std::string(bad) + "'") != std::string::npos);
+        for (const auto& p : reg) CHECK(m.find(p.name) != std::string::npos);
+      }
+      CHECK_THROWS_WITH_AS(canonical_cache_policy(bad), doctest::Contains(cache_policy_names().c_str()), error);
+    }
+  }
+  SUBCASE("belady without its index is refused by name") {
+    CHECK_THROWS_WITH_AS(with_cache_policy("belady", {}, [](auto) {}), doctest::Contains("'belady'"), error);
+  }
+  SUBCASE("the old decorator name is the same type") {
+    CHECK(std::is_same<retention<lru_policy>, retention_policy<lru_policy>>::value);
   }
 }
 
