@@ -24,6 +24,7 @@
 #include "moe_residency/cache.hpp"
 #include "moe_residency/cache/registry.hpp"
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/plan.hpp"
 #include "moe_residency/predict/history.hpp"
@@ -603,7 +604,7 @@ struct replay_speculation {
       case speculation_source::none: return "none";
       case speculation_source::prev_token: return "prev-token";
       case speculation_source::frequency: return "frequency";
-      case speculation_source::oracle: return oracle_profile.empty() ? "oracle:" + detail::plan_format_number(oracle_p)
+      case speculation_source::oracle: return oracle_profile.empty() ? "oracle:" + detail::format_number(oracle_p)
                                                                    : "oracle:profile";
     }
     return "?";

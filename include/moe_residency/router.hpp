@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/detail/gemv.hpp"
 #include "moe_residency/detail/half.hpp"
 #include "moe_residency/detail/topk.hpp"
@@ -217,15 +218,6 @@ inline const char* to_string(gating_function g) noexcept {
   return "softmax";
 }
 
-namespace detail {
-inline std::string format_float(float v) {
-  if (v != v) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
-  return buf;
-}
-}  // namespace detail
 
 /// One MoE layer's selection rule, as llama.cpp's build_moe_ffn applies it:
 ///   z = logits (+ logit_bias); p = gating(z); s = p (+ selection_bias), or
@@ -316,7 +308,7 @@ struct router_spec {
     check_bias_values(logit_bias, "logit_bias");
     check_bias_values(selection_bias, "selection_bias");
     if (!std::isfinite(weight_scale))
-      throw error(who + "weight_scale " + detail::format_float(weight_scale) +
+      throw error(who + "weight_scale " + detail::format_number(weight_scale) +
                   "; expected a finite value");
   }
 
@@ -385,7 +377,7 @@ struct router_spec {
     for (std::size_t i = 0; i < b.size(); ++i)
       if (!std::isfinite(b[i]))
         throw error("router_spec: " + std::string(name) + "[" + std::to_string(i) + "] is " +
-                    detail::format_float(b[i]) + "; expected a finite value");
+                    detail::format_number(b[i]) + "; expected a finite value");
   }
 };
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/predict.hpp"
 #include "moe_residency/predict/router_bank.hpp"
@@ -312,7 +313,7 @@ class session<predictor_set<P...>, X...> {
             return anomaly(anomaly_kind::nan_gate_input, [&] {
               return where(l) + "gate_input: token " +
                      std::to_string(token_of_row(g.n_tokens, t)) + " element " +
-                     std::to_string(i) + " is " + detail::format_float(x[i]) +
+                     std::to_string(i) + " is " + detail::format_number(x[i]) +
                      "; expected a finite value";
             });
       }
