@@ -9,11 +9,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -247,6 +250,47 @@ TEST_CASE("the policy registry: names, types, aliases, refusals") {
   SUBCASE("the old decorator name is the same type") {
     CHECK(std::is_same<retention<lru_policy>, retention_policy<lru_policy>>::value);
   }
+}
+
+TEST_CASE("replay_grid: a worker that cannot start is an error, not std::terminate") {
+  const model_shape s("toy", 8, 2, {100, 100});
+  load_batches lb;
+  for (int t = 0; t < 30; ++t)
+    for (std::uint16_t l = 0; l < 2; ++l) {
+      const auto first = static_cast<std::uint32_t>(lb.experts.size());
+      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t + 2 * l) % 8)));
+      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first, 1});
+    }
+  const replay_input in(s, lb);
+  const std::vector<double> budgets = {0.0002, 0.0003, 0.0005, 0.001};
+  const std::vector<std::string> pols = {"lru", "lfu", "belady", "cycle"};
+  replay_options o;
+  o.threads = 4;
+  for (std::size_t fail_at : {0u, 1u, 2u}) {
+    CAPTURE(fail_at);
+    // Starts fail_at workers, then fails as std::thread does when the system is out of threads.
+    std::size_t started = 0;
+    std::atomic<std::size_t> ran{0};
+    auto start = [&](std::vector<std::thread>& pool, auto&& f) {
+      if (started == fail_at) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+      ++started;
+      pool.emplace_back([&ran, f] {
+        f();
+        ran.fetch_add(1);
+      });
+    };
+    try {
+      detail::replay_grid_with(in, budgets, pols, o, start);
+      FAIL("expected an error");
+    } catch (const error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("could not start worker thread " + std::to_string(fail_at + 1) + " of 3") != std::string::npos);
+      CHECK(m.find("expected fewer threads") != std::string::npos);
+    }
+    CHECK(ran.load() == started);  // every started worker ran to its end and was joined
+  }
+  // The default starter runs the grid as before.
+  CHECK(detail::replay_grid_with(in, budgets, pols, o, detail::replay_thread_starter{}).size() == 16);
 }
 
 // ---- issue 10: dropping and speculation in the replay ------------------------

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -235,14 +236,22 @@ inline replay_result replay_cell(const replay_input& in, const std::string& poli
   return r;
 }
 
-/// Replays every (budget, policy) cell on a pool of threads. Results come
-/// back budget-major, policies in the order given. Validates every cell
-/// before starting; rethrows the first error of a worker.
-inline std::vector<replay_result> replay_grid(const replay_input& in, const std::vector<double>& budgets_mib,
-                                              const std::vector<std::string>& policies,
-                                              const replay_options& o = {}) {
+namespace detail {
+
+/// How replay_grid starts a worker: the seam a test replaces to make a start fail.
+struct replay_thread_starter {
+  template <class F>
+  void operator()(std::vector<std::thread>& pool, F&& f) const {
+    pool.emplace_back(std::forward<F>(f));
+  }
+};
+
+template <class Start>
+std::vector<replay_result> replay_grid_with(const replay_input& in, const std::vector<double>& budgets_mib,
+                                            const std::vector<std::string>& policies, const replay_options& o,
+                                            const Start& start) {
   if (budgets_mib.empty()) throw error("replay: no budgets; expected at least one (MiB)");
-  if (policies.empty()) throw error("replay: no policies; expected at least one of " + detail::replay_known_names());
+  if (policies.empty()) throw error("replay: no policies; expected at least one of " + replay_known_names());
   for (double b : budgets_mib)
     for (const auto& p : policies) check_replay_cell(p, b);
   const std::size_t n = budgets_mib.size() * policies.size();
@@ -268,11 +277,34 @@ inline std::vector<replay_result> replay_grid(const replay_input& in, const std:
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  pool.reserve(threads);
+  try {
+    for (unsigned t = 1; t < threads; ++t) start(pool, work);
+  } catch (const std::exception& e) {
+    // A joinable std::thread destroyed is std::terminate: stop handing out
+    // cells, let the started workers finish theirs, and join them first.
+    next.store(n);
+    for (auto& t : pool) t.join();
+    throw error("replay: could not start worker thread " + std::to_string(pool.size() + 1) + " of " +
+                std::to_string(threads - 1) + ": " + e.what() +
+                "; expected fewer threads (replay_options::threads, --threads)");
+  }
   work();
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
   return out;
+}
+
+}  // namespace detail
+
+/// Replays every (budget, policy) cell on a pool of threads. Results come
+/// back budget-major, policies in the order given. Validates every cell
+/// before starting; rethrows the first error of a worker. Throws `error`
+/// when a worker thread cannot be started (after joining those that were).
+inline std::vector<replay_result> replay_grid(const replay_input& in, const std::vector<double>& budgets_mib,
+                                              const std::vector<std::string>& policies,
+                                              const replay_options& o = {}) {
+  return detail::replay_grid_with(in, budgets_mib, policies, o, detail::replay_thread_starter{});
 }
 
 /// CSV with exactly the reference curves' columns:
