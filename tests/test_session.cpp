@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -275,6 +276,21 @@ TEST_CASE("count mode: a repeated anomaly allocates nothing after the first mess
     CHECK(a[kind] == 21 * per_token);
   }
   CHECK(a.first_message == "session: begin_batch: 0 tokens; expected >= 1");
+}
+
+TEST_CASE("anomaly kinds: the enum, the count and the texts come from one list") {
+  CHECK(anomaly_kind_count == static_cast<std::size_t>(anomaly_kind::loaded_without_routing) + 1);
+  std::set<std::string> texts;
+  for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
+    const std::string t = to_string(static_cast<anomaly_kind>(k));
+    CAPTURE(k);
+    CHECK(t != "anomaly");
+    texts.insert(t);
+  }
+  CHECK(texts.size() == anomaly_kind_count);  // no two kinds print alike
+  CHECK(std::string(to_string(anomaly_kind::duplicate_routing)) == "duplicate routing");
+  CHECK(std::string(to_string(static_cast<anomaly_kind>(anomaly_kind_count))) == "anomaly");
+  CHECK(anomaly_counts{}.by_kind.size() == anomaly_kind_count);
 }
 
 TEST_CASE("messages name the failing value and the token of a multi-token batch") {

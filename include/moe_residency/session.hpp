@@ -51,43 +51,60 @@ enum class anomaly_action {
   count,        ///< count it, report it, ignore the event (engines, C callbacks)
 };
 
-/// The kinds of anomaly the session detects.
-enum class anomaly_kind : std::uint8_t {
-  no_batch,                    ///< an event before begin_batch
-  bad_batch,                   ///< begin_batch with 0 tokens
-  layer_out_of_range,          ///< a layer index beyond the shape
-  dense_layer,                 ///< a gate input or routing for a dense layer
-  token_boundary_mid_layer,    ///< a batch ended after a gate input but before its routing
-  routing_without_gate_input,  ///< a routing for a layer whose gate input never came
-  duplicate_gate_input,        ///< a second gate input for a layer in one batch
-  duplicate_routing,           ///< a second routing for a layer in one batch
-  gate_input_shape,            ///< null data, wrong length, short stride, wrong token count
-  nan_gate_input,              ///< a NaN (or infinity) in a gate input
-  routing_shape,               ///< null ids, k of 0, wrong token count
-  expert_out_of_range,         ///< an expert id outside [0, n_experts)
-  duplicate_expert,            ///< an expert twice in one routing
-  loaded_without_routing,      ///< layer_loaded before the layer's routing
-};
-inline constexpr std::size_t anomaly_kind_count = 14;
+// The one list of anomaly kinds, in enumerator order: X(name, the report's
+// text), each after a comment saying what it is. The enum, anomaly_kind_count
+// and to_string are generated from it, so a kind cannot be added without them.
+#define MOE_RESIDENCY_ANOMALY_KINDS(X)                           \
+  /* an event before begin_batch */                              \
+  X(no_batch, "event before begin_batch")                        \
+  /* begin_batch with 0 tokens */                                \
+  X(bad_batch, "empty batch")                                    \
+  /* a layer index beyond the shape */                           \
+  X(layer_out_of_range, "layer out of range")                    \
+  /* a gate input or routing for a dense layer */                \
+  X(dense_layer, "event for a dense layer")                      \
+  /* a batch ended after a gate input but before its routing */  \
+  X(token_boundary_mid_layer, "token boundary mid-layer")        \
+  /* a routing for a layer whose gate input never came */        \
+  X(routing_without_gate_input, "routing without gate input")    \
+  /* a second gate input for a layer in one batch */             \
+  X(duplicate_gate_input, "duplicate gate input")                \
+  /* a second routing for a layer in one batch */                \
+  X(duplicate_routing, "duplicate routing")                      \
+  /* null data, wrong length, short stride, wrong token count */ \
+  X(gate_input_shape, "malformed gate input")                    \
+  /* a NaN (or infinity) in a gate input */                      \
+  X(nan_gate_input, "NaN in a gate input")                       \
+  /* null ids, k of 0, wrong token count */                      \
+  X(routing_shape, "malformed routing")                          \
+  /* an expert id outside [0, n_experts) */                      \
+  X(expert_out_of_range, "expert out of range")                  \
+  /* an expert twice in one routing */                           \
+  X(duplicate_expert, "duplicate expert in a routing")           \
+  /* layer_loaded before the layer's routing */                  \
+  X(loaded_without_routing, "layer loaded before its routing")
 
+/// The kinds of anomaly the session detects (listed above).
+enum class anomaly_kind : std::uint8_t {
+#define MOE_RESIDENCY_ANOMALY_ENUMERATOR(name, text) name,
+  MOE_RESIDENCY_ANOMALY_KINDS(MOE_RESIDENCY_ANOMALY_ENUMERATOR)
+#undef MOE_RESIDENCY_ANOMALY_ENUMERATOR
+};
+
+namespace detail {
+#define MOE_RESIDENCY_ANOMALY_TEXT(name, text) text,
+inline constexpr const char* anomaly_kind_texts[] = {MOE_RESIDENCY_ANOMALY_KINDS(MOE_RESIDENCY_ANOMALY_TEXT)};
+#undef MOE_RESIDENCY_ANOMALY_TEXT
+}  // namespace detail
+
+/// How many anomaly kinds there are (the size of anomaly_counts::by_kind).
+inline constexpr std::size_t anomaly_kind_count = sizeof(detail::anomaly_kind_texts) / sizeof(const char*);
+#undef MOE_RESIDENCY_ANOMALY_KINDS
+
+/// The kind as the report prints it ("duplicate routing"); "anomaly" for a value outside the enum.
 inline const char* to_string(anomaly_kind k) noexcept {
-  switch (k) {
-    case anomaly_kind::no_batch: return "event before begin_batch";
-    case anomaly_kind::bad_batch: return "empty batch";
-    case anomaly_kind::layer_out_of_range: return "layer out of range";
-    case anomaly_kind::dense_layer: return "event for a dense layer";
-    case anomaly_kind::token_boundary_mid_layer: return "token boundary mid-layer";
-    case anomaly_kind::routing_without_gate_input: return "routing without gate input";
-    case anomaly_kind::duplicate_gate_input: return "duplicate gate input";
-    case anomaly_kind::duplicate_routing: return "duplicate routing";
-    case anomaly_kind::gate_input_shape: return "malformed gate input";
-    case anomaly_kind::nan_gate_input: return "NaN in a gate input";
-    case anomaly_kind::routing_shape: return "malformed routing";
-    case anomaly_kind::expert_out_of_range: return "expert out of range";
-    case anomaly_kind::duplicate_expert: return "duplicate expert in a routing";
-    case anomaly_kind::loaded_without_routing: return "layer loaded before its routing";
-  }
-  return "anomaly";
+  const auto i = static_cast<std::size_t>(k);
+  return i < anomaly_kind_count ? detail::anomaly_kind_texts[i] : "anomaly";
 }
 
 /// Whether a routing must follow a gate input of the same layer.
