@@ -115,6 +115,8 @@ using gemv_default_tag = void;
 #endif
 }  // namespace detail
 
+inline namespace MOE_RESIDENCY_GEMV_ABI {  // see detail/gemv.hpp
+
 /// Scalar reference GEMV: y[r] = dot(row r, x) for r < w.rows; x has w.cols
 /// floats. Same accumulation order and rounding as the SIMD kernels (see
 /// detail/gemv.hpp), so results are bit-identical. noexcept, allocation-free;
@@ -198,6 +200,11 @@ inline void gemv(const matrix_view& w, const float* x, float* y,
   gemv_scalar(w, x, y, rounding);
 #endif
 }
+
+/// The ABI tag of this TU's GEMV kernels, e.g. "gemv_abi_sse2_nofma_nof16c_unfused_dispatch".
+inline const char* gemv_abi_name() noexcept { return MOE_RESIDENCY_GEMV_ABI_STRING(MOE_RESIDENCY_GEMV_ABI); }
+
+}  // inline namespace MOE_RESIDENCY_GEMV_ABI
 
 /// How an architecture turns logits into probabilities (llama.cpp's
 /// llama_expert_gating_func_type).
@@ -662,6 +669,8 @@ inline bool expert_weights(const router_spec& spec, const float* logits,
   return true;
 }
 
+inline namespace MOE_RESIDENCY_GEMV_ABI {  // calls gemv: see detail/gemv.hpp
+
 /// Route one token: logits = W·x (gemv, engine rounding by default) into the
 /// workspace, then select_experts. False when w.rows != spec.n_experts, on
 /// NaN, when the workspace is too small, or on an invalid spec shape.
@@ -675,6 +684,8 @@ inline bool route_token(const matrix_view& w, const float* x, const router_spec&
   gemv(w, x, logits, rounding);
   return detail::select_from_usable(spec, logits, out, ws);
 }
+
+}  // inline namespace MOE_RESIDENCY_GEMV_ABI
 
 /// Tie-aware match of two selections: true when they have the same size and,
 /// after sorting each one's selection scores (descending), the scores are
