@@ -755,20 +755,18 @@ class session<predictor_set<P...>, X...> {
     predict_from_gate_impl(source, x, std::index_sequence_for<P...>{});
   }
 
-  template <std::size_t... I>
-  void gather_impl(layer_id l, std::index_sequence<I...>) noexcept {
-    ((ptrs_[I] = [&]() -> const ranking* {
-       using PI = std::tuple_element_t<I, std::tuple<P...>>;
-       const std::size_t t = to_index(l);
-       if constexpr (is_gate_predictor_v<PI>) {
-         // Only a ranking made from this batch's gate input, and only when
-         // this layer's own input was sound (a NaN input is no prediction).
-         return stamp_[I][t] == serial_ ? &board_[I][t] : nullptr;
-       } else {
-         return prediction<I>(l);
-       }
-     }()),
-     ...);
+  /// Predictor I's ranking of layer l for the routing being scored.
+  template <std::size_t I>
+  const ranking* gathered(layer_id l) noexcept {
+    using PI = std::tuple_element_t<I, std::tuple<P...>>;
+    const std::size_t t = to_index(l);
+    if constexpr (is_gate_predictor_v<PI>) {
+      // Only a ranking made from this batch's gate input, and only when
+      // this layer's own input was sound (a NaN input is no prediction).
+      return stamp_[I][t] == serial_ ? &board_[I][t] : nullptr;
+    } else {
+      return prediction<I>(l);
+    }
   }
 
   // buffer_[0, n) holds the routings; begin_batch sized buffer_ and
@@ -808,9 +806,8 @@ class session<predictor_set<P...>, X...> {
     layer_state_[li] |= routed_seen;
     if (scorer_.scores_phase(phase_)) {
       if (n == 1) {
-        gather_impl(l, std::index_sequence_for<P...>{});
-        scorer_.record(buffer_[0], span<const ranking* const>(ptrs_.data(), ptrs_.size()),
-                       span<const bool>(ties_.data(), ties_.size()));
+        detail::score_predictions<P...>(scorer_, buffer_[0], ptrs_,
+                                        [&](auto i) { return gathered<decltype(i)::value>(l); });
       } else {
         unscored_batched_ += n;
       }
@@ -825,11 +822,8 @@ class session<predictor_set<P...>, X...> {
         x.on_routings(*this, l, span<const routing>(buffer_.data(), n),
                       span<std::uint32_t>(drop_masks_.data(), n));
     });
-    std::apply(
-        [&](auto&... p) {
-          for (std::size_t t = 0; t < n; ++t) (p.observe(buffer_[t]), ...);
-        },
-        predictors_);
+    std::apply([&](auto&... p) { detail::observe_routings(span<const routing>(buffer_.data(), n), p...); },
+               predictors_);
     return true;
   }
 
@@ -844,7 +838,6 @@ class session<predictor_set<P...>, X...> {
   std::array<std::vector<ranking>, sizeof...(P)> board_;
   std::array<std::vector<std::uint64_t>, sizeof...(P)> stamp_;
   std::array<const ranking*, sizeof...(P)> ptrs_{};
-  static constexpr std::array<bool, sizeof...(P)> ties_{P::tie_aware...};
 
   bool in_batch_ = false;
   run_phase phase_ = run_phase::decode;
