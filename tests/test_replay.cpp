@@ -84,6 +84,22 @@ void check_curve(const std::string& name) {
   CHECK(checked == 55);  // 11 budgets x 5 policies
 }
 
+/// A toy decode trace: 8 experts, 2 layers of 100 bytes, `tokens` tokens;
+/// pick(t, l) names the experts of token t's layer l (distinct).
+template <class Pick>
+replay_input toy_input(int tokens, Pick pick) {
+  const model_shape s("toy", 8, 2, {100, 100});
+  load_batches lb;
+  for (int t = 0; t < tokens; ++t)
+    for (std::uint16_t l = 0; l < 2; ++l) {
+      const auto first = static_cast<std::uint32_t>(lb.experts.size());
+      for (int e : pick(t, l)) lb.experts.push_back(expert_id(static_cast<std::uint16_t>(e)));
+      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first,
+                                      static_cast<std::uint32_t>(lb.experts.size() - first)});
+    }
+  return replay_input(s, lb);
+}
+
 }  // namespace
 
 TEST_CASE("replay reproduces the reference replay curves (BigMoeOnEdge 2026-07-20-cache-replay)") {
@@ -144,17 +160,10 @@ TEST_CASE("the binary trace form replays identically") {
 }
 
 TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
-  const model_shape s("toy", 8, 2, {100, 100});
-  load_batches lb;
-  for (int t = 0; t < 50; ++t)
-    for (std::uint16_t l = 0; l < 2; ++l) {
-      const auto first = static_cast<std::uint32_t>(lb.experts.size());
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t + l) % 8)));
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t * 3 + l) % 8)));
-      if (lb.experts[first] == lb.experts[first + 1]) lb.experts.back() = expert_id(static_cast<std::uint16_t>((t * 3 + l + 1) % 8));
-      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first, 2});
-    }
-  const replay_input in(s, lb);
+  const replay_input in = toy_input(50, [](int t, int l) {
+    const int a = (t + l) % 8, b = (t * 3 + l) % 8;
+    return std::vector<int>{a, b == a ? (t * 3 + l + 1) % 8 : b};
+  });
   std::size_t calls = 0;
   replay_options o;
   o.threads = 3;
@@ -192,16 +201,10 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
 }
 
 TEST_CASE("the policy registry: names, types, aliases, refusals") {
-  const model_shape s("toy", 8, 2, {100, 100});
-  load_batches lb;
-  for (int t = 0; t < 20; ++t)
-    for (std::uint16_t l = 0; l < 2; ++l) {
-      const auto first = static_cast<std::uint32_t>(lb.experts.size());
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t + l) % 8)));
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t * 3 + l + 1) % 8 == (t + l) % 8 ? (t + l + 1) % 8 : (t * 3 + l + 1) % 8)));
-      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first, 2});
-    }
-  const replay_input in(s, lb);
+  const replay_input in = toy_input(20, [](int t, int l) {
+    const int a = (t + l) % 8, b = (t * 3 + l) % 8;
+    return std::vector<int>{a, b == a ? (t * 3 + l + 1) % 8 : b};
+  });
   const auto& reg = cache_policy_registry();
   REQUIRE(reg.size() == 10);
   cache_policy_args args;
@@ -253,15 +256,7 @@ TEST_CASE("the policy registry: names, types, aliases, refusals") {
 }
 
 TEST_CASE("replay_grid: a worker that cannot start is an error, not std::terminate") {
-  const model_shape s("toy", 8, 2, {100, 100});
-  load_batches lb;
-  for (int t = 0; t < 30; ++t)
-    for (std::uint16_t l = 0; l < 2; ++l) {
-      const auto first = static_cast<std::uint32_t>(lb.experts.size());
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t + 2 * l) % 8)));
-      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first, 1});
-    }
-  const replay_input in(s, lb);
+  const replay_input in = toy_input(30, [](int t, int l) { return std::vector<int>{(t + 2 * l) % 8}; });
   const std::vector<double> budgets = {0.0002, 0.0003, 0.0005, 0.001};
   const std::vector<std::string> pols = {"lru", "lfu", "belady", "cycle"};
   replay_options o;
