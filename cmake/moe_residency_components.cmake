@@ -37,6 +37,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/session_hook.hpp
   moe_residency/predict/contract.hpp
   moe_residency/predict/history.hpp
+  moe_residency/detail/format.hpp
   moe_residency/detail/half.hpp
   moe_residency/detail/topk.hpp
   moe_residency/detail/cache_heap.hpp

@@ -136,7 +136,7 @@ TEST_CASE("expert_cache: errors and the token-cycle guard") {
       CHECK(m.find("500.0 MiB") != std::string::npos);
       CHECK(m.find("784.7 MiB") != std::string::npos);
       CHECK(m.find("Raise the budget") != std::string::npos);
-      CHECK(m.find("layer_lfu") != std::string::npos);
+      CHECK(m.find("layerlfu") != std::string::npos);
     }
   }
   SUBCASE("warn reports and goes on; a non-collapsing policy says nothing") {
@@ -209,7 +209,7 @@ TEST_CASE("belady equals a rescanning Belady and never loses with equal sizes") 
 
 TEST_CASE_TEMPLATE("invariants hold for every policy on random traces", P, lru_policy, lfu_policy, random_policy,
                    layer_lru_policy, layer_lfu_policy, arc_policy, s3fifo_policy, sieve_policy, cycle_policy,
-                   retention<lru_policy>, retention<cycle_policy>) {
+                   retention_policy<lru_policy>, retention_policy<cycle_policy>) {
   for (std::uint32_t seed : {21u, 22u}) {
     const model_shape s("mixed", 16, 3, {100, 150, 100, 250});
     const auto tr = random_trace(s, seed, 6, 50);
@@ -257,7 +257,7 @@ TEST_CASE("policies differ where they should") {
 
 TEST_CASE("retention keeps protected experts and yields to the budget") {
   const model_shape s = equal_shape(2, 8, 2, 100);
-  expert_cache<retention<lru_policy>> c(s, opts(400));
+  expert_cache<retention_policy<lru_policy>> c(s, opts(400));
   const std::vector<expert_id> a = {E(0), E(1)}, b = {E(2), E(3)}, d = {E(4), E(5)};
   c.access_batch(run_phase::decode, L(0), a);
   c.access_batch(run_phase::decode, L(1), b);
@@ -289,7 +289,7 @@ TEST_CASE("retention keeps protected experts and yields to the budget") {
 TEST_CASE("retention: a layer's mispredictions are evictable at that layer's own batch") {
   // 2 layers x 8 experts x 100 bytes, top-2; the budget holds 4 entries.
   const model_shape s = equal_shape(2, 8, 2, 100);
-  expert_cache<retention<lru_policy>> c(s, opts(400));
+  expert_cache<retention_policy<lru_policy>> c(s, opts(400));
   const std::vector<expert_id> a = {E(0), E(1)}, b = {E(2), E(3)}, d = {E(4), E(5)};
   c.access_batch(run_phase::decode, L(0), a);
   // Layer 1 loads 2, 3 and predicts that layer 0 will route 0 next: wrong.
@@ -414,7 +414,7 @@ TEST_CASE("retention<belady> forwards insert() as an admission, not a lookup") {
   const model_shape s = equal_shape(2, 8, 2, 100);
   const std::vector<batch> tr = {{run_phase::decode, 0, {E(0), E(1)}}, {run_phase::decode, 1, {E(2), E(3)}},
                                  {run_phase::decode, 0, {E(0), E(4)}}, {run_phase::decode, 1, {E(2), E(5)}}};
-  expert_cache<retention<belady_policy>> c(s, opts(500), retention<belady_policy>{belady_policy{index_of(s, tr)}});
+  expert_cache<retention_policy<belady_policy>> c(s, opts(500), retention_policy<belady_policy>{belady_policy{index_of(s, tr)}});
   c.access_batch(tr[0].phase, L(0), tr[0].ids);
   c.access_batch(tr[1].phase, L(1), tr[1].ids);
   CHECK(c.insert(L(0), E(4)));  // a correct prediction for the next batch

@@ -367,7 +367,7 @@ cache.stats().decode.hit_pct();                  // also .all; lookups, hits, mi
       "expert_cache<lru>: budget 500.0 MiB is below the token cycle 784.7 MiB (48 MoE layers x "
       "top-6 x expert bytes); a recency policy evicts each expert just before the cycle returns "
       "to it and hits 0%. Raise the budget to at least 784.7 MiB, or use a policy that survives "
-      "below the cycle (lfu, layer_lfu, cycle, belady)",
+      "below the cycle (lfu, layerlfu, cycle, belady)",
       error);
   low.budget_bytes = 0;
   CHECK_THROWS_AS(expert_cache<lru_policy>(presets::qwen3_30b_a3b(6), low), error);
@@ -463,6 +463,40 @@ std::fputs(replay_csv(cells).c_str(), stdout);
   CHECK(fmt1(cells[5].hit_pct_decode()) == "82.8");
   CHECK(fmt1(cells[5].hit_pct_cum()) == "77.2");
   CHECK(fmt1(cells[3].hit_pct_cum()) == "74.9");  // lru, 4000 MiB: the phone's figure
+}
+
+TEST_CASE("docs/replay.md's policy table is the policy registry") {
+  // The page's table, row by row, against cache_policy_registry(): same names,
+  // same order, same help text. docs/cache.md names each one as (`name`).
+  const std::string root = MOE_RESIDENCY_SOURCE_DIR;
+  std::istringstream page(moe_residency_test::read_file(root + "/docs/replay.md"));
+  std::vector<std::pair<std::string, std::string>> rows;
+  bool inside = false;
+  for (std::string line; std::getline(page, line);) {
+    const auto bar = line.find('|');
+    if (line.find("| name | what it evicts |") != std::string::npos) inside = true;
+    else if (inside && (bar == std::string::npos)) break;
+    else if (inside && line.find("`") != std::string::npos) {
+      const auto a = line.find('`'), b = line.find('`', a + 1);
+      const auto c = line.find("| ", b), d = line.rfind(" |");
+      REQUIRE(c != std::string::npos);
+      rows.emplace_back(line.substr(a + 1, b - a - 1), line.substr(c + 2, d - c - 2));
+    }
+  }
+  const auto& reg = cache_policy_registry();
+  REQUIRE(rows.size() == reg.size());
+  for (std::size_t i = 0; i < reg.size(); ++i) {
+    CAPTURE(i);
+    CHECK(rows[i].first == reg[i].name);
+    CHECK(rows[i].second == reg[i].help);
+  }
+  const std::string cache_page = moe_residency_test::read_file(root + "/docs/cache.md");
+  for (const auto& p : reg) CHECK_MESSAGE(cache_page.find("(`" + std::string(p.name) + "`)") != std::string::npos, p.name);
+  // The page's alias sentence names exactly the registry's aliases.
+  const std::string replay_page = moe_residency_test::read_file(root + "/docs/replay.md");
+  for (const auto& a : cache_policy_aliases())
+    CHECK(replay_page.find("`" + a.first + "`, the spelling earlier releases accepted, still means `" + a.second + "`") !=
+          std::string::npos);
 }
 
 // ---------------------------------------------------------------------------

@@ -208,7 +208,7 @@ bool same_residency(const Cache& c, const std::set<std::pair<int, int>>& twin, c
 
 TEST_CASE_TEMPLATE("property: every policy keeps the budget, the survivors and the counters under random operations",
                    P, lru_policy, lfu_policy, random_policy, arc_policy, s3fifo_policy, sieve_policy,
-                   cycle_policy, retention<lru_policy>, retention<cycle_policy>) {
+                   cycle_policy, retention_policy<lru_policy>, retention_policy<cycle_policy>) {
   for (std::uint32_t seed = 100; seed < 124; ++seed) random_operations(seed, P{});
 }
 

@@ -9,11 +9,15 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "moe_residency/replay.hpp"
@@ -80,6 +84,22 @@ void check_curve(const std::string& name) {
   CHECK(checked == 55);  // 11 budgets x 5 policies
 }
 
+/// A toy decode trace: 8 experts, 2 layers of 100 bytes, `tokens` tokens;
+/// pick(t, l) names the experts of token t's layer l (distinct).
+template <class Pick>
+replay_input toy_input(int tokens, Pick pick) {
+  const model_shape s("toy", 8, 2, {100, 100});
+  load_batches lb;
+  for (int t = 0; t < tokens; ++t)
+    for (std::uint16_t l = 0; l < 2; ++l) {
+      const auto first = static_cast<std::uint32_t>(lb.experts.size());
+      for (int e : pick(t, l)) lb.experts.push_back(expert_id(static_cast<std::uint16_t>(e)));
+      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first,
+                                      static_cast<std::uint32_t>(lb.experts.size() - first)});
+    }
+  return replay_input(s, lb);
+}
+
 }  // namespace
 
 TEST_CASE("replay reproduces the reference replay curves (BigMoeOnEdge 2026-07-20-cache-replay)") {
@@ -140,17 +160,10 @@ TEST_CASE("the binary trace form replays identically") {
 }
 
 TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
-  const model_shape s("toy", 8, 2, {100, 100});
-  load_batches lb;
-  for (int t = 0; t < 50; ++t)
-    for (std::uint16_t l = 0; l < 2; ++l) {
-      const auto first = static_cast<std::uint32_t>(lb.experts.size());
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t + l) % 8)));
-      lb.experts.push_back(expert_id(static_cast<std::uint16_t>((t * 3 + l) % 8)));
-      if (lb.experts[first] == lb.experts[first + 1]) lb.experts.back() = expert_id(static_cast<std::uint16_t>((t * 3 + l + 1) % 8));
-      lb.batches.push_back(load_batch{run_phase::decode, 0, static_cast<std::uint32_t>(t), layer_id(l), first, 2});
-    }
-  const replay_input in(s, lb);
+  const replay_input in = toy_input(50, [](int t, int l) {
+    const int a = (t + l) % 8, b = (t * 3 + l) % 8;
+    return std::vector<int>{a, b == a ? (t * 3 + l + 1) % 8 : b};
+  });
   std::size_t calls = 0;
   replay_options o;
   o.threads = 3;
@@ -185,6 +198,94 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
     refuse.guard = cycle_guard::refuse;
     CHECK_THROWS_WITH_AS(replay_cell(in, "lru", 0.0001, refuse), doctest::Contains("below the token cycle"), error);
   }
+}
+
+TEST_CASE("the policy registry: names, types, aliases, refusals") {
+  const replay_input in = toy_input(20, [](int t, int l) {
+    const int a = (t + l) % 8, b = (t * 3 + l) % 8;
+    return std::vector<int>{a, b == a ? (t * 3 + l + 1) % 8 : b};
+  });
+  const auto& reg = cache_policy_registry();
+  REQUIRE(reg.size() == 10);
+  cache_policy_args args;
+  args.next_use = in.next_use();
+  for (const auto& p : reg) {
+    CAPTURE(p.name);
+    // The name builds the type that carries that name, and the replay knows it.
+    std::string built;
+    with_cache_policy(p.name, args, [&](auto policy) { built = decltype(policy)::name; });
+    CHECK(built == p.name);
+    CHECK(std::string(p.help).size() > 10);
+    CHECK(replay_cell(in, p.name, 0.001).policy == p.name);
+    CHECK(replay_cell(in, std::string(p.name) + "+prev", 0.001).policy == std::string(p.name) + "+prev");
+  }
+  CHECK(replay_policy_names().size() == reg.size());
+
+  SUBCASE("an alias is the same policy and is reported by its canonical name") {
+    REQUIRE(cache_policy_aliases().size() == 1);
+    CHECK(find_cache_policy("layer_lfu") == "layerlfu");
+    const replay_result a = replay_cell(in, "layer_lfu+oracle", 0.001), b = replay_cell(in, "layerlfu+oracle", 0.001);
+    CHECK(a.policy == "layerlfu+oracle");
+    CHECK(a.stats.all.hits == b.stats.all.hits);
+    CHECK(a.stats.all.misses == b.stats.all.misses);
+    std::string built;
+    with_cache_policy("layer_lfu", args, [&](auto policy) { built = decltype(policy)::name; });
+    CHECK(built == "layerlfu");
+  }
+  SUBCASE("an unknown name is refused with every valid name") {
+    for (const char* bad : {"mru", "layer-lfu", "LRU", "retention", ""}) {
+      CAPTURE(bad);
+      CHECK(find_cache_policy(bad).empty());
+      try {
+        replay_cell(in, bad, 1);
+        FAIL("expected a refusal");
+      } catch (const error& e) {
+        const std::string m = e.what();
+        CHECK(m.find("'" + std::string(bad) + "'") != std::string::npos);
+        for (const auto& p : reg) CHECK(m.find(p.name) != std::string::npos);
+      }
+      CHECK_THROWS_WITH_AS(canonical_cache_policy(bad), doctest::Contains(cache_policy_names().c_str()), error);
+    }
+  }
+  SUBCASE("belady without its index is refused by name") {
+    CHECK_THROWS_WITH_AS(with_cache_policy("belady", {}, [](auto) {}), doctest::Contains("'belady'"), error);
+  }
+  SUBCASE("the old decorator name is the same type") {
+    CHECK(std::is_same<retention<lru_policy>, retention_policy<lru_policy>>::value);
+  }
+}
+
+TEST_CASE("replay_grid: a worker that cannot start is an error, not std::terminate") {
+  const replay_input in = toy_input(30, [](int t, int l) { return std::vector<int>{(t + 2 * l) % 8}; });
+  const std::vector<double> budgets = {0.0002, 0.0003, 0.0005, 0.001};
+  const std::vector<std::string> pols = {"lru", "lfu", "belady", "cycle"};
+  replay_options o;
+  o.threads = 4;
+  for (std::size_t fail_at : {0u, 1u, 2u}) {
+    CAPTURE(fail_at);
+    // Starts fail_at workers, then fails as std::thread does when the system is out of threads.
+    std::size_t started = 0;
+    std::atomic<std::size_t> ran{0};
+    auto start = [&](std::vector<std::thread>& pool, auto&& f) {
+      if (started == fail_at) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+      ++started;
+      pool.emplace_back([&ran, f] {
+        f();
+        ran.fetch_add(1);
+      });
+    };
+    try {
+      detail::replay_grid_with(in, budgets, pols, o, start);
+      FAIL("expected an error");
+    } catch (const error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("could not start worker thread " + std::to_string(fail_at + 1) + " of 3") != std::string::npos);
+      CHECK(m.find("expected fewer threads") != std::string::npos);
+    }
+    CHECK(ran.load() == started);  // every started worker ran to its end and was joined
+  }
+  // The default starter runs the grid as before.
+  CHECK(detail::replay_grid_with(in, budgets, pols, o, detail::replay_thread_starter{}).size() == 16);
 }
 
 // ---- issue 10: dropping and speculation in the replay ------------------------

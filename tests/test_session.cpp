@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -277,6 +279,21 @@ TEST_CASE("count mode: a repeated anomaly allocates nothing after the first mess
   CHECK(a.first_message == "session: begin_batch: 0 tokens; expected >= 1");
 }
 
+TEST_CASE("anomaly kinds: the enum, the count and the texts come from one list") {
+  CHECK(anomaly_kind_count == static_cast<std::size_t>(anomaly_kind::loaded_without_routing) + 1);
+  std::set<std::string> texts;
+  for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
+    const std::string t = to_string(static_cast<anomaly_kind>(k));
+    CAPTURE(k);
+    CHECK(t != "anomaly");
+    texts.insert(t);
+  }
+  CHECK(texts.size() == anomaly_kind_count);  // no two kinds print alike
+  CHECK(std::string(to_string(anomaly_kind::duplicate_routing)) == "duplicate routing");
+  CHECK(std::string(to_string(static_cast<anomaly_kind>(anomaly_kind_count))) == "anomaly");
+  CHECK(anomaly_counts{}.by_kind.size() == anomaly_kind_count);
+}
+
 TEST_CASE("messages name the failing value and the token of a multi-token batch") {
   const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
                                                    element_type::f32, 4, 32, 64, 4, true));
@@ -517,6 +534,49 @@ TEST_CASE("a session fed a recorded trace scores like score_routings") {
     CHECK(got.totals[i].whole_hits == want.totals[i].whole_hits);
   }
   CHECK(format_text(got).rfind("moe-predict: prev-token 17.9% of routed slots", 0) == 0);
+}
+
+TEST_CASE("score_routings and a session fed the same routings print identical reports") {
+  // Both run detail::score_predictions and detail::observe_routings; this pins
+  // that the offline path and the session agree on every figure and line.
+  const model_shape shape("toy", 16, 4, {100, 100, 100});
+  std::mt19937 gen(7);
+  std::vector<routing> rs;
+  for (std::uint32_t token = 0; token < 60; ++token)
+    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
+      routing r;
+      r.layer = L(l);
+      r.token = token;
+      r.phase = token < 5 ? run_phase::prefill : run_phase::decode;
+      // A skewed draw, so the history predictors score neither 0 nor 100%.
+      while (r.size() < shape.top_k()) {
+        const auto e = expert_id(static_cast<std::uint16_t>(std::min<std::uint32_t>(gen() % 16, gen() % 16)));
+        if (!r.contains(e)) r.push_back(e, static_cast<float>(gen() % 1000) / 1000.0f);
+      }
+      rs.push_back(r);
+    }
+  for (const bool prefill : {false, true}) {
+    CAPTURE(prefill);
+    scorer_options so;
+    so.score_prefill = prefill;
+    session_options o;
+    o.scoring = so;
+    session<predictor_set<prev_token_predictor, frequency_predictor>> s(shape, o);
+    for (const routing& r : rs) {
+      if (to_index(r.layer) == 0) REQUIRE(s.begin_batch(r.phase, r.token));
+      REQUIRE(s.routed(r));
+    }
+    prev_token_predictor p;
+    frequency_predictor f;
+    const prediction_report want = score_routings(shape, span<const routing>(rs), 0, so, p, f);
+    const prediction_report got = s.report();
+    CHECK(got.totals[0].slots > 0);
+    CHECK(got.totals[0].slot_hits > 0);
+    CHECK(got.totals[0].slot_hits < got.totals[0].slots);
+    CHECK(format_json(got) == format_json(want));
+    CHECK(format_text(got) == format_text(want));
+    CHECK(format_csv(got) == format_csv(want));
+  }
 }
 
 TEST_CASE("docs/session.md integration") {

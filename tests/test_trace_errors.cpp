@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <random>
 #include <sstream>
 #include <string>
@@ -76,6 +77,22 @@ std::string with_inserted(std::size_t before, const std::string& text) {
 
 route_trace parse(const std::string& text) { return parse_route_trace_csv(text, "t.csv"); }
 
+/// One defect of a row or header line: the base trace with line `line`
+/// (1-based) replaced by `text` must raise exactly `message`.
+struct line_case {
+  const char* defect;
+  std::size_t line;
+  const char* text;
+  const char* message;
+};
+
+void check_line_cases(std::initializer_list<line_case> cases) {
+  for (const line_case& c : cases) {
+    CAPTURE(c.defect);
+    CHECK_THROWS_WITH_AS(parse(with_line(c.line, c.text)), c.message, error);
+  }
+}
+
 std::string binary_of(const route_trace& t) {
   std::ostringstream s;
   write_route_trace_binary(t, s);
@@ -102,15 +119,22 @@ TEST_CASE("CSV: magic and header lines") {
                          "n...'; expected '# route_trace v1'",
                          error);
   }
-  SUBCASE("unknown version") {
-    CHECK_THROWS_WITH_AS(parse(with_line(1, "# route_trace v2")),
-                         "t.csv: line 1, column 2: unsupported version 'v2'; expected 'v1'", error);
-  }
-  SUBCASE("CRLF line endings are named") {
-    CHECK_THROWS_WITH_AS(parse(with_line(1, "# route_trace v1\r")),
-                         "t.csv: line 1, column 2: unsupported version 'v1\\r'; expected 'v1' (the file has CRLF "
-                         "line endings; expected LF)",
-                         error);
+  SUBCASE("one replaced line each (defect, line, text, message)") {
+    check_line_cases({
+        {"unknown version", 1, "# route_trace v2",
+         "t.csv: line 1, column 2: unsupported version 'v2'; expected 'v1'"},
+        {"CRLF line endings are named", 1, "# route_trace v1\r",
+         "t.csv: line 1, column 2: unsupported version 'v1\\r'; expected 'v1' (the file has CRLF "
+         "line endings; expected LF)"},
+        {"missing header key", 2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16",
+         "t.csv: line 2, column 5: missing header key 'n_expert_used'"},
+        {"non-numeric header value", 2, "# model=m.gguf arch=qwen3moe n_layer=three n_expert=16 n_expert_used=2",
+         "t.csv: line 2, column 3: n_layer 'three' is not an unsigned integer"},
+        {"n_expert_used beyond n_expert", 2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=17",
+         "t.csv: line 2, column 5: n_expert_used 17 out of range [1, 16]"},
+        {"n_layer zero", 2, "# model=m.gguf arch=qwen3moe n_layer=0 n_expert=16 n_expert_used=2",
+         "t.csv: line 2, column 3: n_layer 0 out of range [1, 65535]"},
+    });
   }
   SUBCASE("unknown header key") {
     CHECK_THROWS_WITH_AS(
@@ -126,26 +150,10 @@ TEST_CASE("CSV: magic and header lines") {
         "n_expert, n_expert_used)",
         error);
   }
-  SUBCASE("missing header key") {
-    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16")),
-                         "t.csv: line 2, column 5: missing header key 'n_expert_used'", error);
-  }
   SUBCASE("extra header field") {
     CHECK_THROWS_WITH_AS(
         parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=2 seed=1")),
         "t.csv: line 2, column 6: unknown header field 'seed=1'; expected nothing after n_expert_used", error);
-  }
-  SUBCASE("non-numeric header value") {
-    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=three n_expert=16 n_expert_used=2")),
-                         "t.csv: line 2, column 3: n_layer 'three' is not an unsigned integer", error);
-  }
-  SUBCASE("n_expert_used beyond n_expert") {
-    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=17")),
-                         "t.csv: line 2, column 5: n_expert_used 17 out of range [1, 16]", error);
-  }
-  SUBCASE("n_layer zero") {
-    CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=0 n_expert=16 n_expert_used=2")),
-                         "t.csv: line 2, column 3: n_layer 0 out of range [1, 65535]", error);
   }
   SUBCASE("header ends early") {
     CHECK_THROWS_WITH_AS(parse("# route_trace v1\n"),
@@ -155,9 +163,20 @@ TEST_CASE("CSV: magic and header lines") {
 }
 
 TEST_CASE("CSV: '# layer=' lines and the column header") {
-  SUBCASE("duplicate layer line") {
-    CHECK_THROWS_WITH_AS(parse(with_line(5, "# layer=1 expert_bytes=2000 dense_bytes=50")),
-                         "t.csv: line 5, column 1: duplicate '# layer=1' line (first on line 4)", error);
+  SUBCASE("one replaced line each (defect, line, text, message)") {
+    check_line_cases({
+        {"duplicate layer line", 5, "# layer=1 expert_bytes=2000 dense_bytes=50",
+         "t.csv: line 5, column 1: duplicate '# layer=1' line (first on line 4)"},
+        {"layer line beyond n_layer", 5, "# layer=3 expert_bytes=1000 dense_bytes=50",
+         "t.csv: line 5, column 1: layer 3 out of range [0, 2]"},
+        {"bad key in a layer line", 4, "# layer=1 bytes=2000 dense_bytes=50",
+         "t.csv: line 4, column 2: unknown key 'bytes' in '# layer=' line; expected 'expert_bytes='"},
+        {"routed layer with zero expert bytes", 4, "# layer=1 expert_bytes=0 dense_bytes=50",
+         "t.csv: line 11, column 4: layer 1 is routed but its expert_bytes is 0; expected > 0"},
+        {"misspelt column", 6, "turn,phase,step,layer,rank,expert,weight,residency,expert_bytes",
+         "t.csv: line 6, column 5: column header field 'rank'; expected 'slot' (the header line is "
+         "'turn,phase,step,layer,slot,expert,weight,residency,expert_bytes[,dropped]')"},
+    });
   }
   SUBCASE("layer lines out of order") {
     auto lines = base_lines;
@@ -166,25 +185,12 @@ TEST_CASE("CSV: '# layer=' lines and the column header") {
                          "t.csv: line 4, column 1: layer 0 after layer 1; expected '# layer=' lines in ascending order",
                          error);
   }
-  SUBCASE("layer line beyond n_layer") {
-    CHECK_THROWS_WITH_AS(parse(with_line(5, "# layer=3 expert_bytes=1000 dense_bytes=50")),
-                         "t.csv: line 5, column 1: layer 3 out of range [0, 2]", error);
-  }
-  SUBCASE("bad key in a layer line") {
-    CHECK_THROWS_WITH_AS(parse(with_line(4, "# layer=1 bytes=2000 dense_bytes=50")),
-                         "t.csv: line 4, column 2: unknown key 'bytes' in '# layer=' line; expected 'expert_bytes='",
-                         error);
-  }
   SUBCASE("missing layer line for a routed layer") {
     // Layer 1's rows move up one line (11 -> 10).
     CHECK_THROWS_WITH_AS(parse(without_line(4)),
                          "t.csv: line 10, column 4: layer 1 is routed but has no '# layer=' line; expected its "
                          "expert bytes in the header",
                          error);
-  }
-  SUBCASE("routed layer with zero expert bytes") {
-    CHECK_THROWS_WITH_AS(parse(with_line(4, "# layer=1 expert_bytes=0 dense_bytes=50")),
-                         "t.csv: line 11, column 4: layer 1 is routed but its expert_bytes is 0; expected > 0", error);
   }
   SUBCASE("unknown comment line in the header") {
     CHECK_THROWS_WITH_AS(parse(with_inserted(6, "# seed=42")),
@@ -198,97 +204,53 @@ TEST_CASE("CSV: '# layer=' lines and the column header") {
                          "'turn,phase,step,layer,slot,expert,weight,residency,expert_bytes[,dropped]')",
                          error);
   }
-  SUBCASE("misspelt column") {
-    CHECK_THROWS_WITH_AS(parse(with_line(6, "turn,phase,step,layer,rank,expert,weight,residency,expert_bytes")),
-                         "t.csv: line 6, column 5: column header field 'rank'; expected 'slot' (the header line is "
-                         "'turn,phase,step,layer,slot,expert,weight,residency,expert_bytes[,dropped]')",
-                         error);
-  }
 }
 
 TEST_CASE("CSV: row fields") {
-  SUBCASE("non-numeric field") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1a,0,0,5,0.7,0,0")),
-                         "t.csv: line 9, column 3: step '1a' is not an unsigned integer", error);
-  }
-  SUBCASE("empty field") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,,0,5,0.7,0,0")),
-                         "t.csv: line 9, column 4: layer is empty; expected an unsigned integer", error);
-  }
-  SUBCASE("negative number") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "-1,0,1,0,0,5,0.7,0,0")),
-                         "t.csv: line 9, column 1: turn '-1' is negative; expected an unsigned integer", error);
-  }
-  SUBCASE("too few columns") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0")),
-                         "t.csv: line 9, column 9: row has 8 fields; expected 9", error);
-  }
-  SUBCASE("too many columns") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0,0,0")),
-                         "t.csv: line 9, column 10: row has 10 fields; expected 9", error);
-  }
-  SUBCASE("a row with only a few fields") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1")), "t.csv: line 9, column 4: row has 3 fields; expected 9",
-                         error);
-  }
-  SUBCASE("expert id out of range") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,16,0.7,0,0")),
-                         "t.csv: line 9, column 6: expert 16 out of range [0, 16)", error);
-  }
-  SUBCASE("layer out of range") {
-    CHECK_THROWS_WITH_AS(parse(with_line(16, "0,0,1,3,1,8,0.2,0,1000")),
-                         "t.csv: line 16, column 4: layer 3 out of range [0, 3)", error);
-  }
-  SUBCASE("slot >= n_expert_used") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,2,5,0.7,0,0")),
-                         "t.csv: line 9, column 5: slot 2 out of range [0, 2) (n_expert_used=2)", error);
-  }
-  SUBCASE("slot > 32 (beyond any routing the library holds)") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,33,5,0.7,0,0")),
-                         "t.csv: line 9, column 5: slot 33 out of range [0, 2) (n_expert_used=2)", error);
-  }
-  SUBCASE("phase not 0/1") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,2,1,0,0,5,0.7,0,0")),
-                         "t.csv: line 9, column 2: phase 2 out of range; expected 0 (prefill) or 1 (decode)", error);
-  }
-  SUBCASE("residency not 0/1/2") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,3,0")),
-                         "t.csv: line 9, column 8: residency 3 out of range; expected 0 (miss), 1 (hit) or 2 (hit "
-                         "thanks to a speculative read)",
-                         error);
-  }
-  SUBCASE("weight not a number") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,heavy,0,0")),
-                         "t.csv: line 9, column 7: weight 'heavy' is not a float ('%g', or 'nan')", error);
-  }
-  SUBCASE("weight outside float's range") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,1e39,0,0")),
-                         "t.csv: line 9, column 7: weight '1e39' is outside float's range", error);
-  }
-  SUBCASE("turn beyond 32 bits") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "4294967296,0,1,0,0,5,0.7,0,0")),
-                         "t.csv: line 9, column 1: turn 4294967296 out of range [0, 4294967296)", error);
-  }
-  SUBCASE("number beyond 64 bits") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0,99999999999999999999")),
-                         "t.csv: line 9, column 9: expert_bytes '99999999999999999999' does not fit in 64 bits", error);
-  }
-  SUBCASE("expert_bytes neither 0 nor the layer's bytes") {
-    CHECK_THROWS_WITH_AS(parse(with_line(10, "0,0,1,0,1,3,0.3,0,2000")),
-                         "t.csv: line 10, column 9: expert_bytes 2000 for layer 0; expected 0 or the layer's 1000",
-                         error);
-  }
-  SUBCASE("a hit that read bytes") {
-    CHECK_THROWS_WITH_AS(parse(with_line(17, "0,1,2,0,0,5,0.6,1,1000")),
-                         "t.csv: line 17, column 9: expert_bytes 1000 on a hit (residency 1); expected 0 (only a miss "
-                         "reads)",
-                         error);
-  }
-  SUBCASE("CRLF in a row") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,0,5,0.7,0,0\r")),
-                         "t.csv: line 9, column 9: expert_bytes '0\\r' is not an unsigned integer (the file has CRLF "
-                         "line endings; expected LF)",
-                         error);
+  SUBCASE("one replaced line each (defect, line, text, message)") {
+    check_line_cases({
+        {"non-numeric field", 9, "0,0,1a,0,0,5,0.7,0,0",
+         "t.csv: line 9, column 3: step '1a' is not an unsigned integer"},
+        {"empty field", 9, "0,0,1,,0,5,0.7,0,0",
+         "t.csv: line 9, column 4: layer is empty; expected an unsigned integer"},
+        {"negative number", 9, "-1,0,1,0,0,5,0.7,0,0",
+         "t.csv: line 9, column 1: turn '-1' is negative; expected an unsigned integer"},
+        {"too few columns", 9, "0,0,1,0,0,5,0.7,0",
+         "t.csv: line 9, column 9: row has 8 fields; expected 9"},
+        {"too many columns", 9, "0,0,1,0,0,5,0.7,0,0,0",
+         "t.csv: line 9, column 10: row has 10 fields; expected 9"},
+        {"a row with only a few fields", 9, "0,0,1",
+         "t.csv: line 9, column 4: row has 3 fields; expected 9"},
+        {"expert id out of range", 9, "0,0,1,0,0,16,0.7,0,0",
+         "t.csv: line 9, column 6: expert 16 out of range [0, 16)"},
+        {"layer out of range", 16, "0,0,1,3,1,8,0.2,0,1000",
+         "t.csv: line 16, column 4: layer 3 out of range [0, 3)"},
+        {"slot >= n_expert_used", 9, "0,0,1,0,2,5,0.7,0,0",
+         "t.csv: line 9, column 5: slot 2 out of range [0, 2) (n_expert_used=2)"},
+        {"slot > 32 (beyond any routing the library holds)", 9, "0,0,1,0,33,5,0.7,0,0",
+         "t.csv: line 9, column 5: slot 33 out of range [0, 2) (n_expert_used=2)"},
+        {"phase not 0/1", 9, "0,2,1,0,0,5,0.7,0,0",
+         "t.csv: line 9, column 2: phase 2 out of range; expected 0 (prefill) or 1 (decode)"},
+        {"residency not 0/1/2", 9, "0,0,1,0,0,5,0.7,3,0",
+         "t.csv: line 9, column 8: residency 3 out of range; expected 0 (miss), 1 (hit) or 2 (hit "
+         "thanks to a speculative read)"},
+        {"weight not a number", 9, "0,0,1,0,0,5,heavy,0,0",
+         "t.csv: line 9, column 7: weight 'heavy' is not a float ('%g', or 'nan')"},
+        {"weight outside float's range", 9, "0,0,1,0,0,5,1e39,0,0",
+         "t.csv: line 9, column 7: weight '1e39' is outside float's range"},
+        {"turn beyond 32 bits", 9, "4294967296,0,1,0,0,5,0.7,0,0",
+         "t.csv: line 9, column 1: turn 4294967296 out of range [0, 4294967296)"},
+        {"number beyond 64 bits", 9, "0,0,1,0,0,5,0.7,0,99999999999999999999",
+         "t.csv: line 9, column 9: expert_bytes '99999999999999999999' does not fit in 64 bits"},
+        {"expert_bytes neither 0 nor the layer's bytes", 10, "0,0,1,0,1,3,0.3,0,2000",
+         "t.csv: line 10, column 9: expert_bytes 2000 for layer 0; expected 0 or the layer's 1000"},
+        {"a hit that read bytes", 17, "0,1,2,0,0,5,0.6,1,1000",
+         "t.csv: line 17, column 9: expert_bytes 1000 on a hit (residency 1); expected 0 (only a miss "
+         "reads)"},
+        {"CRLF in a row", 9, "0,0,1,0,0,5,0.7,0,0\r",
+         "t.csv: line 9, column 9: expert_bytes '0\\r' is not an unsigned integer (the file has CRLF "
+         "line endings; expected LF)"},
+    });
   }
   SUBCASE("dropped column out of range") {
     auto lines = base_lines;
@@ -308,11 +270,17 @@ TEST_CASE("CSV: row fields") {
 }
 
 TEST_CASE("CSV: row order") {
-  SUBCASE("step going backwards within decode") {
-    CHECK_THROWS_WITH_AS(parse(with_line(23, "0,1,1,0,0,5,0.6,1,0")),
-                         "t.csv: line 23, column 3: step 1 after step 2 in decode of turn 0; expected non-decreasing "
-                         "steps",
-                         error);
+  SUBCASE("one replaced line each (defect, line, text, message)") {
+    check_line_cases({
+        {"step going backwards within decode", 23, "0,1,1,0,0,5,0.6,1,0",
+         "t.csv: line 23, column 3: step 1 after step 2 in decode of turn 0; expected non-decreasing "
+         "steps"},
+        {"slots out of rank order", 9, "0,0,1,0,1,5,0.7,0,0",
+         "t.csv: line 9, column 5: slot 1 starts a routing; expected 0 (rows in rank order)"},
+        {"the same expert twice in one routing", 10, "0,0,1,0,1,5,0.3,0,0",
+         "t.csv: line 10, column 6: expert 5 already routed at slot 0 of this routing; expected "
+         "distinct experts"},
+    });
   }
   SUBCASE("layers descending within a decode token") {
     auto lines = base_lines;
@@ -341,16 +309,6 @@ TEST_CASE("CSV: row order") {
   SUBCASE("turn going backwards") {
     CHECK_THROWS_WITH_AS(parse(join(base_lines) + "1,1,4,0,0,5,0.6,1,0\n1,1,4,0,1,6,0.4,1,0\n0,1,5,0,0,5,0.6,1,0\n"),
                          "t.csv: line 31, column 1: turn 0 after turn 1; expected non-decreasing turns", error);
-  }
-  SUBCASE("slots out of rank order") {
-    CHECK_THROWS_WITH_AS(parse(with_line(9, "0,0,1,0,1,5,0.7,0,0")),
-                         "t.csv: line 9, column 5: slot 1 starts a routing; expected 0 (rows in rank order)", error);
-  }
-  SUBCASE("the same expert twice in one routing") {
-    CHECK_THROWS_WITH_AS(parse(with_line(10, "0,0,1,0,1,5,0.3,0,0")),
-                         "t.csv: line 10, column 6: expert 5 already routed at slot 0 of this routing; expected "
-                         "distinct experts",
-                         error);
   }
   SUBCASE("a second prompt batch repeating tokens") {
     CHECK_THROWS_WITH_AS(parse(with_inserted(17, "0,0,0,0,0,5,0.6,1,0")),

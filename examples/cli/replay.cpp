@@ -308,9 +308,9 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--budgets", a->budgets, "cache budgets in MiB (1 MiB = 1048576 bytes), comma-separated")
           ->capture_default_str();
       sub.add_option("--policies", a->policies,
-                     "comma-separated: lru, lfu, random, layer, layerlfu, belady, arc, s3fifo, sieve, cycle; "
-                     "<policy>+prev or <policy>+oracle adds retention")
+                     "comma-separated: " + cache_policy_names() + "; <policy>+prev or <policy>+oracle adds retention")
           ->capture_default_str();
+      sub.footer("Policies:\n" + cache_policy_help());
       sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
       sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
       sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")->capture_default_str();

@@ -213,7 +213,9 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--config", a->config, "timing config (key = value), e.g. from calibrate --write-config")
           ->required();
       sub.add_option("--budgets", a->budgets, "cache budgets, MiB, comma-separated")->capture_default_str();
-      sub.add_option("--policies", a->policies, "cache policies, comma-separated")->capture_default_str();
+      sub.add_option("--policies", a->policies, "cache policies, comma-separated: " + cache_policy_names())
+          ->capture_default_str();
+      sub.footer("Policies:\n" + cache_policy_help());
       sub.add_option("--lanes", a->lanes, "read lanes, comma-separated (default: the config's)");
       sub.add_option("--drops", a->drops, "drop fractions F or off, comma-separated")->capture_default_str();
       sub.add_option("--speculate", a->speculate,

@@ -16,23 +16,16 @@
 #include <functional>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
 
 
-namespace detail {
-inline std::string plan_format_number(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
-}  // namespace detail
 
 /// How the cache-aware drop policy is configured.
 struct drop_options {
@@ -110,15 +103,15 @@ class drop_policy {
     if (std::isnan(f))
       throw error("drop_policy: fraction F = nan is not a number; expected 0 < F <= 1");
     if (!(f > 0.0) || !(f <= 1.0))
-      throw error("drop_policy: fraction F = " + detail::plan_format_number(f) +
+      throw error("drop_policy: fraction F = " + detail::format_number(f) +
                   " out of range; expected 0 < F <= 1" +
                   (f > 1.0 ? " (F > 1 could drop every expert but the top one)"
                            : " (F <= 0 never drops; disable the policy instead)"));
     threshold_ = f / static_cast<double>(shape_.top_k());
     if (shape_.top_k() <= 4) {
       warning_ = "drop_policy: top-k " + std::to_string(shape_.top_k()) +
-                 " <= 4: the drop threshold F/k = " + detail::plan_format_number(threshold_) +
-                 " (F = " + detail::plan_format_number(f) +
+                 " <= 4: the drop threshold F/k = " + detail::format_number(threshold_) +
+                 " (F = " + detail::format_number(f) +
                  ") can remove a large share of the routing and its weight; watch the "
                  "router weight discarded in the drop line";
       detail::emit_warning(options_.on_warning, warning_);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -22,7 +23,9 @@
 #include <vector>
 
 #include "moe_residency/cache.hpp"
+#include "moe_residency/cache/registry.hpp"
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/plan.hpp"
 #include "moe_residency/predict/history.hpp"
@@ -93,31 +96,65 @@ struct replay_result {
   double read_mib() const noexcept { return to_mib(stats.all.bytes_read); }
 };
 
-/// Policy names replay understands. `<inner>+prev` and `<inner>+oracle`
-/// decorate a policy with retention, protecting the next layer's experts as
-/// named by the previous token's routing of that layer, or by the actual
-/// routing (the ceiling of prediction-aware eviction).
+/// The base policy names replay understands: the registry's canonical names
+/// (cache/registry.hpp). Any of them may be decorated as `<base>+prev` or
+/// `<base>+oracle`: retention, protecting the next layer's experts as named by
+/// the previous token's routing of that layer, or by the actual routing (the
+/// ceiling of prediction-aware eviction).
 inline const std::vector<std::string>& replay_policy_names() {
-  static const std::vector<std::string> names = {
-      "lru",  "lfu",   "random", "layer", "layerlfu", "belady", "arc",
-      "s3fifo", "sieve", "cycle", "lru+prev", "lru+oracle", "cycle+prev", "cycle+oracle"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& p : cache_policy_registry()) n.emplace_back(p.name);
+    return n;
+  }();
   return names;
 }
 
-/// True for retention<Inner>.
+/// True for retention_policy<Inner>.
 template <class T>
 struct is_retention : std::false_type {};
 template <class I>
-struct is_retention<retention<I>> : std::true_type {};
+struct is_retention<retention_policy<I>> : std::true_type {};
 
 namespace detail {
 
 enum class replay_predictor { none, prev, oracle };
 
 inline std::string replay_known_names() {
-  std::string s;
-  for (const auto& n : replay_policy_names()) s += (s.empty() ? "" : ", ") + n;
-  return s + " (layer_lfu = layerlfu; any base policy may take +prev or +oracle)";
+  return cache_policy_names() + " (any of them may take +prev or +oracle)";
+}
+
+/// A replay policy name taken apart: the canonical base name and the retention predictor.
+struct replay_policy_name {
+  std::string base;
+  replay_predictor pred = replay_predictor::none;
+  std::string canonical() const {
+    return base + (pred == replay_predictor::prev ? "+prev" : pred == replay_predictor::oracle ? "+oracle" : "");
+  }
+};
+
+/// Parses `<base>[+prev|+oracle]`; throws error naming the text and listing the valid names.
+inline replay_policy_name parse_replay_policy(const std::string& full) {
+  replay_policy_name r;
+  const auto plus = full.find('+');
+  r.base = find_cache_policy(full.substr(0, plus));
+  if (r.base.empty()) throw error("replay: unknown policy '" + full + "'; expected one of " + replay_known_names());
+  if (plus != std::string::npos) {
+    const std::string p = full.substr(plus + 1);
+    if (p == "prev") r.pred = replay_predictor::prev;
+    else if (p == "oracle") r.pred = replay_predictor::oracle;
+    else throw error("replay: policy '" + full + "': unknown predictor '" + p + "'; expected prev or oracle");
+  }
+  return r;
+}
+
+inline cache_policy_args replay_policy_args(const replay_input& in, std::uint64_t seed,
+                                            const cycle_policy_options& cycle) {
+  cache_policy_args a;
+  a.seed = seed;
+  a.cycle = cycle;
+  a.next_use = in.next_use();
+  return a;
 }
 
 /// The batch that routes layer `target` next after batch i, for the retention
@@ -165,48 +202,21 @@ template <class Policy>
 void replay_dispatch_retention(const replay_input& in, Policy p, replay_result& r, const replay_options& o,
                                replay_predictor pred) {
   if (pred == replay_predictor::none) replay_run(in, std::move(p), r, o, pred);
-  else replay_run(in, retention<Policy>(std::move(p)), r, o, pred);
+  else replay_run(in, retention_policy<Policy>(std::move(p)), r, o, pred);
 }
 
 inline void replay_dispatch(const replay_input& in, const std::string& full, replay_result& r,
                             const replay_options& o) {
-  std::string base = full;
-  replay_predictor pred = replay_predictor::none;
-  if (const auto plus = full.find('+'); plus != std::string::npos) {
-    base = full.substr(0, plus);
-    const std::string p = full.substr(plus + 1);
-    if (p == "prev") pred = replay_predictor::prev;
-    else if (p == "oracle") pred = replay_predictor::oracle;
-    else
-      throw error("replay: policy '" + full + "': unknown predictor '" + p + "'; expected prev or oracle");
-  }
-  if (base == "lru") replay_dispatch_retention(in, lru_policy{}, r, o, pred);
-  else if (base == "lfu") replay_dispatch_retention(in, lfu_policy{}, r, o, pred);
-  else if (base == "random") replay_dispatch_retention(in, random_policy{o.seed}, r, o, pred);
-  else if (base == "layer") replay_dispatch_retention(in, layer_lru_policy{}, r, o, pred);
-  else if (base == "layerlfu" || base == "layer_lfu") replay_dispatch_retention(in, layer_lfu_policy{}, r, o, pred);
-  else if (base == "belady") replay_dispatch_retention(in, belady_policy{in.next_use()}, r, o, pred);
-  else if (base == "arc") replay_dispatch_retention(in, arc_policy{}, r, o, pred);
-  else if (base == "s3fifo") replay_dispatch_retention(in, s3fifo_policy{}, r, o, pred);
-  else if (base == "sieve") replay_dispatch_retention(in, sieve_policy{}, r, o, pred);
-  else if (base == "cycle") replay_dispatch_retention(in, cycle_policy{o.cycle}, r, o, pred);
-  else throw error("replay: unknown policy '" + full + "'; expected one of " + replay_known_names());
+  const replay_policy_name name = parse_replay_policy(full);
+  with_cache_policy(name.base, replay_policy_args(in, o.seed, o.cycle),
+                    [&](auto policy) { replay_dispatch_retention(in, std::move(policy), r, o, name.pred); });
 }
 
 }  // namespace detail
 
 /// Throws error on an unknown policy name, a budget <= 0 (or not finite).
 inline void check_replay_cell(const std::string& policy, double budget_mib) {
-  std::string base = policy.substr(0, policy.find('+'));
-  if (base == "layer_lfu") base = "layerlfu";
-  const auto& names = replay_policy_names();
-  if (std::find(names.begin(), names.end(), base) == names.end())
-    throw error("replay: unknown policy '" + policy + "'; expected one of " + detail::replay_known_names());
-  if (const auto plus = policy.find('+'); plus != std::string::npos) {
-    const std::string p = policy.substr(plus + 1);
-    if (p != "prev" && p != "oracle")
-      throw error("replay: policy '" + policy + "': unknown predictor '" + p + "'; expected prev or oracle");
-  }
+  detail::parse_replay_policy(policy);
   if (!(budget_mib > 0) || budget_mib > 1e12)
     throw error("replay: budget " + std::to_string(budget_mib) + " MiB; expected a finite budget > 0 MiB");
 }
@@ -217,7 +227,7 @@ inline replay_result replay_cell(const replay_input& in, const std::string& poli
                                  const replay_options& o = {}) {
   check_replay_cell(policy, budget_mib);
   replay_result r;
-  r.policy = policy;
+  r.policy = detail::parse_replay_policy(policy).canonical();
   r.budget_mib = budget_mib;
   r.budget_bytes = from_mib(budget_mib);
   const auto t0 = std::chrono::steady_clock::now();
@@ -226,14 +236,22 @@ inline replay_result replay_cell(const replay_input& in, const std::string& poli
   return r;
 }
 
-/// Replays every (budget, policy) cell on a pool of threads. Results come
-/// back budget-major, policies in the order given. Validates every cell
-/// before starting; rethrows the first error of a worker.
-inline std::vector<replay_result> replay_grid(const replay_input& in, const std::vector<double>& budgets_mib,
-                                              const std::vector<std::string>& policies,
-                                              const replay_options& o = {}) {
+namespace detail {
+
+/// How replay_grid starts a worker: the seam a test replaces to make a start fail.
+struct replay_thread_starter {
+  template <class F>
+  void operator()(std::vector<std::thread>& pool, F&& f) const {
+    pool.emplace_back(std::forward<F>(f));
+  }
+};
+
+template <class Start>
+std::vector<replay_result> replay_grid_with(const replay_input& in, const std::vector<double>& budgets_mib,
+                                            const std::vector<std::string>& policies, const replay_options& o,
+                                            const Start& start) {
   if (budgets_mib.empty()) throw error("replay: no budgets; expected at least one (MiB)");
-  if (policies.empty()) throw error("replay: no policies; expected at least one of " + detail::replay_known_names());
+  if (policies.empty()) throw error("replay: no policies; expected at least one of " + replay_known_names());
   for (double b : budgets_mib)
     for (const auto& p : policies) check_replay_cell(p, b);
   const std::size_t n = budgets_mib.size() * policies.size();
@@ -259,11 +277,34 @@ inline std::vector<replay_result> replay_grid(const replay_input& in, const std:
     }
   };
   std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  pool.reserve(threads);
+  try {
+    for (unsigned t = 1; t < threads; ++t) start(pool, work);
+  } catch (const std::exception& e) {
+    // A joinable std::thread destroyed is std::terminate: stop handing out
+    // cells, let the started workers finish theirs, and join them first.
+    next.store(n);
+    for (auto& t : pool) t.join();
+    throw error("replay: could not start worker thread " + std::to_string(pool.size() + 1) + " of " +
+                std::to_string(threads - 1) + ": " + e.what() +
+                "; expected fewer threads (replay_options::threads, --threads)");
+  }
   work();
   for (auto& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
   return out;
+}
+
+}  // namespace detail
+
+/// Replays every (budget, policy) cell on a pool of threads. Results come
+/// back budget-major, policies in the order given. Validates every cell
+/// before starting; rethrows the first error of a worker. Throws `error`
+/// when a worker thread cannot be started (after joining those that were).
+inline std::vector<replay_result> replay_grid(const replay_input& in, const std::vector<double>& budgets_mib,
+                                              const std::vector<std::string>& policies,
+                                              const replay_options& o = {}) {
+  return detail::replay_grid_with(in, budgets_mib, policies, o, detail::replay_thread_starter{});
 }
 
 /// CSV with exactly the reference curves' columns:
@@ -595,7 +636,7 @@ struct replay_speculation {
       case speculation_source::none: return "none";
       case speculation_source::prev_token: return "prev-token";
       case speculation_source::frequency: return "frequency";
-      case speculation_source::oracle: return oracle_profile.empty() ? "oracle:" + detail::plan_format_number(oracle_p)
+      case speculation_source::oracle: return oracle_profile.empty() ? "oracle:" + detail::format_number(oracle_p)
                                                                    : "oracle:profile";
     }
     return "?";
@@ -720,20 +761,10 @@ inline void oracle_ranking(const routing& truth, double p, std::size_t n_experts
 /// Calls f(policy) with the base policy `name` (no retention decorators).
 template <class F>
 void with_replay_policy(const std::string& name, const replay_input& in, const dynamic_replay_options& o, F&& f) {
-  if (name == "lru") f(lru_policy{});
-  else if (name == "lfu") f(lfu_policy{});
-  else if (name == "random") f(random_policy{o.seed});
-  else if (name == "layer") f(layer_lru_policy{});
-  else if (name == "layerlfu" || name == "layer_lfu") f(layer_lfu_policy{});
-  else if (name == "belady") f(belady_policy{in.next_use()});
-  else if (name == "arc") f(arc_policy{});
-  else if (name == "s3fifo") f(s3fifo_policy{});
-  else if (name == "sieve") f(sieve_policy{});
-  else if (name == "cycle") f(cycle_policy{o.cycle});
-  else
-    throw error("replay: policy '" + name +
-                "' with --drop/--speculate; expected a base policy: lru, lfu, random, layer, layerlfu, belady, "
-                "arc, s3fifo, sieve, cycle (retention decorators are not combined with speculation)");
+  if (name.find('+') != std::string::npos)
+    throw error("replay: policy '" + name + "' with --drop/--speculate; expected a base policy: " +
+                cache_policy_names() + " (retention decorators are not combined with speculation)");
+  with_cache_policy(name, replay_policy_args(in, o.seed, o.cycle), std::forward<F>(f));
 }
 
 template <class Policy>
@@ -871,6 +902,7 @@ inline dynamic_replay_result replay_dynamic(const routed_replay_input& in, const
   check_replay_cell(o.policy, o.budget_mib);
   dynamic_replay_result out;
   out.options = o;
+  out.options.policy = detail::parse_replay_policy(o.policy).canonical();
   detail::with_replay_policy(o.policy, in.base(), o,
                              [&](auto policy) { detail::replay_dynamic_run(in, std::move(policy), o, obs, out); });
   return out;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/detail/gemv.hpp"
 #include "moe_residency/detail/half.hpp"
 #include "moe_residency/detail/topk.hpp"
@@ -114,6 +115,8 @@ using gemv_default_tag = void;
 #endif
 }  // namespace detail
 
+inline namespace MOE_RESIDENCY_GEMV_ABI {  // see detail/gemv.hpp
+
 /// Scalar reference GEMV: y[r] = dot(row r, x) for r < w.rows; x has w.cols
 /// floats. Same accumulation order and rounding as the SIMD kernels (see
 /// detail/gemv.hpp), so results are bit-identical. noexcept, allocation-free;
@@ -198,6 +201,11 @@ inline void gemv(const matrix_view& w, const float* x, float* y,
 #endif
 }
 
+/// The ABI tag of this TU's GEMV kernels, e.g. "gemv_abi_sse2_nofma_nof16c_unfused_dispatch".
+inline const char* gemv_abi_name() noexcept { return MOE_RESIDENCY_GEMV_ABI_STRING(MOE_RESIDENCY_GEMV_ABI); }
+
+}  // inline namespace MOE_RESIDENCY_GEMV_ABI
+
 /// How an architecture turns logits into probabilities (llama.cpp's
 /// llama_expert_gating_func_type).
 enum class gating_function : std::uint8_t {
@@ -217,15 +225,6 @@ inline const char* to_string(gating_function g) noexcept {
   return "softmax";
 }
 
-namespace detail {
-inline std::string format_float(float v) {
-  if (v != v) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
-  return buf;
-}
-}  // namespace detail
 
 /// One MoE layer's selection rule, as llama.cpp's build_moe_ffn applies it:
 ///   z = logits (+ logit_bias); p = gating(z); s = p (+ selection_bias), or
@@ -316,7 +315,7 @@ struct router_spec {
     check_bias_values(logit_bias, "logit_bias");
     check_bias_values(selection_bias, "selection_bias");
     if (!std::isfinite(weight_scale))
-      throw error(who + "weight_scale " + detail::format_float(weight_scale) +
+      throw error(who + "weight_scale " + detail::format_number(weight_scale) +
                   "; expected a finite value");
   }
 
@@ -385,7 +384,7 @@ struct router_spec {
     for (std::size_t i = 0; i < b.size(); ++i)
       if (!std::isfinite(b[i]))
         throw error("router_spec: " + std::string(name) + "[" + std::to_string(i) + "] is " +
-                    detail::format_float(b[i]) + "; expected a finite value");
+                    detail::format_number(b[i]) + "; expected a finite value");
   }
 };
 
@@ -670,6 +669,8 @@ inline bool expert_weights(const router_spec& spec, const float* logits,
   return true;
 }
 
+inline namespace MOE_RESIDENCY_GEMV_ABI {  // calls gemv: see detail/gemv.hpp
+
 /// Route one token: logits = W·x (gemv, engine rounding by default) into the
 /// workspace, then select_experts. False when w.rows != spec.n_experts, on
 /// NaN, when the workspace is too small, or on an invalid spec shape.
@@ -683,6 +684,8 @@ inline bool route_token(const matrix_view& w, const float* x, const router_spec&
   gemv(w, x, logits, rounding);
   return detail::select_from_usable(spec, logits, out, ws);
 }
+
+}  // inline namespace MOE_RESIDENCY_GEMV_ABI
 
 /// Tie-aware match of two selections: true when they have the same size and,
 /// after sorting each one's selection scores (descending), the scores are

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +21,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
@@ -270,24 +270,6 @@ class slot_overlap_scorer {
 
 namespace detail {
 
-#if defined(__GNUC__) || defined(__clang__)
-inline std::string score_printf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-#endif
-inline std::string score_printf(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = std::vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  if (n < 0) return {};
-  if (static_cast<std::size_t>(n) < sizeof buf) return std::string(buf, static_cast<std::size_t>(n));
-  std::string big(static_cast<std::size_t>(n) + 1, '\0');
-  va_start(ap, fmt);
-  std::vsnprintf(&big[0], big.size(), fmt, ap);
-  va_end(ap);
-  big.resize(static_cast<std::size_t>(n));
-  return big;
-}
 
 /// A percentage with one decimal that never shows 100.0 unless every slot hit
 /// and never shows 0.0 for nothing scored ("-").
@@ -295,7 +277,7 @@ inline std::string score_pct(std::uint64_t hits, std::uint64_t total) {
   if (total == 0) return "-";
   if (hits == total) return "100.0";
   double v = 100.0 * static_cast<double>(hits) / static_cast<double>(total);
-  std::string s = score_printf("%.1f", v);
+  std::string s = format_printf("%.1f", v);
   if (s == "100.0") s = "99.9";
   return s;
 }
@@ -310,7 +292,7 @@ inline std::string score_json_string(const std::string& s) {
       case '\t': out += "\\t"; break;
       default:
         if (static_cast<unsigned char>(c) < 0x20)
-          out += score_printf("\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+          out += format_printf("\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
         else
           out += c;
     }
@@ -320,7 +302,7 @@ inline std::string score_json_string(const std::string& s) {
 
 inline std::string score_json_number(double v) {
   if (!std::isfinite(v)) return "null";
-  return score_printf("%.4f", v);
+  return format_printf("%.4f", v);
 }
 
 }  // namespace detail
@@ -336,7 +318,7 @@ inline std::string score_json_number(double v) {
 /// a line saying so.
 inline std::string format_text(const prediction_report& r, bool per_layer = true) {
   using detail::score_pct;
-  using detail::score_printf;
+  using detail::format_printf;
   std::string out = "moe-predict: ";
   for (std::size_t p = 0; p < r.predictors.size(); ++p) {
     const overlap_counts& t = r.totals[p];
@@ -352,7 +334,7 @@ inline std::string format_text(const prediction_report& r, bool per_layer = true
   for (std::size_t p = 0; p < r.predictors.size(); ++p) {
     const overlap_counts& t = r.totals[p];
     if (p) out += ", ";
-    out += score_printf("%s %llu routings/%llu slots", r.predictors[p].short_name.c_str(),
+    out += format_printf("%s %llu routings/%llu slots", r.predictors[p].short_name.c_str(),
                         static_cast<unsigned long long>(t.routings),
                         static_cast<unsigned long long>(t.slots));
   }
@@ -361,14 +343,14 @@ inline std::string format_text(const prediction_report& r, bool per_layer = true
     const overlap_counts& t = r.totals[p];
     if (!t.unscored) continue;
     out += first_unscored ? "; " : ", ";
-    out += score_printf(first_unscored ? "%llu routings the %s could not rank"
+    out += format_printf(first_unscored ? "%llu routings the %s could not rank"
                                        : "%llu the %s could not rank",
                         static_cast<unsigned long long>(t.unscored),
                         r.predictors[p].short_name.c_str());
     first_unscored = false;
   }
   if (r.declined)
-    out += score_printf("; %llu routings wider than %zu declined",
+    out += format_printf("; %llu routings wider than %zu declined",
                         static_cast<unsigned long long>(r.declined), max_top_k);
   out += "\n";
   const std::size_t c = r.control_index();
@@ -390,17 +372,17 @@ inline std::string format_text(const prediction_report& r, bool per_layer = true
   if (per_layer) {
     out += "  layer";
     for (const auto& p : r.predictors)
-      out += score_printf(" %*s", p.column_width, p.column.c_str());
+      out += format_printf(" %*s", p.column_width, p.column.c_str());
     out += "   routings\n";
     for (std::size_t l = 0; l < r.n_layers(); ++l) {
       if (r.offered[l] == 0 && r.declined_by_layer[l] == 0) continue;  // a dense or silent layer
-      out += score_printf("%7zu", l);
+      out += format_printf("%7zu", l);
       for (std::size_t p = 0; p < r.predictors.size(); ++p) {
         const overlap_counts& x = r.layers[p][l];
-        out += score_printf(" %*s", r.predictors[p].column_width,
+        out += format_printf(" %*s", r.predictors[p].column_width,
                             score_pct(x.slot_hits, x.slots).c_str());
       }
-      out += score_printf(" %10llu\n", static_cast<unsigned long long>(r.offered[l]));
+      out += format_printf(" %10llu\n", static_cast<unsigned long long>(r.offered[l]));
     }
   }
   return out;
@@ -412,9 +394,9 @@ inline std::string format_csv(const prediction_report& r) {
   std::string out = "predictor,slot_pct,whole_pct,routings,slots,unscored\n";
   for (std::size_t p = 0; p < r.predictors.size(); ++p) {
     const overlap_counts& t = r.totals[p];
-    const std::string slot = t.slots ? detail::score_printf("%.4f", t.slot_pct()) : "";
-    const std::string whole = t.routings ? detail::score_printf("%.4f", t.whole_pct()) : "";
-    out += detail::score_printf("%s,%s,%s,%llu,%llu,%llu\n", r.predictors[p].short_name.c_str(),
+    const std::string slot = t.slots ? detail::format_printf("%.4f", t.slot_pct()) : "";
+    const std::string whole = t.routings ? detail::format_printf("%.4f", t.whole_pct()) : "";
+    out += detail::format_printf("%s,%s,%s,%llu,%llu,%llu\n", r.predictors[p].short_name.c_str(),
                                 slot.c_str(), whole.c_str(),
                                 static_cast<unsigned long long>(t.routings),
                                 static_cast<unsigned long long>(t.slots),
@@ -429,7 +411,7 @@ inline std::string format_json(const prediction_report& r) {
   using detail::score_json_number;
   using detail::score_json_string;
   auto counts = [](const overlap_counts& c) {
-    return detail::score_printf(
+    return detail::format_printf(
                "\"slot_pct\":%s,\"whole_pct\":%s,\"routings\":%llu,\"slots\":%llu,"
                "\"slot_hits\":%llu,\"whole_hits\":%llu,\"unscored\":%llu,\"tie_forgiven\":%llu",
                score_json_number(c.slot_pct()).c_str(), score_json_number(c.whole_pct()).c_str(),
@@ -452,7 +434,7 @@ inline std::string format_json(const prediction_report& r) {
       if (r.offered[l] == 0 && r.declined_by_layer[l] == 0) continue;
       if (!first) out += ",";
       first = false;
-      out += detail::score_printf("{\"layer\":%zu,", l) + counts(r.layers[p][l]) + "}";
+      out += detail::format_printf("{\"layer\":%zu,", l) + counts(r.layers[p][l]) + "}";
     }
     out += "]}";
   }
@@ -462,13 +444,13 @@ inline std::string format_json(const prediction_report& r) {
     if (r.offered[l] == 0 && r.declined_by_layer[l] == 0) continue;
     if (!first) out += ",";
     first = false;
-    out += detail::score_printf("{\"layer\":%zu,\"routings\":%llu,\"declined\":%llu}", l,
+    out += detail::format_printf("{\"layer\":%zu,\"routings\":%llu,\"declined\":%llu}", l,
                                 static_cast<unsigned long long>(r.offered[l]),
                                 static_cast<unsigned long long>(r.declined_by_layer[l]));
   }
   const std::size_t c = r.control_index();
   const bool control_ok = c != static_cast<std::size_t>(-1) && r.totals[c].perfect();
-  out += detail::score_printf("],\"declined\":%llu,\"control_exact\":%s,\"notes\":[",
+  out += detail::format_printf("],\"declined\":%llu,\"control_exact\":%s,\"notes\":[",
                               static_cast<unsigned long long>(r.declined),
                               c == static_cast<std::size_t>(-1) ? "null"
                               : control_ok                       ? "true"

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/predict.hpp"
 #include "moe_residency/predict/router_bank.hpp"
@@ -50,43 +51,60 @@ enum class anomaly_action {
   count,        ///< count it, report it, ignore the event (engines, C callbacks)
 };
 
-/// The kinds of anomaly the session detects.
-enum class anomaly_kind : std::uint8_t {
-  no_batch,                    ///< an event before begin_batch
-  bad_batch,                   ///< begin_batch with 0 tokens
-  layer_out_of_range,          ///< a layer index beyond the shape
-  dense_layer,                 ///< a gate input or routing for a dense layer
-  token_boundary_mid_layer,    ///< a batch ended after a gate input but before its routing
-  routing_without_gate_input,  ///< a routing for a layer whose gate input never came
-  duplicate_gate_input,        ///< a second gate input for a layer in one batch
-  duplicate_routing,           ///< a second routing for a layer in one batch
-  gate_input_shape,            ///< null data, wrong length, short stride, wrong token count
-  nan_gate_input,              ///< a NaN (or infinity) in a gate input
-  routing_shape,               ///< null ids, k of 0, wrong token count
-  expert_out_of_range,         ///< an expert id outside [0, n_experts)
-  duplicate_expert,            ///< an expert twice in one routing
-  loaded_without_routing,      ///< layer_loaded before the layer's routing
-};
-inline constexpr std::size_t anomaly_kind_count = 14;
+// The one list of anomaly kinds, in enumerator order: X(name, the report's
+// text), each after a comment saying what it is. The enum, anomaly_kind_count
+// and to_string are generated from it, so a kind cannot be added without them.
+#define MOE_RESIDENCY_ANOMALY_KINDS(X)                           \
+  /* an event before begin_batch */                              \
+  X(no_batch, "event before begin_batch")                        \
+  /* begin_batch with 0 tokens */                                \
+  X(bad_batch, "empty batch")                                    \
+  /* a layer index beyond the shape */                           \
+  X(layer_out_of_range, "layer out of range")                    \
+  /* a gate input or routing for a dense layer */                \
+  X(dense_layer, "event for a dense layer")                      \
+  /* a batch ended after a gate input but before its routing */  \
+  X(token_boundary_mid_layer, "token boundary mid-layer")        \
+  /* a routing for a layer whose gate input never came */        \
+  X(routing_without_gate_input, "routing without gate input")    \
+  /* a second gate input for a layer in one batch */             \
+  X(duplicate_gate_input, "duplicate gate input")                \
+  /* a second routing for a layer in one batch */                \
+  X(duplicate_routing, "duplicate routing")                      \
+  /* null data, wrong length, short stride, wrong token count */ \
+  X(gate_input_shape, "malformed gate input")                    \
+  /* a NaN (or infinity) in a gate input */                      \
+  X(nan_gate_input, "NaN in a gate input")                       \
+  /* null ids, k of 0, wrong token count */                      \
+  X(routing_shape, "malformed routing")                          \
+  /* an expert id outside [0, n_experts) */                      \
+  X(expert_out_of_range, "expert out of range")                  \
+  /* an expert twice in one routing */                           \
+  X(duplicate_expert, "duplicate expert in a routing")           \
+  /* layer_loaded before the layer's routing */                  \
+  X(loaded_without_routing, "layer loaded before its routing")
 
+/// The kinds of anomaly the session detects (listed above).
+enum class anomaly_kind : std::uint8_t {
+#define MOE_RESIDENCY_ANOMALY_ENUMERATOR(name, text) name,
+  MOE_RESIDENCY_ANOMALY_KINDS(MOE_RESIDENCY_ANOMALY_ENUMERATOR)
+#undef MOE_RESIDENCY_ANOMALY_ENUMERATOR
+};
+
+namespace detail {
+#define MOE_RESIDENCY_ANOMALY_TEXT(name, text) text,
+inline constexpr const char* anomaly_kind_texts[] = {MOE_RESIDENCY_ANOMALY_KINDS(MOE_RESIDENCY_ANOMALY_TEXT)};
+#undef MOE_RESIDENCY_ANOMALY_TEXT
+}  // namespace detail
+
+/// How many anomaly kinds there are (the size of anomaly_counts::by_kind).
+inline constexpr std::size_t anomaly_kind_count = sizeof(detail::anomaly_kind_texts) / sizeof(const char*);
+#undef MOE_RESIDENCY_ANOMALY_KINDS
+
+/// The kind as the report prints it ("duplicate routing"); "anomaly" for a value outside the enum.
 inline const char* to_string(anomaly_kind k) noexcept {
-  switch (k) {
-    case anomaly_kind::no_batch: return "event before begin_batch";
-    case anomaly_kind::bad_batch: return "empty batch";
-    case anomaly_kind::layer_out_of_range: return "layer out of range";
-    case anomaly_kind::dense_layer: return "event for a dense layer";
-    case anomaly_kind::token_boundary_mid_layer: return "token boundary mid-layer";
-    case anomaly_kind::routing_without_gate_input: return "routing without gate input";
-    case anomaly_kind::duplicate_gate_input: return "duplicate gate input";
-    case anomaly_kind::duplicate_routing: return "duplicate routing";
-    case anomaly_kind::gate_input_shape: return "malformed gate input";
-    case anomaly_kind::nan_gate_input: return "NaN in a gate input";
-    case anomaly_kind::routing_shape: return "malformed routing";
-    case anomaly_kind::expert_out_of_range: return "expert out of range";
-    case anomaly_kind::duplicate_expert: return "duplicate expert in a routing";
-    case anomaly_kind::loaded_without_routing: return "layer loaded before its routing";
-  }
-  return "anomaly";
+  const auto i = static_cast<std::size_t>(k);
+  return i < anomaly_kind_count ? detail::anomaly_kind_texts[i] : "anomaly";
 }
 
 /// Whether a routing must follow a gate input of the same layer.
@@ -312,7 +330,7 @@ class session<predictor_set<P...>, X...> {
             return anomaly(anomaly_kind::nan_gate_input, [&] {
               return where(l) + "gate_input: token " +
                      std::to_string(token_of_row(g.n_tokens, t)) + " element " +
-                     std::to_string(i) + " is " + detail::format_float(x[i]) +
+                     std::to_string(i) + " is " + detail::format_number(x[i]) +
                      "; expected a finite value";
             });
       }
@@ -737,20 +755,18 @@ class session<predictor_set<P...>, X...> {
     predict_from_gate_impl(source, x, std::index_sequence_for<P...>{});
   }
 
-  template <std::size_t... I>
-  void gather_impl(layer_id l, std::index_sequence<I...>) noexcept {
-    ((ptrs_[I] = [&]() -> const ranking* {
-       using PI = std::tuple_element_t<I, std::tuple<P...>>;
-       const std::size_t t = to_index(l);
-       if constexpr (is_gate_predictor_v<PI>) {
-         // Only a ranking made from this batch's gate input, and only when
-         // this layer's own input was sound (a NaN input is no prediction).
-         return stamp_[I][t] == serial_ ? &board_[I][t] : nullptr;
-       } else {
-         return prediction<I>(l);
-       }
-     }()),
-     ...);
+  /// Predictor I's ranking of layer l for the routing being scored.
+  template <std::size_t I>
+  const ranking* gathered(layer_id l) noexcept {
+    using PI = std::tuple_element_t<I, std::tuple<P...>>;
+    const std::size_t t = to_index(l);
+    if constexpr (is_gate_predictor_v<PI>) {
+      // Only a ranking made from this batch's gate input, and only when
+      // this layer's own input was sound (a NaN input is no prediction).
+      return stamp_[I][t] == serial_ ? &board_[I][t] : nullptr;
+    } else {
+      return prediction<I>(l);
+    }
   }
 
   // buffer_[0, n) holds the routings; begin_batch sized buffer_ and
@@ -790,9 +806,8 @@ class session<predictor_set<P...>, X...> {
     layer_state_[li] |= routed_seen;
     if (scorer_.scores_phase(phase_)) {
       if (n == 1) {
-        gather_impl(l, std::index_sequence_for<P...>{});
-        scorer_.record(buffer_[0], span<const ranking* const>(ptrs_.data(), ptrs_.size()),
-                       span<const bool>(ties_.data(), ties_.size()));
+        detail::score_predictions<P...>(scorer_, buffer_[0], ptrs_,
+                                        [&](auto i) { return gathered<decltype(i)::value>(l); });
       } else {
         unscored_batched_ += n;
       }
@@ -807,11 +822,8 @@ class session<predictor_set<P...>, X...> {
         x.on_routings(*this, l, span<const routing>(buffer_.data(), n),
                       span<std::uint32_t>(drop_masks_.data(), n));
     });
-    std::apply(
-        [&](auto&... p) {
-          for (std::size_t t = 0; t < n; ++t) (p.observe(buffer_[t]), ...);
-        },
-        predictors_);
+    std::apply([&](auto&... p) { detail::observe_routings(span<const routing>(buffer_.data(), n), p...); },
+               predictors_);
     return true;
   }
 
@@ -826,7 +838,6 @@ class session<predictor_set<P...>, X...> {
   std::array<std::vector<ranking>, sizeof...(P)> board_;
   std::array<std::vector<std::uint64_t>, sizeof...(P)> stamp_;
   std::array<const ranking*, sizeof...(P)> ptrs_{};
-  static constexpr std::array<bool, sizeof...(P)> ties_{P::tie_aware...};
 
   bool in_batch_ = false;
   run_phase phase_ = run_phase::decode;

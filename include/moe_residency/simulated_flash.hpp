@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/io.hpp"
 #include "moe_residency/plan.hpp"
@@ -81,7 +82,7 @@ class simulated_flash {
   // "simulated_flash: lane_mib_per_s = 0 MiB/s; expected a finite value > 0"
   static void check_positive(const char* name, double v, const char* unit) {
     if (v > 0 && v <= std::numeric_limits<double>::max()) return;
-    throw error(std::string("simulated_flash: ") + name + " = " + detail::plan_format_number(v) +
+    throw error(std::string("simulated_flash: ") + name + " = " + detail::format_number(v) +
                 unit + "; expected a finite value > 0");
   }
   model_shape shape_;

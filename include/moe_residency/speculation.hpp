@@ -35,6 +35,7 @@
 
 #include "moe_residency/cache/expert_cache.hpp"
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/io.hpp"
 #include "moe_residency/plan.hpp"
@@ -98,11 +99,6 @@ inline std::string plan_describe_shape(const model_shape& s) {
   return "'" + s.name() + "' (" + std::to_string(s.n_layers()) + " layers, " +
          std::to_string(s.n_experts()) + " experts, top-" + std::to_string(s.top_k()) + ", " +
          std::to_string(bytes) + " expert bytes in all)";
-}
-inline std::string plan_fixed(double v, int decimals) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
 }
 }  // namespace detail
 
@@ -341,12 +337,12 @@ class speculation {
         r.completed ? 100.0 * static_cast<double>(s.useful) / static_cast<double>(r.completed) : 0.0;
     const std::uint64_t wasted = s.redundant_bytes + s.evicted_unused_bytes + r.discarded_bytes;
     return "moe-prefetch: issued " + std::to_string(r.issued) + " / useful " +
-           std::to_string(s.useful) + " (" + detail::plan_fixed(useful_pct, 1) +
+           std::to_string(s.useful) + " (" + detail::format_fixed(useful_pct, 1) +
            "% of completed) / cancelled " + std::to_string(r.cancelled) + ", " +
-           detail::plan_fixed(to_mib(r.completed_bytes) / tokens, 1) +
+           detail::format_fixed(to_mib(r.completed_bytes) / tokens, 1) +
            " MiB speculated per token; completed " + std::to_string(r.completed) + ", failed " +
            std::to_string(r.failed) + ", rejected " + std::to_string(r.rejected) + ", wasted " +
-           detail::plan_fixed(to_mib(wasted), 1) + " MiB, pending " + std::to_string(s.pending) +
+           detail::format_fixed(to_mib(wasted), 1) + " MiB, pending " + std::to_string(s.pending) +
            // Loads whose target the predictor had not ranked: shown when any, since
            // they are reads that could not be planned at all.
            (s.no_prediction ? ", no prediction " + std::to_string(s.no_prediction) : std::string()) +
@@ -356,14 +352,14 @@ class speculation {
   std::string drop_line() const {
     if (!drop_) return "moe-drop: off";
     const drop_stats& d = drop_->stats();
-    return "moe-drop: F = " + detail::plan_format_number(drop_->fraction()) + " (threshold " +
-           detail::plan_format_number(drop_->threshold()) + "): dropped " +
+    return "moe-drop: F = " + detail::format_number(drop_->fraction()) + " (threshold " +
+           detail::format_number(drop_->threshold()) + "): dropped " +
            std::to_string(d.experts_dropped) + " of " + std::to_string(d.experts) +
            " routed experts in " + std::to_string(d.routings_with_drop) + " of " +
            std::to_string(d.routings) + " routings; " +
-           detail::plan_fixed(100.0 * d.miss_bytes_avoided_fraction(), 1) +
-           "% of miss bytes avoided (" + detail::plan_fixed(to_mib(d.miss_bytes_avoided), 1) +
-           " MiB), " + detail::plan_fixed(100.0 * d.weight_discarded_fraction(), 1) +
+           detail::format_fixed(100.0 * d.miss_bytes_avoided_fraction(), 1) +
+           "% of miss bytes avoided (" + detail::format_fixed(to_mib(d.miss_bytes_avoided), 1) +
+           " MiB), " + detail::format_fixed(100.0 * d.weight_discarded_fraction(), 1) +
            "% of router weight discarded; " + std::to_string(stats_.undropped) +
            " un-dropped by speculation";
   }
@@ -371,11 +367,11 @@ class speculation {
   std::string cache_line() const {
     const auto& c = cache_.stats();
     const double tokens = static_cast<double>(std::max<std::uint64_t>(stats_.decode_tokens, 1));
-    return "moe-cache: decode hit " + detail::plan_fixed(c.decode.hit_pct(), 1) +
-           "% (cumulative " + detail::plan_fixed(c.all.hit_pct(), 1) + "%), " +
-           detail::plan_fixed(to_mib(c.decode.bytes_read) / tokens, 1) +
+    return "moe-cache: decode hit " + detail::format_fixed(c.decode.hit_pct(), 1) +
+           "% (cumulative " + detail::format_fixed(c.all.hit_pct(), 1) + "%), " +
+           detail::format_fixed(to_mib(c.decode.bytes_read) / tokens, 1) +
            " MiB demanded per decode token, budget " +
-           detail::plan_fixed(to_mib(cache_.budget_bytes()), 0) + " MiB";
+           detail::format_fixed(to_mib(cache_.budget_bytes()), 0) + " MiB";
   }
 
   const Cache& cache() const noexcept { return cache_; }
@@ -399,7 +395,7 @@ class speculation {
   }
   std::string per_token_ms(std::uint64_t ns) const {
     const double tokens = static_cast<double>(std::max<std::uint64_t>(stats_.decode_tokens, 1));
-    return detail::plan_fixed(static_cast<double>(ns) / 1e6 / tokens, 2);
+    return detail::format_fixed(static_cast<double>(ns) / 1e6 / tokens, 2);
   }
 
   // Applies completed speculative reads to the cache (host thread).

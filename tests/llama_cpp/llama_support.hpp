@@ -101,6 +101,35 @@ inline run_result run_tokens(llama_context* ctx, const llama_model* model, std::
   return r;
 }
 
+/// The set-up most observer tests share: a random model, an observer (with
+/// `sink`, if given) installed on `cp`, and a context made from it. Members
+/// are destroyed context first, as the tests' locals were.
+struct observed_model {
+  mre::model_ptr model;
+  mrl::observer obs;
+  context_ptr ctx;
+
+  explicit observed_model(const mre::random_model_spec& spec, mrl::observer_sink* sink = nullptr,
+                          llama_context_params cp = test_context_params())
+      : model(mre::make_random_model(spec)), obs(model.get()) {
+    if (sink) obs.set_sink(sink);
+    obs.install(cp);
+    ctx = make_context(model.get(), cp);
+  }
+
+  /// run_tokens on this context.
+  run_result run(std::size_t n_prompt, std::size_t n_decode, std::uint64_t seed = 7) {
+    return run_tokens(ctx.get(), model.get(), n_prompt, n_decode, seed);
+  }
+  /// One token, so the observer learns the graph's structure; then start
+  /// afresh (memory cleared, position 0).
+  void warm_up() {
+    run(1, 0);
+    llama_memory_clear(llama_get_memory(ctx.get()), true);
+    obs.set_position(0);
+  }
+};
+
 inline mre::random_model_spec spec_for(const std::string& arch, ggml_type router) {
   mre::random_model_spec s;
   s.arch = arch;

@@ -114,32 +114,24 @@ TEST_CASE("llama.cpp adapter: the recorded route trace replays to the recorder's
   for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
     const std::string config = arch;
     CAPTURE(config);
-    auto model = mre::make_random_model(spec_for(arch, GGML_TYPE_F32));
-    mrl::observer obs(model.get());
-    auto cp = test_context_params();
-    obs.install(cp);
-    auto ctx = make_context(model.get(), cp);
-    {  // learn the structure, then start afresh
-      run_tokens(ctx.get(), model.get(), 1, 0);
-      llama_memory_clear(llama_get_memory(ctx.get()), true);
-      obs.set_position(0);
-    }
-    REQUIRE(obs.structure_known());
-    const model_shape shape = obs.shape();
+    observed_model om(spec_for(arch, GGML_TYPE_F32));
+        om.warm_up();  // learn the structure, then start afresh
+    REQUIRE(om.obs.structure_known());
+    const model_shape shape = om.obs.shape();
     const double cycle_mib = to_mib(token_cycle_bytes(shape));
     for (double budget_mib : {cycle_mib * 1.5, cycle_mib * 4}) {
       budget_mib = std::round(budget_mib * 100) / 100;
       session_options so;
       so.on_anomaly = anomaly_action::count;
       standard_session s(shape, so);
-      mrl::configure_routers(s, obs);
+      mrl::configure_routers(s, om.obs);
       mrl::route_recorder<lru_policy> rec(shape, from_mib(budget_mib));
       mrl::session_sink<standard_session> sink(s, &rec);
-      obs.set_sink(&sink);
-      run_tokens(ctx.get(), model.get(), 20, 64);
-      obs.set_sink(nullptr);
-      llama_memory_clear(llama_get_memory(ctx.get()), true);
-      obs.set_position(0);
+      om.obs.set_sink(&sink);
+      om.run(20, 64);
+      om.obs.set_sink(nullptr);
+      llama_memory_clear(llama_get_memory(om.ctx.get()), true);
+      om.obs.set_position(0);
 
       CHECK(s.anomalies().total() == 0);
       const prediction_report r = s.report();

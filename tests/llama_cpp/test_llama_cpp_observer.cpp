@@ -103,21 +103,16 @@ TEST_CASE("llama.cpp observer: the control reproduces ffn_moe_topk on 100.0% of 
       const std::string config = std::string(arch) + " router " + type_name(rt);
       CAPTURE(config);
       const auto spec = spec_for(arch, rt);
-      auto model = mre::make_random_model(spec);
-      mrl::observer obs(model.get());
       control_sink sink;
-      obs.set_sink(&sink);
-      auto cp = test_context_params();
-      obs.install(cp);
-      auto ctx = make_context(model.get(), cp);
-      run_tokens(ctx.get(), model.get(), n_prompt, n_decode);
+      observed_model om(spec, &sink);
+      om.run(n_prompt, n_decode);
 
       const std::size_t n_moe = spec.arch == "deepseek2" ? spec.n_layer - 1 : spec.n_layer;
-      CHECK(obs.stats().exceptions == 0);
-      CHECK(obs.stats().unreadable == 0);
-      CHECK(obs.stats().unsupported == 0);
-      CHECK(obs.stats().metadata_mismatches == 0);  // deepseek2's keys agree with its graph
-      CHECK(obs.structure_known());
+      CHECK(om.obs.stats().exceptions == 0);
+      CHECK(om.obs.stats().unreadable == 0);
+      CHECK(om.obs.stats().unsupported == 0);
+      CHECK(om.obs.stats().metadata_mismatches == 0);  // deepseek2's keys agree with its graph
+      CHECK(om.obs.structure_known());
       CHECK(sink.bad == 0);
       CHECK(sink.batches == 1 + n_decode);
       CHECK(sink.decode_routings == n_decode * n_moe);
@@ -134,14 +129,10 @@ TEST_CASE("llama.cpp observer: the control reproduces ffn_moe_topk on 100.0% of 
 TEST_CASE("llama.cpp observer: the spec it derives from the graph") {
   llama_init_once();
   SUBCASE("qwen3moe: softmax, normalised, no bias") {
-    auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
-    mrl::observer obs(model.get());
-    auto cp = test_context_params();
-    obs.install(cp);
-    auto ctx = make_context(model.get(), cp);
-    run_tokens(ctx.get(), model.get(), 4, 1);
-    REQUIRE(obs.structure_known());
-    const auto& s = obs.layer(layer_id(1));
+    observed_model om(spec_for("qwen3moe", GGML_TYPE_F32));
+    om.run(4, 1);
+    REQUIRE(om.obs.structure_known());
+    const auto& s = om.obs.layer(layer_id(1));
     CHECK(s.moe);
     CHECK(s.spec.gating == gating_function::softmax);
     CHECK(s.spec.normalize_weights);
@@ -153,20 +144,16 @@ TEST_CASE("llama.cpp observer: the spec it derives from the graph") {
     CHECK(s.router.cols == 128);
     CHECK(s.experts.size() == 3);  // gate, up, down (renamed node_N: found by op)
     CHECK(s.expert_bytes == 3ull * 128 * 64 * 4);
-    const model_shape shape = obs.shape();
+    const model_shape shape = om.obs.shape();
     CHECK(shape.n_layers() == 4);
     CHECK(shape.n_moe_layers() == 4);
   }
   SUBCASE("deepseek2: dense first layer, sigmoid, groups, selection bias, norm and scale") {
-    auto model = mre::make_random_model(spec_for("deepseek2", GGML_TYPE_BF16));
-    mrl::observer obs(model.get());
-    auto cp = test_context_params();
-    obs.install(cp);
-    auto ctx = make_context(model.get(), cp);
-    run_tokens(ctx.get(), model.get(), 4, 1);
-    REQUIRE(obs.structure_known());
-    CHECK_FALSE(obs.layer(layer_id(0)).moe);
-    const auto& s = obs.layer(layer_id(2));
+    observed_model om(spec_for("deepseek2", GGML_TYPE_BF16));
+    om.run(4, 1);
+    REQUIRE(om.obs.structure_known());
+    CHECK_FALSE(om.obs.layer(layer_id(0)).moe);
+    const auto& s = om.obs.layer(layer_id(2));
     CHECK(s.moe);
     CHECK(s.spec.gating == gating_function::sigmoid);
     CHECK(s.spec.n_groups == 8);
@@ -178,20 +165,16 @@ TEST_CASE("llama.cpp observer: the spec it derives from the graph") {
     CHECK(s.spec.weight_scale == 2.5f);
     CHECK(s.router.type == element_type::bf16);
     CHECK(s.experts.size() == 2);  // merged gate_up, down
-    const model_shape shape = obs.shape();
+    const model_shape shape = om.obs.shape();
     CHECK_FALSE(shape.is_moe(layer_id(0)));
     CHECK(shape.is_moe(layer_id(1)));
     CHECK(shape.n_moe_layers() == 3);
   }
   SUBCASE("gpt-oss: logit bias, softmax over the selected") {
-    auto model = mre::make_random_model(spec_for("gpt-oss", GGML_TYPE_F16));
-    mrl::observer obs(model.get());
-    auto cp = test_context_params();
-    obs.install(cp);
-    auto ctx = make_context(model.get(), cp);
-    run_tokens(ctx.get(), model.get(), 4, 1);
-    REQUIRE(obs.structure_known());
-    const auto& s = obs.layer(layer_id(3));
+    observed_model om(spec_for("gpt-oss", GGML_TYPE_F16));
+    om.run(4, 1);
+    REQUIRE(om.obs.structure_known());
+    const auto& s = om.obs.layer(layer_id(3));
     CHECK(s.spec.gating == gating_function::softmax_weight);
     CHECK(s.spec.logit_bias.size() == 32);
     CHECK_FALSE(s.spec.normalize_weights);
@@ -203,17 +186,12 @@ TEST_CASE("llama.cpp observer: the graph wins over GGUF keys it contradicts, and
   llama_init_once();
   auto spec = spec_for("qwen3moe", GGML_TYPE_F32);
   spec.gating_func_key = 2;  // sigmoid; llama.cpp's qwen3moe graph hard-codes softmax
-  auto model = mre::make_random_model(spec);
-  mrl::observer obs(model.get());
   control_sink sink;
-  obs.set_sink(&sink);
-  auto cp = test_context_params();
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
-  run_tokens(ctx.get(), model.get(), 8, 8);
-  CHECK(obs.layer(layer_id(0)).spec.gating == gating_function::softmax);
-  CHECK(obs.stats().metadata_mismatches == 4);
-  CHECK(obs.metadata_note() == "layer 0: expert_gating_func is 2 in the GGUF but 1 in the graph");
+  observed_model om(spec, &sink);
+  om.run(8, 8);
+  CHECK(om.obs.layer(layer_id(0)).spec.gating == gating_function::softmax);
+  CHECK(om.obs.stats().metadata_mismatches == 4);
+  CHECK(om.obs.metadata_note() == "layer 0: expert_gating_func is 2 in the GGUF but 1 in the graph");
   CHECK(sink.matches == sink.routings);  // and the control, on the graph's spec, is exact
 }
 
@@ -300,30 +278,24 @@ TEST_CASE("llama.cpp observer: session_sink forwards the last prompt layer's out
   for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
     const std::string config = arch;
     CAPTURE(config);
-    auto model = mre::make_random_model(spec_for(arch, GGML_TYPE_F32));
-    mrl::observer obs(model.get());
-    auto cp = test_context_params();
-    obs.install(cp);
-    auto ctx = make_context(model.get(), cp);
-    run_tokens(ctx.get(), model.get(), 1, 0);  // learn the structure, then start afresh
-    llama_memory_clear(llama_get_memory(ctx.get()), true);
-    obs.set_position(0);
-    REQUIRE(obs.structure_known());
-    const model_shape shape = obs.shape();
+    observed_model om(spec_for(arch, GGML_TYPE_F32));
+    om.warm_up();  // learn the structure, then start afresh
+    REQUIRE(om.obs.structure_known());
+    const model_shape shape = om.obs.shape();
 
     session_options so;
     so.on_anomaly = anomaly_action::count;
     tracing_session s(shape, so);
-    mrl::configure_routers(s, obs);
+    mrl::configure_routers(s, om.obs);
     delivered_tokens seen;
     mrl::session_sink<tracing_session> sink(s, &seen);
-    obs.set_sink(&sink);
+    om.obs.set_sink(&sink);
     const std::size_t n_prompt = 12, n_decode = 6;
-    run_tokens(ctx.get(), model.get(), n_prompt, n_decode);
-    obs.set_sink(nullptr);
+    om.run(n_prompt, n_decode);
+    om.obs.set_sink(nullptr);
 
-    CHECK(obs.stats().exceptions == 0);
-    CHECK(obs.stats().unreadable == 0);
+    CHECK(om.obs.stats().exceptions == 0);
+    CHECK(om.obs.stats().unreadable == 0);
     CHECK(s.anomalies().total() == 0);
     CHECK(sink.bad_layers() == 0);
     CHECK(s.prefill_tokens() == n_prompt);
@@ -458,27 +430,21 @@ struct faulty_session {
 
 TEST_CASE("llama.cpp observer: session_sink recovers a throw-mode session at the next graph") {
   llama_init_once();
-  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
-  mrl::observer obs(model.get());
-  auto cp = test_context_params();
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
-  run_tokens(ctx.get(), model.get(), 1, 0);
-  llama_memory_clear(llama_get_memory(ctx.get()), true);
-  obs.set_position(0);
-  const model_shape shape = obs.shape();
+  observed_model om(spec_for("qwen3moe", GGML_TYPE_F32));
+  om.warm_up();  // learn the structure, then start afresh
+  const model_shape shape = om.obs.shape();
   standard_session s(shape);  // throw mode, as in docs/llama-cpp.md
-  mrl::configure_routers(s, obs);
+  mrl::configure_routers(s, om.obs);
   faulty_session<standard_session> fs{&s};
   fs.throw_at = static_cast<int>(shape.n_layers()) + 1;  // layer 1 of the first decode graph
   mrl::session_sink<faulty_session<standard_session>> sink(fs);
-  obs.set_sink(&sink);
+  om.obs.set_sink(&sink);
   const std::size_t n_decode = 6;
-  run_tokens(ctx.get(), model.get(), 4, n_decode);
-  obs.set_sink(nullptr);
+  om.run(4, n_decode);
+  om.obs.set_sink(nullptr);
   // The injected throw, then the mid-layer boundary it left, rethrown once
   // the next graph's batch had begun; nothing else was lost.
-  CHECK(obs.stats().exceptions == 2);
+  CHECK(om.obs.stats().exceptions == 2);
   CHECK(s.decode_tokens() == n_decode);
   const prediction_report r = s.report();
   const std::size_t ctrl = r.control_index();
@@ -489,15 +455,9 @@ TEST_CASE("llama.cpp observer: session_sink recovers a throw-mode session at the
 
 TEST_CASE("llama.cpp observer: session_sink refuses, loudly, drops llama.cpp cannot make") {
   llama_init_once();
-  auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
-  mrl::observer obs(model.get());
-  auto cp = test_context_params();
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
-  run_tokens(ctx.get(), model.get(), 1, 0);
-  llama_memory_clear(llama_get_memory(ctx.get()), true);
-  obs.set_position(0);
-  const model_shape shape = obs.shape();
+  observed_model om(spec_for("qwen3moe", GGML_TYPE_F32));
+  om.warm_up();  // learn the structure, then start afresh
+  const model_shape shape = om.obs.shape();
   using spec_t = speculation<expert_cache<lru_policy>>;
   using drop_session = session<predictor_set<stale_gate_predictor>, spec_t>;
   speculation_options o;
@@ -511,14 +471,14 @@ TEST_CASE("llama.cpp observer: session_sink refuses, loudly, drops llama.cpp can
                  std::tuple<spec_t>{spec_t(shape, expert_cache<lru_policy>(shape, co),
                                            [](layer_id, expert_id, read_reason) noexcept { return read_status::ok; },
                                            o)});
-  mrl::configure_routers(s, obs);
+  mrl::configure_routers(s, om.obs);
   mrl::session_sink<drop_session> sink(s);
-  obs.set_sink(&sink);
-  run_tokens(ctx.get(), model.get(), 4, 8);
-  obs.set_sink(nullptr);
+  om.obs.set_sink(&sink);
+  om.run(4, 8);
+  om.obs.set_sink(nullptr);
   CHECK(sink.ignored_drops() > 0);
-  CHECK(obs.stats().exceptions == 1);  // loud once, counted always
-  CHECK(std::string(obs.last_error()).find("disarm dropping") != std::string::npos);
+  CHECK(om.obs.stats().exceptions == 1);  // loud once, counted always
+  CHECK(std::string(om.obs.last_error()).find("disarm dropping") != std::string::npos);
 }
 
 TEST_CASE("llama.cpp observer: a second install over another chained callback is refused") {

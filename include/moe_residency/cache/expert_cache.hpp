@@ -141,7 +141,7 @@ inline std::string token_cycle_message(const std::string& who, std::uint64_t bud
                 "%s: budget %.1f MiB is below the token cycle %.1f MiB (%zu MoE layers x "
                 "top-%zu x expert bytes); a recency policy evicts each expert just before "
                 "the cycle returns to it and hits 0%%. Raise the budget to at least %.1f MiB, "
-                "or use a policy that survives below the cycle (lfu, layer_lfu, cycle, belady)",
+                "or use a policy that survives below the cycle (lfu, layerlfu, cycle, belady)",
                 who.c_str(), to_mib(budget), to_mib(t), shape.n_moe_layers(), shape.top_k(),
                 to_mib(t));
   return buf;

@@ -1,5 +1,5 @@
 #pragma once
-/// retention<Inner>: prediction-aware eviction. A decorator over any policy
+/// retention_policy<Inner>: prediction-aware eviction. A decorator over any policy
 /// that keeps the experts a predictor names for the next layer(s) out of
 /// eviction while they are still ahead in the cycle. It reads nothing (unlike
 /// speculation it costs no I/O): it only changes which entry is evicted.
@@ -41,12 +41,12 @@ class cache_protected_view {
 }  // namespace detail
 
 template <class Inner>
-class retention {
+class retention_policy {
  public:
   static constexpr const char* name = "retention";
   static constexpr bool collapses_below_cycle = Inner::collapses_below_cycle;
 
-  explicit retention(Inner inner = Inner{}) : inner_(std::move(inner)) {}
+  explicit retention_policy(Inner inner = Inner{}) : inner_(std::move(inner)) {}
 
   void init(const model_shape& shape, std::uint64_t budget) {
     inner_.init(shape, budget);
@@ -127,5 +127,9 @@ class retention {
   std::vector<std::vector<std::uint32_t>> listed_;
   std::uint64_t overridden_ = 0;
 };
+
+/// The name this decorator shipped with, before every policy was `*_policy`.
+template <class Inner>
+using retention = retention_policy<Inner>;
 
 }  // namespace moe_residency

@@ -19,10 +19,9 @@
 /// built with that architecture's flags (the xsimd::dispatch pattern), thus
 /// gets distinct symbols per architecture: the linker cannot substitute an
 /// AVX-512 TU's copy of a helper for an SSE2 TU's. MOE_RESIDENCY_FUSED_MADD is
-/// read only for the default of `Fused` at the entry points. The exceptions
-/// are the run-time dispatched kernel below (compiled for a fixed target by
-/// attribute, the same in every TU) and the non-template public wrappers in
-/// router.hpp (see docs/router.md, Limits).
+/// read only for the default of `Fused` at the entry points. The non-template
+/// entry points in router.hpp are kept apart by the ABI tag below (see
+/// docs/router.md, Limits).
 
 #include <algorithm>
 #include <cmath>
@@ -72,9 +71,81 @@
 #endif
 #endif
 
+// MOE_RESIDENCY_DETAIL_X86_KERNEL: the run-time dispatched kernel is compiled
+// (x86-64, GCC or Clang, not disabled by MOE_RESIDENCY_NO_RUNTIME_DISPATCH).
+// MOE_RESIDENCY_DETAIL_GEMV_DISPATCH: `gemv` may take it (see gemv_x86_impl).
+#if !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH) && defined(__x86_64__) && \
+    defined(__GNUC__) && !defined(_MSC_VER)
+#define MOE_RESIDENCY_DETAIL_X86_KERNEL 1
+#else
+#define MOE_RESIDENCY_DETAIL_X86_KERNEL 0
+#endif
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && \
+    !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 1
+#else
+#define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 0
+#endif
+
+// The ABI tag: every GEMV kernel here, and router.hpp's GEMV entry points, sit
+// in an inline namespace named after what their machine code depends on (the
+// TU's SIMD target, MOE_RESIDENCY_FUSED_MADD, whether `gemv` dispatches at run
+// time), as nlohmann/json tags its ABI. Two TUs built with different settings
+// thus get differently named copies, and the linker cannot keep one TU's
+// copy for the other's calls (an ODR violation before). Types are not tagged:
+// a matrix_view still passes between such TUs.
+#if defined(__AVX512F__)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH avx512f
+#elif defined(__AVX2__)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH avx2
+#elif defined(__AVX__)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH avx
+#elif defined(__SSE4_2__)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH sse4_2
+#elif defined(__SSE2__) || defined(_M_X64)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH sse2
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH neon64
+#elif defined(__ARM_NEON)
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH neon
+#else
+#define MOE_RESIDENCY_DETAIL_ABI_ARCH generic
+#endif
+#if defined(__FMA__)
+#define MOE_RESIDENCY_DETAIL_ABI_FMA fma
+#else
+#define MOE_RESIDENCY_DETAIL_ABI_FMA nofma
+#endif
+#if defined(__F16C__)
+#define MOE_RESIDENCY_DETAIL_ABI_F16C f16c
+#else
+#define MOE_RESIDENCY_DETAIL_ABI_F16C nof16c
+#endif
+#if MOE_RESIDENCY_FUSED_MADD
+#define MOE_RESIDENCY_DETAIL_ABI_FUSED fused
+#else
+#define MOE_RESIDENCY_DETAIL_ABI_FUSED unfused
+#endif
+#if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+#define MOE_RESIDENCY_DETAIL_ABI_DISPATCH dispatch
+#else
+#define MOE_RESIDENCY_DETAIL_ABI_DISPATCH nodispatch
+#endif
+#define MOE_RESIDENCY_DETAIL_ABI_CAT2(a, b, c, d, e) gemv_abi_##a##_##b##_##c##_##d##_##e
+#define MOE_RESIDENCY_DETAIL_ABI_CAT(a, b, c, d, e) MOE_RESIDENCY_DETAIL_ABI_CAT2(a, b, c, d, e)
+/// The inline namespace of the GEMV kernels in this TU, e.g.
+/// gemv_abi_sse2_nofma_nof16c_unfused_dispatch (see above).
+#define MOE_RESIDENCY_GEMV_ABI                                                                   \
+  MOE_RESIDENCY_DETAIL_ABI_CAT(MOE_RESIDENCY_DETAIL_ABI_ARCH, MOE_RESIDENCY_DETAIL_ABI_FMA,   \
+                               MOE_RESIDENCY_DETAIL_ABI_F16C, MOE_RESIDENCY_DETAIL_ABI_FUSED, \
+                               MOE_RESIDENCY_DETAIL_ABI_DISPATCH)
+#define MOE_RESIDENCY_GEMV_ABI_STRING2(x) #x
+#define MOE_RESIDENCY_GEMV_ABI_STRING(x) MOE_RESIDENCY_GEMV_ABI_STRING2(x)
+
 namespace moe_residency {
 
 namespace detail {
+inline namespace MOE_RESIDENCY_GEMV_ABI {
 
 inline constexpr std::size_t gemv_lanes = 32;      // ggml AVX2: 4 accumulators x 8 lanes
 inline constexpr std::size_t gemv_row_block = 32;  // rows sharing one rounded x block
@@ -496,18 +567,6 @@ inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows
 // Clang, not disabled by MOE_RESIDENCY_NO_RUNTIME_DISPATCH).
 // MOE_RESIDENCY_DETAIL_GEMV_DISPATCH: `gemv` may take it, i.e. the TU is not
 // already compiled for AVX2+FMA+F16C (then the xsimd path is as fast).
-#if !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH) && defined(__x86_64__) && \
-    defined(__GNUC__) && !defined(_MSC_VER)
-#define MOE_RESIDENCY_DETAIL_X86_KERNEL 1
-#else
-#define MOE_RESIDENCY_DETAIL_X86_KERNEL 0
-#endif
-#if MOE_RESIDENCY_DETAIL_X86_KERNEL && \
-    !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-#define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 1
-#else
-#define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 0
-#endif
 
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL
 #define MOE_RESIDENCY_DETAIL_X86_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -870,5 +929,6 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
   gemv_simd_generic<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
 }
 
+}  // inline namespace MOE_RESIDENCY_GEMV_ABI
 }  // namespace detail
 }  // namespace moe_residency

@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "moe_residency/core.hpp"
@@ -239,11 +242,42 @@ class static_hot_list_predictor {
   std::vector<ranking> lists_;
 };
 
+namespace detail {
+
+template <class... P, class Rank, std::size_t... I>
+void score_predictions_impl(slot_overlap_scorer& scorer, const routing& r,
+                            std::array<const ranking*, sizeof...(P)>& ptrs, Rank& rank,
+                            std::index_sequence<I...>) noexcept {
+  static constexpr std::array<bool, sizeof...(P)> ties{P::tie_aware...};
+  ((ptrs[I] = rank(std::integral_constant<std::size_t, I>{})), ...);
+  scorer.record(r, span<const ranking* const>(ptrs.data(), ptrs.size()), span<const bool>(ties.data(), ties.size()));
+}
+
+/// The scoring rule the session and score_routings share, for one routing:
+/// `rank(std::integral_constant<std::size_t, I>)` is predictor I's ranking of
+/// r's layer (null when it has none); the scorer records them all against r,
+/// each scored tie-aware as its predictor's `tie_aware` says.
+template <class... P, class Rank>
+void score_predictions(slot_overlap_scorer& scorer, const routing& r, std::array<const ranking*, sizeof...(P)>& ptrs,
+                       Rank&& rank) noexcept {
+  score_predictions_impl<P...>(scorer, r, ptrs, rank, std::index_sequence_for<P...>{});
+}
+
+/// Every predictor observes the routings, routing by routing (after they were scored).
+template <class... P>
+void observe_routings(span<const routing> routings, P&... predictors) noexcept {
+  for (const routing& r : routings) (predictors.observe(r), ...);
+}
+
+}  // namespace detail
+
 /// Scores history predictors on recorded routings, in order: for each
 /// routing every predictor predicts, the scorer records, then every predictor
-/// observes it. `declined` (routings wider than 32 the reader set aside) is
-/// added to the report. Predictors are reset to `shape` first. Throws `error`
-/// when a routing's layer lies outside the shape.
+/// observes it: the session's rule (detail::score_predictions), so a trace
+/// scores as the same routings fed to a session one token at a time.
+/// `declined` (routings wider than 32 the reader set aside) is added to the
+/// report. Predictors are reset to `shape` first. Throws `error` when a
+/// routing's layer lies outside the shape.
 template <class... P>
 prediction_report score_routings(const model_shape& shape, span<const routing> routings,
                                  std::size_t declined, scorer_options options, P&... predictors) {
@@ -254,16 +288,16 @@ prediction_report score_routings(const model_shape& shape, span<const routing> r
   (predictors.reset(shape), ...);
   std::array<ranking, sizeof...(P)> rankings{};
   std::array<const ranking*, sizeof...(P)> ptrs{};
-  const std::array<bool, sizeof...(P)> ties{P::tie_aware...};
+  std::tuple<P&...> ps(predictors...);
   for (const routing& r : routings) {
     if (to_index(r.layer) >= shape.n_layers())
       throw error("score_routings: layer " + std::to_string(to_index(r.layer)) +
                   " out of range [0, " + std::to_string(shape.n_layers()) + ")");
-    std::size_t i = 0;
-    ((ptrs[i] = predictors.predict(r.layer, rankings[i]) ? &rankings[i] : nullptr, ++i), ...);
-    scorer.record(r, span<const ranking* const>(ptrs.data(), ptrs.size()),
-                  span<const bool>(ties.data(), ties.size()));
-    (predictors.observe(r), ...);
+    detail::score_predictions<P...>(scorer, r, ptrs, [&](auto i) -> const ranking* {
+      constexpr std::size_t I = decltype(i)::value;
+      return std::get<I>(ps).predict(r.layer, rankings[I]) ? &rankings[I] : nullptr;
+    });
+    detail::observe_routings(span<const routing>(&r, 1), predictors...);
   }
   scorer.add_declined(declined);
   return scorer.report();

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp/structure.hpp"
+#include "moe_residency/detail/format.hpp"
 
 namespace moe_residency::llama_cpp {
 
@@ -491,7 +492,7 @@ class observer {
     if (!scale.empty() && spec.scale_weights) {
       const double v = std::strtod(scale.c_str(), nullptr);
       if (std::fabs(v - static_cast<double>(spec.weight_scale)) > 1e-6 * std::fabs(v))
-        expect("expert_weights_scale", scale, moe_residency::detail::format_float(spec.weight_scale));
+        expect("expert_weights_scale", scale, moe_residency::detail::format_number(spec.weight_scale));
     }
     if (problem.empty()) return;
     ++stats_.metadata_mismatches;
