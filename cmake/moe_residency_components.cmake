@@ -34,7 +34,12 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/cache.hpp
   moe_residency/score.hpp
   moe_residency/plan.hpp
+  moe_residency/replay/cells.hpp
+  moe_residency/replay/static_drop.hpp
+  moe_residency/router/spec.hpp
+  moe_residency/router/select.hpp
   moe_residency/session_hook.hpp
+  moe_residency/session_types.hpp
   moe_residency/predict/contract.hpp
   moe_residency/predict/history.hpp
   moe_residency/detail/format.hpp
@@ -58,13 +63,16 @@ set(MOE_RESIDENCY_SIMD_HEADERS
   moe_residency/session.hpp
   moe_residency/synthetic.hpp)
 
-# replay.hpp is here, not in core, because replay_grid runs its cells on std::threads.
+# replay.hpp is here, not in core, because replay_grid runs its cells on std::threads
+# (one cell, its reports and the static drop replay are core: replay/cells.hpp and
+# replay/static_drop.hpp); the dynamic replay runs the speculation glue.
 set(MOE_RESIDENCY_THREADS_HEADERS
   moe_residency/io.hpp
   moe_residency/detail/io_ring.hpp
   moe_residency/simulated_flash.hpp
   moe_residency/speculation.hpp
-  moe_residency/replay.hpp)
+  moe_residency/replay.hpp
+  moe_residency/replay/dynamic.hpp)
 
 # The timing headers (timing.hpp and timing/*.hpp) are globbed: Eigen is used by
 # timing/calibrate.hpp only, and no header outside this list may include Eigen.

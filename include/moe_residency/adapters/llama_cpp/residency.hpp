@@ -48,11 +48,13 @@
 /// The manager's parts each have a header: residency_options.hpp (options and
 /// counters), memory_limit.hpp (what it reads about the process and its
 /// cgroups), expert_pages.hpp (where each expert sits in the mapping, and the
-/// per-page lock counts), predicted_reads.hpp (the stale-gate's reads). This
-/// header is the one class that ties them to the observer's events: its
-/// activation, refusals and per-layer steps are kept in one place (~550
-/// lines) because their order is the contract (everything that can refuse
-/// runs before any advice; a layer's misses are locked before its evictions).
+/// per-page lock counts), predicted_reads.hpp (the stale-gate's reads).
+///
+/// Why this header is long: it is the one class that ties those parts to the
+/// observer's events, and its activation, refusals and per-layer steps stay
+/// in one place because their order is the contract (everything that can
+/// refuse runs before any advice; a layer's misses are locked before the
+/// cache evicts; predictions are settled before the layer's reads start).
 
 #include <algorithm>
 #include <array>
