@@ -10,17 +10,21 @@
 // are delivered with exactly the ids and weights written into it.
 
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "../../fuzz/gguf_seed.hpp"
 #include "llama_support.hpp"
+#include "moe_residency/adapters/llama_cpp/gguf.hpp"
 #include "moe_residency/session.hpp"
 
 using namespace moe_residency;
@@ -474,4 +478,71 @@ TEST_CASE("llama.cpp boundary: one observer entered from two threads at once ref
   CHECK(sink.events.size() == 2 * n_layer);
   CHECK(obs.stats().concurrent_calls == b.layers.size() * b.layers[0].order().size());
   CHECK(obs.stats().exceptions == 0);
+}
+
+// ---------------------------------------------------------------------------
+// The GGUF expert map at the file boundary (fuzz/fuzz_gguf_expert_map.cpp
+// fuzzes it; these are its reference file and the regression of what writing
+// that fuzzer found).
+
+namespace {
+std::string write_temp(const std::vector<unsigned char>& bytes, const char* name) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("moe-residency-" + std::to_string(::getpid()) + "-" + name))
+          .string();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
+  std::fclose(f);
+  return path;
+}
+}  // namespace
+
+TEST_CASE("gguf_expert_map: the expert ranges of a small GGUF hold exactly its experts' bytes") {
+  const std::vector<unsigned char> bytes = moe_residency_fuzz::small_expert_gguf(0);
+  const std::string path = write_temp(bytes, "boundary-small.gguf");
+  const mrl::gguf_expert_map m = mrl::gguf_expert_map::by_name(path);
+  REQUIRE(m.n_layer() == 2);
+  REQUIRE(m.ranges(layer_id(0)).size() == 2);
+  REQUIRE(m.ranges(layer_id(1)).size() == 2);
+  struct want {
+    const char* tensor;
+    std::uint64_t bytes_per_expert;
+  };
+  // f32 [16, 8, 4]: 16*4*8; f16 [8, 16, 4]: 8*2*16; q4_0 [32, 4, 4]: one 18-byte block a row, 4 rows.
+  const want w[] = {{"blk.0.ffn_up_exps.weight", 512}, {"blk.0.ffn_down_exps.weight", 256},
+                    {"blk.1.ffn_gate_exps.weight", 72}, {"blk.1.ffn_up_exps.weight", 72}};
+  std::size_t i = 0;
+  for (std::size_t l = 0; l < 2; ++l)
+    for (const mrl::expert_file_range& r : m.ranges(layer_id(static_cast<std::uint16_t>(l)))) {
+      CAPTURE(r.tensor);
+      CHECK(r.tensor == w[i].tensor);
+      CHECK(r.bytes_per_expert == w[i].bytes_per_expert);
+      CHECK(r.n_expert == 4);
+      // Every byte of every expert is the seed's pattern over the tensor's bytes.
+      for (std::uint64_t b = 0; b < r.bytes_per_expert * r.n_expert; ++b)
+        REQUIRE(bytes.at(r.offset + b) == static_cast<unsigned char>((b * 37 + 11) & 0x3f));
+      ++i;
+    }
+  CHECK(m.expert_bytes(layer_id(0)) == 512 + 256);
+  const std::vector<std::uint64_t> dense = mrl::gguf_dense_bytes(path, m, 2);
+  CHECK(dense[0] == 16 * 4 + 16 * 4 * 4);  // attn_norm, ffn_gate_inp
+  CHECK(dense[1] == 0);
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("fuzz_gguf_expert_map: a truncated GGUF whose experts lie past its end is refused") {
+  std::vector<unsigned char> bytes = moe_residency_fuzz::small_expert_gguf(0);
+  // gguf.h loads the header of a file cut anywhere in its data section (it
+  // reads no data), so before the map checked, its ranges pointed past EOF.
+  for (const std::size_t cut : {std::size_t{1}, std::size_t{72 * 4}, bytes.size() / 2}) {
+    CAPTURE(cut);
+    std::vector<unsigned char> truncated(bytes.begin(), bytes.end() - static_cast<std::ptrdiff_t>(cut));
+    const std::string path = write_temp(truncated, "boundary-truncated.gguf");
+    CHECK_THROWS_WITH_AS(mrl::gguf_expert_map::by_name(path),
+                         doctest::Contains("bytes; expected its experts inside the file (is it truncated?)"),
+                         moe_residency::error);
+    CHECK_THROWS_WITH_AS(mrl::gguf_expert_map::by_name(path), doctest::Contains(path.c_str()), moe_residency::error);
+    std::filesystem::remove(path);
+  }
 }
