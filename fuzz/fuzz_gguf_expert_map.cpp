@@ -40,6 +40,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::fclose(f);
     moe_residency_fuzz::check(ok, "cannot write the temporary file", file);
   }
+  struct remove_at_exit {  // a crash leaves the file behind, next to its input
+    const std::string& f;
+    ~remove_at_exit() { std::remove(f.c_str()); }
+  } cleanup{file};
   mrl::gguf_expert_map m;
   try {
     m = mrl::gguf_expert_map::by_name(file);
