@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for a bounded time:
-#   scripts/fuzz.sh TARGET SECONDS      TARGET: fuzz_trace_csv, fuzz_trace_binary, fuzz_session, or all
+#   scripts/fuzz.sh TARGET SECONDS      TARGET: fuzz_trace_csv, fuzz_trace_binary, fuzz_session,
+#                                       fuzz_gguf_expert_map (needs llama.cpp, below), or all
 # Builds the targets with clang (-fsanitize=fuzzer,address,undefined) in build/fuzz,
 # writes the seed corpora there (from $MOE_RESIDENCY_TRACES or ../shared/traces and
 # the unit tests' small trace), keeps the growing corpus in build/fuzz/corpus/TARGET,
 # and leaves any crashing input in build/fuzz/findings/TARGET. Exits non-zero on a
 # finding. Appends the time spent to build/fuzz/fuzz-time.log.
+# With MOE_RESIDENCY_LLAMA_CPP_PREFIX set to an installed llama.cpp (the prefix
+# `scripts/fetch-llama-cpp.sh --install` prints), fuzz_gguf_expert_map is built
+# against its ggml and is part of `all`; without it that target is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 targets_all=(fuzz_trace_csv fuzz_trace_binary fuzz_session)
+llama_prefix="${MOE_RESIDENCY_LLAMA_CPP_PREFIX:-}"
+llama_flags=(-DMOE_RESIDENCY_BUILD_LLAMA_CPP=OFF)
+if [[ -n "$llama_prefix" ]]; then
+  targets_all+=(fuzz_gguf_expert_map)
+  llama_flags=(-DMOE_RESIDENCY_BUILD_LLAMA_CPP=ON -DCMAKE_PREFIX_PATH="$llama_prefix")
+fi
 target="${1:-}"
 seconds="${2:-60}"
 if [[ -z "$target" || ! "$seconds" =~ ^[0-9]+$ ]]; then
@@ -19,6 +29,11 @@ fi
 if [[ "$target" == all ]]; then
   targets=("${targets_all[@]}")
 else
+  if [[ "$target" == fuzz_gguf_expert_map && -z "$llama_prefix" ]]; then
+    echo "scripts/fuzz.sh: fuzz_gguf_expert_map needs ggml's gguf.h; set MOE_RESIDENCY_LLAMA_CPP_PREFIX to an" \
+         "installed llama.cpp (the prefix scripts/fetch-llama-cpp.sh --install prints)" >&2
+    exit 2
+  fi
   case " ${targets_all[*]} " in *" $target "*) targets=("$target") ;; *)
     echo "scripts/fuzz.sh: unknown target '$target'; expected one of: ${targets_all[*]} all" >&2
     exit 2 ;;
@@ -28,11 +43,14 @@ fi
 build=build/fuzz
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
       -DMOE_RESIDENCY_BUILD_FUZZERS=ON -DMOE_RESIDENCY_BUILD_TESTS=OFF -DMOE_RESIDENCY_BUILD_EXAMPLES=OFF \
-      -DMOE_RESIDENCY_INSTALL=OFF -DMOE_RESIDENCY_WARNINGS_AS_ERRORS=ON >/dev/null
-cmake --build "$build" --target "${targets[@]}" moe_residency_fuzz_seeds
+      -DMOE_RESIDENCY_INSTALL=OFF -DMOE_RESIDENCY_WARNINGS_AS_ERRORS=ON "${llama_flags[@]}" >/dev/null
+seed_makers=(moe_residency_fuzz_seeds)
+[[ -n "$llama_prefix" ]] && seed_makers+=(moe_residency_fuzz_gguf_seeds)
+cmake --build "$build" --target "${targets[@]}" "${seed_makers[@]}"
 
 traces="${MOE_RESIDENCY_TRACES:-$(cd .. && pwd)/shared/traces}"
 "$build/fuzz/moe_residency_fuzz_seeds" "$traces" "$build/seeds" >/dev/null
+if [[ -n "$llama_prefix" ]]; then "$build/fuzz/moe_residency_fuzz_gguf_seeds" "$build/seeds" >/dev/null; fi
 
 status=0
 for t in "${targets[@]}"; do

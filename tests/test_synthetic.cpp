@@ -211,32 +211,64 @@ struct fnv {
 }  // namespace
 
 // The router storage is a typed buffer per element type; this pins what the
-// generator produces (router bits and routings, per type and rule) so a change
-// of storage cannot silently change a seed's routings. Golden values were
-// recorded with the previous (byte-reinterpreting) storage.
+// generator produces (router bits, gate inputs, routings, per type and rule)
+// so a change of storage cannot silently change a seed's routings. Golden
+// values were recorded on x86-64 with the previous (byte-reinterpreting)
+// storage; the gate-input hashes were added later, on x86-64.
+//
+// The routers and gate inputs must be the same bits on every platform: the
+// generator rounds every product before it meets an addition, so a compiler
+// that contracts a*b+c into a fused multiply-add (GCC on aarch64 by default)
+// cannot change them (before that, it did: docs/reliability.md). The
+// routings come from the GEMV, whose multiply-add is fused exactly where
+// ggml's is (MOE_RESIDENCY_FUSED_MADD: x86 builds without FMA do not fuse,
+// every aarch64 build does), so f32 logits one rounding apart give other
+// weights (and may flip a near-tie): the routings have one golden per fusion
+// mode. The fused f32 goldens were recorded under qemu-aarch64 (build/aarch64,
+// GCC 12 cross), and hold on x86-64 too when the GEMV fuses there (this file
+// built by hand with g++ 12 -O2 -march=native: fma3+avx2, GCC free to contract
+// everything else; every case passes). For f16 and bf16 routers the two goldens are the same: the
+// GEMV rounds x to the router's type, and a product of two f16 (or bf16)
+// values is exact in float, so fusing it with the addition changes nothing —
+// this test checks that too.
 TEST_CASE("same seeds give bit-identical routers and routings for every router type") {
   struct golden {
     element_type type;
     synthetic_router rule;
-    std::uint64_t routers, routings;
+    std::uint64_t routers, gate_inputs, routings_unfused, routings_fused;
   };
   const golden want[] = {
-      {element_type::f32, synthetic_router::qwen3moe, 0xab11b1a972e66bedull, 0x21e4414b03d41826ull},
-      {element_type::f32, synthetic_router::deepseek, 0xaae02a80f879d5c3ull, 0xb94127ca3a9b5af5ull},
-      {element_type::f32, synthetic_router::gpt_oss, 0x08daa00e5ad1b72eull, 0x8db6a5f8b03ab10full},
-      {element_type::f32, synthetic_router::llama4, 0xab11b1a972e66bedull, 0xc71cc48dbc9f9835ull},
-      {element_type::f16, synthetic_router::qwen3moe, 0x3465eeae92a8cd0dull, 0x956414ccb571ecedull},
-      {element_type::f16, synthetic_router::deepseek, 0xda9c972d370c3168ull, 0x4a9aecf1f23add96ull},
-      {element_type::f16, synthetic_router::gpt_oss, 0xa7019b248e4ba3e4ull, 0x547e0982832ae848ull},
-      {element_type::f16, synthetic_router::llama4, 0x3465eeae92a8cd0dull, 0x3d4b67ae167e1833ull},
-      {element_type::bf16, synthetic_router::qwen3moe, 0x7cdbc1f476e3be7full, 0x1f764b42a9d437d8ull},
-      {element_type::bf16, synthetic_router::deepseek, 0x2f9711fb5465a280ull, 0x45e65dab6a8248c3ull},
-      {element_type::bf16, synthetic_router::gpt_oss, 0xc3a1baa49c267347ull, 0xdb2b24adb5129837ull},
-      {element_type::bf16, synthetic_router::llama4, 0x7cdbc1f476e3be7full, 0x1053ce26b44a1fb2ull},
+      {element_type::f32, synthetic_router::qwen3moe, 0xab11b1a972e66bedull, 0xea6fb0476e911624ull,
+       0x21e4414b03d41826ull, 0x206e2ef40d5f79cdull},
+      {element_type::f32, synthetic_router::deepseek, 0xaae02a80f879d5c3ull, 0x91bc1fe7a9c6cd95ull,
+       0xb94127ca3a9b5af5ull, 0x51d456a64d63f926ull},
+      {element_type::f32, synthetic_router::gpt_oss, 0x08daa00e5ad1b72eull, 0xea6fb0476e911624ull,
+       0x8db6a5f8b03ab10full, 0xb99fc56c2ba9df82ull},
+      {element_type::f32, synthetic_router::llama4, 0xab11b1a972e66bedull, 0xea6fb0476e911624ull,
+       0xc71cc48dbc9f9835ull, 0x7eb12e5176e49b02ull},
+      {element_type::f16, synthetic_router::qwen3moe, 0x3465eeae92a8cd0dull, 0xea6fb0476e911624ull,
+       0x956414ccb571ecedull, 0x956414ccb571ecedull},
+      {element_type::f16, synthetic_router::deepseek, 0xda9c972d370c3168ull, 0x91bc1fe7a9c6cd95ull,
+       0x4a9aecf1f23add96ull, 0x4a9aecf1f23add96ull},
+      {element_type::f16, synthetic_router::gpt_oss, 0xa7019b248e4ba3e4ull, 0xea6fb0476e911624ull,
+       0x547e0982832ae848ull, 0x547e0982832ae848ull},
+      {element_type::f16, synthetic_router::llama4, 0x3465eeae92a8cd0dull, 0xea6fb0476e911624ull,
+       0x3d4b67ae167e1833ull, 0x3d4b67ae167e1833ull},
+      {element_type::bf16, synthetic_router::qwen3moe, 0x7cdbc1f476e3be7full, 0xea6fb0476e911624ull,
+       0x1f764b42a9d437d8ull, 0x1f764b42a9d437d8ull},
+      {element_type::bf16, synthetic_router::deepseek, 0x2f9711fb5465a280ull, 0x91bc1fe7a9c6cd95ull,
+       0x45e65dab6a8248c3ull, 0x45e65dab6a8248c3ull},
+      {element_type::bf16, synthetic_router::gpt_oss, 0xc3a1baa49c267347ull, 0xea6fb0476e911624ull,
+       0xdb2b24adb5129837ull, 0xdb2b24adb5129837ull},
+      {element_type::bf16, synthetic_router::llama4, 0x7cdbc1f476e3be7full, 0xea6fb0476e911624ull,
+       0x1053ce26b44a1fb2ull, 0x1053ce26b44a1fb2ull},
   };
+  const bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
+  MESSAGE("GEMV multiply-add fused: " << fused << " (" << std::string(gemv_arch_name()) << ")");
   for (const golden& g : want) {
-    CAPTURE(to_string(g.type));
-    CAPTURE(to_string(g.rule));
+    const std::string type = to_string(g.type), rule = to_string(g.rule);
+    CAPTURE(type);
+    CAPTURE(rule);
     const bool dense_first = g.rule == synthetic_router::deepseek;
     const synthetic_model m(synthetic_presets::small(g.rule, g.type, 6, 64, 256, 6, dense_first));
     fnv routers;
@@ -253,12 +285,14 @@ TEST_CASE("same seeds give bit-identical routers and routings for every router t
           routers.word(static_cast<const std::uint16_t*>(v.data)[i], 2);
       }
     }
-    fnv routed;
+    fnv gates, routed;
     synthetic_stream st(m, 5);
     for (std::size_t batch : {8u, 1u, 1u, 3u, 1u}) {
       st.next(batch);
       for (std::size_t l = 0; l < m.shape().n_layers(); ++l) {
         if (!m.shape().is_moe(L(l))) continue;
+        const float* x = st.gate_inputs(L(l));
+        for (std::size_t i = 0; i < batch * m.n_embd(); ++i) gates.f32(x[i]);
         for (std::size_t i = 0; i < batch; ++i) {
           const routing& r = st.routed(L(l), i);
           for (std::size_t s = 0; s < r.size(); ++s) {
@@ -268,7 +302,11 @@ TEST_CASE("same seeds give bit-identical routers and routings for every router t
         }
       }
     }
+    CAPTURE(routers.h);
+    CAPTURE(gates.h);
+    CAPTURE(routed.h);
     CHECK(routers.h == g.routers);
-    CHECK(routed.h == g.routings);
+    CHECK(gates.h == g.gate_inputs);
+    CHECK(routed.h == (fused ? g.routings_fused : g.routings_unfused));
   }
 }

@@ -6,7 +6,13 @@
 /// skewed expert popularity (so a hot list predicts a little), and routings
 /// computed through each layer's `router_spec` and the engine-rounding GEMV
 /// (so a faithful fresh-gate control reads exactly 100.0%). Deterministic
-/// from a seed on every platform (own RNG and normal sampler). Shared by the
+/// from a seed on every platform (own RNG and normal sampler; every product
+/// that meets an addition is rounded on its own, see detail::rounded, so a
+/// compiler that contracts a*b+c into a fused multiply-add — GCC does by
+/// default on aarch64 — generates the same bits). The routers and gate inputs
+/// are therefore the same everywhere; the routings are the GEMV's, which
+/// fuses its multiply-adds where ggml does (MOE_RESIDENCY_FUSED_MADD), so
+/// they are the same on every platform with the same fusion. Shared by the
 /// tests, the `moe-residency demo` and the benchmarks.
 
 #include <algorithm>
@@ -82,6 +88,21 @@ struct synthetic_config {
 };
 
 namespace detail {
+
+/// x, rounded to its type at this point: an optimisation barrier, so that a
+/// product passed through it is never contracted with the addition that
+/// follows into a fused multiply-add (which rounds once, not twice, and so
+/// gives other bits). `#pragma STDC FP_CONTRACT OFF` would say the same, but
+/// GCC ignores it in C++, and GCC's default (-ffp-contract=fast outside ISO
+/// modes) contracts across statements on every target with an FMA
+/// instruction (every aarch64; x86 with -mfma). A volatile round trip is
+/// portable and costs a store and a load; the generator is not a hot path.
+/// A product of two floats computed in double is exact, so contracting it
+/// changes nothing; those are left alone.
+inline float rounded(float x) noexcept {
+  volatile float v = x;
+  return v;
+}
 
 /// xoshiro256** seeded by splitmix64: the same numbers on every platform.
 class synthetic_rng {
@@ -174,7 +195,8 @@ class synthetic_model {
       for (auto& p : pop) p = c_.popularity_skew * rng.normal();
       for (std::size_t e = 0; e < E; ++e) {
         for (std::size_t i = 0; i < d; ++i)
-          row[i] = content * rng.normal() + pop[e] * along * persistent_[i];
+          row[i] = detail::rounded(content * rng.normal()) +
+                   detail::rounded(pop[e] * along * persistent_[i]);
         store_row(l, e, row.data());
       }
       specs_[l] = make_spec(rng, E, k);
@@ -289,13 +311,13 @@ class synthetic_stream {
     if (gate_.size() < L * n_tokens * d) gate_.resize(L * n_tokens * d);
     if (routed_.size() < L * n_tokens) routed_.resize(L * n_tokens);
     const float rho = m_->config().token_correlation;
-    const float fresh = std::sqrt(1.0f - rho * rho);
+    const float fresh = std::sqrt(1.0f - detail::rounded(rho * rho));
     const float pf = synthetic_model::persist_fraction();
     const std::vector<float>& dir = m_->persistent_direction();
     const float sd = std::sqrt(static_cast<float>(d));
     for (std::size_t t = 0; t < n_tokens; ++t) {
-      for (auto& v : base_) v = rho * v + fresh * rng_.normal();
-      for (auto& v : nudge_) v = rho * v + fresh * rng_.normal();
+      for (auto& v : base_) v = detail::rounded(rho * v) + detail::rounded(fresh * rng_.normal());
+      for (auto& v : nudge_) v = detail::rounded(rho * v) + detail::rounded(fresh * rng_.normal());
       h_ = base_;
       for (std::size_t l = 0; l < L; ++l) {
         const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
@@ -304,8 +326,9 @@ class synthetic_stream {
           // persistent component at a fixed share (it carries popularity).
           float* x = &gate_[(l * n_tokens + t) * d];
           normalise(h_.data(), x, d);
+          const float keep = std::sqrt(1.0f - detail::rounded(pf * pf));
           for (std::size_t i = 0; i < d; ++i)
-            x[i] = std::sqrt(1.0f - pf * pf) * x[i] + pf * sd * dir[i];
+            x[i] = detail::rounded(keep * x[i]) + detail::rounded(pf * sd * dir[i]);
           routing& r = routed_[l * n_tokens + t];
           route_token(m_->router(lid), x, m_->spec(lid), r, ws_);
           r.layer = lid;
@@ -315,7 +338,7 @@ class synthetic_stream {
         // correlated with the previous token's update of the same layer.
         const float a = nudge(l) * rms(h_.data(), d);
         const float* z = &nudge_[l * d];
-        for (std::size_t i = 0; i < d; ++i) h_[i] += a * z[i];
+        for (std::size_t i = 0; i < d; ++i) h_[i] += detail::rounded(a * z[i]);
       }
     }
   }
@@ -332,7 +355,8 @@ class synthetic_stream {
   float nudge(std::size_t l) const noexcept {
     const std::size_t L = m_->shape().n_layers();
     const float f = L > 1 ? static_cast<float>(l) / static_cast<float>(L - 1) : 0.0f;
-    return m_->config().nudge_first + f * (m_->config().nudge_last - m_->config().nudge_first);
+    return m_->config().nudge_first +
+           detail::rounded(f * (m_->config().nudge_last - m_->config().nudge_first));
   }
 
  private:

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -31,6 +32,14 @@ inline gguf_ptr open_gguf(const std::string& path, const char* who) {
   if (!ctx) throw error(std::string(who) + ": " + path + ": not a readable GGUF file");
   return ctx;
 }
+
+/// The file's size in bytes; throws `error` naming `who` and the path.
+inline std::uint64_t file_size(const std::string& path, const char* who) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  const std::streamoff n = f ? static_cast<std::streamoff>(f.tellg()) : std::streamoff(-1);
+  if (n < 0) throw error(std::string(who) + ": " + path + ": cannot read the file's size");
+  return static_cast<std::uint64_t>(n);
+}
 }  // namespace detail
 
 // ---------------------------------------------------------------------------
@@ -52,15 +61,18 @@ class gguf_expert_map {
 
   /// Looks up, in the GGUF file at `path`, the expert tensors the observer
   /// found through MUL_MAT_ID. Throws `error` when the file cannot be parsed,
-  /// a tensor is missing, or its size disagrees with the live tensor (a
-  /// repacked or converted weight is not in the file's layout).
+  /// a tensor is missing, its size disagrees with the live tensor (a
+  /// repacked or converted weight is not in the file's layout), or its
+  /// experts lie past the end of the file (a truncated download: gguf.h
+  /// reads only the header when it loads no data).
   gguf_expert_map(const std::string& path, const observer& obs) : path_(path) {
     auto ctx = open(path);
+    const std::uint64_t size = detail::file_size(path, "gguf_expert_map");
     layers_.resize(obs.n_layer());
     for (std::size_t l = 0; l < obs.n_layer(); ++l) {
       const layer_structure& s = obs.layers()[l];
       for (const expert_tensor& e : s.experts) {
-        expert_file_range r = find(ctx.get(), path, e.name);
+        expert_file_range r = find(ctx.get(), path, size, e.name);
         if (r.bytes_per_expert != e.bytes_per_expert || r.n_expert != e.n_expert)
           throw error("gguf_expert_map: " + path + ": tensor '" + e.name + "' has " +
                       std::to_string(r.bytes_per_expert) + " bytes per expert in the file but " +
@@ -73,10 +85,12 @@ class gguf_expert_map {
 
   /// From the file alone: every 3-D tensor named "blk.N.*_exps.*". For tools
   /// that have no live graph; the observer's version is the reference.
+  /// Throws `error` as the constructor does.
   static gguf_expert_map by_name(const std::string& path) {
     gguf_expert_map m;
     m.path_ = path;
     auto ctx = open(path);
+    const std::uint64_t size = detail::file_size(path, "gguf_expert_map");
     const std::int64_t n = gguf_get_n_tensors(ctx.get());
     for (std::int64_t i = 0; i < n; ++i) {
       const char* name = gguf_get_tensor_name(ctx.get(), i);
@@ -85,7 +99,7 @@ class gguf_expert_map {
       const std::int64_t* ne = gguf_get_tensor_ne(ctx.get(), i);
       if (ne[2] < 2 || ne[3] != 1) continue;
       if (static_cast<std::size_t>(il) >= m.layers_.size()) m.layers_.resize(static_cast<std::size_t>(il) + 1);
-      m.layers_[static_cast<std::size_t>(il)].push_back(find(ctx.get(), path, name));
+      m.layers_[static_cast<std::size_t>(il)].push_back(find(ctx.get(), path, size, name));
     }
     return m;
   }
@@ -104,7 +118,7 @@ class gguf_expert_map {
   static detail::gguf_ptr open(const std::string& path) { return detail::open_gguf(path, "gguf_expert_map"); }
 
   static expert_file_range find(const gguf_context* ctx, const std::string& path,
-                                const std::string& name) {
+                                std::uint64_t file_size, const std::string& name) {
     const std::int64_t id = gguf_find_tensor(ctx, name.c_str());
     if (id < 0)
       throw error("gguf_expert_map: " + path + ": no tensor '" + name +
@@ -113,10 +127,20 @@ class gguf_expert_map {
     const ggml_type type = gguf_get_tensor_type(ctx, id);
     expert_file_range r;
     r.tensor = name;
-    r.offset = static_cast<std::uint64_t>(gguf_get_data_offset(ctx) + gguf_get_tensor_offset(ctx, id));
+    const std::uint64_t data_offset = gguf_get_data_offset(ctx), tensor_offset = gguf_get_tensor_offset(ctx, id);
     r.bytes_per_expert = static_cast<std::uint64_t>(ggml_row_size(type, ne[0])) *
                          static_cast<std::uint64_t>(ne[1]);
     r.n_expert = static_cast<std::size_t>(ne[2]);
+    // gguf.h bounds the tensor's size (it fits a size_t) but, loading no
+    // data, not its place: the experts must lie inside the file.
+    const std::uint64_t n = r.bytes_per_expert * static_cast<std::uint64_t>(r.n_expert);
+    const bool wraps = tensor_offset > UINT64_MAX - data_offset;
+    r.offset = wraps ? UINT64_MAX : data_offset + tensor_offset;
+    if (wraps || r.offset > file_size || n > file_size - r.offset)
+      throw error("gguf_expert_map: " + path + ": tensor '" + name + "' has " + std::to_string(n) +
+                  " bytes of experts at file offset " + std::to_string(data_offset) + " + " +
+                  std::to_string(tensor_offset) + " but the file has " + std::to_string(file_size) +
+                  " bytes; expected its experts inside the file (is it truncated?)");
     return r;
   }
 

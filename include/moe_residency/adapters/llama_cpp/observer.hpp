@@ -29,6 +29,7 @@
 /// live. So it adds one graph split per MoE layer.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -149,17 +150,40 @@ class observer {
     return model_shape(arch_, n_expert, k, std::move(bytes), std::move(moe));
   }
 
-  const observer_stats& stats() const noexcept { return stats_; }
+  /// The counters. Read them between llama_decode calls, from the thread
+  /// that makes them.
+  const observer_stats& stats() const noexcept {
+    stats_.concurrent_calls = concurrent_calls_.load(std::memory_order_relaxed);
+    return stats_;
+  }
   /// The first disagreement between the graph and the GGUF metadata ("" if none).
   const std::string& metadata_note() const noexcept { return metadata_note_; }
-  void reset_stats() noexcept { stats_ = observer_stats{}; }
+  void reset_stats() noexcept {
+    stats_ = observer_stats{};
+    concurrent_calls_.store(0, std::memory_order_relaxed);
+  }
   /// The last caught exception's message ("" if none).
   const char* last_error() const noexcept { return last_error_; }
 
   /// The cb_eval trampoline. noexcept: nothing crosses into ggml.
+  ///
+  /// One thread at a time: a call that arrives while another thread is
+  /// inside the observer (one context decoded from two threads at once, or
+  /// one observer installed in two live contexts) does not touch the
+  /// observer's state; it is counted (observer_stats::concurrent_calls) and
+  /// only forwarded to the chained callback. Calls from different threads
+  /// one after another are fine.
   static bool eval_callback(ggml_tensor* t, bool ask, void* user_data) noexcept {
     auto* self = static_cast<observer*>(user_data);
-    return ask ? self->on_ask(t) : self->on_data(t);
+    if (self->busy_.exchange(true, std::memory_order_acquire)) {
+      self->concurrent_calls_.fetch_add(1, std::memory_order_relaxed);
+      const auto chained = self->chained_;
+      if (chained != nullptr) return chained(t, ask, self->chained_user_data_);
+      return !ask;  // ask: not wanted; data: go on
+    }
+    const bool r = ask ? self->on_ask(t) : self->on_data(t);
+    self->busy_.store(false, std::memory_order_release);
+    return r;
   }
 
  private:
@@ -559,7 +583,7 @@ class observer {
     g.emitted = true;
     if (!layers_[l].moe) return;
     const ggml_tensor* w = g.weights;
-    if (w->type != GGML_TYPE_F32 || !detail::host_readable(w)) {
+    if (w == nullptr || w->type != GGML_TYPE_F32 || !detail::host_readable(w)) {  // null: no weights node
       ++stats_.unreadable;
       return;
     }
@@ -606,7 +630,9 @@ class observer {
   bool forced_phase_ = false;
   run_phase phase_ = run_phase::prefill;
 
-  observer_stats stats_;
+  mutable observer_stats stats_;  // concurrent_calls synced from the atomic in stats()
+  std::atomic<bool> busy_{false};
+  std::atomic<std::uint64_t> concurrent_calls_{0};
   std::string metadata_note_;
   char last_error_[256] = {};
 };

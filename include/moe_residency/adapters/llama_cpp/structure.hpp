@@ -256,6 +256,10 @@ struct observer_stats {
   std::uint64_t unsupported = 0;     ///< layers whose routing the spec cannot express (e.g. grovemoe)
   std::uint64_t exceptions = 0;      ///< exceptions caught (sink, spec derivation, allocation)
   std::uint64_t chained_calls = 0;   ///< calls forwarded to the user's own callback
+  /// Callback calls refused because another thread was inside the observer
+  /// (one context decoded from two threads at once); only forwarded to the
+  /// chained callback. See observer::eval_callback.
+  std::uint64_t concurrent_calls = 0;
   /// Layers whose graph-derived spec disagrees with a GGUF key that is present
   /// (expert_gating_func, expert_group_count, expert_group_used_count,
   /// expert_weights_scale, expert_count). The graph is what llama.cpp
