@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe_residency/replay.hpp"
