@@ -180,6 +180,8 @@ fi
 lanes_tool="$(dirname "$probe")/moe-disk-lanes"
 has_residency=0
 "$probe" --help 2>/dev/null | grep -q -- '--residency' && has_residency=1
+has_metrics=0
+"$probe" --help 2>/dev/null | grep -q -- '--metrics-csv' && has_metrics=1
 
 # ---- the model --------------------------------------------------------------
 mkdir -p "$lab"
@@ -213,10 +215,17 @@ run() {
   local name="$1" limit="$2"; shift 2
   cg_limit "$limit"
   local rc=0
+  # For the timing model (scripts/memlab-predict.sh): the phone-format metrics of
+  # every run, and the route trace of every run that has the observer.
+  local extra=()
+  if [[ $has_metrics == 1 ]]; then
+    extra+=(--metrics-csv "$out/$name.metrics.csv")
+    [[ " $* " == *" --no-observer "* ]] || extra+=(--trace-out "$out/$name.route.csv")
+  fi
   timeout -s TERM "$run_timeout" \
     sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
     "$probe" --model "$model" --tokens "$tokens" --decode "$decode" --threads "$threads" \
-    --per-token-csv "$out/$name.csv" "$@" > "$out/$name.log" 2>&1 &
+    --per-token-csv "$out/$name.csv" "${extra[@]}" "$@" > "$out/$name.log" 2>&1 &
   child=$!
   wait "$child" || rc=$?
   child=""
@@ -279,7 +288,7 @@ for ratio in ${ratios//,/ }; do
         else run "$config" none --residency all --residency-budget auto; fi
         resident_done+=" $config"
       fi
-      for ext in csv log peak status; do
+      for ext in csv log peak status metrics.csv route.csv; do
         if [[ -f "$out/$config.$ext" ]]; then cp "$out/$config.$ext" "$out/$name.$ext"; fi
       done
       continue

@@ -35,8 +35,9 @@ std::string slurp(const std::string& path, const char* what) {
 
 void run(const calibrate_args& a) {
   if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
-  if (a.split != "halves" && a.split != "interleaved")
-    throw error("--split: '" + a.split + "'; expected halves (first half fitted, second held out) or interleaved");
+  if (a.split != "halves" && a.split != "interleaved" && a.split != "all")
+    throw error("--split: '" + a.split +
+                "'; expected halves (first half fitted, second held out), interleaved, or all (every token fitted)");
   timing_params start;
   if (!a.config.empty()) start = parse_timing_config(slurp(a.config, "--config"), a.config);
   const token_metrics m = parse_token_metrics(slurp(a.metrics, "--metrics"), a.metrics);
@@ -46,7 +47,9 @@ void run(const calibrate_args& a) {
   o.budget_mib = a.budget;
   const dynamic_replay_result r = replay_dynamic(in, o);
   calibration_options co;
-  co.split = a.split == "halves" ? calibration_split::halves : calibration_split::interleaved;
+  co.split = a.split == "halves" ? calibration_split::halves
+             : a.split == "all"  ? calibration_split::all
+                                 : calibration_split::interleaved;
   if (a.fit_io) {
     co.fit_io = true;
     co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
@@ -71,6 +74,7 @@ void run(const calibrate_args& a) {
   std::cout << in.shape().name() << " (" << a.trace << "), " << a.policy << " at " << a.budget << " MiB: "
             << m.size() << " decode tokens; "
             << (co.split == calibration_split::halves ? "fitted on the first half, scored on the second"
+                : co.split == calibration_split::all  ? "every token fitted, none held out"
                                                       : "fitted on even tokens, scored on odd ones")
             << "\n";
   std::cout << "set        tokens  mean recorded ms  mean predicted ms  median |err| %\n";
@@ -105,7 +109,7 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--budget", a->budget, "the run's cache budget, MiB")->required();
       sub.add_option("--policy", a->policy, "the run's cache policy")->capture_default_str();
       sub.add_option("--config", a->config, "timing config (key = value) with the fixed parameters: lanes, curve, ...");
-      sub.add_option("--split", a->split, "halves (first half fitted, second held out) | interleaved")
+      sub.add_option("--split", a->split, "halves (first half fitted, second held out) | interleaved | all")
           ->capture_default_str();
       sub.add_flag("--fit-io", a->fit_io, "also fit the recorded io_ms, and the bandwidth scale with it");
       sub.add_option("--write-config", a->write_config, "write the fitted parameters as a timing config");

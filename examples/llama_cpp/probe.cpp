@@ -20,6 +20,7 @@
 
 #include <dirent.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,6 +60,7 @@ struct probe_args {
   bool save_only = false;
   bool no_observer = false;
   std::string per_token_csv;
+  std::string metrics_csv;  // the phone's metrics format (timing.hpp's parse_token_metrics)
   // The residency manager (mmap_residency): parts, budget, lanes.
   std::string residency = "none";
   std::string residency_budget = "auto";
@@ -224,6 +226,7 @@ struct token_record {
   std::size_t token = 0;
   bool prompt = false;
   double wall_ms = 0;
+  double cpu_ms = 0;  ///< CPU time of the calling (eval) thread during the call
   std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0, engine_majflt = 0;
   std::uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_late = 0;
   double pinned_mib = 0;
@@ -242,6 +245,13 @@ void fnv1a_bytes(std::uint64_t& h, const void* p, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
 }
 
+/// CPU time of the calling thread, ms (CLOCK_THREAD_CPUTIME_ID: user + system).
+double thread_cpu_ms() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
+
 /// Prompt batch, then `n_decode` tokens sampled from softmax(logits) with a
 /// seeded generator. Times every llama_decode call and, with `record`, samples
 /// the counters around each; digests the logits every decode token produced.
@@ -257,9 +267,11 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
   auto timed = [&](llama_batch batch, std::size_t token, bool is_prompt) {
     const counters c0 = record ? sample(cg_file, engine) : counters{};
     const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
+    const double cpu0 = record ? thread_cpu_ms() : 0.0;
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = llama_decode(ctx, batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double cpu1 = record ? thread_cpu_ms() : 0.0;
     if (rc != 0) throw error(is_prompt ? "llama_decode failed on the prompt batch" : "llama_decode failed");
     if (record) {
       const counters c1 = sample(cg_file, engine);
@@ -267,6 +279,7 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
       t.token = token;
       t.prompt = is_prompt;
       t.wall_ms = 1e3 * s;
+      t.cpu_ms = cpu1 - cpu0;
       t.majflt = c1.majflt - c0.majflt;
       t.minflt = c1.minflt - c0.minflt;
       t.engine_majflt = c1.engine_majflt - c0.engine_majflt;
@@ -356,6 +369,30 @@ void report_run(const probe_args& a, const run_result& r) {
               ms.size(), r.decode_s > 0 ? n / r.decode_s : 0.0, percentile(ms, 0.5), percentile(ms, 0.9),
               static_cast<double>(majflt) / n, static_cast<double>(engine_majflt) / n, to_mib(bytes) / n,
               use_cgroup ? "the cgroup's I/O statistics" : "the process's read_bytes");
+  if (!a.metrics_csv.empty()) {
+    // The phone's metrics format, the columns this machine can measure (docs/wall-clock.md,
+    // "Against this machine"): one row per decode token; compute_ms = cpu_ms = the eval
+    // thread's CPU time in the call (llama.cpp with --threads 1 computes on it; it includes
+    // the observer's and the manager's work on that thread and the kernel's fault handling);
+    // stall_ms = wall_ms - cpu_ms, the eval thread off the CPU (waiting for faults or the
+    // manager's reads, or descheduled); io_ms and mgmt_ms are not measured here.
+    std::ofstream m(a.metrics_csv);
+    if (!m) throw error("--metrics-csv: cannot write '" + a.metrics_csv + "'");
+    m << "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms\n";
+    std::size_t step = 0;
+    const std::size_t steps = ms.size();
+    char line[512];
+    for (const auto& t : r.rows) {
+      if (t.prompt) continue;
+      char hit[32] = "";
+      if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
+      std::snprintf(line, sizeof line, "%zu,%zu,%.3f,%.3f,%llu,%s,%.3f,%llu,%.3f\n", ++step, steps, t.wall_ms,
+                    t.cpu_ms, static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes), hit,
+                    std::max(0.0, t.wall_ms - t.cpu_ms), static_cast<unsigned long long>(t.majflt), t.cpu_ms);
+      m << line;
+    }
+    if (!m) throw error("--metrics-csv: writing '" + a.metrics_csv + "' failed");
+  }
   if (a.per_token_csv.empty()) return;
   std::ofstream out(a.per_token_csv);
   if (!out) throw error("--per-token-csv: cannot write '" + a.per_token_csv + "'");
@@ -686,6 +723,10 @@ int main(int argc, char** argv) {
   app.add_option("--per-token-csv", a.per_token_csv,
                  "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
                  "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");
+  app.add_option("--metrics-csv", a.metrics_csv,
+                 "Write one row per decode token in the phone's metrics format for moe-residency calibrate: "
+                 "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms "
+                 "(cpu_ms: the eval thread's CPU time; stall_ms = wall_ms - cpu_ms)");
   app.add_option("--threads", a.threads, "llama.cpp threads")->capture_default_str();
   app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->capture_default_str();
   app.add_flag("--cost", a.cost, "Also measure decode time without and with the observer (ratio)");

@@ -2,16 +2,19 @@
 # architecture. Checks the exit code, the control's 100.0%, the cache line, the
 # trace file (route_trace v1), and — given TOOL — that `moe-residency replay` of
 # the trace prints the probe's own cache line (decode and cumulative hit %, MiB
-# read). Run as
+# read), and that the phone-format metrics file (--metrics-csv) has one row per
+# decode token and, with the trace, calibrates (`moe-residency calibrate` refuses
+# a metrics file whose rows are not the trace's decode tokens). Run as
 #   cmake -DPROBE=<moe-llama-probe> -DWORK=<dir> [-DTOOL=<moe-residency>] -P probe_smoke.cmake
 file(MAKE_DIRECTORY "${WORK}")
 foreach(arch qwen3moe deepseek2 gpt-oss)
   foreach(router f32 f16 bf16)
     set(trace "${WORK}/${arch}-${router}.route.csv")
-    file(REMOVE "${trace}")
+    set(metrics "${WORK}/${arch}-${router}.metrics.csv")
+    file(REMOVE "${trace}" "${metrics}")
     execute_process(
       COMMAND "${PROBE}" --random ${arch} --router ${router} --experts 32 --k 4 --tokens 16
-              --decode 64 --budget-mib 3 --threads 1 --trace-out "${trace}"
+              --decode 64 --budget-mib 3 --threads 1 --trace-out "${trace}" --metrics-csv "${metrics}"
               --save-model "${WORK}/${arch}-${router}.gguf" --warm pread
       WORKING_DIRECTORY "${WORK}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
     if(NOT rc EQUAL 0)
@@ -33,8 +36,26 @@ foreach(arch qwen3moe deepseek2 gpt-oss)
     if(NOT first STREQUAL "# route_trace v1")
       message(FATAL_ERROR "${arch} ${router}: ${trace} does not start with '# route_trace v1'")
     endif()
+    file(STRINGS "${metrics}" mlines)
+    list(LENGTH mlines mcount)
+    list(GET mlines 0 mheader)
+    if(NOT mheader STREQUAL "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms")
+      message(FATAL_ERROR "${arch} ${router}: ${metrics} header '${mheader}'")
+    endif()
+    if(NOT mcount EQUAL 65)
+      message(FATAL_ERROR "${arch} ${router}: ${metrics} has ${mcount} lines; expected a header and 64 decode rows")
+    endif()
+    list(GET mlines 64 mlast)
+    if(NOT mlast MATCHES "^64,64,")
+      message(FATAL_ERROR "${arch} ${router}: ${metrics} last row '${mlast}'; expected step 64 of 64")
+    endif()
     set(expected "")
     if(TOOL)
+      execute_process(COMMAND "${TOOL}" calibrate --trace "${trace}" --metrics "${metrics}" --budget 3 --format csv
+                      RESULT_VARIABLE rc OUTPUT_VARIABLE cal ERROR_VARIABLE err)
+      if(NOT rc EQUAL 0 OR NOT cal MATCHES "held_out,32,")
+        message(FATAL_ERROR "${arch} ${router}: calibrate of ${trace} with ${metrics} failed\n${cal}\n${err}")
+      endif()
       # The trace replays through `moe-residency replay` to the probe's own cache line.
       string(REGEX MATCH "decode hit ([0-9.]+)% \\(cumulative ([0-9.]+)%\\), ([0-9.]+) MiB read" line "${out}")
       set(probe_decode "${CMAKE_MATCH_1}")

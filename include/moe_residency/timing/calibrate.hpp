@@ -41,6 +41,9 @@ enum class calibration_split {
   /// Even-indexed tokens fitted, odd ones held out: interpolation only;
   /// optimistic, because neighbours leak into each other.
   interleaved,
+  /// Every token fitted, none held out: one run calibrates a model that is
+  /// then scored on *other* runs (the memory lab, timing/lab.hpp).
+  all,
 };
 
 /// The parameters calibration may fit.
@@ -164,7 +167,9 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
                   std::to_string(metrics.wall_ms[t]) + "; expected > 0");
   std::vector<bool> in_fit(tokens);
   for (std::size_t t = 0; t < tokens; ++t)
-    in_fit[t] = options.split == calibration_split::halves ? t < tokens / 2 : t % 2 == 0;
+    in_fit[t] = options.split == calibration_split::halves ? t < tokens / 2
+                : options.split == calibration_split::all ? true
+                                                          : t % 2 == 0;
 
   const Eigen::Index n = static_cast<Eigen::Index>(free.size());
   auto to_params = [&](const Eigen::VectorXd& x) {

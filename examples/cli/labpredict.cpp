@@ -1,0 +1,199 @@
+// `moe-residency lab-predict`: the timing model against the memory lab.
+// Calibrates the model's free parameters on ONE lab run (one configuration at
+// one ratio, all its decode tokens), then predicts the decode tok/s of every
+// other cell from what is known before that cell runs (timing/lab.hpp): the
+// route trace, the memory limit, the budget, the configuration's levers and
+// the disk's lanes curve. The other cells' metrics are read only to print the
+// measured tok/s next to the prediction.
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "moe_residency/timing.hpp"
+#include "moe_residency/timing/calibrate.hpp"
+#include "moe_residency/timing/lab.hpp"
+
+namespace {
+
+using namespace moe_residency;
+
+struct lab_args {
+  std::string trace, curve, cells, fit, format = "table";
+  double overhead_mib = 64, readaround_mib = 16;
+  std::size_t lanes = 2, spec_cap = 2;
+  std::string free = "compute,latency,overlap";
+};
+
+std::string slurp(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw error(std::string(what) + ": cannot open '" + path + "'");
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct cell {
+  std::string ratio;
+  lab_config config;
+  lab_setup setup;
+  std::string metrics;  // may be empty: a run that did not finish
+};
+
+/// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`.
+std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
+  std::stringstream in(slurp(path, "--cells"));
+  std::string line;
+  std::vector<cell> out;
+  std::size_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty() || line[0] == '#' || line.rfind("ratio,", 0) == 0) continue;
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+    if (f.size() == 5) f.emplace_back();
+    if (f.size() != 6)
+      throw error("--cells: " + path + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) +
+                  " fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
+    cell c;
+    c.ratio = f[0];
+    c.config = parse_lab_config(f[1]);
+    auto num = [&](const std::string& s, const char* col) {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size() || !(v >= 0))
+        throw error("--cells: " + path + ": line " + std::to_string(n) + ", " + col + " '" + s +
+                    "'; expected a number >= 0");
+      return v;
+    };
+    c.setup.limit_mib = num(f[2], "limit_mib");
+    c.setup.budget_mib = num(f[3], "budget_mib");
+    c.setup.stale_gate_pct = num(f[4], "stale_gate_pct");
+    c.setup.overhead_mib = a.overhead_mib;
+    c.setup.readaround_mib = a.readaround_mib;
+    c.setup.lanes = a.lanes;
+    c.setup.spec_cap = a.spec_cap;
+    c.metrics = f[5];
+    out.push_back(c);
+  }
+  if (out.empty()) throw error("--cells: " + path + ": no cells");
+  return out;
+}
+
+void run(const lab_args& a) {
+  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
+  const auto at = a.fit.find('@');
+  if (at == std::string::npos) throw error("--fit: '" + a.fit + "'; expected CONFIG@RATIO like exact@2.5");
+  const lab_config fit_config = parse_lab_config(a.fit.substr(0, at));
+  const std::string fit_ratio = a.fit.substr(at + 1);
+
+  const route_trace trace = read_route_trace(a.trace);
+  double dense = 0;
+  for (std::uint64_t b : trace.header.dense_bytes) dense += to_mib(b);
+  std::vector<cell> cells = read_cells(a.cells, a);
+  for (cell& c : cells) c.setup.dense_mib = dense;
+
+  timing_params start;
+  start.curve = storage_curve::parse_list(a.curve);
+  start.lanes = a.lanes;
+  calibration_options co;
+  co.split = calibration_split::all;
+  co.free = 0;
+  std::stringstream fl(a.free);
+  for (std::string p; std::getline(fl, p, ',');) {
+    if (p == "compute") co.free |= static_cast<unsigned>(timing_param::compute_ms_per_token);
+    else if (p == "latency") co.free |= static_cast<unsigned>(timing_param::read_latency_ms);
+    else if (p == "overlap") co.free |= static_cast<unsigned>(timing_param::overlap);
+    else if (p == "mgmt") co.free |= static_cast<unsigned>(timing_param::mgmt_ms_per_read);
+    else if (p == "bandwidth") co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
+    else throw error("--free: '" + p + "' in '" + a.free + "'; expected compute, latency, overlap, mgmt, bandwidth");
+  }
+  if (co.free & static_cast<unsigned>(timing_param::bandwidth_scale)) co.fit_io = false;
+
+  const cell* fit = nullptr;
+  for (const cell& c : cells)
+    if (c.config == fit_config && c.ratio == fit_ratio) fit = &c;
+  if (!fit) throw error("--fit: no cell " + a.fit + " in " + a.cells);
+  if (fit->metrics.empty()) throw error("--fit: the cell " + a.fit + " has no metrics (the run did not finish)");
+  const token_metrics fm = parse_token_metrics(slurp(fit->metrics, "--cells metrics"), fit->metrics);
+
+  // Calibrate on the fit cell's loads (with speculation, the loads of the
+  // start parameters' replay: calibrate_timing replays loads without admits).
+  lab_prediction fp = predict_lab(trace, fit->config, fit->setup, start);
+  timing_params fstart = start;
+  fstart.lanes = fp.mapping.lanes;
+  const calibration_result cr = calibrate_timing(trace.shape(), fp.loads, fm, fstart, co);
+  timing_params fitted = cr.params;
+  fitted.lanes = a.lanes;  // predict_lab sets each cell's own
+
+  char buf[512];
+  if (a.format == "csv")
+    std::cout << "ratio,config,model,measured_tok_s,predicted_tok_s,err_pct,within_15,predicted_mib_per_token,"
+                 "measured_mib_per_token,fit\n";
+  else {
+    std::cout << "lab-predict: calibrated on " << a.fit << " (" << fm.size() << " decode tokens, all fitted; "
+              << cr.iterations << " iterations, rms " << cr.rms_ms << " ms); fitted:\n"
+              << format_timing_config(cr.params);
+    std::snprintf(buf, sizeof buf, "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (from the trace)\n",
+                  a.overhead_mib, a.readaround_mib, dense);
+    std::cout << buf;
+    std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9s %9s %8s %4s %10s %10s\n", "ratio", "config", "model",
+                  "meas_tok/s", "pred_tok/s", "err%", "<=15", "pred_MiB/t", "meas_MiB/t");
+    std::cout << buf;
+  }
+  for (const cell& c : cells) {
+    const lab_prediction p = predict_lab(trace, c.config, c.setup, fitted);
+    double meas = NAN, meas_mib = NAN;
+    if (!c.metrics.empty()) {
+      const token_metrics m = parse_token_metrics(slurp(c.metrics, "--cells metrics"), c.metrics);
+      meas = metrics_tok_per_s(m);
+      double rb = 0;
+      for (double b : m.read_bytes) rb += b;
+      meas_mib = to_mib(static_cast<std::uint64_t>(rb)) / static_cast<double>(m.size());
+    }
+    const double pred = p.summary.tok_per_s;
+    const double err = 100.0 * (pred - meas) / meas;
+    const bool is_fit = &c == fit;
+    const double pmib = p.summary.demanded_mib_per_token + p.summary.speculative_mib_per_token;
+    if (a.format == "csv") {
+      std::snprintf(buf, sizeof buf, "%s,%s,%s,%.3f,%.3f,%.1f,%s,%.2f,%.2f,%s\n", c.ratio.c_str(), to_string(c.config),
+                    to_string(p.mapping.kind), meas, pred, err, std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-",
+                    pmib, meas_mib, is_fit ? "yes" : "no");
+    } else {
+      std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9.3f %9.3f %+8.1f %4s %10.1f %10.1f%s\n", c.ratio.c_str(),
+                    to_string(c.config), to_string(p.mapping.kind), meas, pred, err,
+                    std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-", pmib, meas_mib,
+                    is_fit ? "  (the calibration run)" : "");
+    }
+    std::cout << buf;
+  }
+}
+
+const moe_residency_cli::command_registrar reg{
+    "lab-predict",
+    "Calibrate the timing model on one memory-lab run; predict every other configuration x ratio (docs/wall-clock.md)",
+    [](CLI::App& sub) {
+      auto a = std::make_shared<lab_args>();
+      sub.add_option("--trace", a->trace, "route trace of a lab run with the observer (routing is the same in every run)")
+          ->required();
+      sub.add_option("--curve", a->curve, "the disk's lanes curve, lanes:MiB/s list (moe-disk-lanes)")->required();
+      sub.add_option("--cells", a->cells, "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics")->required();
+      sub.add_option("--fit", a->fit, "the calibration cell, CONFIG@RATIO (e.g. exact@2.5)")->required();
+      sub.add_option("--overhead-mib", a->overhead_mib, "the cgroup's memory besides the model's pages (assumed)")
+          ->capture_default_str();
+      sub.add_option("--readaround-mib", a->readaround_mib, "a fault's read-around window")->capture_default_str();
+      sub.add_option("--lanes", a->lanes, "the manager's read lanes")->capture_default_str();
+      sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")->capture_default_str();
+      sub.add_option("--free", a->free, "parameters fitted: compute,latency,overlap,mgmt,bandwidth")
+          ->capture_default_str();
+      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      sub.callback([a] { run(*a); });
+    }};
+
+}  // namespace

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# scripts/memlab-predict.sh — the timing model against the memory lab.
+#
+#   scripts/memlab-predict.sh RUNS_DIR [--fit CONFIG@RATIO] [--tool PATH] [--format table|csv]
+#                             [--overhead-mib N] [--readaround-mib N] [--trace FILE]
+#
+# RUNS_DIR is one run of scripts/memlab.sh (~/.cache/moe-residency/memlab/runs/<time>-<preset>)
+# made with a moe-llama-probe that writes --metrics-csv and --trace-out. It calibrates the
+# timing model on ONE configuration at ONE ratio (--fit, default exact@2.5: all its decode
+# tokens), then predicts every other configuration x ratio from what is known before that run:
+# the route trace (of the fit run, or of the observer run at the fit ratio: routing is the same
+# in every lab run), the memory limit, the budget, the configuration's levers, the stale-gate
+# accuracy an observer run measured, and the disk's lanes curve that memlab measured
+# (disk-lanes.csv). The other runs' metrics are read only for the "measured" column.
+# The mapping of each configuration is in docs/wall-clock.md ("Against this machine").
+#
+#   --fit C@R          the calibration cell (default exact@2.5)
+#   --tool PATH        moe-residency (default: build/llama-cpp/bin, build/release/bin, build/debug/bin)
+#   --format F         table (default) or csv
+#   --overhead-mib N   memory of the cgroup besides the model's pages (default 64; assumed)
+#   --readaround-mib N a fault's read-around window (default: read_ahead_kb x 2 of the model's disk / 1024)
+#   --trace FILE       the route trace to use
+#   --budget B         the cache budget of the runs: MiB or a share like 25% (default: 25% for quick
+#                      and smoke runs, else 25% as well; the model does not use it, see the docs)
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+die() { echo "memlab-predict: $*" >&2; exit 2; }
+
+dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
+    --tool) tool="${2:?--tool needs a path}"; shift ;;
+    --format) format="${2:?--format needs table or csv}"; shift ;;
+    --overhead-mib) overhead="${2:?--overhead-mib needs MiB}"; shift ;;
+    --readaround-mib) readaround="${2:?--readaround-mib needs MiB}"; shift ;;
+    --trace) trace="${2:?--trace needs a file}"; shift ;;
+    --budget) budget="${2:?--budget needs MiB or a share}"; shift ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown argument '$1' (see --help)" ;;
+    *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
+  esac
+  shift
+done
+[[ -n "$dir" && -d "$dir" ]] || die "RUNS_DIR: '${dir}' is not a directory (a run of scripts/memlab.sh)"
+if [[ -z "$tool" ]]; then
+  for t in "$repo"/build/{llama-cpp,release,debug}/bin/moe-residency; do [[ -x "$t" ]] && { tool="$t"; break; }; done
+fi
+[[ -x "$tool" ]] || die "no moe-residency tool; build one or give --tool PATH"
+
+# The model (named in table.txt), its size and the limits memlab set: round(size / ratio) MiB.
+name="$(sed -n '1s/^memlab ([a-z]*): \([^,]*\),.*/\1/p' "$dir/table.txt" 2>/dev/null)"
+[[ -n "$name" ]] || die "$dir/table.txt: no model name on its first line (did memlab finish?)"
+lab="$(dirname "$(dirname "$dir")")"
+model="$lab/$name"
+[[ -f "$model" ]] || die "the lab's model $model is missing"
+size=$(stat -c %s "$model")
+
+# The storage model: the lanes curve memlab measured (readers,...,mib_per_s).
+[[ -f "$dir/disk-lanes.csv" ]] || die "$dir/disk-lanes.csv missing (memlab ran with --no-disk?)"
+curve="$(awk -F, 'NR > 1 && $1 != "" { printf "%s%s:%s", (n++ ? "," : ""), $1, $5 }' "$dir/disk-lanes.csv")"
+
+if [[ -z "$readaround" ]]; then
+  dev="$(df --output=source "$model" | tail -1)"; dev="${dev#/dev/}"; base="$dev"
+  while [[ -n "$base" && ! -e "/sys/block/$base" ]]; do base="${base%?}"; done
+  ra=$(cat "/sys/block/$base/queue/read_ahead_kb" 2>/dev/null || echo 128)
+  readaround=$(awk -v k="$ra" 'BEGIN{printf "%g", 2 * k / 1024}')  # llama.cpp's FADV_SEQUENTIAL doubles it
+fi
+
+fit_ratio="${fit#*@}"
+if [[ -z "$trace" ]]; then
+  for t in "$dir/r$fit.route.csv" "$dir/r${fit_ratio}-${fit%@*}.route.csv" "$dir/r${fit_ratio}-observer.route.csv" "$dir"/r*-observer.route.csv; do
+    [[ -f "$t" ]] && { trace="$t"; break; }
+  done
+fi
+[[ -n "$trace" && -f "$trace" ]] || die "no route trace in $dir (memlab with a probe that has --trace-out)"
+
+cells="$(mktemp)"
+trap 'rm -f "$cells"' EXIT
+echo "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics" > "$cells"
+ratios="$(ls "$dir" | sed -n 's/^r\([0-9.]*\)-.*\.status$/\1/p' | sort -u)"
+for r in $ratios; do
+  limit=$(awk -v s="$size" -v r="$r" 'BEGIN{printf "%.0f", s / r / 1048576}')
+  b="$budget"; [[ $b == *% ]] && b=$(awk -v l="$limit" -v p="${b%\%}" 'BEGIN{printf "%.0f", l * p / 100}')
+  acc="$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$dir/r$r-observer.log" 2>/dev/null | head -1)"
+  [[ -n "$acc" ]] || acc=100
+  for c in mmap observer dense exact predicted cache all degraded resident; do
+    [[ -f "$dir/r$r-$c.status" ]] || continue
+    m="$dir/r$r-$c.metrics.csv"
+    [[ "$(cat "$dir/r$r-$c.status")" == ok && -f "$m" ]] || m=""
+    lim=$limit; [[ $c == resident ]] && lim=0
+    echo "$r,$c,$lim,$b,$acc,$m" >> "$cells"
+  done
+done
+echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround" >&2
+"$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
+  --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$format"

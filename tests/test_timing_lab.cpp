@@ -1,0 +1,279 @@
+// timing/lab.hpp: the memory lab's configurations as inputs of the timing
+// model, on hand-computed cases — the mapping of each configuration, the
+// read-around page cache, the fault-driven loads, the metrics file the probe
+// writes (moe-llama-probe --metrics-csv), and calibration on one lab cell.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "moe_residency/timing.hpp"
+#include "moe_residency/timing/calibrate.hpp"
+#include "moe_residency/timing/lab.hpp"
+
+using namespace moe_residency;
+
+namespace {
+
+constexpr std::uint64_t page = 4096;
+
+lab_setup quick_setup(double limit) {
+  lab_setup s;
+  s.limit_mib = limit;
+  s.dense_mib = 112.25;
+  s.overhead_mib = 64;
+  s.budget_mib = 140;
+  s.stale_gate_pct = 93.9;
+  s.lanes = 2;
+  s.spec_cap = 2;
+  return s;
+}
+
+/// One layer (or more) of `n_expert` experts of three one-page slices each,
+/// one dense page per layer; decode[token][layer] the routed experts (k of
+/// them), after a prompt batch routing `prompt` in every layer.
+route_trace toy_trace(std::size_t layers, std::size_t n_expert, std::size_t k, const std::vector<std::uint16_t>& prompt,
+                      const std::vector<std::vector<std::vector<std::uint16_t>>>& decode) {
+  route_trace t;
+  t.header.arch = "toy";
+  t.header.n_layer = layers;
+  t.header.n_expert = n_expert;
+  t.header.n_expert_used = k;
+  t.header.expert_bytes.assign(layers, 3 * page);
+  t.header.dense_bytes.assign(layers, page);
+  auto row = [&](run_phase ph, std::uint32_t step, std::uint16_t l, std::uint8_t slot, std::uint16_t e) {
+    trace_row r;
+    r.phase = ph;
+    r.step = step;
+    r.layer = layer_id(l);
+    r.slot = slot;
+    r.expert = expert_id(e);
+    r.weight = 1.0f / static_cast<float>(slot + 1);
+    t.rows.push_back(r);
+  };
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    for (std::uint16_t l = 0; l < layers; ++l)
+      for (std::uint8_t j = 0; j < k; ++j)
+        row(run_phase::prefill, static_cast<std::uint32_t>(i), l, j, static_cast<std::uint16_t>((prompt[i] + j) % n_expert));
+  for (std::size_t tok = 0; tok < decode.size(); ++tok)
+    for (std::uint16_t l = 0; l < layers; ++l)
+      for (std::uint8_t j = 0; j < decode[tok][l].size(); ++j)
+        row(run_phase::decode, static_cast<std::uint32_t>(prompt.size() + tok), l, j, decode[tok][l][j]);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("each lab configuration maps to its model, by hand") {
+  const lab_setup s = quick_setup(563);
+  // exact: the page cache's room for experts = 563 - 112.25 - 64; two lanes; no speculation.
+  lab_mapping m = map_lab_config(lab_config::exact, s);
+  CHECK(m.kind == lab_model_kind::lanes);
+  CHECK(m.cache_mib == doctest::Approx(386.75));
+  CHECK(m.lanes == 2);
+  CHECK(m.speculation.source == speculation_source::none);
+  // cache alone reads inline: one lane, the same memory.
+  m = map_lab_config(lab_config::cache, s);
+  CHECK(m.kind == lab_model_kind::lanes);
+  CHECK(m.cache_mib == doctest::Approx(386.75));
+  CHECK(m.lanes == 1);
+  // all: the stale-gate's measured accuracy as the oracle's, cap 2, the next layer.
+  m = map_lab_config(lab_config::all, s);
+  CHECK(m.lanes == 2);
+  CHECK(m.speculation.source == speculation_source::oracle);
+  CHECK(m.speculation.oracle_p == doctest::Approx(0.939));
+  CHECK(m.speculation.cap == 2);
+  CHECK(m.speculation.horizon == 1);
+  CHECK(map_lab_config(lab_config::degraded, s).speculation.oracle_p == doctest::Approx(0.886));
+  // the fault-driven ones: the whole limit but the overhead is page cache; dense pinned leaves the LRU smaller.
+  for (lab_config c : {lab_config::mmap, lab_config::observer, lab_config::predicted}) {
+    m = map_lab_config(c, s);
+    CHECK(m.kind == lab_model_kind::faults);
+    CHECK(m.cache_mib == doctest::Approx(499));
+    CHECK(m.lanes == 1);
+    CHECK_FALSE(m.dense_pinned);
+  }
+  m = map_lab_config(lab_config::dense, s);
+  CHECK(m.dense_pinned);
+  CHECK(m.cache_mib == doctest::Approx(386.75));
+  CHECK(map_lab_config(lab_config::resident, lab_setup{}).kind == lab_model_kind::resident);
+  CHECK_THROWS_WITH_AS(map_lab_config(lab_config::exact, lab_setup{}), doctest::Contains("expected a memory limit > 0"),
+                       error);
+  CHECK_THROWS_WITH_AS(map_lab_config(lab_config::exact, quick_setup(150)),
+                       doctest::Contains("leaves -26.250000 MiB for the page cache"), error);
+  CHECK(parse_lab_config("degraded") == lab_config::degraded);
+  CHECK_THROWS_WITH_AS(parse_lab_config("resident-all"), doctest::Contains("lab configuration 'resident-all'; expected"),
+                       error);
+}
+
+TEST_CASE("the read-around page cache: a fault reads the window around it, the LRU evicts") {
+  readaround_page_cache pc(100, 6, 4);
+  std::uint64_t read = 0;
+  // page 50 faults: window [48, 52), four pages read.
+  CHECK(pc.touch(50, 51, read) == 1);
+  CHECK(read == 4);
+  CHECK(pc.is_resident(48));
+  CHECK(pc.is_resident(51));
+  CHECK_FALSE(pc.is_resident(52));
+  // 51 is a hit; 52 faults, window [50, 54): only 52 and 53 are missing.
+  CHECK(pc.touch(51, 53, read) == 1);
+  CHECK(read == 6);
+  CHECK(pc.resident_pages() == 6);
+  // page 0 faults, window clipped to [0, 4): four more pages, the four least recent
+  // (48, 49, 50, 51 in insertion/use order: 48, 49 were never touched again) evicted.
+  CHECK(pc.touch(0, 1, read) == 1);
+  CHECK(read == 10);
+  CHECK(pc.resident_pages() == 6);
+  CHECK_FALSE(pc.is_resident(48));
+  CHECK_FALSE(pc.is_resident(49));
+  CHECK(pc.is_resident(52));
+  CHECK(pc.is_resident(53));
+  // a pinned page never faults and never counts against the LRU.
+  readaround_page_cache p2(10, 2, 1);
+  p2.pin(0, 3);
+  std::uint64_t r2 = 0;
+  CHECK(p2.touch(0, 3, r2) == 0);
+  CHECK(r2 == 0);
+  CHECK(p2.touch(3, 6, r2) == 3);
+  CHECK(r2 == 3);
+  CHECK(p2.resident_pages() == 2);
+  CHECK_THROWS_AS(readaround_page_cache(10, 0, 1), error);
+}
+
+TEST_CASE("fault-driven loads of a route trace, by hand") {
+  // One layer, 4 experts: pages 0 dense, 1-4 gate, 5-8 up, 9-12 down (one page per slice).
+  const route_trace t = toy_trace(1, 4, 1, {0}, {{{1}}, {{1}}, {{2}}});
+  const lab_file_layout f = make_lab_file_layout(t.header);
+  CHECK(f.pages == 13);
+  CHECK(f.slice_pages(0, 1, 2) == std::make_pair<std::uint64_t, std::uint64_t>(7, 8));
+  lab_mapping m;
+  m.kind = lab_model_kind::faults;
+  m.cache_mib = 1.0;  // 256 pages: nothing is evicted
+  // No read-around (a one-page window): the prompt faults dense + expert 0's three
+  // slices; decode token 0 faults expert 1's three slices, token 1 none, token 2 expert 2's.
+  auto loads = readaround_loads(t, m, 4096.0 / 1048576.0);
+  REQUIRE(loads.size() == 3);
+  CHECK(loads[0].token == 0);
+  CHECK(loads[0].misses == 3);
+  CHECK(loads[0].demanded_bytes == 3 * page);
+  CHECK(loads[0].expert_bytes == page);
+  CHECK(loads[0].hits == 0);
+  CHECK(loads[1].token == 1);
+  CHECK(loads[1].misses == 0);
+  CHECK(loads[1].hits == 1);
+  CHECK(loads[2].token == 2);
+  CHECK(loads[2].misses == 3);
+  // A 4-page window (lo = p - 2): the prompt's dense fault at page 0 reads [0, 4) (dense,
+  // gates 0-2); expert 0's gate (page 1) is resident; its up (5) faults, window [3, 7) reads
+  // 4, 5, 6; its down (9) faults, window [7, 11) reads 7-10. Decode expert 1: gate 2, up 6,
+  // down 10 all resident: no fault. Expert 2 (token 2): gate 3, up 7 resident; down 11
+  // faults, window [9, 13) reads 11 and 12.
+  loads = readaround_loads(t, m, 4.0 * 4096.0 / 1048576.0);
+  REQUIRE(loads.size() == 3);
+  CHECK(loads[0].misses == 0);
+  CHECK(loads[1].misses == 0);
+  CHECK(loads[2].misses == 1);
+  CHECK(loads[2].demanded_bytes == 2 * page);
+  CHECK(loads[2].expert_bytes == 2 * page);
+  // A page cache of 2 pages, no read-around: every touch of a slice faults again.
+  m.cache_mib = 2.0 * 4096.0 / 1048576.0;
+  loads = readaround_loads(t, m, 4096.0 / 1048576.0);
+  CHECK(loads[1].misses == 4);  // dense + three slices (expert 1 was evicted by its own pages)
+  // predicted: each fault's window read at the curve's top bandwidth, one after another.
+  lab_setup s;
+  s.limit_mib = 1.0;
+  s.overhead_mib = 0;
+  s.readaround_mib = 4096.0 / 1048576.0;
+  timing_params p;
+  p.curve = storage_curve::parse_list("1:100,8:400");
+  p.compute_ms_per_token = 0;
+  p.read_latency_ms = 0.5;
+  p.overlap = 0;
+  const lab_prediction lp = predict_lab(t, lab_config::mmap, s, p);
+  REQUIRE(lp.tokens.size() == 3);
+  CHECK(lp.tokens[0].wall_ms == doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / 400.0)));
+  CHECK(lp.tokens[1].wall_ms == 0);
+  lab_mapping lanes = m;
+  lanes.kind = lab_model_kind::lanes;
+  CHECK_THROWS_AS(readaround_loads(t, lanes, 1.0), error);
+}
+
+TEST_CASE("the probe's metrics file parses: its columns, the lab's tok/s") {
+  // moe-llama-probe --metrics-csv, the columns it writes (an empty cache_hit_pct without the manager).
+  const std::string text =
+      "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms\n"
+      "1,2,400.000,100.000,1048576,,300.000,12,100.000\n"
+      "2,2,100.000,90.000,0,50.00,10.000,0,90.000\n";
+  const token_metrics m = parse_token_metrics(text, "probe.metrics.csv");
+  REQUIRE(m.size() == 2);
+  CHECK(m.wall_ms[0] == 400.0);
+  CHECK(m.compute_ms[1] == 90.0);
+  CHECK(m.stall_ms[0] == 300.0);
+  CHECK(m.read_bytes[0] == 1048576.0);
+  CHECK(std::isnan(m.mgmt_ms[0]));  // not measured on this machine
+  CHECK(std::isnan(m.io_ms[1]));
+  // tokens / Σ wall: 2 / 0.5 s.
+  CHECK(metrics_tok_per_s(m) == doctest::Approx(4.0));
+  CHECK_THROWS_WITH_AS(parse_token_metrics("step,steps,wall_ms\n1,2,-1\n", "x.csv"),
+                       doctest::Contains("x.csv: line 2, column wall_ms: '-1'"), error);
+}
+
+TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers its parameters") {
+  // A trace of 2 layers x 32 experts (k = 3) whose routings drift (0-3 misses a
+  // layer: up to two waves on two lanes, so latency per wave and overlap per
+  // layer are separable), through the exact configuration's loads; metrics
+  // made by the model itself; fitted from elsewhere with every token (split all).
+  std::vector<std::vector<std::vector<std::uint16_t>>> dec;
+  for (std::uint16_t tok = 0; tok < 40; ++tok) {
+    dec.emplace_back();
+    for (std::uint16_t l = 0; l < 2; ++l) {
+      dec.back().emplace_back();
+      for (std::uint16_t j = 0; j < 3; ++j)
+        dec.back().back().push_back(static_cast<std::uint16_t>((tok * tok * 3 + tok * 7 + j * 11 + l * 5) % 32));
+    }
+  }
+  route_trace t = toy_trace(2, 32, 3, {0, 1}, dec);
+  t.header.expert_bytes.assign(2, 3 * 262144);  // 0.75 MiB experts
+  lab_setup s;
+  s.limit_mib = 4;  // 4 - dense - 0 overhead: ~5 experts of 32
+  s.dense_mib = 2 * 4096.0 / 1048576.0;
+  s.overhead_mib = 0;
+  timing_params truth;
+  truth.curve = storage_curve::parse_list("1:200,2:300");
+  truth.compute_ms_per_token = 30;
+  truth.read_latency_ms = 1.5;
+  truth.overlap = 0.2;
+  const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
+  CHECK(p.mapping.lanes == 2);
+  CHECK(p.summary.tokens == 40);
+  CHECK(p.summary.demanded_mib_per_token > 0);
+  token_metrics m;
+  for (const auto& x : p.tokens) {
+    m.wall_ms.push_back(x.wall_ms);
+    m.stall_ms.push_back(x.stall_ms);
+    m.mgmt_ms.push_back(std::nan(""));
+    m.compute_ms.push_back(x.compute_ms);
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(std::nan(""));
+  }
+  timing_params start;
+  start.curve = truth.curve;
+  start.lanes = 2;
+  calibration_options co;
+  co.split = calibration_split::all;
+  co.free = static_cast<unsigned>(timing_param::compute_ms_per_token) | static_cast<unsigned>(timing_param::read_latency_ms) |
+            static_cast<unsigned>(timing_param::overlap);
+  const calibration_result c = calibrate_timing(t.shape(), p.loads, m, start, co);
+  CHECK(c.fit.tokens == 40);
+  CHECK(c.held_out.tokens == 0);
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(c.params.read_latency_ms == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(c.params.overlap == doctest::Approx(0.2).epsilon(1e-3));
+  // resident: the same compute, no reads, so faster than exact.
+  const lab_prediction r = predict_lab(t, lab_config::resident, lab_setup{}, truth);
+  CHECK(r.summary.demanded_mib_per_token == 0);
+  CHECK(r.summary.s_per_token * 1000 == doctest::Approx(30));
+  CHECK(r.summary.tok_per_s > p.summary.tok_per_s);
+}
