@@ -43,6 +43,11 @@
 /// Per token it reports wall, compute, stall (the wait included), management,
 /// and the demanded and speculative bytes. docs/wall-clock.md has the
 /// derivation, the calibration and what the model cannot see.
+///
+/// Why this header is long: every equation above is implemented once, below,
+/// next to the comment that restates it, and the storage curve, the
+/// parameters file and the per-token model share those symbols; the
+/// calibration (Eigen) and the memory lab's mapping are their own headers.
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,5 @@
-# The include-layering test (docs/overview.md draws the layers):
+# The include-layering test (docs/overview.md draws the layers), and the header
+# size rule (at the end):
 #   cmake [-DMOE_RESIDENCY_INCLUDE_DIR=<include dir>] [-DEXPECT_VIOLATION=<text>] -P check.cmake
 # Every public header belongs to a layer (its component in
 # cmake/moe_residency_components.cmake; core is split into three). A header may
@@ -92,6 +93,23 @@ foreach(_h IN LISTS _mr_all_headers)
   endforeach()
 endforeach()
 
+# Size: a public header over 500 lines says why in a doc-comment paragraph that
+# starts "/// Why this header is long:" (issue 11: headers that each do one job).
+set(_long 0)
+foreach(_h IN LISTS _mr_all_headers)
+  file(READ "${_mr_inc}/${_h}" _text)
+  string(REGEX MATCHALL "\n" _newlines "${_text}")
+  list(LENGTH _newlines _count)
+  if(_count GREATER 500)
+    math(EXPR _long "${_long} + 1")
+    file(STRINGS "${_mr_inc}/${_h}" _why REGEX "^/// Why this header is long:")
+    if(NOT _why)
+      list(APPEND _violations "include/${_h}: ${_count} lines, expected at most 500 or a paragraph "
+                              "\"/// Why this header is long:\" saying why it is one header")
+    endif()
+  endif()
+endforeach()
+
 list(LENGTH _mr_all_headers _n)
 if(EXPECT_VIOLATION)
   foreach(_v IN LISTS _violations)
@@ -107,4 +125,5 @@ if(_violations)
   string(REPLACE ";" "\n  " _text "${_violations}")
   message(FATAL_ERROR "layers: ${_n} headers, violations:\n  ${_text}")
 endif()
-message(STATUS "layers: ${_n} headers, ${_edges} includes between them, all downward")
+message(STATUS "layers: ${_n} headers, ${_edges} includes between them, all downward; "
+               "${_long} over 500 lines, each saying why")

@@ -1,11 +1,16 @@
-# Copies include/ and plants two violations the layering check must report:
-# score.hpp (core) including router.hpp (simd), and plan.hpp (core) including <thread>.
+# Copies include/ and plants three violations the check must report:
+# score.hpp (core) including router.hpp (simd), plan.hpp (core) including <thread>,
+# and a header of 502 lines that does not say why it is long.
 file(REMOVE_RECURSE "${WORK}")
 file(COPY "${SOURCE_DIR}/include" DESTINATION "${WORK}")
 file(APPEND "${WORK}/include/moe_residency/score.hpp" "\n#include \"moe_residency/router.hpp\"\n")
 file(APPEND "${WORK}/include/moe_residency/plan.hpp" "\n#include <thread>\n")
+# And a 501-line header without a "Why this header is long" paragraph.
+string(REPEAT "// filler\n" 501 _filler)
+file(WRITE "${WORK}/include/moe_residency/detail/trace_text.hpp" "#pragma once\n${_filler}")
 foreach(expect IN ITEMS "score.hpp \\(layer core\\): includes moe_residency/router.hpp \\(layer simd\\)"
-                        "plan.hpp \\(layer core\\): includes <thread>")
+                        "plan.hpp \\(layer core\\): includes <thread>"
+                        "trace_text.hpp: 502 lines, expected at most 500")
   execute_process(COMMAND "${CMAKE_COMMAND}" "-DMOE_RESIDENCY_INCLUDE_DIR=${WORK}/include"
                           "-DEXPECT_VIOLATION=${expect}" -P "${SOURCE_DIR}/tests/layers/check.cmake"
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)

@@ -22,6 +22,12 @@
 /// read only for the default of `Fused` at the entry points. The non-template
 /// entry points in router.hpp are kept apart by the ABI tag below (see
 /// docs/router.md, Limits).
+///
+/// Why this header is long: it holds one accumulation order, written out
+/// for three element types (f32, f16, bf16), for the generic xsimd batch,
+/// for the hand-interleaved x86 rows and for NEON, beside the scalar
+/// reference every one of them must equal bit for bit. Kept together so a
+/// change to the order is made, and reviewed, in every kernel at once.
 
 #include <algorithm>
 #include <cmath>

@@ -27,6 +27,13 @@
 /// check) and asks for data once per MoE layer: at the layer's first expert
 /// matmul, when the gate input, the ids and the final weights are all still
 /// live. So it adds one graph split per MoE layer.
+///
+/// Why this header is long: the observer is one state machine over ggml's
+/// callback order (the ask phase learns the structure, the data phase reads
+/// the layer once, an anomaly or a throwing sink resets it at the next
+/// graph), and the rules it reproduces from llama.cpp's build_moe_ffn
+/// (probabilities, biases, groups, weights) must be read beside the nodes
+/// they are taken from. Its vocabulary is structure.hpp, the GGUF map gguf.hpp.
 
 #include <algorithm>
 #include <atomic>
