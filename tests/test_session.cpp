@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -236,6 +237,7 @@ TEST_CASE("count mode: a repeated anomaly allocates nothing after the first mess
   const auto tally = [&](bool ok) { ok ? ++accepted : ++refused; };
   const auto bad_token = [&](std::uint32_t pos) {
     tally(s.begin_batch(run_phase::decode, pos, 0));                    // bad_batch
+    tally(s.begin_batch(run_phase::decode, 0xFFFFFFFFu, 2));            // position_overflow
     tally(s.begin_batch(run_phase::decode, pos));
     tally(s.routed(r1));                                                // routing_without_gate_input
     tally(s.gate_input(L(9), x1, 64));                                  // layer_out_of_range
@@ -258,14 +260,14 @@ TEST_CASE("count mode: a repeated anomaly allocates nothing after the first mess
   };
   bad_token(0);  // stores the first message
   REQUIRE(s.anomalies().first_message == "session: begin_batch: 0 tokens; expected >= 1");
-  REQUIRE(refused == 15);
+  REQUIRE(refused == 16);
   REQUIRE(accepted == 5);
   const anomaly_counts first = s.anomalies();
   const long before = allocations();
   for (std::uint32_t pos = 1; pos <= 20; ++pos) bad_token(pos);
   const long allocated = allocations() - before;
   CHECK(allocated == 0);
-  CHECK(refused == 15 * 21);
+  CHECK(refused == 16 * 21);
   CHECK(accepted == 5 * 21);
   const anomaly_counts& a = s.anomalies();
   for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
@@ -279,8 +281,32 @@ TEST_CASE("count mode: a repeated anomaly allocates nothing after the first mess
   CHECK(a.first_message == "session: begin_batch: 0 tokens; expected >= 1");
 }
 
+TEST_CASE("positions are 32-bit: a batch past 2^32 - 1 is refused, never wrapped") {
+  const synthetic_model m(small_cfg());
+  const std::uint32_t top = std::numeric_limits<std::uint32_t>::max();
+  {
+    standard_session s(m.shape());
+    CHECK(s.begin_batch(run_phase::decode, top, 1));  // the last position itself fits
+    CHECK(s.first_token() == top);
+    CHECK_THROWS_WITH_AS(s.begin_batch(run_phase::prefill, top - 2, 4),
+                         "session: begin_batch: 4 tokens from position 4294967293 pass 2^32 - 1; expected the "
+                         "last position to fit in 32 bits (start a new sequence at 0)",
+                         error);
+    CHECK(s.begin_batch(run_phase::prefill, top - 3, 4));  // ends exactly at 2^32 - 1
+  }
+  {
+    session_options o;
+    o.on_anomaly = anomaly_action::count;
+    standard_session s(m.shape(), o);
+    CHECK_FALSE(s.begin_batch(run_phase::prefill, top, 2));
+    CHECK(s.anomalies()[anomaly_kind::position_overflow] == 1);
+    CHECK(s.anomalies().total() == 1);
+    CHECK(s.begin_batch(run_phase::decode, 0, 1));  // a new sequence goes on
+  }
+}
+
 TEST_CASE("anomaly kinds: the enum, the count and the texts come from one list") {
-  CHECK(anomaly_kind_count == static_cast<std::size_t>(anomaly_kind::loaded_without_routing) + 1);
+  CHECK(anomaly_kind_count == static_cast<std::size_t>(anomaly_kind::position_overflow) + 1);
   std::set<std::string> texts;
   for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
     const std::string t = to_string(static_cast<anomaly_kind>(k));

@@ -159,6 +159,14 @@ class session<predictor_set<P...>, X...> {
     if (n_tokens == 0)
       return anomaly(anomaly_kind::bad_batch,
                      [] { return std::string("session: begin_batch: 0 tokens; expected >= 1"); });
+    // Positions are 32-bit: a batch that would pass 2^32 - 1 is refused, not
+    // wrapped to 0 (its tokens would be reported at the wrong positions).
+    if (n_tokens - 1 > static_cast<std::size_t>(std::numeric_limits<std::uint32_t>::max() - first_token))
+      return anomaly(anomaly_kind::position_overflow, [&] {
+        return "session: begin_batch: " + std::to_string(n_tokens) + " tokens from position " +
+               std::to_string(first_token) + " pass 2^32 - 1; expected the last position to fit in 32 bits "
+               "(start a new sequence at 0)";
+      });
     in_batch_ = true;
     phase_ = phase;
     first_token_ = first_token;

@@ -50,7 +50,9 @@ enum class anomaly_action {
   /* an expert twice in one routing */                           \
   X(duplicate_expert, "duplicate expert in a routing")           \
   /* layer_loaded before the layer's routing */                  \
-  X(loaded_without_routing, "layer loaded before its routing")
+  X(loaded_without_routing, "layer loaded before its routing")   \
+  /* a batch whose last position would pass 2^32 - 1 */          \
+  X(position_overflow, "positions past 2^32 - 1")
 
 /// The kinds of anomaly the session detects (listed above).
 enum class anomaly_kind : std::uint8_t {
