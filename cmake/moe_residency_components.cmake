@@ -39,6 +39,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/predict/history.hpp
   moe_residency/detail/half.hpp
   moe_residency/detail/topk.hpp
+  moe_residency/detail/cache_buckets.hpp
   moe_residency/detail/cache_heap.hpp
   moe_residency/detail/cache_list.hpp
   moe_residency/detail/trace_binary.hpp
