@@ -488,3 +488,64 @@ TEST_CASE("corrupted input either parses into a valid trace or throws moe_reside
   CHECK(rejected > 1000);  // most damage is caught
   CHECK(parsed > 0);       // and some is harmless (a weight digit, a hit flag)
 }
+
+TEST_CASE("binary: the reader's fast pass accepts exactly the rows the checker accepts") {
+  // Every byte of every record set to values around each range's edges: the
+  // fast pass (binary.hpp) must pass a damaged file exactly when its slow
+  // twin does — the records decoded one by one and run through the checker
+  // (validate_route_trace), the bits byte checked as the reader's exact pass
+  // does. A stricter fast pass would only be slow; a looser one would accept
+  // an invalid trace.
+  const route_trace t = parse(join(base_lines));
+  const std::string good = binary_of(t);
+  const std::size_t first = good.size() - t.rows.size() * 20;
+  auto slow_accepts = [&](const std::string& b) {
+    route_trace d;
+    d.header = t.header;
+    for (std::size_t i = 0; i < t.rows.size(); ++i) {
+      const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first + 20 * i;
+      trace_row r;
+      r.turn = detail::load_le<std::uint32_t>(p);
+      r.step = detail::load_le<std::uint32_t>(p + 4);
+      r.layer = layer_id(detail::load_le<std::uint16_t>(p + 12));
+      r.expert = expert_id(detail::load_le<std::uint16_t>(p + 14));
+      r.slot = p[16];
+      r.phase = static_cast<run_phase>(p[17]);
+      r.residency = p[18];
+      const unsigned bits = p[19];
+      if (bits > 7 || (bits >> 1) == 3 || ((bits >> 1) != 0) != d.header.has_dropped_column) return false;
+      r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
+      const std::size_t l = to_index(r.layer);
+      r.expert_bytes = (bits & 1) && l < d.header.n_layer ? d.header.expert_bytes[l] : 0;
+      d.rows.push_back(r);
+    }
+    try {
+      validate_route_trace(std::move(d));
+      return true;
+    } catch (const error&) {
+      return false;
+    }
+  };
+  std::size_t cases = 0, accepted = 0, disagreements = 0;
+  for (std::size_t at = first; at < good.size(); ++at) {
+    const auto orig = static_cast<unsigned char>(good[at]);
+    for (const unsigned v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 15u, 16u, 17u, 255u, orig - 1u, orig + 1u}) {
+      std::string b = good;
+      b[at] = static_cast<char>(v & 0xffu);
+      std::vector<trace_row> rows;
+      const bool fast = detail::decode_binary_rows_fast(reinterpret_cast<const unsigned char*>(b.data()) + first,
+                                                        t.rows.size(), t.header, rows);
+      const bool slow = slow_accepts(b);
+      ++cases;
+      accepted += slow;
+      if (fast != slow) {
+        ++disagreements;
+        MESSAGE("byte " << at - first << " = " << (v & 0xffu) << ": fast " << fast << ", checker " << slow);
+      }
+    }
+  }
+  CHECK(cases == t.rows.size() * 20 * 15);
+  CHECK(disagreements == 0);
+  CHECK(accepted > 0);          // harmless damage exists (a weight byte)
+  CHECK(accepted < cases / 2);  // and most is caught
+}
