@@ -101,6 +101,9 @@ class layer_lfu_policy : public detail::cache_partition_base {
   void init(const model_shape& shape, std::uint64_t budget) {
     cap_ = detail::cache_layer_partition(shape, budget);
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
+    expert_shift_ = 0;
+    while ((std::uint32_t{1} << expert_shift_) < n_experts_) ++expert_shift_;
+    if ((std::uint32_t{1} << expert_shift_) != n_experts_) expert_shift_ = no_shift;
     heaps_.assign(shape.n_layers(), detail::cache_slot_heap<detail::cache_freq_order>{detail::cache_freq_order{}});
     for (auto& h : heaps_) {
       h.order().reset(n_experts_);
@@ -117,7 +120,8 @@ class layer_lfu_policy : public detail::cache_partition_base {
   void on_insert(std::uint32_t s) noexcept { touch(s, true, true); }
   void on_evict(std::uint32_t s) noexcept {
     buckets_.erase(s);
-    heaps_[s / n_experts_].erase(s % n_experts_);
+    const std::uint32_t l = layer_of(s);
+    heaps_[l].erase(s - l * n_experts_);
   }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t layer) noexcept {
@@ -146,8 +150,13 @@ class layer_lfu_policy : public detail::cache_partition_base {
   }
 
  private:
+  /// s / n_experts, a shift when n_experts is a power of two (a division per
+  /// access was a visible part of it).
+  std::uint32_t layer_of(std::uint32_t s) const noexcept {
+    return expert_shift_ != no_shift ? s >> expert_shift_ : s / n_experts_;
+  }
   void touch(std::uint32_t s, bool count, bool insert) noexcept {
-    const std::uint32_t l = s / n_experts_;
+    const std::uint32_t l = layer_of(s);
     auto& h = heaps_[l];
     const std::uint32_t e = s - l * n_experts_;
     auto& k = h.order();
@@ -172,7 +181,9 @@ class layer_lfu_policy : public detail::cache_partition_base {
     dirty_list_.push_back(static_cast<std::uint32_t>(l));  // capacity n_layers: never reallocates
   }
 
+  static constexpr std::uint32_t no_shift = 0xffffffffu;
   std::uint32_t n_experts_ = 1;
+  std::uint32_t expert_shift_ = no_shift;  // log2(n_experts) when a power of two
   std::uint64_t tick_ = 0;
   std::vector<detail::cache_slot_heap<detail::cache_freq_order>> heaps_;
   detail::cache_slot_buckets buckets_;
