@@ -59,111 +59,6 @@ inline std::string binary_header_bytes(const trace_header& h, std::uint64_t n_ro
   return out;
 }
 
-/// The reader's fast pass: decodes the `n_rows` records at `rp` into `rows`
-/// and checks each as trace_row_checker does (ranges against the header, the
-/// bits byte, slots in rank order, distinct experts per routing, the row
-/// order), the checker's state held in locals. Returns false at the first
-/// row it does not pass, without saying why: the caller then runs the exact
-/// checker for the message. `h` must satisfy header_problem(h).empty().
-inline bool decode_binary_rows_fast(const unsigned char* rp, std::uint64_t n_rows, const trace_header& h,
-                                    std::vector<trace_row>& rows) {
-  const std::size_t n_layer = h.n_layer;
-  // Expert bytes per layer and a last entry 0 for every layer out of range:
-  // 0 means "not routable" (out of range, unlisted, or listed with 0 bytes).
-  std::vector<std::uint64_t> lb(n_layer + 1, 0);
-  for (std::size_t l = 0; l < n_layer; ++l) lb[l] = h.expert_bytes[l];
-  std::vector<std::uint64_t> stamp(h.n_expert, 0);  // per expert: the routing that last routed it
-  const std::uint64_t* const layer_bytes = lb.data();
-  std::uint64_t* const stamps = stamp.data();
-  const std::uint64_t n_expert = h.n_expert, k = h.n_expert_used;
-  // Which (residency, bits) pairs pass, as bit residency × 8 + bits of one
-  // word: residency 0–2, bits 0–7 with the dropped code (bits >> 1) of the
-  // header (0 without the column, 1 or 2 with it), the read bit only on a miss.
-  std::uint32_t ok_rb = 0;
-  for (unsigned residency = 0; residency < 3; ++residency)
-    for (unsigned bits = 0; bits < 8; ++bits) {
-      const unsigned code = bits >> 1;
-      const bool dropped_ok = h.has_dropped_column ? (code == 1 || code == 2) : code == 0;
-      if (dropped_ok && !((bits & 1) && residency != 0)) ok_rb |= std::uint32_t{1} << (residency * 8 + bits);
-    }
-  // The checker's order state (trace_row_checker::find_fault and friends).
-  bool has_prev = false, prefill_any = false, floor_set = false;
-  std::uint32_t prev_turn = 0, prev_step = 0, max_step = 0, floor = 0;
-  unsigned prev_phase = 1, prev_layer = 0, prev_slot = 0;
-  std::uint64_t routing = 0;
-  // Rows written through a pointer: emplace_back's capacity check reloaded
-  // the vector after every byte-wide store (a char store may alias it).
-  rows.resize(static_cast<std::size_t>(n_rows));
-  trace_row* out = rows.data();
-  for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size, ++out) {
-    const std::uint32_t turn = load_le<std::uint32_t>(rp);
-    const std::uint32_t step = load_le<std::uint32_t>(rp + 4);
-    const std::uint32_t weight = load_le<std::uint32_t>(rp + 8);
-    const unsigned layer = load_le<std::uint16_t>(rp + 12);
-    const unsigned expert = load_le<std::uint16_t>(rp + 14);
-    const unsigned slot = rp[16], phase = rp[17], residency = rp[18], bits = rp[19];
-    const std::uint64_t bytes_of_layer = layer_bytes[layer < n_layer ? layer : n_layer];
-    // Values: phase, a routable layer, slot, expert, then residency and the
-    // bits byte together (ok_rb). Non-short-circuit on purpose.
-    const unsigned rb = residency * 8 + bits;  // < 24 only when both are in range
-    const bool bad_value = (phase > 1) | (bytes_of_layer == 0) | (slot >= k) | (expert >= n_expert) |
-                           (bits > 7) | (rb >= 24) | !((ok_rb >> (rb & 31)) & 1u);
-    if (bad_value) return false;
-    const bool same_routing =
-        has_prev & (turn == prev_turn) & (phase == prev_phase) & (step == prev_step) & (layer == prev_layer);
-    if (same_routing) {
-      if ((slot != prev_slot + 1) | (stamps[expert] == routing)) return false;
-    } else {
-      if (slot != 0) return false;
-      if (has_prev && turn <= prev_turn) {  // order_fault: a new turn starts afresh
-        if (turn < prev_turn) return false;
-        if (phase == 0 && prev_phase == 1) return false;  // prefill after decode
-        if (phase == 1) {
-          if (prev_phase == 1 && (step < prev_step || (step == prev_step && layer < prev_layer))) return false;
-        } else {
-          if (layer == prev_layer && step < prev_step) return false;
-          const bool fs = floor_set || layer < prev_layer;
-          const std::uint32_t fl = layer < prev_layer ? max_step : floor;
-          if (fs && step <= fl) return false;
-        }
-      }
-      const bool new_turn = !has_prev || turn != prev_turn;  // commit_new_routing
-      if (new_turn) {
-        prefill_any = false;
-        floor_set = false;
-      }
-      if (phase == 0) {
-        if (!new_turn && prev_phase == 0 && layer < prev_layer) {
-          floor = max_step;
-          floor_set = true;
-        }
-        max_step = prefill_any ? std::max(max_step, step) : step;
-        prefill_any = true;
-      }
-      ++routing;
-      has_prev = true;
-      prev_turn = turn;
-      prev_phase = phase;
-      prev_step = step;
-      prev_layer = layer;
-    }
-    stamps[expert] = routing;
-    prev_slot = slot;
-    trace_row& r = *out;
-    r.turn = turn;
-    r.step = step;
-    r.weight = bits_float(weight);
-    r.layer = static_cast<layer_id>(layer);
-    r.expert = static_cast<expert_id>(expert);
-    r.slot = static_cast<std::uint8_t>(slot);
-    r.phase = static_cast<run_phase>(phase);
-    r.residency = static_cast<std::uint8_t>(residency);
-    r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
-    r.expert_bytes = (bits & 1) ? bytes_of_layer : 0;
-  }
-  return true;
-}
-
 }  // namespace detail
 
 inline validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name) {
@@ -241,24 +136,7 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
   }
   if (const std::string p = header_problem(h); !p.empty()) throw fail("header: " + p);
 
-  // The fast pass decodes and checks every row with all its state in
-  // registers and one predictable branch per row; only when it meets a row it
-  // cannot pass does the exact pass below run again from the start, to throw
-  // the checker's precise message (or, should the fast pass have been
-  // stricter than the checker, to accept the trace as before).
-  const unsigned char* const records = b + layers_end;
-  if (decode_binary_rows_fast(records, n_rows, h, t.rows)) {
-#if !defined(NDEBUG) || defined(MOE_RESIDENCY_ENABLE_ASSERTS)
-    // Its slow twin: every row the fast pass accepted, through the checker.
-    trace_row_checker twin(h);
-    trace_issue twin_issue;
-    for (const trace_row& r : t.rows) MOE_RESIDENCY_ASSERT(twin.check(r, twin_issue));
-#endif
-    return trace_access::make(std::move(t));
-  }
-  t.rows.clear();
-
-  // The exact pass: each record is decoded straight into a new row of the vector,
+  // One pass: each record is decoded straight into a new row of the vector,
   // field by field, and checked there (the checker reads each field at the
   // width it was stored). A row assembled on the stack and then copied
   // (push_back) was reloaded 16 bytes at a time right after its one-byte
@@ -270,7 +148,7 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
   const unsigned dropped_code = h.has_dropped_column ? 1u : 0u;  // (bits >> 1) != 0 must equal this
   trace_row_checker checker(h);
   trace_issue issue;
-  const unsigned char* rp = records;
+  const unsigned char* rp = b + layers_end;
   for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size) {
     trace_row& r = t.rows.emplace_back();
     r.turn = load_le<std::uint32_t>(rp);
