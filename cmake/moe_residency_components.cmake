@@ -45,6 +45,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/detail/format.hpp
   moe_residency/detail/half.hpp
   moe_residency/detail/topk.hpp
+  moe_residency/detail/cache_buckets.hpp
   moe_residency/detail/cache_heap.hpp
   moe_residency/detail/cache_list.hpp
   moe_residency/detail/trace_binary.hpp

@@ -24,7 +24,8 @@ include("${CMAKE_CURRENT_LIST_DIR}/../../cmake/moe_residency_components.cmake")
 
 set(_base_headers
   moe_residency/version.hpp moe_residency/error.hpp moe_residency/element_type.hpp
-  moe_residency/detail/half.hpp moe_residency/detail/topk.hpp moe_residency/detail/cache_heap.hpp
+  moe_residency/detail/format.hpp moe_residency/detail/half.hpp moe_residency/detail/topk.hpp
+  moe_residency/detail/cache_buckets.hpp moe_residency/detail/cache_heap.hpp
   moe_residency/detail/cache_list.hpp moe_residency/detail/trace_binary.hpp
   moe_residency/detail/trace_text.hpp)
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "moe_residency/cache/expert_cache.hpp"
-#include "moe_residency/detail/cache_heap.hpp"
+#include "moe_residency/detail/cache_buckets.hpp"
 
 namespace moe_residency {
 
@@ -56,6 +56,8 @@ class next_use_index {
     seen_.shrink_to_fit();
   }
   bool finished() const noexcept { return finished_; }
+  /// Batches added (dense and empty ones included): every next use is below it.
+  std::uint32_t batches() const noexcept { return n_batches_; }
   std::size_t size() const noexcept { return slots_.size(); }
   std::uint32_t slot(std::size_t i) const noexcept { return slots_[i]; }
   std::uint32_t next_use(std::size_t i) const noexcept { return next_[i]; }
@@ -71,25 +73,6 @@ class next_use_index {
   std::vector<std::uint32_t> seen_, slots_, batch_of_, next_, first_;
 };
 
-namespace detail {
-struct cache_belady_order {
-  std::vector<std::uint32_t> next;
-  std::vector<std::uint64_t> last;
-  bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    return before(key_of(a), key_of(b));
-  }
-  /// The farthest next use first, then the older last access.
-  struct key_type {
-    std::uint32_t next;
-    std::uint64_t last;
-  };
-  key_type key_of(std::uint32_t s) const noexcept { return key_type{next[s], last[s]}; }
-  static bool before(const key_type& a, const key_type& b) noexcept {
-    return (a.next > b.next) | ((a.next == b.next) & (a.last < b.last));  // branch-free
-  }
-};
-}  // namespace detail
-
 class belady_policy : public policy_base {
  public:
   static constexpr const char* name = "belady";
@@ -102,62 +85,69 @@ class belady_policy : public policy_base {
       throw error("belady_policy: next_use_index is null or unfinished; expected finish() first");
   }
 
+  // Every resident entry sits in the bucket of its next use (a calendar:
+  // never = bucket 0, then the farthest batch first), appended at each new
+  // tick so a bucket is in recency order: the first evictable entry of the
+  // first non-empty bucket is the farthest next use, ties to the older last
+  // access — O(1) per access, no heap.
   void init(const model_shape& shape, std::uint64_t /*budget*/) {
     const std::size_t n = shape.n_layers() * shape.n_experts();
-    heap_.order().next.assign(n, next_use_index::never);
-    heap_.order().last.assign(n, 0);
+    next_.assign(n, next_use_index::never);
     upcoming_.resize(n);
     for (std::size_t s = 0; s < n; ++s) upcoming_[s] = index_->first_use(s);
-    heap_.reset(n);
+    n_batches_ = index_->batches();
+    buckets_.reset(n, std::size_t{n_batches_} + 1);
   }
-  void on_hit(std::uint32_t s) noexcept { advance(s, false); }
-  void on_insert(std::uint32_t s) noexcept { advance(s, true); }
+  void on_hit(std::uint32_t s) noexcept { advance(s); }
+  void on_insert(std::uint32_t s) noexcept { advance(s); }
   /// Admission without a lookup (expert_cache::insert: a preload or a
   /// completed speculative read): keyed by the slot's next use from here,
   /// without consuming the index entry that belongs to the next lookup.
   void on_admit(std::uint32_t s) noexcept {
-    auto& o = heap_.order();
-    o.next[s] = upcoming_[s];
-    o.last[s] = ++tick_;
-    heap_.push_deferred(s);  // protected during insert()'s own eviction
+    next_[s] = upcoming_[s];
+    file(s);  // the cache protects it during insert()'s own eviction
   }
-  void on_repeat(std::uint32_t s) noexcept {
-    heap_.order().last[s] = ++tick_;
-    heap_.update(s);
-  }
-  void on_evict(std::uint32_t s) noexcept { heap_.erase(s); }
+  void on_repeat(std::uint32_t s) noexcept { file(s); }
+  void on_evict(std::uint32_t s) noexcept { buckets_.erase(s); }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t /*layer*/) noexcept {
-    while (!heap_.empty() && !v.evictable(heap_.top())) heap_.stash_top();
-    return heap_.empty() ? no_slot : heap_.top();
+    for (std::uint32_t b = buckets_.first_from(0); b != detail::cache_slot_buckets::none;
+         b = buckets_.first_from(std::size_t{b} + 1))
+      for (std::uint32_t s = buckets_.head(b); s != detail::cache_slot_buckets::none; s = buckets_.newer(s))
+        if (v.evictable(s)) return s;
+    return no_slot;
   }
-  void end_eviction() noexcept { heap_.restore(); }
   /// Lookups consumed so far, and whether any diverged from the index.
   std::size_t position() const noexcept { return cursor_; }
   bool diverged() const noexcept { return diverged_; }
 
  private:
-  void advance(std::uint32_t s, bool insert) noexcept {
-    auto& o = heap_.order();
+  void advance(std::uint32_t s) noexcept {
     if (cursor_ < index_->size() && index_->slot(cursor_) == s) {
-      o.next[s] = index_->next_use(cursor_);
-      upcoming_[s] = o.next[s];
+      next_[s] = index_->next_use(cursor_);
+      upcoming_[s] = next_[s];
     } else {
       diverged_ = true;  // sequence differs from the index: treat as never again
-      o.next[s] = next_use_index::never;
+      next_[s] = next_use_index::never;
     }
     ++cursor_;
-    o.last[s] = ++tick_;
-    if (insert) heap_.push_deferred(s);  // not evictable before this batch's eviction ends
-    else heap_.update(s);
+    file(s);
+  }
+  /// A new access of s: the newest entry of its next use's bucket.
+  void file(std::uint32_t s) noexcept {
+    const std::uint32_t nx = next_[s];
+    // A next use at or past the index's end cannot come from it; treat it as never.
+    const std::uint32_t b = nx >= n_batches_ ? 0u : n_batches_ - nx;
+    buckets_.move_back(b, s);
   }
 
   std::shared_ptr<const next_use_index> index_;
   std::size_t cursor_ = 0;
-  std::uint64_t tick_ = 0;
+  std::uint32_t n_batches_ = 0;
   bool diverged_ = false;
+  std::vector<std::uint32_t> next_;      // per resident slot: its next use (batch index) or never
   std::vector<std::uint32_t> upcoming_;  // per slot: the next batch that looks it up
-  detail::cache_slot_heap<detail::cache_belady_order> heap_;
+  detail::cache_slot_buckets buckets_;
 };
 
 }  // namespace moe_residency

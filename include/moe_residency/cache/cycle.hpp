@@ -13,16 +13,18 @@
 /// in a prefill batch counts as a use; usage persists across evictions), and
 /// evicts the largest ETNU.
 ///
-/// Cost: O(log E) per access, O(log L + C) per eviction (C = number of
-/// distinct expert sizes, 1–3 in practice), one exp per layer whose top
-/// changed. Why it is exact and cheap: write d(j) = v(j) − t with t a layer
+/// Cost: O(log E) per access (amortised: a use only marks its layer's heap
+/// stale, the heap settles where its top is read), O(L + log E) per eviction
+/// (a scan of the L per-layer K values, a few dozen doubles), one exp per
+/// layer whose top changed. Why it is exact and cheap: write d(j) = v(j) − t with t a layer
 /// clock and v(j) the absolute step of j's next visit. Between two visits of
 /// j, v(j) does not move, and neither does any p(j, ·) (decay advances only
 /// at j's own batches). So K(j) = v(j) + L / p(top of j) is time-invariant,
 /// and ETNU = bytes(j) × (K(j) − t − L): within one byte size the largest K
 /// is the victim at every t. Each layer keeps a heap of its entries (ordered
-/// by a time-invariant log usage key), each byte size a heap of its layers
-/// (ordered by K); a victim is the best of the per-size tops.
+/// by a time-invariant usage key) and its K; a victim is the best of the
+/// largest K of each byte size (C = number of distinct expert sizes, 1–3 in
+/// practice).
 ///
 /// Never collapses below the token cycle: the layer just used has the
 /// largest d.
@@ -30,6 +32,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -69,21 +72,6 @@ struct cache_cycle_order {
     return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
   }
 };
-/// Layers of one byte size: largest K first, ties to the lower layer.
-struct cache_cycle_layer_order {
-  std::vector<double> k;
-  bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    return before(key_of(a), key_of(b));
-  }
-  struct key_type {
-    double k;
-    std::uint32_t layer;
-  };
-  key_type key_of(std::uint32_t l) const noexcept { return key_type{k[l], l}; }
-  static bool before(const key_type& a, const key_type& b) noexcept {
-    return (a.k > b.k) | ((a.k == b.k) & (a.layer < b.layer));  // branch-free
-  }
-};
 }  // namespace detail
 
 class cycle_policy : public policy_base {
@@ -103,6 +91,9 @@ class cycle_policy : public policy_base {
 
   void init(const model_shape& shape, std::uint64_t /*budget*/) {
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
+    expert_shift_ = 0;
+    while ((std::uint32_t{1} << expert_shift_) < n_experts_) ++expert_shift_;
+    if ((std::uint32_t{1} << expert_shift_) != n_experts_) expert_shift_ = no_shift;
     n_layers_ = shape.n_layers();
     top_k_ = shape.top_k();
     p0_ = static_cast<double>(shape.top_k()) / static_cast<double>(shape.n_experts());
@@ -124,12 +115,15 @@ class cycle_policy : public policy_base {
       if (c == class_bytes_.size()) class_bytes_.push_back(b);
       class_of_[l] = static_cast<std::uint32_t>(c);
     }
-    classes_.assign(class_bytes_.size(),
-                    detail::cache_slot_heap<detail::cache_cycle_layer_order>{detail::cache_cycle_layer_order{}});
-    for (auto& c : classes_) {
-      c.order().k.assign(n_layers_, 0.0);
-      c.reset(n_layers_);
+    layer_k_.assign(n_layers_, no_k);
+    class_layers_.clear();
+    class_start_.assign(class_bytes_.size() + 1, 0);
+    for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
+      class_start_[c] = static_cast<std::uint32_t>(class_layers_.size());
+      for (std::size_t l = 0; l < n_layers_; ++l)
+        if (class_of_[l] == c) class_layers_.push_back(static_cast<std::uint32_t>(l));
     }
+    class_start_[class_bytes_.size()] = static_cast<std::uint32_t>(class_layers_.size());
     scan_k_.assign(class_bytes_.size(), -1.0);
     scan_l_.assign(class_bytes_.size(), no_slot);
     scan_e_.assign(class_bytes_.size(), no_slot);
@@ -148,8 +142,8 @@ class cycle_policy : public policy_base {
   void on_repeat(std::uint32_t s) noexcept { use(s, false); }
   void on_insert(std::uint32_t s) noexcept { use(s, true); }
   void on_evict(std::uint32_t s) noexcept {
-    const std::size_t l = s / n_experts_;
-    heaps_[l].erase(s % n_experts_);
+    const std::uint32_t l = layer_of(s);
+    heaps_[l].erase(s - l * n_experts_);
     if (!o_.reference_scan) refresh(l);
   }
   void on_batch_end(std::size_t layer) noexcept {
@@ -170,15 +164,18 @@ class cycle_policy : public policy_base {
     }
     std::uint32_t best_l = no_slot;
     double best = -1.0;
-    for (auto& c : classes_) {
+    for (std::size_t c = 0; c + 1 < class_start_.size(); ++c) {
       std::uint32_t l = no_slot;
-      while (!c.empty()) {
-        l = c.top();
+      for (;;) {
+        l = largest_k(c);
+        if (l == no_slot) break;
         auto& h = heaps_[l];
         const auto base = static_cast<std::uint32_t>(l * n_experts_);
         bool stashed = false;
+        h.settle_top();
         while (!h.empty() && !v.evictable(base + h.top())) {
           h.stash_top();
+          h.settle_top();
           stashed = true;
         }
         if (!stashed) break;
@@ -187,10 +184,9 @@ class cycle_policy : public policy_base {
           stashed_list_.push_back(l);
         }
         refresh(l);
-        l = no_slot;
       }
       if (l == no_slot) continue;
-      const double score = cost(l, c.order().k[l]);
+      const double score = cost(l, layer_k_[l]);
       if (score > best) {
         best = score;
         best_l = l;
@@ -212,7 +208,7 @@ class cycle_policy : public policy_base {
   /// cache that just processed layer `now` (ETNU without the bytes factor).
   double expected_steps(layer_id layer, expert_id expert, layer_id now) const noexcept {
     const std::size_t l = to_index(layer);
-    const double d = static_cast<double>((l + n_layers_ - to_index(now) - 1) % n_layers_ + 1);
+    const double d = static_cast<double>(steps_to(l, to_index(now)));
     const double L = static_cast<double>(n_layers_);
     return d + L * (1.0 / prob(l, static_cast<std::uint32_t>(to_index(expert))) - 1.0);
   }
@@ -220,15 +216,22 @@ class cycle_policy : public policy_base {
  private:
   // ---- the layer clock ----------------------------------------------------
   /// Absolute step of layer l's next visit, seen from the clock (t_, now_).
-  double next_visit(std::size_t l) const noexcept {
-    return static_cast<double>(t_ + (l + n_layers_ - now_ - 1) % n_layers_ + 1);
+  double next_visit(std::size_t l) const noexcept { return static_cast<double>(t_ + steps_to(l, now_)); }
+  /// Layer steps from `from` to l's next visit, 1 … L: (l + L − from − 1) mod L + 1
+  /// for l, from < L, without a division.
+  std::size_t steps_to(std::size_t l, std::size_t from) const noexcept {
+    const std::size_t r = l + n_layers_ - from - 1;  // 0 … 2L − 2
+    return (r >= n_layers_ ? r - n_layers_ : r) + 1;
+  }
+  std::uint32_t layer_of(std::uint32_t s) const noexcept {
+    return expert_shift_ != no_shift ? s >> expert_shift_ : s / n_experts_;
   }
   /// Moves the clock to `layer`. In cycle order nothing else changes; a
   /// layer skipped over (out-of-order access) gets its K recomputed.
   void advance(std::size_t layer) noexcept {
     if (layer == now_ || layer >= n_layers_) return;
     if (dirty_ && !o_.reference_scan) refresh(now_);  // e.g. insert() that evicted nothing
-    const std::size_t dist = (layer + n_layers_ - now_ - 1) % n_layers_ + 1;  // 1 … L−1
+    const std::size_t dist = steps_to(layer, now_);  // 1 … L−1
     const std::size_t from = now_;
     t_ += dist;
     now_ = layer;
@@ -256,17 +259,30 @@ class cycle_policy : public policy_base {
     const double steps = k - static_cast<double>(t_) - static_cast<double>(n_layers_);
     return steps * static_cast<double>(class_bytes_[class_of_[l]]);
   }
-  /// Recomputes layer l's K from its heap top and places it in its class heap.
+  /// Recomputes layer l's K from its heap top (no_k when the layer holds nothing).
   void refresh(std::size_t l) noexcept {
-    auto& c = classes_[class_of_[l]];
-    const auto li = static_cast<std::uint32_t>(l);
-    if (heaps_[l].empty()) {
-      c.erase(li);
+    auto& h = heaps_[l];
+    if (h.empty()) {
+      layer_k_[l] = no_k;
       return;
     }
-    c.order().k[l] = k_of(l, heaps_[l].top());
-    if (c.contains(li)) c.update(li);
-    else c.push(li);
+    h.settle_top();
+    layer_k_[l] = k_of(l, h.top());
+  }
+  /// The layer of class c with the largest K, ties to the lower layer (a scan
+  /// of at most L doubles: cheaper than keeping a heap of layers in order
+  /// through every refresh), or no_slot when none holds anything.
+  std::uint32_t largest_k(std::size_t c) const noexcept {
+    std::uint32_t pick = no_slot;
+    double best = no_k;
+    for (std::uint32_t i = class_start_[c], end = class_start_[c + 1]; i < end; ++i) {
+      const std::uint32_t l = class_layers_[i];
+      if (layer_k_[l] > best) {
+        best = layer_k_[l];
+        pick = l;
+      }
+    }
+    return pick;
   }
 
   /// The reference: the same decision by scanning every layer's entries.
@@ -308,14 +324,15 @@ class cycle_policy : public policy_base {
   }
 
   void use(std::uint32_t s, bool insert) noexcept {
-    const std::size_t l = s / n_experts_;
-    const std::uint32_t e = s % n_experts_;
+    const std::uint32_t l = layer_of(s);
+    const std::uint32_t e = s - l * n_experts_;
     auto& h = heaps_[l];
     h.order().key[e] += scale_[l];  // usage += 1, in the layer's undecayed units
     h.order().last[e] = ++tick_;
     ++occ_;
+    // A use only moves an entry later in its layer's order (more usage, newer
+    // tick): the heap settles lazily where its top is read (refresh, victim).
     if (insert) h.push(e);
-    else h.update(e);
     if (l == now_) dirty_ = true;
     else if (!o_.reference_scan) refresh(l);  // insert() of another layer
   }
@@ -335,7 +352,9 @@ class cycle_policy : public policy_base {
 
   cycle_policy_options o_;
   double inv_decay_ = 1.0, p0_ = 0.0;
+  static constexpr std::uint32_t no_shift = 0xffffffffu;
   std::uint32_t n_experts_ = 1;
+  std::uint32_t expert_shift_ = no_shift;  // log2(n_experts) when a power of two
   std::size_t n_layers_ = 1, top_k_ = 1, now_ = 0;
   std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
   bool dirty_ = false;
@@ -344,7 +363,10 @@ class cycle_policy : public policy_base {
   std::vector<detail::cache_slot_heap<detail::cache_cycle_order>> heaps_;
   std::vector<std::uint32_t> class_of_;
   std::vector<std::uint64_t> class_bytes_;
-  std::vector<detail::cache_slot_heap<detail::cache_cycle_layer_order>> classes_;
+  static constexpr double no_k = -std::numeric_limits<double>::infinity();
+  std::vector<double> layer_k_;             // per layer: K of its top, or no_k when empty
+  std::vector<std::uint32_t> class_layers_;  // the layers of each class, ascending
+  std::vector<std::uint32_t> class_start_;   // class c's layers: [class_start_[c], class_start_[c + 1])
   std::vector<double> scan_k_;                // reference mode scratch
   std::vector<std::uint32_t> scan_l_, scan_e_;
   std::vector<std::uint8_t> stashed_;

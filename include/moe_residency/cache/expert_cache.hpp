@@ -71,23 +71,34 @@ enum class lookup_result : std::uint8_t {
   rejected   ///< no open batch, dense layer or expert id out of range
 };
 
+namespace detail {
+/// One slot's state, kept together so a lookup touches one place: the batch
+/// stamp of its last lookup and its flags. 32-bit flags, not a byte: a store
+/// through a byte may alias anything and forced the compiler to reload the
+/// cache's members after every flag change on the hot path.
+struct cache_slot_state {
+  std::uint32_t touched = 0;
+  std::uint32_t flags = 0;
+};
+}  // namespace detail
+
 /// What a policy may ask the cache while choosing a victim. Slots are
 /// `layer × n_experts + expert`.
 class cache_view {
  public:
-  static constexpr std::uint8_t resident_bit = 1, pinned_bit = 2;
+  static constexpr std::uint32_t resident_bit = 1, pinned_bit = 2;
 
-  cache_view(const std::uint8_t* flags, const std::uint32_t* touched, std::uint32_t batch,
-             const std::uint64_t* layer_bytes, const std::uint32_t* layer_count,
-             std::uint32_t n_experts, std::uint64_t used, std::uint64_t budget) noexcept
-      : flags_(flags), touched_(touched), batch_(batch), layer_bytes_(layer_bytes),
-        layer_count_(layer_count), n_experts_(n_experts), used_(used), budget_(budget) {}
+  cache_view(const detail::cache_slot_state* slots, std::uint32_t batch, const std::uint64_t* layer_bytes,
+             const std::uint32_t* layer_count, std::uint32_t n_experts, std::uint64_t used,
+             std::uint64_t budget) noexcept
+      : slots_(slots), batch_(batch), layer_bytes_(layer_bytes), layer_count_(layer_count),
+        n_experts_(n_experts), used_(used), budget_(budget) {}
 
   /// Resident, not pinned, not touched by the current batch.
   bool evictable(std::uint32_t s) const noexcept {
-    return (flags_[s] & (resident_bit | pinned_bit)) == resident_bit && touched_[s] != batch_;
+    return (slots_[s].flags & (resident_bit | pinned_bit)) == resident_bit && slots_[s].touched != batch_;
   }
-  bool resident(std::uint32_t s) const noexcept { return flags_[s] & resident_bit; }
+  bool resident(std::uint32_t s) const noexcept { return slots_[s].flags & resident_bit; }
   std::uint32_t layer_of(std::uint32_t s) const noexcept { return s / n_experts_; }
   std::uint64_t bytes_of(std::uint32_t s) const noexcept { return layer_bytes_[s / n_experts_]; }
   std::uint32_t layer_count(std::size_t layer) const noexcept { return layer_count_[layer]; }
@@ -95,8 +106,7 @@ class cache_view {
   std::uint64_t budget_bytes() const noexcept { return budget_; }
 
  private:
-  const std::uint8_t* flags_;
-  const std::uint32_t* touched_;
+  const detail::cache_slot_state* slots_;
   std::uint32_t batch_;
   const std::uint64_t* layer_bytes_;
   const std::uint32_t* layer_count_;
@@ -178,8 +188,9 @@ class expert_cache {
     layer_bytes_.assign(n_layers, 0);
     for (std::size_t l = 0; l < n_layers; ++l)
       layer_bytes_[l] = shape_.expert_bytes(layer_id(static_cast<std::uint16_t>(l)));
-    flags_.assign(n_slots, 0);
-    touched_.assign(n_slots, 0);
+    slots_.assign(n_slots, detail::cache_slot_state{});
+    slot_layer_.resize(n_slots);
+    for (std::size_t i = 0; i < n_slots; ++i) slot_layer_[i] = static_cast<std::uint16_t>(i / n_experts_);
     layer_count_.assign(n_layers, 0);
     cycle_bytes_ = moe_residency::token_cycle_bytes(shape_);
     if (Policy::collapses_below_cycle && options_.budget_bytes < cycle_bytes_ &&
@@ -217,15 +228,15 @@ class expert_cache {
       return lookup_result::rejected;
     }
     const std::uint32_t s = base_ + static_cast<std::uint32_t>(e);
-    if (touched_[s] == batch_) {
+    if (slots_[s].touched == batch_) {
       policy_.on_repeat(s);
       return lookup_result::repeat;
     }
-    touched_[s] = batch_;
+    slots_[s].touched = batch_;
     const bool decode = phase_ == run_phase::decode;
     ++stats_.all.lookups;
     stats_.decode.lookups += decode;
-    if (flags_[s] & cache_view::resident_bit) {
+    if (slots_[s].flags & cache_view::resident_bit) {
       ++stats_.all.hits;
       stats_.decode.hits += decode;
       policy_.on_hit(s);
@@ -260,16 +271,58 @@ class expert_cache {
       stats_.rejected += ids.size();
       return 0;
     }
-    std::size_t misses = 0;
-    for (expert_id e : ids) misses += lookup(e) == lookup_result::miss;
+    // lookup() per id, with the batch's constants and counters in locals: the
+    // policy's stores may alias the cache's members, which would otherwise be
+    // reloaded and stored back around every hook. Same decisions, same order
+    // of hook calls, same counters as the lookup() loop.
+    detail::cache_slot_state* const st = slots_.data();
+    const std::uint32_t batch = batch_, base = base_, n_experts = n_experts_;
+    std::uint64_t looked = 0, hits = 0, misses = 0, rejected = 0;
+    for (expert_id id : ids) {
+      const std::size_t e = to_index(id);
+      if (e >= n_experts) {
+        ++rejected;
+        continue;
+      }
+      const std::uint32_t s = base + static_cast<std::uint32_t>(e);
+      if (st[s].touched == batch) {
+        policy_.on_repeat(s);
+        continue;
+      }
+      st[s].touched = batch;
+      ++looked;
+      if (st[s].flags & cache_view::resident_bit) {
+        ++hits;
+        policy_.on_hit(s);
+        continue;
+      }
+      ++misses;
+      st[s].flags |= cache_view::resident_bit;
+      policy_.on_insert(s);
+    }
+    const bool decode = phase_ == run_phase::decode;
+    const std::uint64_t b = layer_bytes_[layer_];
+    stats_.rejected += rejected;
+    stats_.all.lookups += looked;
+    stats_.all.hits += hits;
+    stats_.all.misses += misses;
+    stats_.all.bytes_read += misses * b;
+    if (decode) {
+      stats_.decode.lookups += looked;
+      stats_.decode.hits += hits;
+      stats_.decode.misses += misses;
+      stats_.decode.bytes_read += misses * b;
+    }
+    used_ += misses * b;
+    layer_count_[layer_] += static_cast<std::uint32_t>(misses);
     end_batch();
-    return misses;
+    return static_cast<std::size_t>(misses);
   }
 
   /// True when (layer, expert) is resident. Out-of-range ids are not.
   bool is_resident(layer_id layer, expert_id expert) const noexcept {
     const std::size_t s = slot_of(layer, expert);
-    return s != no_slot && (flags_[s] & cache_view::resident_bit);
+    return s != no_slot && (slots_[s].flags & cache_view::resident_bit);
   }
 
   // ---- residency control -----------------------------------------------
@@ -280,7 +333,7 @@ class expert_cache {
   bool unpin(layer_id layer, expert_id expert) noexcept { return set_pin(layer, expert, false); }
   bool is_pinned(layer_id layer, expert_id expert) const noexcept {
     const std::size_t s = slot_of(layer, expert);
-    return s != no_slot && (flags_[s] & cache_view::pinned_bit);
+    return s != no_slot && (slots_[s].flags & cache_view::pinned_bit);
   }
 
   /// Makes (layer, expert) resident without a lookup (a preload or a
@@ -291,16 +344,16 @@ class expert_cache {
   /// (pass the phase of the load the read was made for).
   bool insert(layer_id layer, expert_id expert, run_phase phase) noexcept {
     const std::size_t s = slot_of(layer, expert);
-    if (s == no_slot || (flags_[s] & cache_view::resident_bit)) return false;
+    if (s == no_slot || (slots_[s].flags & cache_view::resident_bit)) return false;
     const auto slot = static_cast<std::uint32_t>(s);
     make_resident(slot);
     if constexpr (has_on_admit<Policy>) policy_.on_admit(slot);
     else policy_.on_insert(slot);
     ++stats_.inserted;
-    const std::uint32_t saved = touched_[slot];
-    touched_[slot] = batch_;  // protect it during this eviction
+    const std::uint32_t saved = slots_[slot].touched;
+    slots_[slot].touched = batch_;  // protect it during this eviction
     evict_to_budget(to_index(layer), phase == run_phase::decode);
-    touched_[slot] = saved;
+    slots_[slot].touched = saved;
     return true;
   }
   /// As above, in the phase of the open batch (prefill when none is open).
@@ -315,7 +368,7 @@ class expert_cache {
   /// Counted in stats().invalidated.
   bool invalidate(layer_id layer, expert_id expert) noexcept {
     const std::size_t s = slot_of(layer, expert);
-    if (s == no_slot || !(flags_[s] & cache_view::resident_bit)) return false;
+    if (s == no_slot || !(slots_[s].flags & cache_view::resident_bit)) return false;
     drop_resident(static_cast<std::uint32_t>(s));
     ++stats_.invalidated;
     return true;
@@ -348,26 +401,26 @@ class expert_cache {
   bool set_pin(layer_id layer, expert_id expert, bool on) noexcept {
     const std::size_t s = slot_of(layer, expert);
     if (s == no_slot) return false;
-    if (on) flags_[s] |= cache_view::pinned_bit;
-    else flags_[s] &= static_cast<std::uint8_t>(~cache_view::pinned_bit);
+    if (on) slots_[s].flags |= cache_view::pinned_bit;
+    else slots_[s].flags &= ~cache_view::pinned_bit;
     return true;
   }
 
   void make_resident(std::uint32_t s) noexcept {
-    const std::size_t l = s / n_experts_;
-    flags_[s] |= cache_view::resident_bit;
+    const std::size_t l = slot_layer_[s];
+    slots_[s].flags |= cache_view::resident_bit;
     used_ += layer_bytes_[l];
     ++layer_count_[l];
   }
 
   cache_view view() const noexcept {
-    return cache_view(flags_.data(), touched_.data(), batch_, layer_bytes_.data(),
-                      layer_count_.data(), n_experts_, used_, options_.budget_bytes);
+    return cache_view(slots_.data(), batch_, layer_bytes_.data(), layer_count_.data(), n_experts_, used_,
+                      options_.budget_bytes);
   }
 
   void drop_resident(std::uint32_t s) noexcept {
-    const std::size_t l = s / n_experts_;
-    flags_[s] &= static_cast<std::uint8_t>(~cache_view::resident_bit);
+    const std::size_t l = slot_layer_[s];
+    slots_[s].flags &= ~cache_view::resident_bit;
     used_ -= layer_bytes_[l];
     --layer_count_[l];
     policy_.on_evict(s);
@@ -390,7 +443,7 @@ class expert_cache {
 
   void next_batch() noexcept {
     if (++batch_ == 0) {  // wrapped after 2^32 batches: forget old stamps
-      std::fill(touched_.begin(), touched_.end(), 0u);
+      for (detail::cache_slot_state& st : slots_) st.touched = 0;
       batch_ = 1;
     }
   }
@@ -400,8 +453,8 @@ class expert_cache {
   Policy policy_;
   std::uint32_t n_experts_ = 0;
   std::vector<std::uint64_t> layer_bytes_;
-  std::vector<std::uint8_t> flags_;
-  std::vector<std::uint32_t> touched_;  // batch stamp of the last lookup
+  std::vector<detail::cache_slot_state> slots_;  // batch stamp of the last lookup, flags
+  std::vector<std::uint16_t> slot_layer_;        // layer of each slot (no division per eviction)
   std::vector<std::uint32_t> layer_count_;
   std::uint64_t used_ = 0;
   std::uint64_t cycle_bytes_ = 0;

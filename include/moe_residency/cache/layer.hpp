@@ -18,6 +18,7 @@
 
 #include "moe_residency/cache/expert_cache.hpp"
 #include "moe_residency/cache/lfu.hpp"
+#include "moe_residency/detail/cache_buckets.hpp"
 #include "moe_residency/detail/cache_heap.hpp"
 #include "moe_residency/detail/cache_list.hpp"
 
@@ -93,15 +94,23 @@ class layer_lfu_policy : public detail::cache_partition_base {
  public:
   static constexpr const char* name = "layerlfu";
   static constexpr bool collapses_below_cycle = false;
+  /// Frequencies below this live in per-layer buckets (O(1)); from it on, in
+  /// the layer's heap (see lfu_policy).
+  static constexpr std::uint32_t bucket_frequencies = 512;
 
   void init(const model_shape& shape, std::uint64_t budget) {
     cap_ = detail::cache_layer_partition(shape, budget);
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
+    expert_shift_ = 0;
+    while ((std::uint32_t{1} << expert_shift_) < n_experts_) ++expert_shift_;
+    if ((std::uint32_t{1} << expert_shift_) != n_experts_) expert_shift_ = no_shift;
     heaps_.assign(shape.n_layers(), detail::cache_slot_heap<detail::cache_freq_order>{detail::cache_freq_order{}});
     for (auto& h : heaps_) {
       h.order().reset(n_experts_);
       h.reset(n_experts_);
     }
+    // Bucket of (layer, frequency f): layer × bucket_frequencies + f.
+    buckets_.reset(shape.n_layers() * shape.n_experts(), shape.n_layers() * std::size_t{bucket_frequencies});
     dirty_.assign(shape.n_layers(), 0);
     dirty_list_.clear();
     dirty_list_.reserve(shape.n_layers());
@@ -109,9 +118,19 @@ class layer_lfu_policy : public detail::cache_partition_base {
   void on_hit(std::uint32_t s) noexcept { touch(s, true, false); }
   void on_repeat(std::uint32_t s) noexcept { touch(s, false, false); }
   void on_insert(std::uint32_t s) noexcept { touch(s, true, true); }
-  void on_evict(std::uint32_t s) noexcept { heaps_[s / n_experts_].erase(s % n_experts_); }
+  void on_evict(std::uint32_t s) noexcept {
+    buckets_.erase(s);
+    const std::uint32_t l = layer_of(s);
+    heaps_[l].erase(s - l * n_experts_);
+  }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t layer) noexcept {
+    // The layer's buckets first (every bucketed entry comes before every heap entry).
+    const std::size_t lo = layer * bucket_frequencies, hi = lo + bucket_frequencies;
+    for (std::uint32_t b = buckets_.first_from(lo + 1); b != detail::cache_slot_buckets::none && b < hi;
+         b = buckets_.first_from(std::size_t{b} + 1))
+      for (std::uint32_t s = buckets_.head(b); s != detail::cache_slot_buckets::none; s = buckets_.newer(s))
+        if (v.evictable(s)) return s;
     auto& h = heaps_[layer];
     const auto base = static_cast<std::uint32_t>(layer) * n_experts_;
     mark(layer);
@@ -131,16 +150,28 @@ class layer_lfu_policy : public detail::cache_partition_base {
   }
 
  private:
+  /// s / n_experts, a shift when n_experts is a power of two (a division per
+  /// access was a visible part of it).
+  std::uint32_t layer_of(std::uint32_t s) const noexcept {
+    return expert_shift_ != no_shift ? s >> expert_shift_ : s / n_experts_;
+  }
   void touch(std::uint32_t s, bool count, bool insert) noexcept {
-    auto& h = heaps_[s / n_experts_];
-    const std::uint32_t e = s % n_experts_;
+    const std::uint32_t l = layer_of(s);
+    auto& h = heaps_[l];
+    const std::uint32_t e = s - l * n_experts_;
     auto& k = h.order();
     if (count) ++k.freq[e];
     k.last[e] = ++tick_;
-    // A hit or repeat only moves an entry later: the heap settles lazily.
-    if (insert) {
-      h.push_deferred(e);  // not evictable before this batch's eviction ends
-      mark(s / n_experts_);
+    const std::uint32_t f = k.freq[e];
+    if (f < bucket_frequencies) {
+      buckets_.move_back(l * bucket_frequencies + f, s);  // newest of its bucket
+    } else if (insert || buckets_.contains(s)) {
+      // Into the heap (from the buckets, or a new entry): not evictable before
+      // this batch's eviction ends. A heap entry's hit or repeat only moves it
+      // later: the heap settles lazily.
+      buckets_.erase(s);
+      h.push_deferred(e);
+      mark(l);
     }
   }
 
@@ -150,9 +181,12 @@ class layer_lfu_policy : public detail::cache_partition_base {
     dirty_list_.push_back(static_cast<std::uint32_t>(l));  // capacity n_layers: never reallocates
   }
 
+  static constexpr std::uint32_t no_shift = 0xffffffffu;
   std::uint32_t n_experts_ = 1;
+  std::uint32_t expert_shift_ = no_shift;  // log2(n_experts) when a power of two
   std::uint64_t tick_ = 0;
   std::vector<detail::cache_slot_heap<detail::cache_freq_order>> heaps_;
+  detail::cache_slot_buckets buckets_;
   std::vector<std::uint8_t> dirty_;
   std::vector<std::uint32_t> dirty_list_;
 };

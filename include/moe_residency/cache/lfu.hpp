@@ -3,12 +3,15 @@
 /// recently used. Frequencies persist across evictions (an entry that comes
 /// back resumes its count) — the rule the engine authors' replay used, and
 /// the one that keeps LFU alive below the token cycle. A lookup counts once
-/// per batch; duplicates only refresh recency. O(log n) per access.
+/// per batch; duplicates only refresh recency. O(1) per access for entries
+/// with fewer than `bucket_frequencies` lookups (a bucket per frequency, each
+/// in recency order), O(log n) above (a heap, rarely a victim there).
 
 #include <cstdint>
 #include <vector>
 
 #include "moe_residency/cache/expert_cache.hpp"
+#include "moe_residency/detail/cache_buckets.hpp"
 #include "moe_residency/detail/cache_heap.hpp"
 
 namespace moe_residency {
@@ -45,27 +48,50 @@ class lfu_policy : public policy_base {
  public:
   static constexpr const char* name = "lfu";
   static constexpr bool collapses_below_cycle = false;
+  /// Frequencies below this live in buckets (O(1)); from it on, in a heap.
+  static constexpr std::uint32_t bucket_frequencies = 4096;
 
   void init(const model_shape& shape, std::uint64_t /*budget*/) {
     const std::size_t n = shape.n_layers() * shape.n_experts();
     heap_.order().reset(n);
     heap_.reset(n);
+    buckets_.reset(n, bucket_frequencies);
   }
-  // A hit or repeat only moves an entry later (more uses, newer access), so
-  // the heap is updated lazily: victim() settles its top (cache_slot_heap).
+  // Every resident entry is in the bucket of its frequency (appended at each
+  // new tick, so a bucket is in recency order) or, at bucket_frequencies
+  // lookups and more, in the heap. Every bucketed entry comes before every
+  // heap entry. A hit or repeat only moves a heap entry later, so the heap is
+  // updated lazily: victim() settles its top (cache_slot_heap).
   void on_hit(std::uint32_t s) noexcept {
-    ++k().freq[s];
+    const std::uint32_t f = ++k().freq[s];
     k().last[s] = ++k().tick;
+    if (f < bucket_frequencies) {
+      buckets_.move_back(f, s);
+    } else if (buckets_.contains(s)) {
+      buckets_.erase(s);
+      heap_.push_deferred(s);  // not evictable before this batch's eviction ends
+    }
   }
-  void on_repeat(std::uint32_t s) noexcept { k().last[s] = ++k().tick; }
+  void on_repeat(std::uint32_t s) noexcept {
+    k().last[s] = ++k().tick;
+    if (buckets_.contains(s)) buckets_.move_back(buckets_.bucket_of(s), s);
+  }
   void on_insert(std::uint32_t s) noexcept {
-    ++k().freq[s];
+    const std::uint32_t f = ++k().freq[s];
     k().last[s] = ++k().tick;
-    heap_.push_deferred(s);  // not evictable before this batch's eviction ends
+    if (f < bucket_frequencies) buckets_.push_back(f, s);
+    else heap_.push_deferred(s);  // not evictable before this batch's eviction ends
   }
-  void on_evict(std::uint32_t s) noexcept { heap_.erase(s); }
+  void on_evict(std::uint32_t s) noexcept {
+    buckets_.erase(s);
+    heap_.erase(s);
+  }
   template <class View>
   std::uint32_t victim(const View& v, std::size_t /*layer*/) noexcept {
+    for (std::uint32_t b = buckets_.first_from(1); b != detail::cache_slot_buckets::none;
+         b = buckets_.first_from(std::size_t{b} + 1))
+      for (std::uint32_t s = buckets_.head(b); s != detail::cache_slot_buckets::none; s = buckets_.newer(s))
+        if (v.evictable(s)) return s;
     heap_.settle_top();
     while (!heap_.empty() && !v.evictable(heap_.top())) {
       heap_.stash_top();
@@ -81,6 +107,7 @@ class lfu_policy : public policy_base {
   detail::cache_freq_order& k() noexcept { return heap_.order(); }
   const detail::cache_freq_order& k() const noexcept { return heap_.order(); }
   detail::cache_slot_heap<detail::cache_freq_order> heap_;
+  detail::cache_slot_buckets buckets_;
 };
 
 }  // namespace moe_residency

@@ -1,6 +1,7 @@
 #pragma once
 // Layout of the binary route trace (version 1) and little-endian loads and
-// stores that compile to plain moves on little-endian hosts.
+// stores that compile to plain moves on little-endian hosts. A weight's bits
+// go through detail::float_bits / bits_float (half.hpp), the one bit cast.
 //
 //   offset  size  field
 //        0     8  magic "\x89MRTRACE" (0x89 marks it binary, like PNG)
@@ -29,6 +30,8 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#include "moe_residency/detail/half.hpp"
 
 namespace moe_residency {
 namespace detail {
@@ -68,18 +71,6 @@ template <class T>
 inline void store_le(unsigned char* p, T v) noexcept {
   static_assert(std::is_unsigned<T>::value, "store_le writes unsigned integers");
   for (std::size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
-}
-
-inline float float_from_bits(std::uint32_t bits) noexcept {
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline std::uint32_t bits_of_float(float f) noexcept {
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
 }
 
 }  // namespace detail

@@ -153,7 +153,7 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
     trace_row& r = t.rows.emplace_back();
     r.turn = load_le<std::uint32_t>(rp);
     r.step = load_le<std::uint32_t>(rp + 4);
-    r.weight = float_from_bits(load_le<std::uint32_t>(rp + 8));
+    r.weight = bits_float(load_le<std::uint32_t>(rp + 8));
     r.layer = static_cast<layer_id>(load_le<std::uint16_t>(rp + 12));
     r.expert = static_cast<expert_id>(load_le<std::uint16_t>(rp + 14));
     r.slot = rp[16];
@@ -188,7 +188,7 @@ inline void write_binary_rows(const route_trace& trace, std::ostream& out) {
     unsigned char* p = buf + n * binary_trace_record_size;
     store_le<std::uint32_t>(p, r.turn);
     store_le<std::uint32_t>(p + 4, r.step);
-    store_le<std::uint32_t>(p + 8, bits_of_float(r.weight));
+    store_le<std::uint32_t>(p + 8, float_bits(r.weight));
     store_le<std::uint16_t>(p + 12, static_cast<std::uint16_t>(r.layer));
     store_le<std::uint16_t>(p + 14, static_cast<std::uint16_t>(r.expert));
     p[16] = r.slot;
