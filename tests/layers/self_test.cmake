@@ -5,7 +5,7 @@ file(REMOVE_RECURSE "${WORK}")
 file(COPY "${SOURCE_DIR}/include" DESTINATION "${WORK}")
 file(APPEND "${WORK}/include/moe_residency/score.hpp" "\n#include \"moe_residency/router.hpp\"\n")
 file(APPEND "${WORK}/include/moe_residency/plan.hpp" "\n#include <thread>\n")
-# And a 501-line header without a "Why this header is long" paragraph.
+# And a 502-line header (#pragma once + 501 filler lines) that does not say why it is long.
 string(REPEAT "// filler\n" 501 _filler)
 file(WRITE "${WORK}/include/moe_residency/detail/trace_text.hpp" "#pragma once\n${_filler}")
 foreach(expect IN ITEMS "score.hpp \\(layer core\\): includes moe_residency/router.hpp \\(layer simd\\)"
