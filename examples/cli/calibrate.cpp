@@ -5,7 +5,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "command.hpp"
@@ -25,22 +24,14 @@ struct calibrate_args {
   bool fit_io = false;
 };
 
-std::string slurp(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw error(std::string(what) + ": cannot open '" + path + "'");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 void run(const calibrate_args& a) {
   if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   if (a.split != "halves" && a.split != "interleaved" && a.split != "all")
     throw error("--split: '" + a.split +
                 "'; expected halves (first half fitted, second held out), interleaved, or all (every token fitted)");
   timing_params start;
-  if (!a.config.empty()) start = parse_timing_config(slurp(a.config, "--config"), a.config);
-  const token_metrics m = parse_token_metrics(slurp(a.metrics, "--metrics"), a.metrics);
+  if (!a.config.empty()) start = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
+  const token_metrics m = parse_token_metrics(moe_residency_cli::read_whole_file(a.metrics, "--metrics"), a.metrics);
   const routed_replay_input in = routed_replay_input::from_file(a.trace);
   dynamic_replay_options o;
   o.policy = a.policy;

@@ -4,9 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "moe_residency/error.hpp"
 
 namespace moe_residency_cli {
 
@@ -29,5 +33,15 @@ struct command_registrar {
     commands().push_back({std::move(name), std::move(description), std::move(setup)});
   }
 };
+
+/// The whole file at `path`; throws moe_residency::error naming the option
+/// that gave it (`option`, e.g. "--config") when it cannot be opened.
+inline std::string read_whole_file(const std::string& path, const char* option) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw moe_residency::error(std::string(option) + ": cannot open '" + path + "'");
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
 
 }  // namespace moe_residency_cli

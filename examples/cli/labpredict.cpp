@@ -7,7 +7,6 @@
 // measured tok/s next to the prediction.
 
 #include <cmath>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -30,14 +29,6 @@ struct lab_args {
   std::string free = "compute,latency,overlap";
 };
 
-std::string slurp(const std::string& path, const char* what) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw error(std::string(what) + ": cannot open '" + path + "'");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 struct cell {
   std::string ratio;
   lab_config config;
@@ -47,7 +38,7 @@ struct cell {
 
 /// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`.
 std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
-  std::stringstream in(slurp(path, "--cells"));
+  std::stringstream in(moe_residency_cli::read_whole_file(path, "--cells"));
   std::string line;
   std::vector<cell> out;
   std::size_t n = 0;
@@ -121,7 +112,7 @@ void run(const lab_args& a) {
     if (c.config == fit_config && c.ratio == fit_ratio) fit = &c;
   if (!fit) throw error("--fit: no cell " + a.fit + " in " + a.cells);
   if (fit->metrics.empty()) throw error("--fit: the cell " + a.fit + " has no metrics (the run did not finish)");
-  const token_metrics fm = parse_token_metrics(slurp(fit->metrics, "--cells metrics"), fit->metrics);
+  const token_metrics fm = parse_token_metrics(moe_residency_cli::read_whole_file(fit->metrics, "--cells metrics"), fit->metrics);
 
   // Calibrate on the fit cell's loads (with speculation, the loads of the
   // start parameters' replay: calibrate_timing replays loads without admits).
@@ -151,7 +142,7 @@ void run(const lab_args& a) {
     const lab_prediction p = predict_lab(trace, c.config, c.setup, fitted);
     double meas = NAN, meas_mib = NAN;
     if (!c.metrics.empty()) {
-      const token_metrics m = parse_token_metrics(slurp(c.metrics, "--cells metrics"), c.metrics);
+      const token_metrics m = parse_token_metrics(moe_residency_cli::read_whole_file(c.metrics, "--cells metrics"), c.metrics);
       meas = metrics_tok_per_s(m);
       double rb = 0;
       for (double b : m.read_bytes) rb += b;

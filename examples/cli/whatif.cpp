@@ -125,11 +125,7 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
 
 void run(const whatif_args& a) {
   if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
-  std::ifstream cf(a.config, std::ios::binary);
-  if (!cf) throw error("--config: cannot open '" + a.config + "'");
-  std::stringstream text;
-  text << cf.rdbuf();
-  const timing_params device = parse_timing_config(text.str(), a.config);
+  const timing_params device = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const routed_replay_input in = routed_replay_input::from_file(a.trace);
   const model_shape& shape = in.shape();
 

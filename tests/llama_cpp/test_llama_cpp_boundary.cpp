@@ -63,6 +63,11 @@ struct hand_graph {
   hand_graph(const hand_graph&) = delete;
   hand_graph& operator=(const hand_graph&) = delete;
 
+  /// Every layer, each over n_tok tokens (see add).
+  void add_all(int n_tok) {
+    for (int il = 0; il < n_layer; ++il) add(il, n_tok);
+  }
+
   /// Layer il over n_tok tokens; ids of token t are (t*7 + il*3 + j*5) % n_expert
   /// for slot j (distinct: 5 is a unit mod 64), weights (j+1)/100 + t + il.
   layer_nodes& add(int il, int n_tok, ggml_type x_type = GGML_TYPE_F32) {
@@ -205,7 +210,7 @@ struct fixture {
 TEST_CASE("llama.cpp boundary: a hand-built graph is read exactly, positions continue across graphs") {
   fixture f;
   hand_graph g;
-  for (int il = 0; il < n_layer; ++il) g.add(il, 3);
+  g.add_all(3);
   drive(g, *f.obs);
   REQUIRE(f.sink.batches.size() == 1);
   CHECK(f.sink.batches[0].first_position == 1);  // after the fixture's decode token
@@ -225,7 +230,7 @@ TEST_CASE("llama.cpp boundary: missing nodes skip only their layer") {
   fixture f;
   SUBCASE("no ffn_moe_weights* node: the layer is counted unreadable (it dereferenced null)") {
     hand_graph g;
-    for (int il = 0; il < n_layer; ++il) g.add(il, 1);
+    g.add_all(1);
     g.layers[1].weights = nullptr;  // not shown to the observer
     g.layers[1].weights_norm = nullptr;
     drive(g, *f.obs);
@@ -233,21 +238,21 @@ TEST_CASE("llama.cpp boundary: missing nodes skip only their layer") {
   }
   SUBCASE("no ffn_moe_logits node: the layer never routed in this graph") {
     hand_graph g;
-    for (int il = 0; il < n_layer; ++il) g.add(il, 1);
+    g.add_all(1);
     g.layers[1].logits = nullptr;
     drive(g, *f.obs);
     CHECK(f.obs->stats().unreadable == 1);
   }
   SUBCASE("no ffn_moe_topk node: the expert matmul is not build_moe_ffn's and is ignored") {
     hand_graph g;
-    for (int il = 0; il < n_layer; ++il) g.add(il, 1);
+    g.add_all(1);
     g.layers[1].topk = nullptr;
     drive(g, *f.obs);
     CHECK(f.obs->stats().unreadable == 0);
   }
   SUBCASE("no expert matmul: nothing to trigger the layer's data") {
     hand_graph g;
-    for (int il = 0; il < n_layer; ++il) g.add(il, 1);
+    g.add_all(1);
     g.layers[1].up = nullptr;
     drive(g, *f.obs);
     CHECK(f.obs->stats().unreadable == 0);
@@ -264,7 +269,7 @@ TEST_CASE("llama.cpp boundary: missing nodes skip only their layer") {
 TEST_CASE("llama.cpp boundary: odd shapes and types are counted unreadable, the rest delivered") {
   fixture f;
   hand_graph g;
-  for (int il = 0; il < n_layer; ++il) g.add(il, 2);
+  g.add_all(2);
   layer_nodes& bad = g.layers[2];
   SUBCASE("gate input of f16") {
     hand_graph h;
@@ -363,7 +368,7 @@ TEST_CASE("llama.cpp boundary: ids out of range reach the sink, and session_sink
   mrl::session_sink<standard_session> ss(s);
   f.obs->set_sink(&ss);
   hand_graph g;
-  for (int il = 0; il < n_layer; ++il) g.add(il, 1);
+  g.add_all(1);
   static_cast<std::int32_t*>(g.layers[1].argsort->data)[3] = n_expert;  // one past the last expert
   static_cast<std::int32_t*>(g.layers[2].argsort->data)[0] = -1;
   drive(g, *f.obs);
@@ -390,7 +395,7 @@ TEST_CASE("llama.cpp boundary: a throwing sink is counted, and the next layer an
   f.sink.throw_in_batch = true;
   f.sink.throw_at_layer = 1;
   hand_graph g;
-  for (int il = 0; il < n_layer; ++il) g.add(il, 1);
+  g.add_all(1);
   drive(g, *f.obs);
   CHECK(f.obs->stats().exceptions == 2);
   CHECK(std::string(f.obs->last_error()) == "on_layer failure");
