@@ -22,12 +22,16 @@
 #   --trace FILE       the route trace to use
 #   --budget B         the cache budget of the runs: MiB or a share like 25% (default: 25% for quick
 #                      and smoke runs, else 25% as well; the model does not use it, see the docs)
+#   --free LIST        the parameters fitted (default compute,bandwidth; see lab-predict --help)
+#   --sweep            calibrate on every finished cell in turn (the --fit cell's trace is used
+#                      for all) and print, per calibration cell, how many of the other cells are
+#                      predicted within 15% and their median |error|: which cell to calibrate on
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
-dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%"
+dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -37,6 +41,8 @@ while [[ $# -gt 0 ]]; do
     --readaround-mib) readaround="${2:?--readaround-mib needs MiB}"; shift ;;
     --trace) trace="${2:?--trace needs a file}"; shift ;;
     --budget) budget="${2:?--budget needs MiB or a share}"; shift ;;
+    --free) free="${2:?--free needs a list}"; shift ;;
+    --sweep) sweep=1 ;;
     -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
     *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
@@ -89,10 +95,29 @@ for r in $ratios; do
     [[ -f "$dir/r$r-$c.status" ]] || continue
     m="$dir/r$r-$c.metrics.csv"
     [[ "$(cat "$dir/r$r-$c.status")" == ok && -f "$m" ]] || m=""
-    lim=$limit; [[ $c == resident ]] && lim=0
+    lim=$limit
+    if [[ $c == resident ]]; then  # one run without a limit, listed once
+      lim=0
+      grep -q ',resident,' "$cells" && continue
+    fi
     echo "$r,$c,$lim,$b,$acc,$m" >> "$cells"
   done
 done
+if [[ $sweep == 1 ]]; then
+  echo "fit_cell,within_15,other_cells,median_abs_err_pct"
+  tail -n +2 "$cells" | while IFS=, read -r r c _ _ _ m; do
+    [[ -n "$m" ]] || continue
+    f="$c@$r"; [[ $c == resident ]] && f="resident@$r"
+    errs="$("$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$f" \
+      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} |
+      awk -F, 'NR > 1 && $10 == "no" && $7 != "-" { print ($6 < 0 ? -$6 : $6) }' | sort -g)"
+    n=$(grep -c . <<< "$errs" || true)
+    y=$(awk '$1 <= 15' <<< "$errs" | grep -c . || true)
+    med=$(awk '{ e[NR] = $1 } END { if (NR) printf "%.1f", NR % 2 ? e[(NR + 1) / 2] : (e[NR / 2] + e[NR / 2 + 1]) / 2 }' <<< "$errs")
+    echo "$f,$y,$n,$med"
+  done
+  exit 0
+fi
 echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround" >&2
 "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
-  --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$format"
+  --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$format" ${free:+--free "$free"}

@@ -12,6 +12,7 @@
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
 #include "moe_residency/timing/lab.hpp"
+#include "moe_residency/timing/lab_calibrate.hpp"
 
 using namespace moe_residency;
 
@@ -142,6 +143,40 @@ TEST_CASE("the read-around page cache: a fault reads the window around it, the L
   CHECK_THROWS_AS(readaround_page_cache(10, 0, 1), error);
 }
 
+TEST_CASE("the two-list page cache: read-around pages never touched go first, touched pages get a second chance") {
+  // A 2-page window reads the page before the fault too (unreferenced) and the
+  // faulting page (referenced). Capacity 4.
+  for (page_reclaim r : {page_reclaim::lru, page_reclaim::two_list}) {
+    CAPTURE(static_cast<int>(r));
+    readaround_page_cache pc(100, 4, 2, r);
+    std::uint64_t read = 0;
+    CHECK(pc.touch(10, 11, read) == 1);  // reads 9, 10
+    CHECK(pc.touch(20, 21, read) == 1);  // reads 19, 20: full
+    // 30 reads 29 (evicting 9, never touched: both agree) and 30, which evicts:
+    // the LRU its oldest, 10; the two lists rotate 10 (referenced) and evict 19.
+    CHECK(pc.touch(30, 31, read) == 1);
+    CHECK(read == 6);
+    CHECK(pc.resident_pages() == 4);
+    CHECK_FALSE(pc.is_resident(9));
+    CHECK(pc.is_resident(10) == (r == page_reclaim::two_list));
+    CHECK(pc.is_resident(19) == (r == page_reclaim::lru));
+    CHECK(pc.touch(10, 11, read) == (r == page_reclaim::two_list ? 0u : 1u));
+  }
+  // Referenced on two scans: activated; the active list holds at most half.
+  readaround_page_cache pc(100, 3, 1, page_reclaim::two_list);
+  std::uint64_t read = 0;
+  CHECK(pc.touch(1, 4, read) == 3);  // 1, 2, 3, each referenced
+  CHECK(pc.touch(4, 5, read) == 1);  // one scan rotates 1, 2, 3 (clearing their bits), then evicts 1
+  CHECK_FALSE(pc.is_resident(1));
+  CHECK(pc.active_pages() == 0);
+  CHECK(pc.touch(2, 3, read) == 0);  // 2 referenced again
+  CHECK(pc.touch(5, 6, read) == 1);  // the scan activates 2 and evicts 3
+  CHECK(pc.active_pages() == 1);
+  CHECK(pc.is_resident(2));
+  CHECK_FALSE(pc.is_resident(3));
+  CHECK(pc.resident_pages() == 3);
+}
+
 TEST_CASE("fault-driven loads of a route trace, by hand") {
   // One layer, 4 experts: pages 0 dense, 1-4 gate, 5-8 up, 9-12 down (one page per slice).
   const route_trace t = toy_trace(1, 4, 1, {0}, {{{1}}, {{1}}, {{2}}});
@@ -220,11 +255,13 @@ TEST_CASE("the probe's metrics file parses: its columns, the lab's tok/s") {
                        doctest::Contains("x.csv: line 2, column wall_ms: '-1'"), error);
 }
 
-TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers its parameters") {
-  // A trace of 2 layers x 32 experts (k = 3) whose routings drift (0-3 misses a
-  // layer: up to two waves on two lanes, so latency per wave and overlap per
-  // layer are separable), through the exact configuration's loads; metrics
-  // made by the model itself; fitted from elsewhere with every token (split all).
+namespace {
+
+/// A trace of 2 layers x 32 experts (k = 3) whose routings drift (0-3 misses a
+/// layer: up to two waves on two lanes, so latency per wave and overlap per
+/// layer are separable), 0.75 MiB experts, and a lab setup whose memory holds
+/// ~5 experts of 32.
+route_trace drift_trace() {
   std::vector<std::vector<std::vector<std::uint16_t>>> dec;
   for (std::uint16_t tok = 0; tok < 40; ++tok) {
     dec.emplace_back();
@@ -235,11 +272,25 @@ TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers 
     }
   }
   route_trace t = toy_trace(2, 32, 3, {0, 1}, dec);
-  t.header.expert_bytes.assign(2, 3 * 262144);  // 0.75 MiB experts
+  t.header.expert_bytes.assign(2, 3 * 262144);
+  return t;
+}
+
+lab_setup drift_setup() {
   lab_setup s;
   s.limit_mib = 4;  // 4 - dense - 0 overhead: ~5 experts of 32
   s.dense_mib = 2 * 4096.0 / 1048576.0;
   s.overhead_mib = 0;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers its parameters") {
+  // The exact configuration's loads of the drift trace; metrics made by the
+  // model itself; fitted from elsewhere with every token (split all).
+  const route_trace t = drift_trace();
+  const lab_setup s = drift_setup();
   timing_params truth;
   truth.curve = storage_curve::parse_list("1:200,2:300");
   truth.compute_ms_per_token = 30;
@@ -276,4 +327,75 @@ TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers 
   CHECK(r.summary.demanded_mib_per_token == 0);
   CHECK(r.summary.s_per_token * 1000 == doctest::Approx(30));
   CHECK(r.summary.tok_per_s > p.summary.tok_per_s);
+}
+
+TEST_CASE("the lab's calibration fits the wall alone: a probe's stall that holds no kernel time does not mislead it") {
+  // The lab's probe records stall = wall - the eval thread's CPU time, and
+  // under a memory limit that CPU time holds the kernel's work for the pages
+  // read, so its stall is shorter than the model's read time. Made here as a
+  // third of the model's stall: calibrate_lab, which fits the wall alone with
+  // nothing overlapping the reads, still recovers compute and latency; the
+  // phone's calibration, which also fits the stall column, does not.
+  const route_trace t = drift_trace();
+  const lab_setup s = drift_setup();
+  timing_params truth;
+  truth.curve = storage_curve::parse_list("1:200,2:300");
+  truth.lanes = 2;
+  truth.compute_ms_per_token = 30;
+  truth.read_latency_ms = 1.5;
+  truth.overlap = 0;
+  const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
+  token_metrics m;
+  double stall = 0;
+  for (const auto& x : p.tokens) {
+    m.wall_ms.push_back(x.wall_ms);
+    m.stall_ms.push_back(x.stall_ms / 3);
+    m.mgmt_ms.push_back(std::nan(""));
+    m.compute_ms.push_back(x.wall_ms - x.stall_ms / 3);
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(std::nan(""));
+    stall += x.stall_ms;
+  }
+  REQUIRE(stall > 40 * 2.0);  // the reads matter: > 2 ms a token
+  timing_params start;
+  start.curve = truth.curve;
+  start.lanes = 2;
+  start.overlap = 0;
+  const unsigned free = static_cast<unsigned>(timing_param::compute_ms_per_token) |
+                        static_cast<unsigned>(timing_param::read_latency_ms);
+  const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start, free);
+  CHECK(c.free == std::vector<std::string>{"compute_ms_per_token", "read_latency_ms"});
+  CHECK(params_on_bound(c).empty());
+  calibration_result degenerate = c;
+  degenerate.params.compute_ms_per_token = 0;
+  CHECK(params_on_bound(degenerate) == std::vector<std::string>{"compute_ms_per_token"});
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(c.params.read_latency_ms == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(c.params.overlap == 0);
+  CHECK(c.params.curve.to_list() == truth.curve.to_list());
+  CHECK(c.params.lanes == 2);
+  calibration_options co;
+  co.split = calibration_split::all;
+  co.free = free;
+  const calibration_result phone = calibrate_timing(t.shape(), p.loads, m, start, co);
+  CHECK(std::abs(phone.params.compute_ms_per_token - 30) > 0.3);
+
+  // A fault-driven cell calibrates on the curve's top bandwidth and hands back the device's curve.
+  lab_setup sf = s;
+  sf.limit_mib = 2;
+  sf.readaround_mib = 0.125;  // 32 pages: a small file
+  const lab_prediction pf = predict_lab(t, lab_config::mmap, sf, truth);
+  token_metrics mf;
+  for (const auto& x : pf.tokens) {
+    mf.wall_ms.push_back(x.wall_ms);
+    mf.stall_ms.push_back(0);
+    mf.mgmt_ms.push_back(std::nan(""));
+    mf.compute_ms.push_back(x.wall_ms);
+    mf.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    mf.io_ms.push_back(std::nan(""));
+  }
+  const calibration_result cf = calibrate_lab(t, lab_config::mmap, sf, mf, start, free);
+  CHECK(cf.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(cf.params.read_latency_ms == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(cf.params.curve.to_list() == truth.curve.to_list());
 }

@@ -17,6 +17,7 @@
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
 #include "moe_residency/timing/lab.hpp"
+#include "moe_residency/timing/lab_calibrate.hpp"
 
 namespace {
 
@@ -26,7 +27,8 @@ struct lab_args {
   std::string trace, curve, cells, fit, format = "table";
   double overhead_mib = 64, readaround_mib = 16;
   std::size_t lanes = 2, spec_cap = 2;
-  std::string free = "compute,latency,overlap";
+  std::string free = "compute,bandwidth";
+  double overlap = 0;
 };
 
 struct cell {
@@ -93,19 +95,17 @@ void run(const lab_args& a) {
   timing_params start;
   start.curve = storage_curve::parse_list(a.curve);
   start.lanes = a.lanes;
-  calibration_options co;
-  co.split = calibration_split::all;
-  co.free = 0;
+  start.overlap = a.overlap;
+  unsigned free = 0;
   std::stringstream fl(a.free);
   for (std::string p; std::getline(fl, p, ',');) {
-    if (p == "compute") co.free |= static_cast<unsigned>(timing_param::compute_ms_per_token);
-    else if (p == "latency") co.free |= static_cast<unsigned>(timing_param::read_latency_ms);
-    else if (p == "overlap") co.free |= static_cast<unsigned>(timing_param::overlap);
-    else if (p == "mgmt") co.free |= static_cast<unsigned>(timing_param::mgmt_ms_per_read);
-    else if (p == "bandwidth") co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
+    if (p == "compute") free |= static_cast<unsigned>(timing_param::compute_ms_per_token);
+    else if (p == "latency") free |= static_cast<unsigned>(timing_param::read_latency_ms);
+    else if (p == "overlap") free |= static_cast<unsigned>(timing_param::overlap);
+    else if (p == "mgmt") free |= static_cast<unsigned>(timing_param::mgmt_ms_per_read);
+    else if (p == "bandwidth") free |= static_cast<unsigned>(timing_param::bandwidth_scale);
     else throw error("--free: '" + p + "' in '" + a.free + "'; expected compute, latency, overlap, mgmt, bandwidth");
   }
-  if (co.free & static_cast<unsigned>(timing_param::bandwidth_scale)) co.fit_io = false;
 
   const cell* fit = nullptr;
   for (const cell& c : cells)
@@ -114,14 +114,9 @@ void run(const lab_args& a) {
   if (fit->metrics.empty()) throw error("--fit: the cell " + a.fit + " has no metrics (the run did not finish)");
   const token_metrics fm = parse_token_metrics(moe_residency_cli::read_whole_file(fit->metrics, "--cells metrics"), fit->metrics);
 
-  // Calibrate on the fit cell's loads (with speculation, the loads of the
-  // start parameters' replay: calibrate_timing replays loads without admits).
-  lab_prediction fp = predict_lab(trace, fit->config, fit->setup, start);
-  timing_params fstart = start;
-  fstart.lanes = fp.mapping.lanes;
-  const calibration_result cr = calibrate_timing(trace.shape(), fp.loads, fm, fstart, co);
-  timing_params fitted = cr.params;
-  fitted.lanes = a.lanes;  // predict_lab sets each cell's own
+  // Calibrate on the fit cell's loads, its wall times only (timing/lab_calibrate.hpp).
+  const calibration_result cr = calibrate_lab(trace, fit->config, fit->setup, fm, start, free);
+  const timing_params& fitted = cr.params;
 
   char buf[512];
   if (a.format == "csv")
@@ -131,6 +126,9 @@ void run(const lab_args& a) {
     std::cout << "lab-predict: calibrated on " << a.fit << " (" << fm.size() << " decode tokens, all fitted; "
               << cr.iterations << " iterations, rms " << cr.rms_ms << " ms); fitted:\n"
               << format_timing_config(cr.params);
+    for (const std::string& b : params_on_bound(cr))
+      std::cout << "lab-predict: warning: " << b << " ended on a bound of its range: " << a.fit
+                << " does not determine it (its tokens read too alike); try another --fit or --free\n";
     std::snprintf(buf, sizeof buf, "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (from the trace)\n",
                   a.overhead_mib, a.readaround_mib, dense);
     std::cout << buf;
@@ -182,6 +180,9 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--lanes", a->lanes, "the manager's read lanes")->capture_default_str();
       sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")->capture_default_str();
       sub.add_option("--free", a->free, "parameters fitted: compute,latency,overlap,mgmt,bandwidth")
+          ->capture_default_str();
+      sub.add_option("--overlap", a->overlap,
+                     "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")
           ->capture_default_str();
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.callback([a] { run(*a); });

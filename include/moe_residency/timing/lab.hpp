@@ -72,7 +72,7 @@ struct lab_setup {
 enum class lab_model_kind : std::uint8_t {
   resident,  ///< the file in the page cache: no reads, compute only
   lanes,     ///< the manager reads every miss of an expert-granular LRU on lanes before the layer's matmuls
-  faults,    ///< page faults with read-around through a page-granular LRU page cache, one at a time
+  faults,    ///< page faults with read-around through a page-granular two-list page cache, one at a time
 };
 
 inline const char* to_string(lab_model_kind k) noexcept {
@@ -82,9 +82,9 @@ inline const char* to_string(lab_model_kind k) noexcept {
 struct lab_mapping {
   lab_model_kind kind = lab_model_kind::lanes;
   /// lanes: expert bytes the page cache (and the pinned cache inside it) holds;
-  /// faults: the page cache's LRU bytes for the file (dense included unless pinned).
+  /// faults: the page cache's bytes for the file (dense included unless pinned).
   double cache_mib = 0;
-  bool dense_pinned = false;  ///< faults: the dense pages are locked, outside the LRU
+  bool dense_pinned = false;  ///< faults: the dense pages are locked, outside the page cache's lists
   std::size_t lanes = 1;      ///< concurrent demanded reads
   replay_speculation speculation;  ///< predicted reads (lanes only)
 };
@@ -183,21 +183,41 @@ inline lab_file_layout make_lab_file_layout(const trace_header& h, std::size_t t
   return f;
 }
 
-/// A page cache of `capacity` pages with LRU replacement in which touching a
-/// missing page is a fault that reads the window of `window` pages centred on
-/// it (clipped to the file; only missing pages are read), as Linux's mmap
-/// read-around does. Pinned pages are resident and outside the LRU.
+/// How the modelled page cache chooses its victims.
+enum class page_reclaim : std::uint8_t {
+  /// One LRU list: a touch moves a page to the most recent end.
+  lru,
+  /// Linux's two lists, reduced to what decides which file pages stay: a new
+  /// page (faulted or read around) enters the inactive list; a touch only
+  /// marks it referenced (the page table's accessed bit — mapped pages are
+  /// not moved on access); reclaim takes the inactive list's oldest page,
+  /// but a referenced one is rotated instead (its bit cleared, the second
+  /// reference remembered) and one found referenced on two scans is
+  /// activated; the active list keeps at most half the pages, its oldest
+  /// demoted to the inactive list. So read-around pages that are never
+  /// touched go first and pages the matmuls used get a second chance —
+  /// which is why a limit of 1/1.5 of the file keeps part of it (docs).
+  two_list,
+};
+
+/// A page cache of `capacity` pages in which touching a missing page is a
+/// fault that reads the window of `window` pages centred on it (clipped to the
+/// file; only missing pages are read), as Linux's mmap read-around does.
+/// Pinned pages are resident and outside the lists.
 class readaround_page_cache {
  public:
-  readaround_page_cache(std::uint64_t pages, std::uint64_t capacity, std::uint64_t window)
-      : state_(pages, absent), pos_(pages), capacity_(capacity), window_(std::max<std::uint64_t>(1, window)) {
+  readaround_page_cache(std::uint64_t pages, std::uint64_t capacity, std::uint64_t window,
+                        page_reclaim reclaim = page_reclaim::lru)
+      : state_(pages, absent), ref_(pages, 0), seen_(pages, 0), pos_(pages), capacity_(capacity),
+        window_(std::max<std::uint64_t>(1, window)), reclaim_(reclaim) {
     if (capacity == 0) throw error("readaround_page_cache: capacity 0 pages; expected > 0");
   }
 
   /// Locks pages [first, last) resident (dense pinned); not counted as reads.
   void pin(std::uint64_t first, std::uint64_t last) {
     for (std::uint64_t p = first; p < last && p < state_.size(); ++p) {
-      if (state_[p] == cached) lru_.erase(pos_[p]);
+      if (state_[p] == inactive) inactive_.erase(pos_[p]);
+      if (state_[p] == active) active_.erase(pos_[p]);
       state_[p] = pinned;
     }
   }
@@ -207,40 +227,77 @@ class readaround_page_cache {
     std::uint32_t faults = 0;
     for (std::uint64_t p = first; p < last && p < state_.size(); ++p) {
       if (state_[p] == pinned) continue;
-      if (state_[p] == cached) {
-        lru_.splice(lru_.end(), lru_, pos_[p]);
+      if (state_[p] != absent) {
+        if (reclaim_ == page_reclaim::lru) inactive_.splice(inactive_.end(), inactive_, pos_[p]);
+        else ref_[p] = 1;
         continue;
       }
       ++faults;
       const std::uint64_t lo = p >= window_ / 2 ? p - window_ / 2 : 0;
       const std::uint64_t hi = std::min<std::uint64_t>(state_.size(), lo + window_);
       for (std::uint64_t q = lo; q < hi; ++q)
-        if (state_[q] == absent && q != p) insert(q), ++pages_read;
-      insert(p);  // the faulting page last: the most recently used
+        if (state_[q] == absent && q != p) insert(q, 0), ++pages_read;
+      insert(p, 1);  // the faulting page last: the most recently used, referenced
       ++pages_read;
     }
     return faults;
   }
 
-  std::uint64_t resident_pages() const noexcept { return lru_.size(); }
+  std::uint64_t resident_pages() const noexcept { return inactive_.size() + active_.size(); }
+  std::uint64_t active_pages() const noexcept { return active_.size(); }
   bool is_resident(std::uint64_t p) const noexcept { return state_[p] != absent; }
 
  private:
-  enum : std::uint8_t { absent, cached, pinned };
-  void insert(std::uint64_t p) {
-    if (lru_.size() >= capacity_) {
-      const std::uint64_t victim = lru_.front();
-      lru_.pop_front();
-      state_[victim] = absent;
-    }
-    lru_.push_back(p);
-    pos_[p] = std::prev(lru_.end());
-    state_[p] = cached;
+  enum : std::uint8_t { absent, inactive, active, pinned };
+  using list = std::list<std::uint64_t>;
+  void push(list& l, std::uint64_t p, std::uint8_t st) {
+    l.push_back(p);
+    pos_[p] = std::prev(l.end());
+    state_[p] = st;
   }
-  std::vector<std::uint8_t> state_;
-  std::vector<std::list<std::uint64_t>::iterator> pos_;
-  std::list<std::uint64_t> lru_;
+  void evict_one() {
+    for (;;) {
+      if (inactive_.empty()) {  // everything active: its oldest goes
+        const std::uint64_t v = active_.front();
+        active_.pop_front();
+        state_[v] = absent;
+        ref_[v] = seen_[v] = 0;
+        return;
+      }
+      const std::uint64_t v = inactive_.front();
+      if (reclaim_ == page_reclaim::two_list && ref_[v]) {
+        ref_[v] = 0;
+        inactive_.pop_front();
+        if (seen_[v]) {  // referenced on two scans: activate
+          seen_[v] = 0;
+          push(active_, v, active);
+          while (active_.size() > capacity_ / 2) {
+            const std::uint64_t q = active_.front();
+            active_.pop_front();
+            push(inactive_, q, inactive);
+          }
+        } else {
+          seen_[v] = 1;
+          push(inactive_, v, inactive);
+        }
+        continue;
+      }
+      inactive_.pop_front();
+      state_[v] = absent;
+      ref_[v] = seen_[v] = 0;
+      return;
+    }
+  }
+  void insert(std::uint64_t p, std::uint8_t referenced) {
+    if (resident_pages() >= capacity_) evict_one();
+    push(inactive_, p, inactive);
+    ref_[p] = reclaim_ == page_reclaim::two_list ? referenced : 0;
+  }
+  std::vector<std::uint8_t> state_, ref_, seen_;
+  std::vector<list::iterator> pos_;
+  list inactive_, active_;
   std::uint64_t capacity_, window_;
+  page_reclaim reclaim_;
 };
 
 /// The decode loads of a fault-driven run: every batch of the trace (prompt
@@ -250,12 +307,13 @@ class readaround_page_cache {
 /// timing_simulator's reads are the faults, one after another on one lane).
 /// `hits` counts routed experts that took no fault.
 inline std::vector<load_event> readaround_loads(const route_trace& trace, const lab_mapping& m,
-                                                double readaround_mib, std::size_t tensors = 3) {
+                                                double readaround_mib, std::size_t tensors = 3,
+                                                page_reclaim reclaim = page_reclaim::two_list) {
   if (m.kind != lab_model_kind::faults) throw error("readaround_loads: the mapping is not a fault-driven one");
   const lab_file_layout f = make_lab_file_layout(trace.header, tensors);
   const auto pages = [&](double mib) { return static_cast<std::uint64_t>(mib * 1048576.0 / static_cast<double>(f.page)); };
   std::uint64_t capacity = pages(m.cache_mib);
-  readaround_page_cache pc(f.pages, std::max<std::uint64_t>(1, capacity), pages(readaround_mib));
+  readaround_page_cache pc(f.pages, std::max<std::uint64_t>(1, capacity), pages(readaround_mib), reclaim);
   if (m.dense_pinned)
     for (const auto& b : f.layers) pc.pin(b.dense_first, b.dense_first + b.dense_pages);
   const load_batches lb = group_load_batches(trace);
