@@ -195,6 +195,29 @@ void BM_bound_bf16_fma(benchmark::State& st) {
   });
 }
 
+void BM_bound_bf16_fma_xreg(benchmark::State& st) {
+  run_bound(st, "load+shift/and+fma, x in registers", [](bench_acc& a, const char* p, const float* x) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+      a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[k]);
+      a[k + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), x1, a[k + 1]);
+    }
+  });
+}
+
+void BM_bound_bf16_add(benchmark::State& st) {
+  run_bound(st, "load+shift/and+add", [](bench_acc& a, const char* p, const float*) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+      a[k] = _mm256_add_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), a[k]);
+      a[k + 1] = _mm256_add_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), a[k + 1]);
+    }
+  });
+}
+
 void BM_bound_f16_int_fma(benchmark::State& st) {
   run_bound(st, "load+int convert+fma", [](bench_acc& a, const char* p, const float* x) {
     const __m256i m = _mm256_set1_epi32(static_cast<int>(0x8fffe000u));
@@ -268,13 +291,16 @@ BENCHMARK(BM_bound_cvt_fma_xreg)->Args({1, 128});
 BENCHMARK(BM_bound_cvt32_fma_xreg)->Args({1, 128});
 BENCHMARK(BM_bound_f16_int_fma)->Args({1, 128});
 BENCHMARK(BM_bound_bf16_fma)->Args({2, 128});
+BENCHMARK(BM_bound_bf16_fma_xreg)->Args({2, 128});
+BENCHMARK(BM_bound_bf16_add)->Args({2, 128});
 // f16 and bf16 take their own row count; f32 only rows (never prefetched).
-BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true>)->Apply(tune_shapes);  // the shipped shape
+// The last argument: lines at the head of each next row prefetched (0: all).
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 0>)->Apply(tune_shapes);  // the kernel before
 BENCHMARK(BM_gemv_tune<3, 3, 2, 0, true>)->Apply(tune_shapes);
-BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 4>)->Apply(tune_shapes);
-BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 16>)->Apply(tune_shapes);
-BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 16>)->Apply(tune_shapes);  // x86_tune_default
+BENCHMARK(BM_gemv_tune<3, 2, 3, 1, true, 0>)->Apply(tune_shapes);
+BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 0>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 0, true>)->Arg(1)->Arg(2);
-BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 4>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 16>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_token_tune<3, 2, 3, 1, true, 0>)->Arg(1)->Arg(2);
 #endif
