@@ -303,4 +303,6 @@ BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 0>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 0, true>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 16>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 2, 3, 1, true, 0>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 32>)->Args({1, 128});
+BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
 #endif
