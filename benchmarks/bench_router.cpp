@@ -41,6 +41,254 @@ void BM_gemv_token(benchmark::State& st) {
 // The 109 ms/token mistake: one out-of-line call per element.
 void BM_gemv_naive_f16_call(benchmark::State& st) { run_gemv_naive_f16_call(st); }
 
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// ---- What bounds the 16-bit kernels in cache --------------------------------
+//
+// Minimal kernels over the same matrix, each keeping one part of the GEMV's
+// work, to be read against BM_stream_read of the same run (args {type, rows}):
+//   BM_bound_rows_read<R, D>   the kernel's access pattern and nothing else:
+//                              R rows interleaved, 64 bytes per row per step,
+//                              the next rows prefetched D passes ahead, two
+//                              integer adds per 64 bytes per row;
+//   BM_bound_cvt_add           memory order, vcvtph2ps + add, 8 sums;
+//   BM_bound_load_fma          memory order, one 32-byte load and the two
+//                              multiply-adds 16 weights need (no conversion);
+//   BM_bound_cvt_fma           memory order, the f16 GEMV's instructions
+//                              (convert, multiply-add, x loaded per 8) in 8
+//                              independent sums: no summation order kept;
+//   BM_bound_bf16_fma          the same for bf16 split from 32-byte loads;
+//   BM_bound_f16_int_fma       f16 converted with integer shifts and a mask
+//                              (exact for finite weights with x scaled by
+//                              2^112), 8 independent sums.
+// None computes a correct GEMV; each is an upper bound for a kernel that does
+// at least that work.
+
+using bench_acc = __m256[8];
+
+float fold(const bench_acc& a) {
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])),
+                           _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7])));
+  return _mm256_cvtss_f32(s);
+}
+
+template <std::size_t R, std::size_t D>
+void BM_bound_rows_read(benchmark::State& st) {
+  const auto t = type_of(st.range(0));
+  const auto rows = static_cast<std::size_t>(st.range(1));
+  const fixture f(t, rows);
+  const auto w = f.view(t, rows);
+  const char* base = static_cast<const char*>(w.data);
+  const std::size_t row_bytes = w.row_stride_bytes;
+  for (auto _ : st) {
+    __m256i s[R][2];
+    for (std::size_t r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm256_setzero_si256();
+    std::size_t rr = 0;
+    for (; rr + R <= rows; rr += R) {
+      const char* q = base + rr * row_bytes;
+      for (std::size_t b = 0; b < row_bytes; b += 64) {
+        if constexpr (D > 0)
+          for (std::size_t r = D * R; r < (D + 1) * R; ++r)
+            _mm_prefetch(q + r * row_bytes + b, _MM_HINT_T0);
+        for (std::size_t r = 0; r < R; ++r) {
+          s[r][0] = _mm256_add_epi32(
+              s[r][0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * row_bytes + b)));
+          s[r][1] = _mm256_add_epi32(
+              s[r][1],
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * row_bytes + b + 32)));
+        }
+      }
+    }
+    for (; rr < rows; ++rr)
+      for (std::size_t b = 0; b < row_bytes; b += 32)
+        s[0][0] = _mm256_add_epi32(
+            s[0][0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + rr * row_bytes + b)));
+    __m256i u = s[0][0];
+    for (std::size_t r = 0; r < R; ++r) u = _mm256_add_epi32(u, _mm256_add_epi32(s[r][0], s[r][1]));
+    benchmark::DoNotOptimize(u);
+  }
+  set_bytes(st, w, "R=" + std::to_string(R) + " prefetch " + std::to_string(D));
+}
+
+/// Runs body(acc, p, x) over the matrix in memory order, 128 bytes (64
+/// weights) per call; x advances alike and wraps at the row's end.
+template <class Body>
+void run_bound(benchmark::State& st, const std::string& what, Body body) {
+  const auto t = type_of(st.range(0));
+  const auto rows = static_cast<std::size_t>(st.range(1));
+  const fixture f(t, rows);
+  const auto w = f.view(t, rows);
+  const char* base = static_cast<const char*>(w.data);
+  const std::size_t bytes = w.bytes();
+  const float* x = f.x.data();
+  for (auto _ : st) {
+    bench_acc a;
+    for (auto& v : a) v = _mm256_setzero_ps();
+    for (std::size_t b = 0, c = 0; b < bytes; b += 128, c = (c + 64) % cols) body(a, base + b, x + c);
+    float s = fold(a);
+    benchmark::DoNotOptimize(s);
+  }
+  set_bytes(st, w, what);
+}
+
+void BM_bound_cvt_add(benchmark::State& st) {
+  run_bound(st, "load+vcvtph2ps+add", [](bench_acc& a, const char* p, const float*) {
+    for (std::size_t k = 0; k < 8; ++k)
+      a[k] = _mm256_add_ps(
+          a[k], _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))));
+  });
+}
+
+void BM_bound_load_fma(benchmark::State& st) {
+  // 32 bytes = 16 weights: one load, two multiply-adds (raw bits as floats).
+  run_bound(st, "load+2 fma per 32 bytes", [](bench_acc& a, const char* p, const float* x) {
+    const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256 v = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 16 * k));
+      a[k] = _mm256_fmadd_ps(v, x0, a[k]);
+      a[k + 1] = _mm256_fmadd_ps(v, x1, a[k + 1]);
+    }
+  });
+}
+
+void BM_bound_cvt_fma(benchmark::State& st) {
+  run_bound(st, "load+vcvtph2ps+fma", [](bench_acc& a, const char* p, const float* x) {
+    for (std::size_t k = 0; k < 8; ++k)
+      a[k] = _mm256_fmadd_ps(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))),
+          _mm256_loadu_ps(x + 8 * k), a[k]);
+  });
+}
+
+void BM_bound_cvt_fma_xreg(benchmark::State& st) {
+  run_bound(st, "load+vcvtph2ps+fma, x in registers", [](bench_acc& a, const char* p, const float* x) {
+    const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+    for (std::size_t k = 0; k < 8; ++k)
+      a[k] = _mm256_fmadd_ps(
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))),
+          k % 2 ? x1 : x0, a[k]);
+  });
+}
+
+void BM_bound_cvt32_fma_xreg(benchmark::State& st) {
+  run_bound(st, "32-byte load+extract+2 vcvtph2ps+fma, x in registers",
+            [](bench_acc& a, const char* p, const float* x) {
+              const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+              for (std::size_t k = 0; k < 8; k += 2) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+                a[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(v)), x0, a[k]);
+                a[k + 1] =
+                    _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)), x1, a[k + 1]);
+              }
+            });
+}
+
+void BM_bound_bf16_fma(benchmark::State& st) {
+  run_bound(st, "load+shift/and+fma", [](bench_acc& a, const char* p, const float* x) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+      a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
+                             _mm256_loadu_ps(x + 8 * k), a[k]);
+      a[k + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)),
+                                 _mm256_loadu_ps(x + 8 * k + 8), a[k + 1]);
+    }
+  });
+}
+
+void BM_bound_bf16_fma_xreg(benchmark::State& st) {
+  run_bound(st, "load+shift/and+fma, x in registers", [](bench_acc& a, const char* p, const float* x) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+      a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), x0, a[k]);
+      a[k + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), x1, a[k + 1]);
+    }
+  });
+}
+
+void BM_bound_bf16_add(benchmark::State& st) {
+  run_bound(st, "load+shift/and+add", [](bench_acc& a, const char* p, const float*) {
+    const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+      a[k] = _mm256_add_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), a[k]);
+      a[k + 1] = _mm256_add_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), a[k + 1]);
+    }
+  });
+}
+
+// f16 through integer shifts, x in registers; Checked: plus what an exact
+// kernel would also need, a running maximum of the magnitudes (two ops per 32
+// bytes) to find inf/NaN weights, which the shifts turn into finite numbers.
+template <bool Checked>
+void BM_bound_f16_int_fma_xreg(benchmark::State& st) {
+  __m256i seen = _mm256_setzero_si256();
+  run_bound(st, Checked ? "load+int convert+inf/NaN check+fma, x in registers"
+                        : "load+int convert+fma, x in registers",
+            [&seen](bench_acc& a, const char* p, const float* x) {
+              const __m256i m = _mm256_set1_epi32(static_cast<int>(0x8fffe000u));
+              const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+              __m256i mx = seen;
+              for (std::size_t k = 0; k < 8; k += 2) {
+                const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+                if constexpr (Checked) mx = _mm256_max_epu16(mx, _mm256_add_epi16(v, v));
+                const __m256i ev = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 3), m);
+                const __m256i od = _mm256_and_si256(_mm256_srai_epi32(v, 3), m);
+                a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(ev), x0, a[k]);
+                a[k + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(od), x1, a[k + 1]);
+              }
+              seen = mx;
+            });
+  benchmark::DoNotOptimize(seen);
+}
+
+void BM_bound_f16_int_fma(benchmark::State& st) {
+  run_bound(st, "load+int convert+fma", [](bench_acc& a, const char* p, const float* x) {
+    const __m256i m = _mm256_set1_epi32(static_cast<int>(0x8fffe000u));
+    for (std::size_t k = 0; k < 8; k += 2) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
+      const __m256i ev = _mm256_and_si256(_mm256_srai_epi32(_mm256_slli_epi32(v, 16), 3), m);
+      const __m256i od = _mm256_and_si256(_mm256_srai_epi32(v, 3), m);
+      a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(ev), _mm256_loadu_ps(x + 8 * k), a[k]);
+      a[k + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(od), _mm256_loadu_ps(x + 8 * k + 8), a[k + 1]);
+    }
+  });
+}
+
+// The GEMV kernel itself with another shape (rows per pass for f32/f16/bf16,
+// prefetch distance in passes), fused or not (the default build's dispatched
+// kernel is the unfused one): what each tuning would give, in the same run.
+template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
+          std::size_t Head = 0>
+void BM_gemv_tune(benchmark::State& st) {
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head>;
+  run_gemv(
+      st,
+      [](const mr::matrix_view& w, const float* x, float* y) {
+        mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
+            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+            mr::activation_rounding::engine);
+      },
+      "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) +
+          " prefetch " + std::to_string(PF) + (Head ? " head " + std::to_string(Head) : std::string()) + (Fused ? " fused" : " unfused"));
+}
+
+template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
+          std::size_t Head = 0>
+void BM_gemv_token_tune(benchmark::State& st) {
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head>;
+  run_gemv_token(
+      st,
+      [](const mr::matrix_view& w, const float* x, float* y) {
+        mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
+            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+            mr::activation_rounding::engine);
+      },
+      "prefetch " + std::to_string(PF) + (Head ? " head " + std::to_string(Head) : std::string()));
+}
+#endif
+
 }  // namespace
 
 BENCHMARK(BM_stream_read)->Apply(shapes);
@@ -49,3 +297,39 @@ BENCHMARK(BM_gemv_scalar)->Apply(shapes);
 BENCHMARK(BM_stream_read_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});
+
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+namespace {
+void bound_shapes(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t t : {1, 2}) b->Args({t, 128});
+}
+void tune_shapes(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t t : {0, 1, 2}) b->Args({t, 128});
+}
+}  // namespace
+BENCHMARK(BM_bound_rows_read<3, 0>)->Apply(bound_shapes);
+BENCHMARK(BM_bound_rows_read<3, 1>)->Apply(bound_shapes);
+BENCHMARK(BM_bound_cvt_add)->Args({1, 128});
+BENCHMARK(BM_bound_load_fma)->Args({1, 128});
+BENCHMARK(BM_bound_cvt_fma)->Args({1, 128});
+BENCHMARK(BM_bound_cvt_fma_xreg)->Args({1, 128});
+BENCHMARK(BM_bound_cvt32_fma_xreg)->Args({1, 128});
+BENCHMARK(BM_bound_f16_int_fma)->Args({1, 128});
+BENCHMARK(BM_bound_f16_int_fma_xreg<false>)->Args({1, 128});
+BENCHMARK(BM_bound_f16_int_fma_xreg<true>)->Args({1, 128});
+BENCHMARK(BM_bound_bf16_fma)->Args({2, 128});
+BENCHMARK(BM_bound_bf16_fma_xreg)->Args({2, 128});
+BENCHMARK(BM_bound_bf16_add)->Args({2, 128});
+// f16 and bf16 take their own row count; f32 only rows (never prefetched).
+// The last argument: lines at the head of each next row prefetched (0: all).
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 0>)->Apply(tune_shapes);  // the kernel before
+BENCHMARK(BM_gemv_tune<3, 3, 2, 0, true>)->Apply(tune_shapes);
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 16>)->Apply(tune_shapes);  // x86_tune_default
+BENCHMARK(BM_gemv_tune<3, 2, 3, 1, true, 0>)->Apply(tune_shapes);
+BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 0>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_token_tune<3, 3, 2, 0, true>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 16>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_token_tune<3, 2, 3, 1, true, 0>)->Arg(1)->Arg(2);
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 32>)->Args({1, 128});
+BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
+#endif

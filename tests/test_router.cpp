@@ -607,6 +607,47 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
   CHECK(rows_checked > 3000);
 }
 
+TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scalar") {
+  // Rows per pass and prefetching change only the schedule, never a lane's
+  // order: 2-4 rows (each remainder), no prefetch, whole next rows, a head.
+  if (skip_without_avx2_fma_f16c()) return;
+  constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
+  using tag = detail::gemv_default_tag;
+  using kernel = void (*)(const void*, element_type, std::size_t, std::size_t, std::size_t,
+                          const float*, float*, activation_rounding);
+  const kernel kernels[] = {
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 2, 3, 0>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 3, 1>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 4, 4, 1, 4, 4>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 32, 16>>,
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1>>};
+  std::uint32_t seed = 1700;
+  std::size_t compared = 0;
+  for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
+    for (const std::size_t k : {0, 1, 2, 3, 4})
+      for (const auto& s : {dispatch_shapes[5], dispatch_shapes[10], dispatch_shapes[11],
+                            dispatch_shapes[13]}) {
+        const test_matrix m(t, s[0], s[1], s[2], seed++);
+        const auto x = random_activation(s[1], seed++);
+        const auto w = m.view();
+        std::vector<float> want(s[0]), got(s[0], -1.0f);
+        if (k == 4) {  // the other multiply-add: the per-lane loop of the next test is its twin
+          detail::gemv_x86_impl<tag, !fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
+                                             x.data(), want.data(), activation_rounding::engine);
+        } else {
+          gemv_scalar(w, x.data(), want.data(), activation_rounding::engine);
+        }
+        kernels[k](w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(), got.data(),
+                   activation_rounding::engine);
+        for (std::size_t i = 0; i < s[0]; ++i) {
+          INFO(to_string(t) << " tune " << k << " " << s[0] << "x" << s[1] << " row " << i);
+          REQUIRE(bits(got[i]) == bits(want[i]));
+        }
+        compared += s[0];
+      }
+  CHECK(compared > 1000);
+}
+
 TEST_CASE("the dispatched kernel's lanes equal a per-lane loop, fused and unfused") {
   // x86_gemv_rows fills the 32 lanes; check both multiply-add variants in
   // every build (gemv uses the one MOE_RESIDENCY_FUSED_MADD names) against an

@@ -719,17 +719,25 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane,
 /// three quarters of a 32 KiB L1 (x86_prefetch_fits): further ahead, the prefetched
 /// lines are evicted before use and the kernel only loses load slots (f32
 /// routers stream at the roofline without it). A prefetch never faults, so
-/// past the matrix's end it is only wasted.
-template <element_type T, std::size_t R>
+/// past the matrix's end it is only wasted. f16 (3 rows a pass) prefetches
+/// only the first 16 lines (1 KiB) of each next row, during the pass's last
+/// 16 steps (x86_tune_default): three whole next rows are 12 KiB more in L1
+/// next to the 12 KiB being read and the 8 KiB of x, and cost the in-cache
+/// case about a fifth (bench_router BM_gemv_tune, docs/benchmarks.md); the
+/// head is what the hardware prefetcher needs to pick up the rest.
+template <element_type T, std::size_t R, std::size_t D>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
                                                               std::size_t c) noexcept {
   MOE_RESIDENCY_DETAIL_UNROLL
-  for (std::size_t r = R; r < 2 * R; ++r) _mm_prefetch(p + r * stride + c * 2, _MM_HINT_T0);
+  for (std::size_t r = D * R; r < (D + 1) * R; ++r) _mm_prefetch(p + r * stride + c * 2, _MM_HINT_T0);
 }
 
-template <element_type T, std::size_t R>
+/// D: how many passes ahead to prefetch (0: none; 1: the next pass). Head:
+/// how many 64-byte lines at the start of each of those rows (0: all of them).
+template <element_type T, std::size_t R, std::size_t D, std::size_t Head>
 inline bool x86_prefetch_fits(std::size_t cn) noexcept {
-  return T != element_type::f32 && 2 * R * cn * 2 <= 24576;
+  const std::size_t ahead = Head == 0 ? cn * 2 : std::min(cn * 2, Head * 64);
+  return D > 0 && T != element_type::f32 && R * cn * 2 + D * R * ahead <= 24576;
 }
 
 /// R rows (p, p + stride, ...) over columns [c0, c0 + cn), cn a multiple of
@@ -737,7 +745,7 @@ inline bool x86_prefetch_fits(std::size_t cn) noexcept {
 /// lane. Interleaving R rows gives 4R independent multiply-add chains (one
 /// row's 4 chains leave the FMA units idle: latency 4, two per cycle) and
 /// loads each x vector once for all R rows.
-template <element_type T, bool Fused, std::size_t R>
+template <element_type T, bool Fused, std::size_t R, std::size_t D, std::size_t Head = 0>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t stride,
                                                      std::size_t c0, std::size_t cn,
                                                      const float* xs,
@@ -750,10 +758,11 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
   }
   if constexpr (T == element_type::bf16) {
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    const bool prefetch = x86_prefetch_fits<T, R>(cn);
+    const bool prefetch = x86_prefetch_fits<T, R, D, Head>(cn);
+    const std::size_t pf_from = Head == 0 || cn <= gemv_lanes * Head ? 0 : cn - gemv_lanes * Head;
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
-      if (prefetch) x86_prefetch_next<T, R>(p, stride, c);
+      if (prefetch && e >= pf_from) x86_prefetch_next<T, R, D>(p, stride, c0 + (e - pf_from));
       MOE_RESIDENCY_DETAIL_UNROLL
       for (std::size_t h = 0; h < 2; ++h) {  // elements c + 16h .. c + 16h + 15
         __m256 xe = _mm256_loadu_ps(xs + e + 16 * h), xo = _mm256_loadu_ps(xs + e + 16 * h + 8);
@@ -771,11 +780,12 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
       }
     }
   } else {
-    const bool prefetch = x86_prefetch_fits<T, R>(cn);
+    const bool prefetch = x86_prefetch_fits<T, R, D, Head>(cn);
+    const std::size_t pf_from = Head == 0 || cn <= gemv_lanes * Head ? 0 : cn - gemv_lanes * Head;
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
       if constexpr (T != element_type::f32)
-        if (prefetch) x86_prefetch_next<T, R>(p, stride, c);
+        if (prefetch && e >= pf_from) x86_prefetch_next<T, R, D>(p, stride, c0 + (e - pf_from));
       MOE_RESIDENCY_DETAIL_UNROLL
       for (std::size_t j = 0; j < 4; ++j) {
         __m256 xv = _mm256_loadu_ps(xs + e + 8 * j);
@@ -795,29 +805,46 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
   }
 }
 
-/// Rows per x86_pass: 3 rows are 12 accumulators of the 16 AVX2 registers;
+/// The kernel's shape: rows per x86_pass for f32, f16 and bf16, how many
+/// passes ahead the 16-bit rows are prefetched (0: not at all) and how many
+/// 64-byte lines of each such row for f16 and bf16 (0: the whole row). A parameter
+/// so that bench_router can measure the alternatives in one run; `gemv` runs
+/// x86_tune_default. 3 rows are 12 accumulators of the 16 AVX2 registers;
 /// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows.
-template <element_type T>
-constexpr std::size_t x86_rows_per_pass() noexcept {
-  return T == element_type::bf16 ? 2 : 3;
-}
+template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
+          std::size_t Head16 = 0, std::size_t HeadB16 = 0>
+struct x86_tune {
+  template <element_type T>
+  static constexpr std::size_t rows() noexcept {
+    return T == element_type::f32 ? R32 : T == element_type::f16 ? R16 : RB16;
+  }
+  static constexpr std::size_t prefetch = PF;
+  template <element_type T>
+  static constexpr std::size_t head() noexcept {
+    return T == element_type::bf16 ? HeadB16 : Head16;
+  }
+};
+using x86_tune_default = x86_tune<3, 3, 2, 1, 16, 0>;
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
-template <element_type T, bool Fused>
+template <element_type T, bool Fused, class Tune = x86_tune_default>
 MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_t nr,
                                                      std::size_t stride, std::size_t c0,
                                                      std::size_t cn, const float* xs,
                                                      float (*acc)[gemv_lanes]) noexcept {
-  constexpr std::size_t R = x86_rows_per_pass<T>();
+  constexpr std::size_t R = Tune::template rows<T>();
+  constexpr std::size_t D = Tune::prefetch;
+  constexpr std::size_t H = Tune::template head<T>();
   std::size_t rr = 0;
-  for (; rr + R <= nr; rr += R) x86_pass<T, Fused, R>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr + R <= nr; rr += R)
+    x86_pass<T, Fused, R, D, H>(data + rr * stride, stride, c0, cn, xs, acc + rr);
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
-      x86_pass<T, Fused, 2>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      x86_pass<T, Fused, 2, D, H>(data + rr * stride, stride, c0, cn, xs, acc + rr);
       rr += 2;
     }
   }
-  for (; rr < nr; ++rr) x86_pass<T, Fused, 1>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr < nr; ++rr) x86_pass<T, Fused, 1, D, H>(data + rr * stride, stride, c0, cn, xs, acc + rr);
 }
 
 /// x's chunk [c0, c0 + cn) as the kernel reads it: rounded when `round`,
@@ -834,7 +861,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline const float* x86_prepare_x(const float* x
 
 /// The 32-lane part of nr (<= 32) rows starting at `data`: acc[rr][lane] for
 /// columns [0, np), np a multiple of 32, in natural lane order.
-template <element_type T, bool Fused>
+template <element_type T, bool Fused, class Tune = x86_tune_default>
 MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t nr,
                                                     std::size_t np, std::size_t stride,
                                                     const float* x, bool round,
@@ -844,7 +871,8 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t
     for (std::size_t j = 0; j < gemv_lanes; j += 8) _mm256_store_ps(acc[rr] + j, _mm256_setzero_ps());
   for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
     const std::size_t cn = std::min(gemv_col_block, np - c0);
-    x86_rows_chunk<T, Fused>(data, nr, stride, c0, cn, x86_prepare_x<T>(x, c0, cn, round, xbuf), acc);
+    x86_rows_chunk<T, Fused, Tune>(data, nr, stride, c0, cn,
+                                   x86_prepare_x<T>(x, c0, cn, round, xbuf), acc);
   }
   if (T == element_type::bf16)
     for (std::size_t rr = 0; rr < nr; ++rr) x86_unsplit_lanes(acc[rr]);
@@ -853,7 +881,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t
 /// The AVX2+FMA+F16C GEMV. Call only when x86_has_avx2_fma_f16c(). The
 /// reduction and tail run here, in the caller's target: Tag names it (`gemv`
 /// passes xsimd::default_arch) so each target keeps its own copy.
-template <class Tag, bool Fused>
+template <class Tag, bool Fused, class Tune = x86_tune_default>
 inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                           std::size_t stride, const float* x, float* y,
                           activation_rounding r) noexcept {
@@ -876,25 +904,25 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
       std::memset(acc, 0, sizeof acc);
       switch (t) {
         case element_type::f16:
-          x86_rows_chunk<element_type::f16, Fused>(block, nr, stride, 0, np, xs, acc);
+          x86_rows_chunk<element_type::f16, Fused, Tune>(block, nr, stride, 0, np, xs, acc);
           break;
         case element_type::bf16:
-          x86_rows_chunk<element_type::bf16, Fused>(block, nr, stride, 0, np, xs, acc);
+          x86_rows_chunk<element_type::bf16, Fused, Tune>(block, nr, stride, 0, np, xs, acc);
           break;
         case element_type::f32:
-          x86_rows_chunk<element_type::f32, Fused>(block, nr, stride, 0, np, xs, acc);
+          x86_rows_chunk<element_type::f32, Fused, Tune>(block, nr, stride, 0, np, xs, acc);
           break;
       }
     } else {
       switch (t) {
         case element_type::f16:
-          x86_gemv_rows<element_type::f16, Fused>(block, nr, np, stride, x, round, acc);
+          x86_gemv_rows<element_type::f16, Fused, Tune>(block, nr, np, stride, x, round, acc);
           break;
         case element_type::bf16:
-          x86_gemv_rows<element_type::bf16, Fused>(block, nr, np, stride, x, round, acc);
+          x86_gemv_rows<element_type::bf16, Fused, Tune>(block, nr, np, stride, x, round, acc);
           break;
         case element_type::f32:
-          x86_gemv_rows<element_type::f32, Fused>(block, nr, np, stride, x, round, acc);
+          x86_gemv_rows<element_type::f32, Fused, Tune>(block, nr, np, stride, x, round, acc);
           break;
       }
     }
