@@ -194,6 +194,50 @@ struct rescan_lfu {
   }
 };
 
+/// Slow obvious twin of layer_lfu_policy: each MoE layer holds at most
+/// max(k, floor(budget / n_moe_layers / bytes(l))) entries (capped at
+/// n_experts); after a batch of layer l, while l holds more, the entry of l
+/// with the fewest lookups, ties to the least recently routed (duplicates
+/// refresh recency), untouched by the batch, is rescanned for and evicted.
+/// Frequencies persist across evictions; a batch counts a lookup once.
+struct rescan_layer_lfu {
+  rescan_layer_lfu(std::uint64_t budget, const model_shape& s) {
+    for (std::size_t l = 0; l < s.n_layers(); ++l) {
+      const std::uint64_t share = budget / (s.n_moe_layers() * s.expert_bytes(L(static_cast<int>(l))));
+      cap.push_back(std::min<std::uint64_t>(s.n_experts(), std::max<std::uint64_t>(s.top_k(), share)));
+    }
+  }
+  std::vector<std::uint64_t> cap;
+  std::uint64_t hits = 0, lookups = 0, tick = 0;
+  std::map<std::pair<int, int>, std::uint64_t> freq, last;
+  std::set<std::pair<int, int>> resident;
+  void run(const batch& b) {
+    std::set<std::pair<int, int>> touched;
+    for (expert_id e : b.ids) {
+      const std::pair<int, int> key{b.layer, static_cast<int>(to_index(e))};
+      last[key] = ++tick;
+      if (!touched.insert(key).second) continue;
+      ++lookups;
+      ++freq[key];
+      if (resident.count(key)) ++hits;
+      else resident.insert(key);
+    }
+    for (;;) {
+      std::uint64_t held = 0;
+      const std::pair<int, int>* victim = nullptr;
+      for (const auto& key : resident) {
+        if (key.first != b.layer) continue;
+        ++held;
+        if (touched.count(key)) continue;
+        if (!victim || std::make_pair(freq[key], last[key]) < std::make_pair(freq[*victim], last[*victim]))
+          victim = &key;
+      }
+      if (held <= cap[static_cast<std::size_t>(b.layer)] || !victim) break;
+      resident.erase(*victim);
+    }
+  }
+};
+
 template <class Cache>
 bool same_residency(const Cache& c, const std::set<std::pair<int, int>>& twin, const model_shape& s) {
   for (std::size_t l = 0; l < s.n_layers(); ++l)
@@ -274,6 +318,43 @@ TEST_CASE("property: lru, lfu and belady decide what a rescanning twin decides, 
     CHECK(bel.stats().all.hits == bel_twin.hits);
     CHECK(lfu.stats().all.lookups == lfu_twin.lookups);
   }
+}
+
+TEST_CASE("property: layerlfu decides what a rescanning twin decides, batch by batch") {
+  auto compare = [](const model_shape& s, std::uint64_t budget, const std::vector<batch>& tr) {
+    CAPTURE(budget);
+    expert_cache<layer_lfu_policy> c(s, fx::opts(budget));
+    rescan_layer_lfu twin(budget, s);
+    std::size_t diff = 0;
+    for (const batch& b : tr) {
+      c.access_batch(b.phase, L(b.layer), b.ids);
+      twin.run(b);
+      diff += !same_residency(c, twin.resident, s);
+    }
+    CHECK(diff == 0);
+    CHECK(c.stats().all.hits == twin.hits);
+    CHECK(c.stats().all.lookups == twin.lookups);
+    return c.stats().all.evictions;
+  };
+  for (std::uint32_t seed = 600; seed < 630; ++seed) {
+    std::mt19937 rng(seed);
+    const model_shape s = random_shape(rng);
+    const std::uint64_t budget = random_budget(s, rng);
+    CAPTURE(seed);
+    compare(s, budget, fx::random_trace(s, seed, static_cast<int>(rng() % 4), 50));
+  }
+  // Long enough that entries pass layer_lfu_policy::bucket_frequencies
+  // lookups and move from the buckets to the layer's heap, and are evicted
+  // from there (a layer of 6 experts holding 2, top-2, 1600 tokens).
+  const model_shape small = fx::equal_shape(2, 6, 2);
+  const auto long_trace = fx::random_trace(small, 631, 3, 1600);
+  std::map<std::pair<int, int>, int> count;
+  for (const batch& b : long_trace)
+    for (expert_id e : b.ids) ++count[{b.layer, static_cast<int>(to_index(e))}];
+  int past_buckets = 0;
+  for (const auto& kv : count) past_buckets += kv.second > static_cast<int>(layer_lfu_policy::bucket_frequencies) + 10;
+  CHECK(past_buckets >= 2);
+  CHECK(compare(small, 2 * 2 * 100, long_trace) > 1000);
 }
 
 TEST_CASE("property: cycle decides what its full-rescan reference decides, with inserts and pins") {

@@ -3,6 +3,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -445,4 +446,90 @@ TEST_CASE("corrupted input either parses into a valid trace or throws moe_reside
   CHECK(invalid_but_parsed == 0);
   CHECK(rejected > 1000);  // most damage is caught
   CHECK(parsed > 0);       // and some is harmless (a weight digit, a hit flag)
+}
+
+TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass accepts, in any chunking") {
+  // The reader (parse_route_trace_binary) scans the raw records and decodes
+  // them only after they pass; the exact pass (each record decoded and run
+  // through trace_row_checker, which the reader runs for a refused file's
+  // message) is its slow twin. Every byte of every record is set to values
+  // around each range's edge, in the base trace and in one with a dropped
+  // column: the scan must refuse a damaged file exactly when the exact pass
+  // does (a looser scan would accept an invalid trace, a stricter one would
+  // only be slow), whether it sees the records at once, one by one or three
+  // at a time (its state carries across the reader's chunks); and where both
+  // accept, the reader's rows are the exact pass's rows.
+  std::vector<std::string> with_dropped = base_lines;
+  with_dropped[5] += ",dropped";
+  for (std::size_t i = 6; i < with_dropped.size(); ++i) with_dropped[i] += (i % 3 == 0) ? ",1" : ",0";
+  const std::vector<std::string>& dropped_lines = with_dropped;
+  for (const std::vector<std::string>* lines : {&base_lines, &dropped_lines}) {
+    const route_trace t = parse(join(*lines));
+    CAPTURE(t.header.has_dropped_column);
+    const std::string good = binary_of(t);
+    const std::size_t first = good.size() - t.rows.size() * 20;
+    auto exact_rows = [&](const std::string& b, std::vector<trace_row>& rows) {
+      try {
+        detail::read_binary_rows_exact(reinterpret_cast<const unsigned char*>(b.data()) + first, t.rows.size(),
+                                       t.header, rows, "t.bin");
+        return true;
+      } catch (const error&) {
+        return false;
+      }
+    };
+    auto same_rows = [](const std::vector<trace_row>& a, const std::vector<trace_row>& b) {
+      bool same = a.size() == b.size();
+      for (std::size_t i = 0; same && i < a.size(); ++i) {
+        const trace_row &x = a[i], &y = b[i];
+        same = x.turn == y.turn && x.phase == y.phase && x.step == y.step && x.layer == y.layer &&
+               x.slot == y.slot && x.expert == y.expert &&
+               detail::float_bits(x.weight) == detail::float_bits(y.weight) && x.residency == y.residency &&
+               x.expert_bytes == y.expert_bytes && x.dropped == y.dropped;
+      }
+      return same;
+    };
+    // The scan's verdict; where it accepts, its rows written both ways (the
+    // composed words, where the layout allows them, and member by member)
+    // must be the same.
+    std::size_t stores_differ = 0;
+    auto scan = [&](const std::string& b, std::size_t piece) {
+      detail::binary_record_scanner s(t.header), m(t.header);
+      const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
+      std::vector<trace_row> rows(t.rows.size()), member_rows(t.rows.size());
+      for (std::size_t i = 0; i < t.rows.size(); i += piece) {
+        const std::size_t n = std::min(piece, t.rows.size() - i);
+        const bool ok = s.read(p + 20 * i, n, rows.data() + i);
+        if (ok != m.read<detail::row_store::members>(p + 20 * i, n, member_rows.data() + i)) ++stores_differ;
+        if (!ok) return false;
+      }
+      stores_differ += !same_rows(rows, member_rows);
+      return true;
+    };
+    std::size_t cases = 0, accepted = 0, disagreements = 0, rows_differ = 0;
+    for (std::size_t at = first; at < good.size(); ++at) {
+      const auto orig = static_cast<unsigned char>(good[at]);
+      for (const unsigned v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 15u, 16u, 17u, 255u, orig - 1u, orig + 1u}) {
+        std::string b = good;
+        b[at] = static_cast<char>(v & 0xffu);
+        std::vector<trace_row> exact;
+        const bool slow = exact_rows(b, exact);
+        ++cases;
+        accepted += slow;
+        for (const std::size_t piece : {t.rows.size(), std::size_t{1}, std::size_t{3}})
+          if (scan(b, piece) != slow) {
+            ++disagreements;
+            MESSAGE("byte " << at - first << " = " << (v & 0xffu) << ", pieces of " << piece << ": exact pass "
+                            << slow);
+          }
+        if (!slow) continue;
+        rows_differ += !same_rows(parse_route_trace_binary(b, "t.bin").rows(), exact);
+      }
+    }
+    CHECK(cases == t.rows.size() * 20 * 15);
+    CHECK(disagreements == 0);
+    CHECK(rows_differ == 0);
+    CHECK(stores_differ == 0);
+    CHECK(accepted > 0);          // harmless damage exists (a weight byte)
+    CHECK(accepted < cases / 2);  // and most is caught
+  }
 }

@@ -59,10 +59,233 @@ inline std::string binary_header_bytes(const trace_header& h, std::uint64_t n_ro
   return out;
 }
 
-}  // namespace detail
+/// True when a trace_row's bytes are a record's first 19 bytes followed by
+/// the dropped byte, zero padding and expert_bytes (little-endian host, the
+/// member order of trace/types.hpp): the fast pass then writes a row as four
+/// 64-bit words composed from the record instead of ten narrow stores.
+inline bool trace_row_mirrors_record() noexcept {
+  const std::uint32_t one = 1;
+  unsigned char first = 0;
+  std::memcpy(&first, &one, 1);
+  return first == 1 && sizeof(trace_row) == 32 && offsetof(trace_row, turn) == 0 && offsetof(trace_row, step) == 4 &&
+         offsetof(trace_row, weight) == 8 && offsetof(trace_row, layer) == 12 && offsetof(trace_row, expert) == 14 &&
+         offsetof(trace_row, slot) == 16 && offsetof(trace_row, phase) == 17 && offsetof(trace_row, residency) == 18 &&
+         offsetof(trace_row, dropped) == 19 && offsetof(trace_row, expert_bytes) == 24 &&
+         sizeof(run_phase) == 1 && sizeof(layer_id) == 2 && sizeof(expert_id) == 2;
+}
 
-inline validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name) {
-  using namespace detail;
+/// How the fast pass writes a row: composed words (where the layout allows
+/// it) or member by member (anywhere; tested against the words on every host).
+enum class row_store : std::uint8_t { words, members };
+
+/// The binary reader's fast pass over raw records: decodes each into a row
+/// and makes trace_row_checker's checks on it (ranges against the header, the
+/// bits byte as the reader decodes it, slots in rank order, distinct experts
+/// per routing, the row order) with the hot state in registers, the checks of
+/// a row folded into one flag tested once per call (no branch per check), and
+/// one branch per routing (row order is checked where a routing begins), and
+/// no message: read() says only whether every record passes. The reader runs
+/// the exact pass (read_binary_rows_exact) for the message of a file it
+/// refuses. tests/test_trace_errors.cpp holds it to the exact pass's verdict
+/// and rows, byte by byte. Allocates only at construction.
+class binary_record_scanner {
+ public:
+  /// `h` must satisfy header_problem(h).empty().
+  explicit binary_record_scanner(const trace_header& h)
+      : n_layer_(h.n_layer), n_expert_(h.n_expert), k_(h.n_expert_used), stamp_(h.n_expert, 0) {
+    // Expert bytes per layer and a last entry 0 for every layer out of range:
+    // 0 means not routable (out of range, unlisted, or 0 bytes).
+    layer_bytes_.assign(h.n_layer + 1, 0);
+    std::copy(h.expert_bytes.begin(), h.expert_bytes.end(), layer_bytes_.begin());
+    // Which (residency, bits) pairs pass, as bit residency × 8 + bits:
+    // residency 0–2; the dropped code bits >> 1 is 0 without the column and 1
+    // or 2 with it; the read bit (expert_bytes = the layer's bytes) only on a
+    // miss. The checker's other expert_bytes and dropped checks cannot fail
+    // on a decoded record.
+    for (unsigned residency = 0; residency < 3; ++residency)
+      for (unsigned bits = 0; bits < 8; ++bits) {
+        const unsigned code = bits >> 1;
+        const bool dropped_ok = h.has_dropped_column ? (code == 1 || code == 2) : code == 0;
+        if (dropped_ok && !((bits & 1) && residency != 0)) ok_rb_ |= std::uint32_t{1} << (residency * 8 + bits);
+      }
+  }
+
+  /// Decodes the `n` records at `rp` into out[0, n) and returns true when
+  /// they may follow the records read so far. After false, the rows and the
+  /// state are unspecified (the reader stops there).
+  template <row_store Store = row_store::words>
+#if defined(__GNUC__) || defined(__clang__)
+  // Out of line: inlined into the reader, its loop spilled half its state.
+  __attribute__((noinline))
+#endif
+  bool read(const unsigned char* rp, std::size_t n, trace_row* out) noexcept {
+    if (Store == row_store::words && !trace_row_mirrors_record()) return read<row_store::members>(rp, n, out);
+    // The hot state in locals (the stamp and row stores may alias members).
+    const std::uint64_t* const layer_bytes = layer_bytes_.data();
+    const std::uint64_t n_layer = n_layer_, n_expert = n_expert_, k = k_;
+    const std::uint32_t ok_rb = ok_rb_;
+    std::uint64_t* const stamp = stamp_.data();
+    std::uint64_t routing = routing_, prev_ts = prev_ts_;
+    std::uint32_t prev_lp = prev_lp_, prev_slot = prev_slot_;
+    bool bad = false;
+    for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
+         rp += binary_trace_record_size, ++out) {
+      const std::uint64_t ts = load_le<std::uint64_t>(rp);      // turn | step << 32
+      const std::uint64_t wle = load_le<std::uint64_t>(rp + 8);  // weight | layer << 32 | expert << 48
+      const std::uint32_t spr = load_le<std::uint32_t>(rp + 16);  // slot | phase << 8 | residency << 16 | bits << 24
+      const auto layer = static_cast<std::uint32_t>(wle >> 32) & 0xffffu;
+      const auto expert = static_cast<std::uint32_t>(wle >> 48);
+      const std::uint32_t slot = spr & 0xffu, bits = spr >> 24;
+      // phase > 1, residency > 3 or bits > 7, then (residency, bits) against
+      // the table (residency 3 has no bit in it); slot, layer, expert.
+      const std::uint64_t bytes = layer_bytes[layer < n_layer ? layer : n_layer];
+      bad |= (spr & 0xf8fcfe00u) != 0;
+      bad |= !((ok_rb >> (((spr >> 13) & 0x18u) | (bits & 7u))) & 1u);
+      bad |= (slot >= k) | (bytes == 0) | (expert >= n_expert);
+      const std::uint32_t ex = expert < n_expert ? expert : 0;  // in bounds even on a bad row
+      const std::uint32_t lp = layer | (spr & 0xff00u) << 8;      // layer | phase << 16
+      if (ts == prev_ts && lp == prev_lp) {  // the same routing: the next slot, a new expert
+        bad |= (slot != prev_slot + 1) | (stamp[ex] == routing);
+      } else {
+        bad |= slot != 0 || !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
+                                           (spr >> 8) & 0xffu, layer);
+        ++routing;
+        prev_ts = ts;
+        prev_lp = lp;
+      }
+      stamp[ex] = routing;
+      prev_slot = slot;
+      // The read bit as a mask, not a branch: hits and misses alternate at random.
+      const std::uint64_t read_bytes = bytes & (std::uint64_t{0} - (bits & 1u));
+      const std::uint32_t dropped = static_cast<std::uint8_t>(static_cast<int>(bits >> 1) - 1);
+      if (Store == row_store::words) {
+        const std::uint64_t tail = (spr & 0x00ffffffu) | dropped << 24;  // slot, phase, residency, dropped, 0 padding
+        unsigned char* const o = reinterpret_cast<unsigned char*>(out);
+        std::memcpy(o, &ts, 8);
+        std::memcpy(o + 8, &wle, 8);
+        std::memcpy(o + 16, &tail, 8);
+        std::memcpy(o + 24, &read_bytes, 8);
+      } else {
+        trace_row& r = *out;
+        r.turn = static_cast<std::uint32_t>(ts);
+        r.step = static_cast<std::uint32_t>(ts >> 32);
+        r.weight = bits_float(static_cast<std::uint32_t>(wle));
+        r.layer = static_cast<layer_id>(layer);
+        r.expert = static_cast<expert_id>(expert);
+        r.slot = static_cast<std::uint8_t>(slot);
+        r.phase = static_cast<run_phase>((spr >> 8) & 0xffu);
+        r.residency = static_cast<std::uint8_t>((spr >> 16) & 0xffu);
+        r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
+        r.expert_bytes = read_bytes;
+      }
+    }
+    routing_ = routing;
+    prev_ts_ = prev_ts;
+    prev_lp_ = prev_lp;
+    prev_slot_ = prev_slot;
+    return !bad;
+  }
+
+ private:
+  // trace_row_checker::order_fault and commit_new_routing: may a routing
+  // beginning here follow the previous one (phase 0 prefill, 1 decode)?
+  // Updates the order state either way (the caller stops at a refusal).
+  bool begin_routing(std::uint32_t turn, std::uint32_t step, unsigned phase, unsigned layer) noexcept {
+    bool ok = true;
+    if (has_prev_ && turn <= prev_turn_) {  // a new turn starts afresh
+      if (turn < prev_turn_) {
+        ok = false;
+      } else if (phase == 0 && prev_phase_ == 1) {  // prefill after decode
+        ok = false;
+      } else if (phase == 1) {
+        if (prev_phase_ == 1) ok = !(step < prev_step_ || (step == prev_step_ && layer < prev_layer_));
+      } else if (layer == prev_layer_ && step < prev_step_) {
+        ok = false;
+      } else {
+        const bool fs = floor_set_ || layer < prev_layer_;
+        const std::uint32_t fl = layer < prev_layer_ ? max_step_ : floor_;
+        ok = !(fs && step <= fl);
+      }
+    }
+    const bool new_turn = !has_prev_ || turn != prev_turn_;
+    if (new_turn) {
+      prefill_any_ = false;
+      floor_set_ = false;
+    }
+    if (phase == 0) {
+      if (!new_turn && prev_phase_ == 0 && layer < prev_layer_) {
+        floor_ = max_step_;
+        floor_set_ = true;
+      }
+      max_step_ = prefill_any_ ? std::max(max_step_, step) : step;
+      prefill_any_ = true;
+    }
+    has_prev_ = true;
+    prev_turn_ = turn;
+    prev_phase_ = phase;
+    prev_step_ = step;
+    prev_layer_ = layer;
+    return ok;
+  }
+
+  std::uint64_t n_layer_, n_expert_, k_;
+  std::uint32_t ok_rb_ = 0;
+  std::vector<std::uint64_t> layer_bytes_;  // n_layer + 1 entries, the last 0
+  std::vector<std::uint64_t> stamp_;        // per expert: the routing that last routed it (0 = none)
+  std::uint64_t routing_ = 0;               // routings started so far
+  // The previous row's routing key: turn | step << 32, and layer | phase << 16
+  // (no row has phase 0xff: the first row never matches).
+  std::uint64_t prev_ts_ = 0;
+  std::uint32_t prev_lp_ = 0xffffffffu, prev_slot_ = 0;
+  // Row order (trace_row_checker's), read and written where a routing begins.
+  bool has_prev_ = false, prefill_any_ = false, floor_set_ = false;
+  std::uint32_t prev_turn_ = 0, prev_step_ = 0, max_step_ = 0, floor_ = 0;
+  unsigned prev_phase_ = 1, prev_layer_ = 0;
+};
+
+/// The exact pass: each record decoded straight into a new row of `rows`,
+/// field by field, and run through trace_row_checker; throws the checker's
+/// message ("<source>: record i, column c: ...") at the first row it refuses.
+/// The reader runs it only for a file the scanner refused; the benchmark
+/// times it as the reader's reference twin (it was the whole reader).
+inline void read_binary_rows_exact(const unsigned char* rp, std::uint64_t n_rows, const trace_header& h,
+                                   std::vector<trace_row>& rows, const std::string& source_name) {
+  rows.reserve(static_cast<std::size_t>(n_rows));
+  const std::size_t n_layer = h.n_layer;
+  const std::uint64_t* layer_bytes = h.expert_bytes.data();
+  const unsigned dropped_code = h.has_dropped_column ? 1u : 0u;  // (bits >> 1) != 0 must equal this
+  trace_row_checker checker(h);
+  trace_issue issue;
+  for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size) {
+    trace_row& r = rows.emplace_back();
+    r.turn = load_le<std::uint32_t>(rp);
+    r.step = load_le<std::uint32_t>(rp + 4);
+    r.weight = bits_float(load_le<std::uint32_t>(rp + 8));
+    r.layer = static_cast<layer_id>(load_le<std::uint16_t>(rp + 12));
+    r.expert = static_cast<expert_id>(load_le<std::uint16_t>(rp + 14));
+    r.slot = rp[16];
+    r.phase = static_cast<run_phase>(rp[17]);
+    r.residency = rp[18];
+    const unsigned bits = rp[19];
+    if (bits > 7 || (bits >> 1) == 3 || static_cast<unsigned>((bits >> 1) != 0) != dropped_code)
+      throw error(source_name + ": record " + std::to_string(i) + ", column dropped: bits " + std::to_string(bits) +
+                  (h.has_dropped_column ? "; expected dropped 0 or 1" : "; expected no dropped value (no column)"));
+    r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
+    const std::size_t layer = to_index(r.layer);
+    r.expert_bytes = (bits & 1) && layer < n_layer ? layer_bytes[layer] : 0;
+    if (!checker.check(r, issue))
+      throw error(source_name + ": record " + std::to_string(i) + ", column " + column_name(issue.column) + ": " +
+                  issue.message);
+  }
+}
+
+/// Which pass reads the records: the reader's (scan, then decode; the exact
+/// pass only for a refused file's message) or the exact pass alone (the
+/// benchmark's and the tests' reference).
+enum class binary_rows_pass : std::uint8_t { scan_then_decode, exact };
+
+inline validated_route_trace parse_route_trace_binary_with(std::string_view bytes, const std::string& source_name,
+                                                           binary_rows_pass pass) {
   const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t size = bytes.size();
   auto fail = [&](const std::string& m) -> error { return error(source_name + ": " + m); };
@@ -136,42 +359,35 @@ inline validated_route_trace parse_route_trace_binary(std::string_view bytes, co
   }
   if (const std::string p = header_problem(h); !p.empty()) throw fail("header: " + p);
 
-  // One pass: each record is decoded straight into a new row of the vector,
-  // field by field, and checked there (the checker reads each field at the
-  // width it was stored). A row assembled on the stack and then copied
-  // (push_back) was reloaded 16 bytes at a time right after its one-byte
-  // stores: a store-forwarding stall that perf showed taking a quarter of the
-  // read. No value-initialising resize() pass either.
-  t.rows.reserve(static_cast<std::size_t>(n_rows));
-  const std::size_t n_layer = h.n_layer;
-  const std::uint64_t* layer_bytes = h.expert_bytes.data();
-  const unsigned dropped_code = h.has_dropped_column ? 1u : 0u;  // (bits >> 1) != 0 must equal this
-  trace_row_checker checker(h);
-  trace_issue issue;
-  const unsigned char* rp = b + layers_end;
-  for (std::uint64_t i = 0; i < n_rows; ++i, rp += binary_trace_record_size) {
-    trace_row& r = t.rows.emplace_back();
-    r.turn = load_le<std::uint32_t>(rp);
-    r.step = load_le<std::uint32_t>(rp + 4);
-    r.weight = bits_float(load_le<std::uint32_t>(rp + 8));
-    r.layer = static_cast<layer_id>(load_le<std::uint16_t>(rp + 12));
-    r.expert = static_cast<expert_id>(load_le<std::uint16_t>(rp + 14));
-    r.slot = rp[16];
-    r.phase = static_cast<run_phase>(rp[17]);
-    r.residency = rp[18];
-    const unsigned bits = rp[19];
-    if (bits > 7 || (bits >> 1) == 3 || static_cast<unsigned>((bits >> 1) != 0) != dropped_code)
-      throw fail("record " + std::to_string(i) + ", column dropped: bits " + std::to_string(bits) +
-                 (h.has_dropped_column ? "; expected dropped 0 or 1" : "; expected no dropped value (no column)"));
-    r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
-    // The read bit stands for the layer's expert bytes; an out-of-range
-    // layer is reported by the checker.
-    const std::size_t layer = to_index(r.layer);
-    r.expert_bytes = (bits & 1) && layer < n_layer ? layer_bytes[layer] : 0;
-    if (!checker.check(r, issue))
-      throw fail("record " + std::to_string(i) + ", column " + column_name(issue.column) + ": " + issue.message);
+  const unsigned char* const records = b + layers_end;
+  if (pass == binary_rows_pass::scan_then_decode) {
+    // The fast pass into a small buffer (in L1), appended to the rows with one
+    // insert per chunk: no value-initialising pass over the rows and no
+    // per-row capacity check. Only a refused file goes through the exact pass
+    // below, from the start, for its message.
+    t.rows.reserve(static_cast<std::size_t>(n_rows));
+    binary_record_scanner scanner(h);
+    constexpr std::uint64_t chunk = 256;
+    std::vector<trace_row> buffer(static_cast<std::size_t>(std::min(chunk, n_rows)));
+    bool ok = true;
+    for (std::uint64_t i = 0; i < n_rows && ok; i += chunk) {
+      const std::size_t n = static_cast<std::size_t>(std::min(chunk, n_rows - i));
+      ok = scanner.read(records + i * binary_trace_record_size, n, buffer.data());
+      if (ok) t.rows.insert(t.rows.end(), buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    if (ok) return trace_access::make(std::move(t));
+    t.rows.clear();
   }
+  // Throws for a file the scanner refused (the scanner is never looser than
+  // this pass, and tests/test_trace_errors.cpp holds them to the same verdict).
+  read_binary_rows_exact(records, n_rows, h, t.rows, source_name);
   return trace_access::make(std::move(t));
+}
+
+}  // namespace detail
+
+inline validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name) {
+  return detail::parse_route_trace_binary_with(bytes, source_name, detail::binary_rows_pass::scan_then_decode);
 }
 
 namespace detail {

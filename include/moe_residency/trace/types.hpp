@@ -18,18 +18,20 @@
 
 namespace moe_residency {
 
-/// One routed expert: one row of the CSV.
+/// One routed expert: one row of the CSV. 32 bytes: the members are ordered by
+/// size, not as the CSV's columns (a row in CSV order padded to 48 bytes, and
+/// every reader, replay and copy moved half as much again).
 struct trace_row {
   std::uint32_t turn = 0;
-  run_phase phase = run_phase::decode;
   std::uint32_t step = 0;  ///< absolute position of the token
-  layer_id layer{};
-  std::uint8_t slot = 0;  ///< rank, 0 = highest weight
-  expert_id expert{};
   float weight = 0;  ///< final applied routing weight; may be NaN
+  layer_id layer{};
+  expert_id expert{};
+  std::uint8_t slot = 0;  ///< rank, 0 = highest weight
+  run_phase phase = run_phase::decode;
   std::uint8_t residency = 0;  ///< 0 miss, 1 hit, 2 hit thanks to a speculative read
-  std::uint64_t expert_bytes = 0;  ///< bytes this routing read: 0, or the layer's expert bytes
   std::int8_t dropped = -1;  ///< 1 skipped by a drop policy, 0 not; -1 when the column is absent
+  std::uint64_t expert_bytes = 0;  ///< bytes this routing read: 0, or the layer's expert bytes
 };
 
 /// The trace's header lines.
