@@ -31,6 +31,7 @@
 #include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 #include "moe_residency/synthetic.hpp"
+#include "source_text.hpp"
 
 namespace moe_residency_test {
 
@@ -61,13 +62,6 @@ inline std::string real_trace(const std::string& name) {
   MESSAGE("SKIPPED: real trace " << path
           << " not found (set MOE_RESIDENCY_TRACES to the shared/traces folder)");
   return {};
-}
-
-inline std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 // ---- twins and workloads ------------------------------------------------------
@@ -465,6 +459,35 @@ inline std::vector<demand_entry> demand_of(const std::vector<executed_slot>& exe
   return d;
 }
 
+/// One batch of `n` tokens of `stream` through session `s`, as an engine feeds
+/// it: begin_batch, then for each MoE layer its gate inputs and routings,
+/// `host(layer)` (what the host does before the layer's experts are in), and
+/// layer_loaded; end_batch. Every call must succeed.
+template <class Session, class Host>
+void feed_batch(Session& s, const synthetic_model& model, synthetic_stream& stream, run_phase phase,
+                std::size_t n, Host&& host) {
+  const model_shape& shape = model.shape();
+  stream.next(n);
+  REQUIRE(s.begin_batch(phase, stream.first_token(), n));
+  for (std::size_t l = 0; l < shape.n_layers(); ++l) {
+    const layer_id lid = L(static_cast<int>(l));
+    if (!shape.is_moe(lid)) continue;
+    REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n, model.n_embd() * sizeof(float)));
+    REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), n)));
+    host(lid);
+    REQUIRE(s.layer_loaded(lid));
+  }
+  REQUIRE(s.end_batch());
+}
+
+/// A prompt batch of 8 tokens, then `decode_tokens` tokens one by one (feed_batch).
+template <class Session, class Host>
+void feed_prompt_and_decode(Session& s, const synthetic_model& model, synthetic_stream& stream,
+                            std::size_t decode_tokens, Host&& host) {
+  feed_batch(s, model, stream, run_phase::prefill, 8, host);
+  for (std::size_t t = 0; t < decode_tokens; ++t) feed_batch(s, model, stream, run_phase::decode, 1, host);
+}
+
 /// The synthetic workload (8 layers x 64 experts, top-6) through a session with
 /// a recording cache. `seed` picks the model's routers and the token stream.
 inline run_result run_synthetic(bool speculate, bool drop, std::size_t lanes, std::size_t tokens,
@@ -500,35 +523,22 @@ inline run_result run_synthetic(bool speculate, bool drop, std::size_t lanes, st
   install_routers(s, model);
   synthetic_stream stream(model, seed - 1);  // seed 1: the stream the suites always used
   run_result out;
-  auto feed = [&](run_phase phase, std::size_t n) {
-    stream.next(n);
-    REQUIRE(s.begin_batch(phase, stream.first_token(), n));
-    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
-      const layer_id lid = L(static_cast<unsigned>(l));
-      if (!shape.is_moe(lid)) continue;
-      REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n,
-                           model.n_embd() * sizeof(float)));
-      REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), n)));
-      // The host: computes its own routings without the slots the session says to skip.
-      const rec_spec_t& x = s.extension<0>();
-      for (std::size_t t = 0; t < n; ++t) {
-        const routing& r = stream.routed(lid, t);
-        for (std::size_t i = 0; i < r.size(); ++i) {
-          if ((s.drop_mask(t) >> i) & 1u) continue;
-          out.host_executed.push_back({stream.first_token(),
-                                       stream.first_token() + static_cast<std::uint32_t>(t),
-                                       static_cast<unsigned>(l),
-                                       static_cast<unsigned>(to_index(r.id(i))),
-                                       bits_of(r.weight(i))});
-          if (!x.cache().is_resident(lid, r.id(i))) ++out.not_resident_when_executed;
-        }
+  // The host: computes its own routings without the slots the session says to skip.
+  feed_prompt_and_decode(s, model, stream, tokens, [&](layer_id lid) {
+    const rec_spec_t& x = s.extension<0>();
+    for (std::size_t t = 0; t < stream.batch_size(); ++t) {
+      const routing& r = stream.routed(lid, t);
+      for (std::size_t i = 0; i < r.size(); ++i) {
+        if ((s.drop_mask(t) >> i) & 1u) continue;
+        out.host_executed.push_back({stream.first_token(),
+                                     stream.first_token() + static_cast<std::uint32_t>(t),
+                                     static_cast<unsigned>(to_index(lid)),
+                                     static_cast<unsigned>(to_index(r.id(i))),
+                                     bits_of(r.weight(i))});
+        if (!x.cache().is_resident(lid, r.id(i))) ++out.not_resident_when_executed;
       }
-      REQUIRE(s.layer_loaded(lid));
     }
-    REQUIRE(s.end_batch());
-  };
-  feed(run_phase::prefill, 8);
-  for (std::size_t t = 0; t < tokens; ++t) feed(run_phase::decode, 1);
+  });
   rec_spec_t& x = s.extension<0>();
   x.finish();
   out.spec = x.stats();

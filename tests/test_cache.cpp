@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <list>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -33,6 +35,24 @@ using moe_residency_test::fixtures::opts;
 using moe_residency_test::fixtures::random_trace;
 using moe_residency_test::fixtures::rescan_belady;
 using moe_residency_test::fixtures::run_checked;
+
+/// The Belady suites' cases: for each seed, 3 layers x 12 experts, top-2, 100
+/// bytes each, a random trace of that seed (4 prefill tokens, 40 decode) and
+/// its next-use index; for each budget, `body` with a fresh rescanning twin.
+template <class Body>
+void for_each_belady_case(std::initializer_list<std::uint32_t> seeds, Body&& body) {
+  for (std::uint32_t seed : seeds) {
+    const model_shape s = equal_shape(3, 12, 2, 100);
+    const auto tr = random_trace(s, seed, 4, 40);
+    const auto idx = index_of(s, tr);
+    for (std::uint64_t budget : {300u, 700u, 1200u}) {
+      CAPTURE(seed);
+      CAPTURE(budget);
+      body(seed, budget, s, tr, idx, rescan_belady{budget, 0, 0, 0, {}, 0});
+    }
+  }
+}
+using belady_index = std::shared_ptr<const next_use_index>;
 
 }  // namespace
 
@@ -181,30 +201,24 @@ TEST_CASE("lru equals a std::list LRU on random traces") {
 }
 
 TEST_CASE("belady equals a rescanning Belady and never loses with equal sizes") {
-  for (std::uint32_t seed : {11u, 12u, 13u}) {
-    const model_shape s = equal_shape(3, 12, 2, 100);
-    const auto tr = random_trace(s, seed, 4, 40);
-    const auto idx = index_of(s, tr);
-    for (std::uint64_t budget : {300u, 700u, 1200u}) {
-      CAPTURE(seed);
-      CAPTURE(budget);
-      rescan_belady twin{budget, 0, 0, 0, {}, 0};
-      for (std::size_t i = 0; i < tr.size(); ++i) twin.run(tr, i, s);
-      const cache_stats b = run_checked(s, tr, budget, belady_policy{idx});
-      CHECK(b.all.hits == twin.hits);
-      CHECK(b.all.lookups == twin.lookups);
-      const std::uint64_t others[] = {
-          run_checked(s, tr, budget, lru_policy{}).all.hits,
-          run_checked(s, tr, budget, lfu_policy{}).all.hits,
-          run_checked(s, tr, budget, random_policy{seed}).all.hits,
-          run_checked(s, tr, budget, arc_policy{}).all.hits,
-          run_checked(s, tr, budget, s3fifo_policy{}).all.hits,
-          run_checked(s, tr, budget, sieve_policy{}).all.hits,
-          run_checked(s, tr, budget, cycle_policy{}).all.hits,
-      };
-      for (std::uint64_t h : others) CHECK(b.all.hits >= h);
-    }
-  }
+  for_each_belady_case({11u, 12u, 13u}, [](std::uint32_t seed, std::uint64_t budget, const model_shape& s,
+                                           const std::vector<batch>& tr, const belady_index& idx,
+                                           rescan_belady twin) {
+    for (std::size_t i = 0; i < tr.size(); ++i) twin.run(tr, i, s);
+    const cache_stats b = run_checked(s, tr, budget, belady_policy{idx});
+    CHECK(b.all.hits == twin.hits);
+    CHECK(b.all.lookups == twin.lookups);
+    const std::uint64_t others[] = {
+        run_checked(s, tr, budget, lru_policy{}).all.hits,
+        run_checked(s, tr, budget, lfu_policy{}).all.hits,
+        run_checked(s, tr, budget, random_policy{seed}).all.hits,
+        run_checked(s, tr, budget, arc_policy{}).all.hits,
+        run_checked(s, tr, budget, s3fifo_policy{}).all.hits,
+        run_checked(s, tr, budget, sieve_policy{}).all.hits,
+        run_checked(s, tr, budget, cycle_policy{}).all.hits,
+    };
+    for (std::uint64_t h : others) CHECK(b.all.hits >= h);
+  });
 }
 
 TEST_CASE_TEMPLATE("invariants hold for every policy on random traces", P, lru_policy, lfu_policy, random_policy,
@@ -375,39 +389,33 @@ TEST_CASE("cycle: the per-size heaps choose exactly what a full scan chooses") {
 TEST_CASE("belady: insert() between batches keys the entry without consuming a lookup") {
   // A preload or a completed speculative read is admitted with insert(); it
   // must not move the oracle's cursor (which belongs to the next lookup).
-  for (std::uint32_t seed : {21u, 22u, 23u}) {
-    const model_shape s = equal_shape(3, 12, 2, 100);
-    const auto tr = random_trace(s, seed, 4, 40);
-    const auto idx = index_of(s, tr);
-    for (std::uint64_t budget : {300u, 700u, 1200u}) {
-      CAPTURE(seed);
-      CAPTURE(budget);
-      rescan_belady twin{budget, 0, 0, 0, {}, 0};
-      expert_cache<belady_policy> c(s, opts(budget), belady_policy{idx});
-      std::mt19937 rng(seed * 7 + static_cast<std::uint32_t>(budget));
-      std::size_t inserted = 0;
-      for (std::size_t i = 0; i < tr.size(); ++i) {
-        c.access_batch(tr[i].phase, L(tr[i].layer), tr[i].ids);
-        twin.run(tr, i, s);
-        if (i + 1 >= tr.size() || i % 3 != 0) continue;
-        // Half the time a correct prediction (an id of the next batch), else a random one.
-        const int l = rng() % 2 ? tr[i + 1].layer : static_cast<int>(rng() % 3);
-        const expert_id e = l == tr[i + 1].layer && rng() % 2 ? tr[i + 1].ids.back() : E(static_cast<int>(rng() % 12));
-        const bool was = c.is_resident(L(l), e);
-        REQUIRE(c.insert(L(l), e) == !was);
-        if (!was) {
-          twin.insert(tr, i, s, {l, static_cast<int>(to_index(e))});
-          ++inserted;
-        }
-        CHECK(c.resident_bytes() == twin.used);
+  for_each_belady_case({21u, 22u, 23u}, [](std::uint32_t seed, std::uint64_t budget, const model_shape& s,
+                                           const std::vector<batch>& tr, const belady_index& idx,
+                                           rescan_belady twin) {
+    expert_cache<belady_policy> c(s, opts(budget), belady_policy{idx});
+    std::mt19937 rng(seed * 7 + static_cast<std::uint32_t>(budget));
+    std::size_t inserted = 0;
+    for (std::size_t i = 0; i < tr.size(); ++i) {
+      c.access_batch(tr[i].phase, L(tr[i].layer), tr[i].ids);
+      twin.run(tr, i, s);
+      if (i + 1 >= tr.size() || i % 3 != 0) continue;
+      // Half the time a correct prediction (an id of the next batch), else a random one.
+      const int l = rng() % 2 ? tr[i + 1].layer : static_cast<int>(rng() % 3);
+      const expert_id e = l == tr[i + 1].layer && rng() % 2 ? tr[i + 1].ids.back() : E(static_cast<int>(rng() % 12));
+      const bool was = c.is_resident(L(l), e);
+      REQUIRE(c.insert(L(l), e) == !was);
+      if (!was) {
+        twin.insert(tr, i, s, {l, static_cast<int>(to_index(e))});
+        ++inserted;
       }
-      CHECK(inserted > 0);
-      CHECK_FALSE(c.policy().diverged());
-      CHECK(c.policy().position() == idx->size());
-      CHECK(c.stats().all.hits == twin.hits);
-      CHECK(c.stats().all.lookups == twin.lookups);
+      CHECK(c.resident_bytes() == twin.used);
     }
-  }
+    CHECK(inserted > 0);
+    CHECK_FALSE(c.policy().diverged());
+    CHECK(c.policy().position() == idx->size());
+    CHECK(c.stats().all.hits == twin.hits);
+    CHECK(c.stats().all.lookups == twin.lookups);
+  });
 }
 
 TEST_CASE("retention<belady> forwards insert() as an admission, not a lookup") {

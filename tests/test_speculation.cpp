@@ -55,6 +55,8 @@ ranking make_ranking(std::vector<std::pair<unsigned, float>> entries) {
   return r;
 }
 
+using moe_residency_test::fixtures::feed_batch;
+using moe_residency_test::fixtures::feed_prompt_and_decode;
 using moe_residency_test::fixtures::recorder;
 
 // 4 layers × 16 experts × 100 bytes, top-4; the budget holds 12 entries.
@@ -276,18 +278,7 @@ session_run issued_through_session(std::size_t horizon) {
                                         rec.callback(), o)});
   install_routers(s, model);
   synthetic_stream stream(model);
-  for (std::size_t t = 0; t < 4; ++t) {
-    stream.next(1);
-    REQUIRE(s.begin_batch(run_phase::decode, stream.first_token(), 1));
-    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
-      const layer_id lid = L(static_cast<unsigned>(l));
-      if (!shape.is_moe(lid)) continue;
-      REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), 1, model.n_embd() * sizeof(float)));
-      REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), 1)));
-      REQUIRE(s.layer_loaded(lid));
-    }
-    REQUIRE(s.end_batch());
-  }
+  for (std::size_t t = 0; t < 4; ++t) feed_batch(s, model, stream, run_phase::decode, 1, [](layer_id) {});
   s.template extension<0>().finish();
   return {s.template extension<0>().read_stats().issued, s.template extension<0>().stats().no_prediction};
 }
@@ -590,21 +581,7 @@ TEST_CASE("speculation driven directly: begin_token gives the session's per-toke
                     load_recorder{shape, batches}});
   install_routers(s, model);
   synthetic_stream stream(model);
-  auto feed = [&](run_phase phase, std::size_t n) {
-    stream.next(n);
-    REQUIRE(s.begin_batch(phase, stream.first_token(), n));
-    for (std::size_t l = 0; l < shape.n_layers(); ++l) {
-      const layer_id lid = L(static_cast<unsigned>(l));
-      if (!shape.is_moe(lid)) continue;
-      REQUIRE(s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n,
-                           model.n_embd() * sizeof(float)));
-      REQUIRE(s.routed(lid, span<const routing>(&stream.routed(lid, 0), n)));
-      REQUIRE(s.layer_loaded(lid));
-    }
-    REQUIRE(s.end_batch());
-  };
-  feed(run_phase::prefill, 8);
-  for (std::size_t t = 0; t < decode_tokens; ++t) feed(run_phase::decode, 1);
+  feed_prompt_and_decode(s, model, stream, decode_tokens, [](layer_id) {});
   spec_t& via_session = s.extension<0>();
   via_session.finish();
 
@@ -690,39 +667,14 @@ TEST_CASE("docs example: the engine API") {
 }
 
 namespace {
-// The lines between `begin` and `end` (exclusive) of a text, each with its
-// leading and trailing blanks removed; empty when `begin` is not found.
-std::vector<std::string> block_lines(const std::string& text, const std::string& begin,
-                                     const std::string& end) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    const auto first = line.find_first_not_of(" \t\r");
-    const auto last = line.find_last_not_of(" \t\r");
-    const std::string t = first == std::string::npos ? "" : line.substr(first, last - first + 1);
-    if (!inside) {
-      if (t.rfind(begin, 0) == 0) inside = true;
-      continue;
-    }
-    if (t.rfind(end, 0) == 0) return out;
-    out.push_back(t);
-  }
-  return {};  // no end marker: not a block
-}
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using moe_residency_test::block_lines;
+using moe_residency_test::read_file;
 }  // namespace
 
 TEST_CASE("docs example: the docs block is the code the previous test runs") {
   const std::string root = MOE_RESIDENCY_SOURCE_DIR;
-  const std::string doc = read_text(root + "/docs/speculation.md");
-  const std::string test = read_text(root + "/tests/test_speculation.cpp");
+  const std::string doc = read_file(root + "/docs/speculation.md");
+  const std::string test = read_file(root + "/tests/test_speculation.cpp");
   REQUIRE(!doc.empty());
   REQUIRE(!test.empty());
   // The first ```cpp block after the "## Example" heading.

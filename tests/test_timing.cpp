@@ -274,13 +274,13 @@ struct phone_run {
   double budget;
 };
 
-}  // namespace
-
-TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.metrics.csv)") {
-  // The engine's read_bytes per token exceed the replay's (reads x expert bytes) by a
-  // few KiB per read: it reads an expert's three tensors at page-aligned extents. On
-  // Qwen that is exactly 3 x 4096 bytes per read on 127 of the 128 tokens; on gpt-oss
-  // it varies per expert. Either way the replay's reads are within 0.5% of the bytes.
+/// For each phone run (Qwen3-30B at 4000 MiB, gpt-oss-120b at 3000 MiB): its
+/// recorded trace replayed through LRU at its budget, and the per-token metrics
+/// the engine recorded with it, handed to `body(run, in, replay, metrics)`.
+/// Stops at a run whose files are missing (real_trace has said so, loudly, or
+/// failed under CI=true).
+template <class Body>
+void for_each_phone_run(Body&& body) {
   for (const phone_run run : {phone_run{"qwen", 4000}, phone_run{"gptoss", 3000}}) {
     const std::string tr = real_trace(std::string(run.name) + ".route.csv");
     const std::string me = real_trace(std::string(run.name) + ".metrics.csv");
@@ -290,6 +290,19 @@ TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.met
     o.budget_mib = run.budget;
     const auto r = replay_dynamic(in, o);
     const token_metrics m = parse_token_metrics(read_file(me), me);
+    body(run, in, r, m);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.metrics.csv)") {
+  // The engine's read_bytes per token exceed the replay's (reads x expert bytes) by a
+  // few KiB per read: it reads an expert's three tensors at page-aligned extents. On
+  // Qwen that is exactly 3 x 4096 bytes per read on 127 of the 128 tokens; on gpt-oss
+  // it varies per expert. Either way the replay's reads are within 0.5% of the bytes.
+  for_each_phone_run([](const phone_run& run, const routed_replay_input& in, const dynamic_replay_result& r,
+                        const token_metrics& m) {
     const auto ts = simulate_timing(in.shape(), timing_params{}, r.decode_loads);
     REQUIRE(ts.size() == m.size());
     std::size_t aligned = 0, close = 0;
@@ -301,7 +314,7 @@ TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.met
     CAPTURE(run.name);
     CHECK(close == ts.size());
     if (std::string(run.name) == "qwen") CHECK(aligned == 127);
-  }
+  });
 }
 
 TEST_CASE("calibrated on the first half of the phone's tokens, the model predicts the second half") {
@@ -309,15 +322,8 @@ TEST_CASE("calibrated on the first half of the phone's tokens, the model predict
   // time, mean s/token within 10%. Qwen3-30B at 4000 MiB meets both (asserted). gpt-oss-120b
   // at 3000 MiB does not: its recorded compute alone varies 0.2-12.9 s per token with no
   // relation to routing (docs/wall-clock.md), so only the fit's sanity is asserted there.
-  for (const phone_run run : {phone_run{"qwen", 4000}, phone_run{"gptoss", 3000}}) {
-    const std::string tr = real_trace(std::string(run.name) + ".route.csv");
-    const std::string me = real_trace(std::string(run.name) + ".metrics.csv");
-    if (tr.empty() || me.empty()) return;
-    const auto in = routed_replay_input::from_file(tr);
-    dynamic_replay_options o;
-    o.budget_mib = run.budget;
-    const auto r = replay_dynamic(in, o);
-    const token_metrics m = parse_token_metrics(read_file(me), me);
+  for_each_phone_run([](const phone_run& run, const routed_replay_input& in, const dynamic_replay_result& r,
+                        const token_metrics& m) {
     const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, timing_params{});
     CAPTURE(run.name);
     CAPTURE(calibration_csv(c));
@@ -330,5 +336,5 @@ TEST_CASE("calibrated on the first half of the phone's tokens, the model predict
       CHECK(std::abs(c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1) <= 0.10);
       CHECK(std::abs(c.held_out.mean_predicted_ms / 177.0 - 1) <= 0.10);  // the summary's 0.177 s/token
     }
-  }
+  });
 }

@@ -532,4 +532,28 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
     CHECK(accepted > 0);          // harmless damage exists (a weight byte)
     CHECK(accepted < cases / 2);  // and most is caught
   }
+
+TEST_CASE("header strings: a model name of any length round-trips whole; past the binary form's 32-bit length it is refused") {
+  // Issue 11: the llama.cpp adapter read GGUF metadata into 256 bytes, so a model
+  // name was cut at 255 silently (tests/llama_cpp/test_llama_cpp_files.cpp holds
+  // the adapter to the whole name). Here the trace forms themselves: 300 bytes
+  // come back exactly from both, and a length the binary form cannot store is
+  // refused, naming the field, its length and the limit, never cut to fit.
+  route_trace t = parse(join(base_lines));
+  std::string name = "Qwen3 30B A3B, a name longer than 255 bytes:";
+  while (name.size() < 300) name += static_cast<char>('a' + name.size() % 26);
+  t.header.model = name;
+  std::ostringstream csv;
+  write_route_trace_csv(t, csv);
+  const route_trace from_csv = parse(csv.str());
+  const route_trace from_bin = parse_route_trace_binary(binary_of(t), "t.bin");
+  CHECK(from_csv.header.model == name);
+  CHECK(from_bin.header.model == name);
+  CHECK(from_bin.rows.size() == t.rows.size());
+  // 2^32 bytes cannot be allocated in a unit test; the rule header_problem applies is.
+  CHECK(detail::header_string_length_problem("model", 4294967295ull).empty());
+  CHECK(detail::header_string_length_problem("model", 4294967296ull) ==
+        "model is 4294967296 bytes; expected at most 4294967295 (the binary form stores a 32-bit length)");
+  CHECK(detail::header_string_length_problem("arch", 1ull << 40) ==
+        "arch is 1099511627776 bytes; expected at most 4294967295 (the binary form stores a 32-bit length)");
 }

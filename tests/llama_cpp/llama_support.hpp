@@ -1,16 +1,20 @@
 #pragma once
 // Shared support for the tests that run llama.cpp: a backend initialised
-// once, random-weight models, a context with or without the observer, and a
-// run of one prompt batch followed by token-by-token decoding.
+// once, random-weight models (in memory, or saved to a temporary GGUF and
+// loaded back memory-mapped), a context with or without the observer, a run
+// of one prompt batch followed by token-by-token decoding, and the loop over
+// the three architectures with a warmed-up observer.
 
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
+#include <unistd.h>
 
 #include "moe_residency/adapters/llama_cpp.hpp"
 #include "random_model.hpp"
@@ -101,9 +105,62 @@ inline run_result run_tokens(llama_context* ctx, const llama_model* model, std::
   return r;
 }
 
-/// The set-up most observer tests share: a random model, an observer (with
-/// `sink`, if given) installed on `cp`, and a context made from it. Members
-/// are destroyed context first, as the tests' locals were.
+/// A file in the working directory, "moe_residency_<stem>_<pid>.gguf",
+/// removed when this goes out of scope.
+struct temp_file {
+  std::string path;
+  explicit temp_file(const std::string& stem)
+      : path("moe_residency_" + stem + "_" + std::to_string(::getpid()) + ".gguf") {}
+  ~temp_file() { std::remove(path.c_str()); }
+  temp_file(const temp_file&) = delete;
+  temp_file& operator=(const temp_file&) = delete;
+};
+
+/// A random model built by llama.cpp and saved by llama_model_save_to_file to
+/// a temp_file.
+struct temp_model : temp_file {
+  temp_model(const std::string& stem, const mre::random_model_spec& spec) : temp_file(stem) {
+    llama_init_once();
+    auto built = mre::make_random_model(spec);
+    llama_model_save_to_file(built.get(), path.c_str());
+  }
+};
+
+/// A GGUF file read whole by ggml's own reader: its key/values (g) and its
+/// tensors with their data (data).
+struct gguf_file {
+  gguf_context* g = nullptr;
+  ggml_context* data = nullptr;
+  explicit gguf_file(const std::string& path) {
+    gguf_init_params p{};
+    p.no_alloc = false;
+    p.ctx = &data;
+    g = gguf_init_from_file(path.c_str(), p);
+    REQUIRE_MESSAGE(g != nullptr, "gguf_init_from_file failed on " << path);
+  }
+  ~gguf_file() {
+    if (data) ggml_free(data);
+    if (g) gguf_free(g);
+  }
+  gguf_file(const gguf_file&) = delete;
+  gguf_file& operator=(const gguf_file&) = delete;
+};
+
+/// A GGUF file loaded memory-mapped, without repacked (copied) expert
+/// buffers: the expert tensors' data are the file's bytes.
+inline mre::model_ptr load_mmap(const std::string& path) {
+  llama_model_params mp = llama_model_default_params();
+  mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+  mp.use_extra_bufts = false;
+  mre::model_ptr m(llama_model_load_from_file(path.c_str(), mp));
+  REQUIRE_MESSAGE(m != nullptr, "llama_model_load_from_file failed on " << path);
+  return m;
+}
+
+/// The set-up most observer tests share: a model (a random one, or one
+/// loaded), an observer (with `sink`, if given) installed on `cp`, and a
+/// context made from it. Members are destroyed context first, as the tests'
+/// locals were.
 struct observed_model {
   mre::model_ptr model;
   mrl::observer obs;
@@ -111,7 +168,10 @@ struct observed_model {
 
   explicit observed_model(const mre::random_model_spec& spec, mrl::observer_sink* sink = nullptr,
                           llama_context_params cp = test_context_params())
-      : model(mre::make_random_model(spec)), obs(model.get()) {
+      : observed_model((llama_init_once(), mre::make_random_model(spec)), sink, cp) {}
+  explicit observed_model(mre::model_ptr loaded, mrl::observer_sink* sink = nullptr,
+                          llama_context_params cp = test_context_params())
+      : model(std::move(loaded)), obs(model.get()) {
     if (sink) obs.set_sink(sink);
     obs.install(cp);
     ctx = make_context(model.get(), cp);
@@ -121,13 +181,24 @@ struct observed_model {
   run_result run(std::size_t n_prompt, std::size_t n_decode, std::uint64_t seed = 7) {
     return run_tokens(ctx.get(), model.get(), n_prompt, n_decode, seed);
   }
-  /// One token, so the observer learns the graph's structure; then start
-  /// afresh (memory cleared, position 0).
-  void warm_up() {
-    run(1, 0);
+  /// Start afresh: memory cleared, the observer's position 0.
+  void restart() {
     llama_memory_clear(llama_get_memory(ctx.get()), true);
     obs.set_position(0);
   }
+  /// One token, so the observer learns the graph's structure; then restart.
+  void warm_up() {
+    run(1, 0);
+    restart();
+  }
+};
+
+/// A random model saved to a temporary GGUF, loaded back memory-mapped
+/// (load_mmap) and observed: what the residency and file tests run on.
+struct mapped_model : temp_model, observed_model {
+  mapped_model(const std::string& stem, const mre::random_model_spec& spec,
+               llama_context_params cp = test_context_params())
+      : temp_model(stem, spec), observed_model(load_mmap(path), nullptr, cp) {}
 };
 
 inline mre::random_model_spec spec_for(const std::string& arch, ggml_type router) {
@@ -150,5 +221,20 @@ inline mre::random_model_spec spec_for(const std::string& arch, ggml_type router
 }
 
 inline const char* type_name(ggml_type t) { return ggml_type_name(t); }
+
+/// For qwen3moe, deepseek2 and gpt-oss (each CAPTUREd as `config`): a random
+/// model with `router` routers, its observer warmed up (it knows the graph's
+/// structure, and the run starts afresh), handed to `body(om, config)`.
+template <class Body>
+void for_each_warm_arch(ggml_type router, Body&& body) {
+  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
+    const std::string config = arch;
+    CAPTURE(config);
+    observed_model om(spec_for(arch, router));
+    om.warm_up();  // learn the structure, then start afresh
+    REQUIRE(om.obs.structure_known());
+    body(om, config);
+  }
+}
 
 }  // namespace moe_residency_test

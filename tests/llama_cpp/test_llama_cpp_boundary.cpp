@@ -205,6 +205,32 @@ struct fixture {
   }
 };
 
+/// One graph of one token per layer in which layer 1 lost the nodes `remove`
+/// clears, driven through the fixture's observer.
+template <class Remove>
+void drive_without(fixture& f, Remove remove) {
+  hand_graph g;
+  g.add_all(1);
+  remove(g.layers[1]);  // not shown to the observer
+  drive(g, *f.obs);
+}
+
+/// A session in count mode on the fixture's structure, fed by a session_sink
+/// that is now the observer's sink.
+struct counting_session {
+  standard_session s;
+  mrl::session_sink<standard_session> sink;
+  static session_options counting() {
+    session_options so;
+    so.on_anomaly = anomaly_action::count;
+    return so;
+  }
+  explicit counting_session(fixture& f) : s(f.obs->shape(), counting()), sink(s) {
+    mrl::configure_routers(s, *f.obs);
+    f.obs->set_sink(&sink);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("llama.cpp boundary: a hand-built graph is read exactly, positions continue across graphs") {
@@ -229,32 +255,19 @@ TEST_CASE("llama.cpp boundary: a hand-built graph is read exactly, positions con
 TEST_CASE("llama.cpp boundary: missing nodes skip only their layer") {
   fixture f;
   SUBCASE("no ffn_moe_weights* node: the layer is counted unreadable (it dereferenced null)") {
-    hand_graph g;
-    g.add_all(1);
-    g.layers[1].weights = nullptr;  // not shown to the observer
-    g.layers[1].weights_norm = nullptr;
-    drive(g, *f.obs);
+    drive_without(f, [](layer_nodes& n) { n.weights = n.weights_norm = nullptr; });
     CHECK(f.obs->stats().unreadable == 1);
   }
   SUBCASE("no ffn_moe_logits node: the layer never routed in this graph") {
-    hand_graph g;
-    g.add_all(1);
-    g.layers[1].logits = nullptr;
-    drive(g, *f.obs);
+    drive_without(f, [](layer_nodes& n) { n.logits = nullptr; });
     CHECK(f.obs->stats().unreadable == 1);
   }
   SUBCASE("no ffn_moe_topk node: the expert matmul is not build_moe_ffn's and is ignored") {
-    hand_graph g;
-    g.add_all(1);
-    g.layers[1].topk = nullptr;
-    drive(g, *f.obs);
+    drive_without(f, [](layer_nodes& n) { n.topk = nullptr; });
     CHECK(f.obs->stats().unreadable == 0);
   }
   SUBCASE("no expert matmul: nothing to trigger the layer's data") {
-    hand_graph g;
-    g.add_all(1);
-    g.layers[1].up = nullptr;
-    drive(g, *f.obs);
+    drive_without(f, [](layer_nodes& n) { n.up = nullptr; });
     CHECK(f.obs->stats().unreadable == 0);
   }
   CHECK(f.obs->stats().exceptions == 0);
@@ -345,12 +358,8 @@ TEST_CASE("llama.cpp boundary: a decode layer with fewer rows than its batch is 
   // session_sink refuses a decode layer with fewer rows (and counts it); a
   // prefill one goes to the session with its own rows.
   f.obs->set_phase(run_phase::decode);
-  session_options so;
-  so.on_anomaly = anomaly_action::count;
-  standard_session s(f.obs->shape(), so);
-  mrl::configure_routers(s, *f.obs);
-  mrl::session_sink<standard_session> ss(s);
-  f.obs->set_sink(&ss);
+  counting_session cs(f);
+  const mrl::session_sink<standard_session>& ss = cs.sink;
   hand_graph h;
   for (int il = 0; il < n_layer; ++il) h.add(il, il == n_layer - 1 ? 1 : 4);
   drive(h, *f.obs);
@@ -361,12 +370,9 @@ TEST_CASE("llama.cpp boundary: a decode layer with fewer rows than its batch is 
 
 TEST_CASE("llama.cpp boundary: ids out of range reach the sink, and session_sink counts the layer") {
   fixture f;
-  session_options so;
-  so.on_anomaly = anomaly_action::count;
-  standard_session s(f.obs->shape(), so);
-  mrl::configure_routers(s, *f.obs);
-  mrl::session_sink<standard_session> ss(s);
-  f.obs->set_sink(&ss);
+  counting_session cs(f);
+  const standard_session& s = cs.s;
+  const mrl::session_sink<standard_session>& ss = cs.sink;
   hand_graph g;
   g.add_all(1);
   static_cast<std::int32_t*>(g.layers[1].argsort->data)[3] = n_expert;  // one past the last expert

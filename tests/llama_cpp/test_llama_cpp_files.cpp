@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -20,42 +21,19 @@
 using namespace moe_residency;
 using namespace moe_residency_test;
 
-namespace {
-
-struct temp_file {
-  std::string path;
-  explicit temp_file(const std::string& stem)
-      : path("moe_residency_" + stem + "_" + std::to_string(::getpid()) + ".gguf") {}
-  ~temp_file() { std::remove(path.c_str()); }
-};
-
-}  // namespace
-
 TEST_CASE("llama.cpp adapter: the read callback reads exactly expert e of layer l") {
   llama_init_once();
   for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
     const std::string config = arch;
     CAPTURE(config);
-    temp_file file(arch);
-    {
-      auto built = mre::make_random_model(spec_for(arch, GGML_TYPE_F16));
-      llama_model_save_to_file(built.get(), file.path.c_str());
-    }
-    llama_model_params mp = llama_model_default_params();
-    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
-    mp.use_extra_bufts = false;
-    mre::model_ptr model(llama_model_load_from_file(file.path.c_str(), mp));
-    REQUIRE(model != nullptr);
-
-    mrl::observer obs(model.get());
-    auto cp = test_context_params();
-    obs.install(cp);
-    auto ctx = make_context(model.get(), cp);
-    run_tokens(ctx.get(), model.get(), 4, 1);
+    mapped_model m(arch, spec_for(arch, GGML_TYPE_F16));
+    m.run(4, 1);
+    const mrl::observer& obs = m.obs;
+    const std::string& path = m.path;
     REQUIRE(obs.structure_known());
 
-    const mrl::gguf_expert_map map(file.path, obs);
-    const mrl::gguf_expert_map by_name = mrl::gguf_expert_map::by_name(file.path);
+    const mrl::gguf_expert_map map(path, obs);
+    const mrl::gguf_expert_map by_name = mrl::gguf_expert_map::by_name(path);
     mrl::gguf_expert_reader reader(map);
     std::size_t compared = 0;
     for (std::size_t l = 0; l < obs.n_layer(); ++l) {
@@ -104,19 +82,13 @@ TEST_CASE("llama.cpp adapter: the read callback reads exactly expert e of layer 
     CHECK(advise.read(layer_id(1), expert_id(3)));
     CHECK(advise.bytes_read() == map.expert_bytes(layer_id(1)));
 
-    const auto dense = mrl::gguf_dense_bytes(file.path, map, obs.n_layer());
+    const auto dense = mrl::gguf_dense_bytes(path, map, obs.n_layer());
     for (std::size_t l = 0; l < obs.n_layer(); ++l) CHECK(dense[l] > 0);  // norms, attention, router
   }
 }
 
 TEST_CASE("llama.cpp adapter: the recorded route trace replays to the recorder's cache counters") {
-  llama_init_once();
-  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
-    const std::string config = arch;
-    CAPTURE(config);
-    observed_model om(spec_for(arch, GGML_TYPE_F32));
-        om.warm_up();  // learn the structure, then start afresh
-    REQUIRE(om.obs.structure_known());
+  for_each_warm_arch(GGML_TYPE_F32, [](observed_model& om, const std::string& config) {
     const model_shape shape = om.obs.shape();
     const double cycle_mib = to_mib(token_cycle_bytes(shape));
     for (double budget_mib : {cycle_mib * 1.5, cycle_mib * 4}) {
@@ -130,8 +102,7 @@ TEST_CASE("llama.cpp adapter: the recorded route trace replays to the recorder's
       om.obs.set_sink(&sink);
       om.run(20, 64);
       om.obs.set_sink(nullptr);
-      llama_memory_clear(llama_get_memory(om.ctx.get()), true);
-      om.obs.set_position(0);
+      om.restart();
 
       CHECK(s.anomalies().total() == 0);
       const prediction_report r = s.report();
@@ -156,5 +127,44 @@ TEST_CASE("llama.cpp adapter: the recorded route trace replays to the recorder's
       CHECK(rr.stats.all.evictions == live.all.evictions);
       CHECK(live.decode.hits > 0);
     }
+  });
+}
+
+TEST_CASE("llama.cpp adapter: a general.name of 300 bytes reaches the recorded trace whole, CSV and binary") {
+  // Issue 11: the observer read GGUF metadata into a 256-byte buffer, so a
+  // longer model name was cut at 255 bytes without a word.
+  std::string name = "Qwen3 30B A3B, a name longer than 255 bytes:";
+  while (name.size() < 300) name += static_cast<char>('a' + name.size() % 26);
+  temp_model saved("long_name_saved", spec_for("qwen3moe", GGML_TYPE_F32));
+  temp_file renamed("long_name");
+  {
+    // The saved file again, with its key/values and tensors, but the long name.
+    gguf_file f(saved.path);
+    const std::unique_ptr<gguf_context, void (*)(gguf_context*)> out(gguf_init_empty(), gguf_free);
+    gguf_set_kv(out.get(), f.g);
+    gguf_set_val_str(out.get(), "general.name", name.c_str());
+    for (std::int64_t i = 0; i < gguf_get_n_tensors(f.g); ++i)
+      gguf_add_tensor(out.get(), ggml_get_tensor(f.data, gguf_get_tensor_name(f.g, i)));
+    REQUIRE(gguf_write_to_file(out.get(), renamed.path.c_str(), false));
   }
+  observed_model om(load_mmap(renamed.path));
+  CHECK(om.obs.model_name().size() == 300);
+  CHECK(om.obs.model_name() == name);
+  om.warm_up();
+  const model_shape shape = om.obs.shape();
+  mrl::route_recorder<lru_policy> rec(shape, 0);
+  rec.describe(om.obs.model_name(), om.obs.arch(), std::vector<std::uint64_t>(shape.n_layers(), 0));
+  om.obs.set_sink(&rec);
+  om.run(4, 2);
+  om.obs.set_sink(nullptr);
+  REQUIRE(!rec.trace().rows.empty());
+  std::ostringstream csv, bin;
+  write_route_trace_csv(rec.trace(), csv);
+  write_route_trace_binary(rec.trace(), bin);
+  const route_trace from_csv = parse_route_trace_csv(csv.str(), "recorded.csv");
+  const route_trace from_bin = parse_route_trace_binary(bin.str(), "recorded.bin");
+  CHECK(from_csv.header.model == name);
+  CHECK(from_bin.header.model == name);
+  CHECK(from_bin.header.arch == "qwen3moe");
+  CHECK(from_bin.rows.size() == rec.trace().rows.size());
 }

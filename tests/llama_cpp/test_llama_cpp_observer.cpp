@@ -272,15 +272,9 @@ struct delivered_tokens : mrl::observer_sink {
 }  // namespace
 
 TEST_CASE("llama.cpp observer: session_sink forwards the last prompt layer's output rows") {
-  llama_init_once();
   using tracing_session =
       session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>, routed_tokens>;
-  for (const char* arch : {"qwen3moe", "deepseek2", "gpt-oss"}) {
-    const std::string config = arch;
-    CAPTURE(config);
-    observed_model om(spec_for(arch, GGML_TYPE_F32));
-    om.warm_up();  // learn the structure, then start afresh
-    REQUIRE(om.obs.structure_known());
+  for_each_warm_arch(GGML_TYPE_F32, [](observed_model& om, const std::string& config) {
     const model_shape shape = om.obs.shape();
 
     session_options so;
@@ -307,7 +301,7 @@ TEST_CASE("llama.cpp observer: session_sink forwards the last prompt layer's out
     while (!shape.is_moe(layer_id(static_cast<std::uint16_t>(last_moe)))) --last_moe;
     const auto& prefill_last =
         s.extension<0>().tokens[{static_cast<int>(run_phase::prefill), static_cast<std::uint16_t>(last_moe)}];
-    if (std::string(arch) == "gpt-oss") {
+    if (config == "gpt-oss") {
       // gpt-oss's graph keeps every row through its last MoE layer.
       CHECK(sink.partial_layers() == 0);
       CHECK(prefill_last.size() == n_prompt);
@@ -328,7 +322,7 @@ TEST_CASE("llama.cpp observer: session_sink forwards the last prompt layer's out
     REQUIRE(ctrl < r.predictors.size());
     CHECK(r.totals[ctrl].slots > 0);
     CHECK(r.totals[ctrl].slot_hits == r.totals[ctrl].slots);  // control 100.0%
-  }
+  });
 }
 
 TEST_CASE("llama.cpp observer: attaching changes no logit; detaching stops the events") {

@@ -19,31 +19,6 @@ using namespace moe_residency_test;
 
 namespace {
 
-struct temp_file {
-  std::string path;
-  explicit temp_file(const std::string& stem)
-      : path("moe_residency_" + stem + "_" + std::to_string(::getpid()) + ".gguf") {}
-  ~temp_file() { std::remove(path.c_str()); }
-};
-
-struct gguf_file {
-  gguf_context* g = nullptr;
-  ggml_context* data = nullptr;
-  explicit gguf_file(const std::string& path) {
-    gguf_init_params p{};
-    p.no_alloc = false;
-    p.ctx = &data;
-    g = gguf_init_from_file(path.c_str(), p);
-    REQUIRE_MESSAGE(g != nullptr, "gguf_init_from_file failed on " << path);
-  }
-  ~gguf_file() {
-    if (data) ggml_free(data);
-    if (g) gguf_free(g);
-  }
-  gguf_file(const gguf_file&) = delete;
-  gguf_file& operator=(const gguf_file&) = delete;
-};
-
 mre::random_model_spec small_spec(const std::string& arch, ggml_type experts) {
   mre::random_model_spec s = spec_for(arch, arch == "deepseek2" ? GGML_TYPE_BF16 : GGML_TYPE_F32);
   s.n_layer = 3;
@@ -98,11 +73,7 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
     CHECK(experts_seen == expected);
 
     // The streamed file runs through mmap to the in-memory model's logits, bit for bit.
-    llama_model_params mp = llama_model_default_params();
-    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
-    mp.use_extra_bufts = false;
-    mre::model_ptr loaded(llama_model_load_from_file(streamed.path.c_str(), mp));
-    REQUIRE(loaded != nullptr);
+    mre::model_ptr loaded = load_mmap(streamed.path);
     auto c1 = make_context(built.get(), test_context_params());
     auto c2 = make_context(loaded.get(), test_context_params());
     const auto r1 = run_tokens(c1.get(), built.get(), 6, 4);

@@ -25,6 +25,7 @@
 #include <memory>
 #include <vector>
 
+#include "../source_text.hpp"
 #include "llama_support.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
 
@@ -32,25 +33,6 @@ using namespace moe_residency;
 using namespace moe_residency_test;
 
 namespace {
-
-struct temp_model {
-  std::string path;
-  explicit temp_model(const std::string& stem, mre::random_model_spec spec)
-      : path("moe_residency_res_" + stem + "_" + std::to_string(::getpid()) + ".gguf") {
-    auto built = mre::make_random_model(spec);
-    llama_model_save_to_file(built.get(), path.c_str());
-  }
-  ~temp_model() { std::remove(path.c_str()); }
-};
-
-mre::model_ptr load_mmap(const std::string& path) {
-  llama_model_params mp = llama_model_default_params();
-  mp.load_mode = LLAMA_LOAD_MODE_MMAP;
-  mp.use_extra_bufts = false;
-  mre::model_ptr m(llama_model_load_from_file(path.c_str(), mp));
-  REQUIRE(m != nullptr);
-  return m;
-}
 
 // A global order of events: advice calls and the ask phase of expert matmuls.
 std::uint64_t g_seq = 0;
@@ -242,16 +224,12 @@ mre::random_model_spec lab_spec() {
 }  // namespace
 
 TEST_CASE("mmap residency: exact reads request exactly the routed experts' ranges, before their matmuls") {
-  llama_init_once();
-  temp_model file("exact", lab_spec());
-  auto model = load_mmap(file.path);
-  mrl::observer obs(model.get());
   matmul_order order;
   auto cp = test_context_params();
-  cp.cb_eval = &matmul_order::cb;
+  cp.cb_eval = &matmul_order::cb;  // chained under the observer
   cp.cb_eval_user_data = &order;
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
+  mapped_model m("res_exact", lab_spec(), cp);
+  mrl::observer& obs = m.obs;
 
   fake_advice fake;
   fake.slow_reads = true;
@@ -259,7 +237,7 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
   o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
   o.exact = true;
   o.lanes = 2;
-  mrl::mmap_residency<> res(obs, file.path, o, &fake);
+  mrl::mmap_residency<> res(obs, m.path, o, &fake);
   checking_sink check;
   check.obs = &obs;
   check.fake = &fake;
@@ -268,7 +246,7 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
   front_sink front(res);
   obs.set_sink(&front);
 
-  run_tokens(ctx.get(), model.get(), 6, 12);
+  m.run(6, 12);
   REQUIRE(res.active());
   CHECK(res.status() == "");
   CHECK(check.layers_checked == 12 * 4);
@@ -312,15 +290,10 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
 }
 
 TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions, locks dense once") {
-  llama_init_once();
-  temp_model file("cache", lab_spec());
-  auto model = load_mmap(file.path);
-  mrl::observer obs(model.get());
-  auto cp = test_context_params();
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
+  mapped_model m("res_cache", lab_spec());
+  mrl::observer& obs = m.obs;
 
-  run_tokens(ctx.get(), model.get(), 2, 1);  // the structure
+  m.run(2, 1);  // the structure
   const std::uint64_t expert_bytes = obs.layers()[0].expert_bytes;
   for (std::size_t fail_every : {std::size_t{0}, std::size_t{5}}) {
     CAPTURE(fail_every);
@@ -332,7 +305,7 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     o.exact = true;
     o.cache = true;
     o.cache_budget_bytes = 24 * expert_bytes;  // 1.5 token cycles of 4 layers x 4
-    auto owner = std::make_unique<mrl::mmap_residency<>>(obs, file.path, o, &fake);
+    auto owner = std::make_unique<mrl::mmap_residency<>>(obs, m.path, o, &fake);
     mrl::mmap_residency<>& res = *owner;
     checking_sink check;
     check.obs = &obs;
@@ -340,9 +313,8 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     check.res = &res;
     res.set_next(&check);
     obs.set_sink(&res);
-    obs.set_position(0);
-    llama_memory_clear(llama_get_memory(ctx.get()), true);
-    run_tokens(ctx.get(), model.get(), 6, 16);
+    m.restart();
+    m.run(6, 16);
     obs.set_sink(nullptr);
 
     REQUIRE(res.active());
@@ -366,8 +338,8 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     CHECK(st.pinned_peak_bytes <= res.budget_bytes());
 
     // Dense: each non-expert tensor's pages locked by exactly one call.
-    const auto g = mrl::detail::open_gguf(file.path, "test");
-    const mrl::gguf_expert_map map(file.path, obs);
+    const auto g = mrl::detail::open_gguf(m.path, "test");
+    const mrl::gguf_expert_map map(m.path, obs);
     const auto* base = static_cast<const unsigned char*>(obs.layers()[0].experts[0].tensor->data) -
                        map.ranges(layer_id(0))[0].offset;
     std::map<std::pair<std::uintptr_t, std::size_t>, int> dense;
@@ -397,13 +369,8 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
 }
 
 TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
-  llama_init_once();
-  temp_model file("pred", lab_spec());
-  auto model = load_mmap(file.path);
-  mrl::observer obs(model.get());
-  auto cp = test_context_params();
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
+  mapped_model m("res_pred", lab_spec());
+  mrl::observer& obs = m.obs;
   std::vector<std::uint64_t> hit_share;
   for (double degrade : {0.0, 1.0}) {
     CAPTURE(degrade);
@@ -413,11 +380,10 @@ TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
     o.predicted = true;
     o.spec_cap = 2;
     o.degrade = degrade;
-    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    mrl::mmap_residency<> res(obs, m.path, o, &fake);
     obs.set_sink(&res);
-    obs.set_position(0);
-    llama_memory_clear(llama_get_memory(ctx.get()), true);
-    run_tokens(ctx.get(), model.get(), 6, 16);
+    m.restart();
+    m.run(6, 16);
     obs.set_sink(nullptr);
     const auto st = res.stats();
     // 3 of 4 layers have a next MoE layer; 16 decode tokens.
@@ -432,13 +398,8 @@ TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
 }
 
 TEST_CASE("mmap residency: refusals name the figures") {
-  llama_init_once();
-  temp_model file("refuse", lab_spec());
-  auto model = load_mmap(file.path);
-  mrl::observer obs(model.get());
-  auto cp = test_context_params();
-  obs.install(cp);
-  auto ctx = make_context(model.get(), cp);
+  mapped_model m("res_refuse", lab_spec());
+  mrl::observer& obs = m.obs;
 
   {
     fake_advice fake;
@@ -446,10 +407,10 @@ TEST_CASE("mmap residency: refusals name the figures") {
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.cache = true;
     o.cache_budget_bytes = 64ull << 20;
-    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    mrl::mmap_residency<> res(obs, m.path, o, &fake);
     CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("evaluate one batch first"), error);
   }
-  run_tokens(ctx.get(), model.get(), 4, 1);
+  m.run(4, 1);
   {
     fake_advice fake;
     fake.limit = 1 << 20;  // 1 MiB of RLIMIT_MEMLOCK
@@ -457,21 +418,21 @@ TEST_CASE("mmap residency: refusals name the figures") {
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.cache = true;
     o.cache_budget_bytes = 64ull << 20;
-    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    mrl::mmap_residency<> res(obs, m.path, o, &fake);
     CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("RLIMIT_MEMLOCK is 1.0 MiB"), error);
   }
   {
     mrl::residency_options o;
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.horizon = 3;
-    CHECK_THROWS_WITH_AS(mrl::mmap_residency<>(obs, file.path, o), doctest::Contains("horizon 3; expected 1 or 2"),
+    CHECK_THROWS_WITH_AS(mrl::mmap_residency<>(obs, m.path, o), doctest::Contains("horizon 3; expected 1 or 2"),
                          error);
   }
   {
     // A model that is not memory-mapped: nothing to manage, said in words.
     llama_model_params mp = llama_model_default_params();
     mp.load_mode = LLAMA_LOAD_MODE_NONE;
-    mre::model_ptr copy(llama_model_load_from_file(file.path.c_str(), mp));
+    mre::model_ptr copy(llama_model_load_from_file(m.path.c_str(), mp));
     REQUIRE(copy != nullptr);
     mrl::observer obs2(copy.get());
     auto cp2 = test_context_params();
@@ -482,7 +443,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
     mrl::residency_options o;
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.exact = true;
-    mrl::mmap_residency<> res(obs2, file.path, o, &fake);
+    mrl::mmap_residency<> res(obs2, m.path, o, &fake);
     CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("is not at its file offset"), error);
   }
   {
@@ -494,7 +455,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.pin_dense = o.exact = o.cache = true;
     o.cache_budget_bytes = 64ull << 20;
-    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    mrl::mmap_residency<> res(obs, m.path, o, &fake);
     CHECK_THROWS_AS(res.activate(), error);
     CHECK(fake.calls().empty());
     CHECK(!res.active());
@@ -542,7 +503,7 @@ TEST_CASE("mmap residency: the memory limit is the tightest over the cgroup and 
 
 TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits bit-identical") {
   llama_init_once();
-  temp_model file("logits", lab_spec());
+  temp_model file("res_logits", lab_spec());
   auto model = load_mmap(file.path);
   auto cp = test_context_params();
   std::vector<float> plain;
@@ -583,38 +544,31 @@ TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits
   }
 }
 
-namespace {
-// docs/llama-cpp-residency.md, block 1 — keep in sync (the test below compares)
-const char* const doc_block = R"doc(#include "moe_residency/adapters/llama_cpp/residency.hpp"
-namespace mrl = moe_residency::llama_cpp;
-
-llama_model_params mp = llama_model_default_params();
-mp.load_mode = LLAMA_LOAD_MODE_MMAP;  // the experts stay in the file mapping
-mp.use_extra_bufts = false;           // no repacked (copied) quantised experts
-llama_model* model = llama_model_load_from_file(path, mp);
-mrl::observer obs(model);
-llama_context_params cp = llama_context_default_params();
-obs.install(cp);
-llama_context* ctx = llama_init_from_model(model, cp);
-mrl::residency_options o;
-o.pin_dense = o.exact = o.predicted = o.cache = true;  // cache budget 0: sized from the memory limit
-mrl::mmap_residency<> res(obs, path, o);
-obs.set_sink(&res);  // the first graph teaches the structure; from the next one it acts
-)doc";
-}  // namespace
-
 TEST_CASE("docs/llama-cpp-residency.md: the block is this test's code, and it runs") {
-  std::ifstream doc(std::string(MOE_RESIDENCY_SOURCE_DIR) + "/docs/llama-cpp-residency.md");
-  std::ostringstream read;
-  read << doc.rdbuf();
-  const std::string text = read.str();
-  const auto at = text.find("```cpp\n");
-  REQUIRE(at != std::string::npos);
-  const auto end = text.find("```", at + 7);
-  CHECK(text.substr(at + 7, end - at - 7) == doc_block);
+  // The page's block is the code between the markers below (read from this
+  // file, so it is written once), after the include and namespace lines the
+  // suite has already.
+  const std::string root = MOE_RESIDENCY_SOURCE_DIR;
+  const std::string page = read_file(root + "/docs/llama-cpp-residency.md");
+  const std::string self = read_file(root + "/tests/llama_cpp/test_llama_cpp_residency.cpp");
+  REQUIRE(!page.empty());
+  REQUIRE(!self.empty());
+  const std::vector<std::string> in_docs = block_lines(page, "```cpp", "```");
+  const std::vector<std::string> in_test =
+      block_lines(self, "// docs/llama-cpp-residency.md, block 1, verbatim but for", "// end of the block");
+  REQUIRE(in_docs.size() > 5);
+  CHECK(in_docs[0] == "#include \"moe_residency/adapters/llama_cpp/residency.hpp\"");
+  CHECK(in_docs[1] == "namespace mrl = moe_residency::llama_cpp;");
+  CHECK(in_docs[2] == "");
+  const std::vector<std::string> code(in_docs.begin() + 3, in_docs.end());
+  CHECK(code.size() == in_test.size());
+  for (std::size_t i = 0; i < std::max(code.size(), in_test.size()); ++i) {
+    CAPTURE(i);
+    CHECK((i < code.size() ? code[i] : "<missing>") == (i < in_test.size() ? in_test[i] : "<missing>"));
+  }
 
   llama_init_once();
-  temp_model file("doc", lab_spec());
+  temp_model file("res_doc", lab_spec());
   const char* path = file.path.c_str();
   llama_model* keep_model = nullptr;
   llama_context* keep_ctx = nullptr;

@@ -110,6 +110,15 @@ struct trace_access {
   static validated_route_trace make(route_trace&& t) noexcept { return validated_route_trace(std::move(t)); }
 };
 
+/// A header string of `bytes` bytes against the binary form's 32-bit length:
+/// "" when it fits, else what is wrong (never cut to fit).
+inline std::string header_string_length_problem(const char* field, std::uint64_t bytes) {
+  constexpr std::uint64_t limit = 0xFFFFFFFFu;
+  if (bytes <= limit) return {};
+  return std::string(field) + " is " + std::to_string(bytes) + " bytes; expected at most " + std::to_string(limit) +
+         " (the binary form stores a 32-bit length)";
+}
+
 /// Header consistency shared by the parsers and the writers; "" when fine.
 inline std::string header_problem(const trace_header& h) {
   if (h.n_layer < 1 || h.n_layer > 65535)
@@ -127,6 +136,8 @@ inline std::string header_problem(const trace_header& h) {
   if (!h.layer_listed.empty() && h.layer_listed.size() != h.n_layer)
     return "layer_listed has " + std::to_string(h.layer_listed.size()) +
            " entries; expected 0 or n_layer (" + std::to_string(h.n_layer) + ")";
+  if (std::string p = header_string_length_problem("model", h.model.size()); !p.empty()) return p;
+  if (std::string p = header_string_length_problem("arch", h.arch.size()); !p.empty()) return p;
   if (h.arch.find_first_of(" \n\r") != std::string::npos)
     return "arch " + quote_field(h.arch) + " contains a space or line break";
   if (h.model.find_first_of("\n\r") != std::string::npos)

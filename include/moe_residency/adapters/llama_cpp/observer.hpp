@@ -73,8 +73,11 @@ class observer {
     appeared_.assign(n_layer_, false);
     unsupported_.assign(n_layer_, false);
   }
+  // Installed contexts call back with `this` as their user data: never copied or moved.
   observer(const observer&) = delete;
   observer& operator=(const observer&) = delete;
+  observer(observer&&) = delete;
+  observer& operator=(observer&&) = delete;
 
   /// Installs the observer as `p.cb_eval`, keeping any callback already
   /// there: in the ask phase the node is requested when either wants it; in

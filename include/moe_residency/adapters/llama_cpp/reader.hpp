@@ -53,8 +53,11 @@ class gguf_expert_reader {
     if (fd_ >= 0) ::close(fd_);
 #endif
   }
+  // callback() captures `this`: never copied or moved.
   gguf_expert_reader(const gguf_expert_reader&) = delete;
   gguf_expert_reader& operator=(const gguf_expert_reader&) = delete;
+  gguf_expert_reader(gguf_expert_reader&&) = delete;
+  gguf_expert_reader& operator=(gguf_expert_reader&&) = delete;
 
   /// Reads (or advises) every slice of expert e of layer l into the reader's
   /// buffer (see data()). False on an unknown layer or expert, an I/O error

@@ -129,8 +129,11 @@ class mmap_residency : public observer_sink {
     if (page_ == 0 || (page_ & (page_ - 1)) != 0)
       throw error("mmap_residency: page size " + std::to_string(page_) + "; expected a power of two");
   }
+  // Its cache's warning sink and its lanes' read callback capture `this`: never copied or moved.
   mmap_residency(const mmap_residency&) = delete;
   mmap_residency& operator=(const mmap_residency&) = delete;
+  mmap_residency(mmap_residency&&) = delete;
+  mmap_residency& operator=(mmap_residency&&) = delete;
 
   /// Stops the lanes and unlocks every page it locked.
   ~mmap_residency() override {

@@ -168,6 +168,8 @@ class route_recorder : public observer_sink {
   // The cache's warning sink captures `this`: never copied or moved.
   route_recorder(const route_recorder&) = delete;
   route_recorder& operator=(const route_recorder&) = delete;
+  route_recorder(route_recorder&&) = delete;
+  route_recorder& operator=(route_recorder&&) = delete;
 
   /// The trace header's model name, architecture and per-layer dense bytes.
   void describe(std::string model, std::string arch, std::vector<std::uint64_t> dense_bytes) {
