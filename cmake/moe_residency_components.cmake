@@ -35,6 +35,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/score.hpp
   moe_residency/plan.hpp
   moe_residency/replay/cells.hpp
+  moe_residency/replay/oracle_profile.hpp
   moe_residency/replay/static_drop.hpp
   moe_residency/router/spec.hpp
   moe_residency/router/select.hpp

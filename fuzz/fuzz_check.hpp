@@ -2,11 +2,13 @@
 // What every fuzz target shares: a check that aborts with a message (libFuzzer
 // saves the input that caused it), and the rules an error message must meet.
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace.hpp"
@@ -22,13 +24,34 @@ inline void check(bool ok, const char* what, const std::string& detail = {}) {
   if (!ok) fail(what, detail);
 }
 
-/// An error for people: not empty, names the input it is about, one line of
-/// text at most a few hundred characters longer than what it quotes.
-inline void check_message(const moe_residency::error& e, const char* source) {
+/// An error for people: not empty, names the input it is about, at most 4 KiB
+/// longer than what it may quote (`quoted`: the parsers of short files quote a
+/// whole line, which a fuzzer makes as long as its input).
+inline void check_message(const moe_residency::error& e, const char* source, std::size_t quoted = 0) {
   const std::string m = e.what();
   check(!m.empty(), "empty error message");
   check(m.find(source) != std::string::npos, "error message does not name the input", m);
-  check(m.size() < 4096, "error message longer than 4 KiB", m.substr(0, 200));
+  check(m.size() < 4096 + quoted, "error message more than 4 KiB longer than what it quotes", m.substr(0, 200));
+}
+
+/// Equal bit for bit (NaN equals the same NaN, -0 differs from +0).
+inline bool same_bits(double a, double b) {
+  std::uint64_t x, y;
+  std::memcpy(&x, &a, 8);
+  std::memcpy(&y, &b, 8);
+  return x == y;
+}
+
+inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a[i], b[i])) return false;
+  return true;
+}
+
+/// The fuzzer's bytes as text (NUL bytes included).
+inline std::string text_of(const std::uint8_t* data, std::size_t size) {
+  return std::string(reinterpret_cast<const char*>(data), size);
 }
 
 /// Row by row equality; weights compared by their bits (NaN included).

@@ -1,8 +1,11 @@
 // Writes the fuzz targets' seed corpora into the build tree at run time (never
 // into the repository): the unit tests' small valid trace and the heads of the
-// real traces (CSV and binary forms), and a few event streams for the session.
+// real traces (CSV and binary forms), and a few event streams for the session;
+// for the configuration and calibration files, the cases of the unit tests
+// (tests/test_timing*.cpp, tests/test_fuzz_regressions.cpp), the writers' output
+// and the heads of the real metrics and lanes files.
 //   moe_residency_fuzz_seeds TRACES_DIR OUT_DIR
-// OUT_DIR/{fuzz_trace_csv,fuzz_trace_binary,fuzz_session}/ receive the files.
+// OUT_DIR/<target>/ receive the files, one folder per target.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "moe_residency/replay.hpp"
+#include "moe_residency/timing.hpp"
+#include "moe_residency/timing/lab.hpp"
+#include "moe_residency/timing/lab_cells.hpp"
 #include "moe_residency/trace.hpp"
 
 namespace fs = std::filesystem;
@@ -64,6 +71,91 @@ std::string binary_of(const std::string& csv) {
   return s.str();
 }
 
+/// The first `lines` lines of `text`.
+std::string head_lines(const std::string& text, std::size_t lines) {
+  std::size_t pos = 0;
+  for (std::size_t i = 0; i < lines && pos != std::string::npos; ++i) {
+    pos = text.find('\n', pos);
+    if (pos != std::string::npos) ++pos;
+  }
+  return pos == std::string::npos ? text : text.substr(0, pos);
+}
+
+/// Seeds of the configuration and calibration files; returns how many.
+std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
+  std::size_t n = 0;
+  auto put = [&](const char* target, const std::string& name, const std::string& bytes) {
+    const fs::path d = out / target;
+    fs::create_directories(d);
+    write(d / name, bytes);
+    ++n;
+  };
+  auto real = [&](const char* name) { return fs::exists(traces / name) ? read(traces / name) : std::string(); };
+
+  // fuzz_timing_config: the writer's output (defaults and a tuned device), the
+  // unit tests' cases, and a curve_file naming the target's own lanes.csv.
+  timing_params tuned;
+  tuned.lanes = 4;
+  tuned.read_latency_ms = 1.25;
+  tuned.overlap = 0.3;
+  tuned.curve = storage_curve::parse_list("1:100,8:400");
+  put("fuzz_timing_config", "defaults.cfg", format_timing_config(timing_params{}));
+  put("fuzz_timing_config", "tuned.cfg", "# a device\n" + format_timing_config(tuned));
+  put("fuzz_timing_config", "unknown-key.cfg", "lanes = 2\nspeed = 3\n");
+  put("fuzz_timing_config", "overlap.cfg", "overlap = 1.5");
+  put("fuzz_timing_config", "lanes-two.cfg", "lanes = two");
+  put("fuzz_timing_config", "curve-file.cfg", "lanes = 2 # two\r\ncurve_file = lanes.csv\noverlap = 0.41\n");
+
+  // fuzz_storage_curve: the real lanes file, the unit test's, the default list.
+  if (const std::string lanes = real("flash-lanes.csv"); !lanes.empty()) put("fuzz_storage_curve", "flash-lanes.csv", lanes);
+  put("fuzz_storage_curve", "test.csv", "lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n");
+  put("fuzz_storage_curve", "default.list", storage_curve().to_list());
+  put("fuzz_storage_curve", "repeat.list", "1:100,1:200");
+
+  // fuzz_token_metrics: heads of the recorded metrics, the probe's columns, the tests' cases.
+  for (const char* name : {"qwen.metrics.csv", "gptoss.metrics.csv"}) {
+    const std::string m = real(name);
+    if (m.empty()) continue;
+    for (std::size_t lines : {2u, 5u, 33u}) put("fuzz_token_metrics", std::string(name) + "-" + std::to_string(lines), head_lines(m, lines));
+  }
+  put("fuzz_token_metrics", "probe.csv",
+      "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms\n"
+      "1,2,400.000,100.000,1048576,,300.000,12,100.000\n2,2,100.000,90.000,0,50.00,10.000,0,90.000\n");
+  put("fuzz_token_metrics", "comment.csv", "step,wall_ms,stall_ms\n1,10.5,2\n# summary\n2,11,3\n");
+  put("fuzz_token_metrics", "bad.csv", "step,wall_ms\n1,x\n");
+
+  // fuzz_oracle_profile: the first byte is the layer count - 1.
+  put("fuzz_oracle_profile", "plain-4", std::string(1, '\x03') + "0.9\n0.8\n0.7\n0.6\n");
+  put("fuzz_oracle_profile", "keyed-4", std::string(1, '\x03') + "layer,P\n3,0.6\n1,0.8\n0,0.9\n2,0.7\n");
+  std::string zero = std::string(1, '\x23') + "# P per layer for gpt-oss-120b (36 layers)\n";
+  for (int l = 0; l < 36; ++l) zero += std::to_string(l) + ",0\n";
+  put("fuzz_oracle_profile", "zero-36", zero);
+
+  // fuzz_lab_cells: what scripts/memlab-predict.sh writes, every configuration at two ratios.
+  std::vector<lab_cell> cells;
+  for (const char* ratio : {"1.5", "2.5"})
+    for (const char* c : {"mmap", "observer", "dense", "exact", "predicted", "cache", "all", "degraded", "resident"}) {
+      lab_cell x;
+      x.ratio = ratio;
+      x.config = parse_lab_config(c);
+      x.limit_mib = x.config == lab_config::resident ? 0 : (ratio[0] == '1' ? 939 : 563);
+      x.budget_mib = x.limit_mib / 4;
+      x.stale_gate_pct = 87.1;
+      x.metrics = x.config == lab_config::degraded ? "" : std::string("/runs/r") + ratio + "-" + c + ".metrics.csv";
+      cells.push_back(x);
+    }
+  put("fuzz_lab_cells", "memlab.csv", format_lab_cells(cells));
+  put("fuzz_lab_cells", "short.csv", "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,exact,563,141,87.1,m.csv\n2.5,mmap,563,141,87.1\n");
+
+  // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration).
+  for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic"})
+    put("fuzz_cli_specs", std::string("speculate-") + s, std::string(1, '\0') + s);
+  for (const std::string& p : replay_policy_names())
+    for (const char* suffix : {"", "+prev", "+oracle"}) put("fuzz_cli_specs", "policy-" + p + suffix, "\x01" + p + suffix);
+  for (const char* c : {"exact", "resident", "resident-all"}) put("fuzz_cli_specs", std::string("lab-") + c, std::string("\x02") + c);
+  return n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,7 +196,14 @@ int main(int argc, char** argv) {
     for (int j = 0; j < 64 * (i + 1); ++j) bytes.push_back(static_cast<char>((j * 37 + i * 11) & 0xff));
     write(ses / ("pattern-" + std::to_string(i)), bytes);
   }
-  std::printf("moe_residency_fuzz_seeds: %zu trace seeds (CSV and binary), 8 event streams in %s\n", n,
-              out.string().c_str());
+  std::size_t configs = 0;
+  try {
+    configs = write_config_seeds(traces, out);
+  } catch (const error& e) {
+    std::fprintf(stderr, "moe_residency_fuzz_seeds: %s\n", e.what());
+    return 1;
+  }
+  std::printf("moe_residency_fuzz_seeds: %zu trace seeds (CSV and binary), 8 event streams, %zu configuration seeds in %s\n",
+              n, configs, out.string().c_str());
   return 0;
 }

@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for a bounded time:
 #   scripts/fuzz.sh TARGET SECONDS      TARGET: fuzz_trace_csv, fuzz_trace_binary, fuzz_session,
+#                                       fuzz_timing_config, fuzz_token_metrics, fuzz_storage_curve,
+#                                       fuzz_oracle_profile, fuzz_lab_cells, fuzz_cli_specs,
 #                                       fuzz_gguf_expert_map (needs llama.cpp, below), or all
+# MOE_RESIDENCY_FUZZ_JOBS=N runs N targets at once (default 1; CI runs 2, one per core).
+# MOE_RESIDENCY_FUZZ_SMALL_SECONDS=S gives the small configuration parsers (the targets
+# from fuzz_timing_config to fuzz_cli_specs above) S seconds each in `all` instead of SECONDS.
 # Builds the targets with clang (-fsanitize=fuzzer,address,undefined) in build/fuzz,
 # writes the seed corpora there (from $MOE_RESIDENCY_TRACES or ../shared/traces and
 # the unit tests' small trace), keeps the growing corpus in build/fuzz/corpus/TARGET,
@@ -13,6 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+targets_small=(fuzz_timing_config fuzz_token_metrics fuzz_storage_curve fuzz_oracle_profile fuzz_lab_cells
+               fuzz_cli_specs)
 targets_all=(fuzz_trace_csv fuzz_trace_binary fuzz_session)
 llama_prefix="${MOE_RESIDENCY_LLAMA_CPP_PREFIX:-}"
 llama_flags=(-DMOE_RESIDENCY_BUILD_LLAMA_CPP=OFF)
@@ -20,8 +27,17 @@ if [[ -n "$llama_prefix" ]]; then
   targets_all+=(fuzz_gguf_expert_map)
   llama_flags=(-DMOE_RESIDENCY_BUILD_LLAMA_CPP=ON -DCMAKE_PREFIX_PATH="$llama_prefix")
 fi
+# The long targets first, so that with two jobs the short ones pair up at the end.
+targets_all+=("${targets_small[@]}")
 target="${1:-}"
 seconds="${2:-60}"
+jobs="${MOE_RESIDENCY_FUZZ_JOBS:-1}"
+small_seconds="${MOE_RESIDENCY_FUZZ_SMALL_SECONDS:-$seconds}"
+if [[ ! "$jobs" =~ ^[1-9][0-9]*$ || ! "$small_seconds" =~ ^[0-9]+$ ]]; then
+  echo "scripts/fuzz.sh: MOE_RESIDENCY_FUZZ_JOBS '$jobs' (expected >= 1) or MOE_RESIDENCY_FUZZ_SMALL_SECONDS" \
+       "'$small_seconds' (expected seconds) is not a whole number" >&2
+  exit 2
+fi
 if [[ -z "$target" || ! "$seconds" =~ ^[0-9]+$ ]]; then
   echo "usage: scripts/fuzz.sh TARGET SECONDS   (TARGET: ${targets_all[*]} | all)" >&2
   exit 2
@@ -52,22 +68,47 @@ traces="${MOE_RESIDENCY_TRACES:-$(cd .. && pwd)/shared/traces}"
 "$build/fuzz/moe_residency_fuzz_seeds" "$traces" "$build/seeds" >/dev/null
 if [[ -n "$llama_prefix" ]]; then "$build/fuzz/moe_residency_fuzz_gguf_seeds" "$build/seeds" >/dev/null; fi
 
-status=0
-for t in "${targets[@]}"; do
-  corpus="$build/corpus/$t" findings="$build/findings/$t"
+# One target: its log in $build/TARGET.log, its time in fuzz-time.log; non-zero on a finding.
+run_target() {
+  local t="$1" secs="$2"
+  local corpus="$build/corpus/$t" findings="$build/findings/$t" start end rc=0
   mkdir -p "$corpus" "$findings"
-  echo "== fuzz: $t for ${seconds}s (corpus $corpus)"
-  start=$(date +%s) target_status=0
+  echo "== fuzz: $t for ${secs}s (corpus $corpus)"
+  # A target with fuzz/dict/TARGET.dict gets it and fuzz/dict/numbers.dict (the
+  # spellings strtod takes: inf, nan, hex, ...) as its libFuzzer dictionary.
+  local dict=()
+  if [[ -f "fuzz/dict/$t.dict" ]]; then
+    cat fuzz/dict/numbers.dict "fuzz/dict/$t.dict" >"$build/$t.dict"
+    dict=(-dict="$build/$t.dict")
+  fi
+  start=$(date +%s)
   # -max_len: the real-trace seeds are a few KiB; leave room to grow them.
-  if ! "$build/fuzz/$t" "$corpus" "$build/seeds/$t" -max_total_time="$seconds" -max_len=16384 \
-        -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$findings/" \
-        >"$build/$t.log" 2>&1; then
-    status=1 target_status=1
+  "$build/fuzz/$t" "$corpus" "$build/seeds/$t" "${dict[@]}" -max_total_time="$secs" -max_len=16384 \
+      -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$findings/" \
+      >"$build/$t.log" 2>&1 || rc=1
+  end=$(date +%s)
+  if ((rc)); then
     echo "scripts/fuzz.sh: $t found a failure; inputs in $findings, log $build/$t.log" >&2
     grep -E "ERROR|FUZZ CHECK FAILED|runtime error|uncaught|SUMMARY" "$build/$t.log" | head -20 >&2 || true
   fi
-  end=$(date +%s)
   grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$build/$t.log" | sed "s/^/  $t /" || true
-  echo "$(date -u +%FT%TZ) $t $((end - start))s status=$target_status" >>"$build/fuzz-time.log"
+  echo "$(date -u +%FT%TZ) $t $((end - start))s status=$rc" >>"$build/fuzz-time.log"
+  return "$rc"
+}
+
+status=0 running=0
+for t in "${targets[@]}"; do
+  secs="$seconds"
+  [[ "$target" == all && " ${targets_small[*]} " == *" $t "* ]] && secs="$small_seconds"
+  if ((running >= jobs)); then
+    wait -n || status=1
+    running=$((running - 1))
+  fi
+  run_target "$t" "$secs" &
+  running=$((running + 1))
+done
+while ((running > 0)); do
+  wait -n || status=1
+  running=$((running - 1))
 done
 exit "$status"

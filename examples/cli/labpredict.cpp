@@ -18,6 +18,7 @@
 #include "moe_residency/timing/calibrate.hpp"
 #include "moe_residency/timing/lab.hpp"
 #include "moe_residency/timing/lab_calibrate.hpp"
+#include "moe_residency/timing/lab_cells.hpp"
 
 namespace {
 
@@ -38,44 +39,24 @@ struct cell {
   std::string metrics;  // may be empty: a run that did not finish
 };
 
-/// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`.
+/// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`
+/// (timing/lab_cells.hpp parses it); the levers every cell shares come from the options.
 std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
-  std::stringstream in(moe_residency_cli::read_whole_file(path, "--cells"));
-  std::string line;
   std::vector<cell> out;
-  std::size_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.empty() || line[0] == '#' || line.rfind("ratio,", 0) == 0) continue;
-    std::vector<std::string> f;
-    std::stringstream ls(line);
-    for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
-    if (f.size() == 5) f.emplace_back();
-    if (f.size() != 6)
-      throw error("--cells: " + path + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) +
-                  " fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
+  for (const lab_cell& l : parse_lab_cells(moe_residency_cli::read_whole_file(path, "--cells"), "--cells: " + path)) {
     cell c;
-    c.ratio = f[0];
-    c.config = parse_lab_config(f[1]);
-    auto num = [&](const std::string& s, const char* col) {
-      char* end = nullptr;
-      const double v = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size() || !(v >= 0))
-        throw error("--cells: " + path + ": line " + std::to_string(n) + ", " + col + " '" + s +
-                    "'; expected a number >= 0");
-      return v;
-    };
-    c.setup.limit_mib = num(f[2], "limit_mib");
-    c.setup.budget_mib = num(f[3], "budget_mib");
-    c.setup.stale_gate_pct = num(f[4], "stale_gate_pct");
+    c.ratio = l.ratio;
+    c.config = l.config;
+    c.setup.limit_mib = l.limit_mib;
+    c.setup.budget_mib = l.budget_mib;
+    c.setup.stale_gate_pct = l.stale_gate_pct;
     c.setup.overhead_mib = a.overhead_mib;
     c.setup.readaround_mib = a.readaround_mib;
     c.setup.lanes = a.lanes;
     c.setup.spec_cap = a.spec_cap;
-    c.metrics = f[5];
+    c.metrics = l.metrics;
     out.push_back(c);
   }
-  if (out.empty()) throw error("--cells: " + path + ": no cells");
   return out;
 }
 

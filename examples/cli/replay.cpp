@@ -21,6 +21,7 @@
 
 #include "command.hpp"
 #include "moe_residency/replay.hpp"
+#include "moe_residency/replay/oracle_profile.hpp"
 
 extern char** environ;  // POSIX: the process environment, for posix_spawnp
 
@@ -138,44 +139,13 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   std::cerr << "moe-residency replay: wrote " << svg << "\n";
 }
 
-// One P per line, or `layer,P` lines (a header line and '#' comments are skipped);
-// every layer of the shape must be listed exactly once in the second form.
+// replay/oracle_profile.hpp has the two forms and their checks.
 std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_layers) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw error("--oracle-profile: cannot open '" + path + "'");
-  std::vector<double> by_line, by_layer(n_layers, -1.0);
-  bool keyed = false;
-  std::size_t line_no = 0;
-  for (std::string line; std::getline(f, line);) {
-    ++line_no;
-    if (line.empty() || line[0] == '#' || (line_no == 1 && line.find_first_of("0123456789") != 0)) continue;
-    const auto comma = line.find(',');
-    const std::string pv = comma == std::string::npos ? line : line.substr(comma + 1);
-    char* end = nullptr;
-    const double p = std::strtod(pv.c_str(), &end);
-    if (end == pv.c_str() || !(p >= 0 && p <= 1))
-      throw error("--oracle-profile: " + path + ": line " + std::to_string(line_no) + ": P '" + pv +
-                  "'; expected a probability in [0, 1]");
-    if (comma == std::string::npos) {
-      by_line.push_back(p);
-    } else {
-      keyed = true;
-      const long l = std::strtol(line.substr(0, comma).c_str(), nullptr, 10);
-      if (l < 0 || static_cast<std::size_t>(l) >= n_layers)
-        throw error("--oracle-profile: " + path + ": line " + std::to_string(line_no) + ": layer " +
-                    std::to_string(l) + " out of range [0, " + std::to_string(n_layers) + ")");
-      by_layer[static_cast<std::size_t>(l)] = p;
-    }
-  }
-  if (keyed) {
-    for (std::size_t l = 0; l < n_layers; ++l)
-      if (by_layer[l] < 0) throw error("--oracle-profile: " + path + ": layer " + std::to_string(l) + " has no P");
-    return by_layer;
-  }
-  if (by_line.size() != n_layers)
-    throw error("--oracle-profile: " + path + ": " + std::to_string(by_line.size()) + " values; expected " +
-                std::to_string(n_layers) + " (one P per layer)");
-  return by_line;
+  std::stringstream text;
+  text << f.rdbuf();
+  return parse_oracle_profile(text.str(), "--oracle-profile: " + path, n_layers);
 }
 
 // `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.

@@ -22,6 +22,7 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/replay/cells.hpp"
 #include "moe_residency/replay/dynamic.hpp"
+#include "moe_residency/replay/oracle_profile.hpp"
 #include "moe_residency/replay/static_drop.hpp"
 
 namespace moe_residency {

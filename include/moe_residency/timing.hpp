@@ -54,6 +54,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -129,8 +130,18 @@ class storage_curve {
       if (f.size() != cols.size())
         throw error(source + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) + " fields; expected " +
                     std::to_string(cols.size()));
-      pts.emplace_back(std::strtod(f[static_cast<std::size_t>(lanes_col)].c_str(), nullptr),
-                       std::strtod(f[static_cast<std::size_t>(bw_col)].c_str(), nullptr));
+      // Each field wholly a number: strtod alone would read "1:1809.9" as 1.
+      auto number = [&](std::ptrdiff_t col) {
+        const std::string& v = f[static_cast<std::size_t>(col)];
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || end != v.c_str() + v.size())
+          throw error(source + ": line " + std::to_string(n) + ", column " + cols[static_cast<std::size_t>(col)] +
+                      ": '" + v + "'; expected a number");
+        return x;
+      };
+      const double lanes = number(lanes_col);
+      pts.emplace_back(lanes, number(bw_col));
     }
     try {
       return storage_curve(std::move(pts));
@@ -146,12 +157,15 @@ class storage_curve {
       if (lanes <= points_[i].first) {
         const auto& a = points_[i - 1];
         const auto& b = points_[i];
-        return a.second + (b.second - a.second) * (lanes - a.first) / (b.first - a.first);
+        // Weighted, not a + (b - a)·t: that cancels to 0 at t = 1 when b is
+        // negligible next to a; this is b there and stays between a and b.
+        const double t = (lanes - a.first) / (b.first - a.first);
+        return (1 - t) * a.second + t * b.second;
       }
     return points_.back().second;
   }
   const std::vector<std::pair<double, double>>& points() const noexcept { return points_; }
-  /// "1:1809.9,2:2459.8,..." (parse_list's form).
+  /// "1:1809.9,2:2459.8,..." (parse_list's form, which reads it back exactly).
   std::string to_list() const {
     std::string s;
     for (const auto& p : points_) s += (s.empty() ? "" : ",") + fmt(p.first) + ":" + fmt(p.second);
@@ -159,9 +173,12 @@ class storage_curve {
   }
 
  private:
+  /// "%g" when it reads back as `v`, else 17 digits: to_list() must parse back
+  /// to the same points (two lanes "%g" prints alike would not even parse).
   static std::string fmt(double v) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%g", v);
+    if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
     return buf;
   }
   static std::vector<std::string> split(const std::string& line) {
@@ -219,13 +236,15 @@ struct timing_params {
   double read_ms(std::size_t d, std::uint64_t bytes) const noexcept {
     if (d == 0) return 0.0;
     const std::size_t full = (d - 1) / lanes;  // ⌈d/n⌉ − 1 full waves before the last one
-    return static_cast<double>(full) * wave_ms(lanes, bytes) + wave_ms(d - full * lanes, bytes);
+    // No full wave: 0, not 0 × an infinite wave (NaN) when the bandwidth underflows.
+    return (full ? static_cast<double>(full) * wave_ms(lanes, bytes) : 0.0) + wave_ms(d - full * lanes, bytes);
   }
   /// I/O time of those d reads: each read's duration summed (the engine's io_ms).
   double read_io_ms(std::size_t d, std::uint64_t bytes) const noexcept {
     if (d == 0) return 0.0;
     const std::size_t full = (d - 1) / lanes, last = d - full * lanes;
-    return static_cast<double>(full * lanes) * wave_ms(lanes, bytes) + static_cast<double>(last) * wave_ms(last, bytes);
+    return (full ? static_cast<double>(full * lanes) * wave_ms(lanes, bytes) : 0.0) +
+           static_cast<double>(last) * wave_ms(last, bytes);
   }
 };
 
@@ -306,13 +325,14 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
 
 /// The config-file form of `p` (parse_timing_config reads it back).
 inline std::string format_timing_config(const timing_params& p) {
+  // The curve apart: a long one would not fit a fixed buffer (it was cut at 512 bytes).
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "lanes = %zu\ncurve = %s\nread_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
+                "read_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
                 "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n",
-                p.lanes, p.curve.to_list().c_str(), p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token,
-                p.expert_compute_share, p.overlap, p.mgmt_ms_per_read, p.mgmt_ms_per_eviction);
-  return buf;
+                p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token, p.expert_compute_share, p.overlap,
+                p.mgmt_ms_per_read, p.mgmt_ms_per_eviction);
+  return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf;
 }
 
 /// One decode token as the model predicts it.
@@ -532,9 +552,9 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
         const std::string& s = f[static_cast<std::size_t>(idx[k])];
         char* end = nullptr;
         v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || !(v >= 0))
+        if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v))
           throw error(source + ": line " + std::to_string(n) + ", column " + cols[static_cast<std::size_t>(idx[k])] +
-                      ": '" + s + "'; expected a number >= 0");
+                      ": '" + s + "'; expected a finite number >= 0");
       }
       dst[k]->push_back(v);
     }

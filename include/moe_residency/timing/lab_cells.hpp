@@ -1,0 +1,110 @@
+#pragma once
+/// timing/lab_cells.hpp: the memory lab's cells file, which `moe-residency
+/// lab-predict --cells` reads and scripts/memlab-predict.sh writes: one CSV line
+/// per configuration × memory ratio of a scripts/memlab.sh run,
+///
+///   ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics
+///   2.5,exact,563,141,87.1,/runs/r2.5-exact.metrics.csv
+///
+/// A header line (`ratio,...`), '#' comments and empty lines are skipped; the
+/// metrics field may be empty or missing (a run that did not finish). Carriage
+/// returns at the end of a line are dropped ("\r\n" files). Standard library only.
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "moe_residency/error.hpp"
+#include "moe_residency/timing/lab.hpp"
+
+namespace moe_residency {
+
+/// One run of the lab as the cells file lists it.
+struct lab_cell {
+  std::string ratio;        ///< the memory ratio as written (model size / limit, e.g. "2.5"); --fit names it
+  lab_config config = lab_config::mmap;
+  double limit_mib = 0;       ///< the cgroup's memory limit, MiB (0: none, the resident run)
+  double budget_mib = 0;      ///< the pinned cache's budget, MiB
+  double stale_gate_pct = 0;  ///< the stale-gate's slot accuracy an observer run measured, percent [0, 100]
+  std::string metrics;        ///< the run's per-token metrics CSV; empty when the run did not finish
+};
+
+/// Parses a cells file. Throws `error` starting with `source` and naming the
+/// line, the field and its value and what was expected: a line without 5 or 6
+/// fields, an unknown configuration, an empty ratio, a number that is not a
+/// finite number >= 0 (a percentage above 100), a configuration listed twice at
+/// one ratio, or a file with no cells.
+inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std::string& source) {
+  std::vector<lab_cell> out;
+  std::vector<std::size_t> first_line;  // of each cell, for the duplicate message
+  std::size_t n = 0, pos = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++n;
+    while (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#' || line.rfind("ratio,", 0) == 0) continue;
+    const std::string where = source + ": line " + std::to_string(n);
+    std::vector<std::string> f;
+    for (std::size_t a = 0;;) {
+      const std::size_t comma = line.find(',', a);
+      f.push_back(line.substr(a, comma == std::string::npos ? std::string::npos : comma - a));
+      if (comma == std::string::npos) break;
+      a = comma + 1;
+    }
+    if (f.size() == 5) f.emplace_back();
+    if (f.size() != 6)
+      throw error(where + ": " + std::to_string(f.size()) +
+                  " fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
+    lab_cell c;
+    if (f[0].empty()) throw error(where + ": ratio ''; expected the run's memory ratio, e.g. 2.5");
+    c.ratio = f[0];
+    try {
+      c.config = parse_lab_config(f[1]);
+    } catch (const error& e) {
+      throw error(where + ", config: " + e.what());
+    }
+    auto number = [&](const std::string& s, const char* col, double max) {
+      char* end = nullptr;
+      const double v = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v) || v > max) {
+        char bound[64] = "";
+        if (std::isfinite(max)) std::snprintf(bound, sizeof bound, " and <= %g", max);
+        throw error(where + ", " + col + " '" + s + "'; expected a finite number >= 0" + bound);
+      }
+      return v;
+    };
+    const double none = HUGE_VAL;
+    c.limit_mib = number(f[2], "limit_mib", none);
+    c.budget_mib = number(f[3], "budget_mib", none);
+    c.stale_gate_pct = number(f[4], "stale_gate_pct", 100.0);
+    c.metrics = f[5];
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (out[i].config == c.config && out[i].ratio == c.ratio)
+        throw error(where + ": cell " + to_string(c.config) + "@" + c.ratio + " again (first on line " +
+                    std::to_string(first_line[i]) + "); expected each configuration once per ratio");
+    out.push_back(std::move(c));
+    first_line.push_back(n);
+  }
+  if (out.empty()) throw error(source + ": no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
+  return out;
+}
+
+/// The cells file of `cells` (a header line, then one line each; numbers with
+/// 17 significant digits), which parse_lab_cells reads back exactly.
+inline std::string format_lab_cells(const std::vector<lab_cell>& cells) {
+  std::string s = "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n";
+  char buf[128];
+  for (const lab_cell& c : cells) {
+    std::snprintf(buf, sizeof buf, ",%s,%.17g,%.17g,%.17g,", to_string(c.config), c.limit_mib, c.budget_mib,
+                  c.stale_gate_pct);
+    s += c.ratio + buf + c.metrics + "\n";
+  }
+  return s;
+}
+
+}  // namespace moe_residency

@@ -1,0 +1,42 @@
+// replay/oracle_profile.hpp: the per-layer oracle profile of `replay --speculate
+// oracle:P,FILE`. Its two forms, and an error naming the file, the line and the
+// value for each defect — including the ones the CLI's own reader let through
+// before it moved here (trailing text after P or the layer, a layer listed twice,
+// the two forms mixed: each silently gave a profile nobody wrote).
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "moe_residency/replay/oracle_profile.hpp"
+
+using namespace moe_residency;
+
+TEST_CASE("oracle profile: one P per line, or layer,P lines in any order") {
+  CHECK(parse_oracle_profile("0.9\n0.8\n0.5\n", "p.csv", 3) == std::vector<double>{0.9, 0.8, 0.5});
+  CHECK(parse_oracle_profile("# comment\nlayer,P\n2,0.5\r\n0, 0.9\n1,0.8\n", "p.csv", 3) ==
+        std::vector<double>{0.9, 0.8, 0.5});
+  CHECK(parse_oracle_profile("P\n1\n0\n", "p.csv", 2) == std::vector<double>{1.0, 0.0});
+}
+
+TEST_CASE("oracle profile: each defect is an error naming the file, the line and the value") {
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0.9\n1.5\n", "p.csv", 2),
+                       "p.csv: line 2: P '1.5'; expected a probability in [0, 1]", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0.9\n0.5x\n", "p.csv", 2),
+                       "p.csv: line 2: P '0.5x'; expected a probability in [0, 1]", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n1x,0.5\n", "p.csv", 2),
+                       "p.csv: line 2: layer '1x'; expected a whole number in [0, 2)", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n2,0.5\n", "p.csv", 2),
+                       "p.csv: line 2: layer '2'; expected a whole number in [0, 2)", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n0,0.5\n1,0.5\n", "p.csv", 2),
+                       "p.csv: line 2: layer 0 again (first on line 1); expected every layer once", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n0.5\n", "p.csv", 2),
+                       "p.csv: line 2: '0.5' without a layer; expected layer,P like line 1 (one form per file)", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0.9\n1,0.5\n", "p.csv", 2),
+                       "p.csv: line 2: '1,0.5' with a layer; expected one P per line like line 1 (one form per file)",
+                       error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n", "p.csv", 2), "p.csv: layer 1 has no P", error);
+  CHECK_THROWS_WITH_AS(parse_oracle_profile("0.9\n", "p.csv", 2), "p.csv: 1 values; expected 2 (one P per layer)",
+                       error);
+}
