@@ -532,6 +532,7 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
     CHECK(accepted > 0);          // harmless damage exists (a weight byte)
     CHECK(accepted < cases / 2);  // and most is caught
   }
+}
 
 TEST_CASE("header strings: a model name of any length round-trips whole; past the binary form's 32-bit length it is refused") {
   // Issue 11: the llama.cpp adapter read GGUF metadata into 256 bytes, so a model
