@@ -8,8 +8,8 @@
 ///   eval thread's CPU time. Under a memory limit that CPU time holds the
 ///   kernel's work for every page read — reclaim in the cgroup, page-cache
 ///   insertion, readahead submission — which grows with the bytes read
-///   (0.6–1.0 ms of eval-thread CPU per MiB in every limited lab cell,
-///   regressed per token; the resident run's CPU is its wall). The timing
+///   (in the quick lab on quiet cores: 0.6–1.5 ms of eval-thread CPU per MiB
+///   read beyond the resident run's, whose CPU is its wall). The timing
 ///   model counts that work as reading, not compute, so the probe's stall
 ///   column is not the model's stall and fitting it would force the model's
 ///   reads to be as short as the device's idle time.
