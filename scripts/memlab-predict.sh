@@ -43,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --budget) budget="${2:?--budget needs MiB or a share}"; shift ;;
     --free) free="${2:?--free needs a list}"; shift ;;
     --sweep) sweep=1 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
     *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
   esac
@@ -107,7 +107,7 @@ if [[ $sweep == 1 ]]; then
   echo "fit_cell,within_15,other_cells,median_abs_err_pct"
   tail -n +2 "$cells" | while IFS=, read -r r c _ _ _ m; do
     [[ -n "$m" ]] || continue
-    f="$c@$r"; [[ $c == resident ]] && f="resident@$r"
+    f="$c@$r"
     errs="$("$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$f" \
       --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} |
       awk -F, 'NR > 1 && $10 == "no" && $7 != "-" { print ($6 < 0 ? -$6 : $6) }' | sort -g)"
