@@ -227,6 +227,7 @@ struct token_record {
   bool prompt = false;
   double wall_ms = 0;
   double cpu_ms = 0;  ///< CPU time of the calling (eval) thread during the call
+  double sys_ms = 0;  ///< of which in the kernel (getrusage RUSAGE_THREAD): faults, reclaim, readahead
   std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0, engine_majflt = 0;
   std::uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_late = 0;
   double pinned_mib = 0;
@@ -252,6 +253,14 @@ double thread_cpu_ms() {
   return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
 }
 
+/// System (kernel) CPU time of the calling thread, ms (getrusage RUSAGE_THREAD,
+/// Linux): the page faults it takes, reclaim in its cgroup, readahead it submits.
+double thread_sys_ms() {
+  rusage ru{};
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  return 1e3 * static_cast<double>(ru.ru_stime.tv_sec) + 1e-3 * static_cast<double>(ru.ru_stime.tv_usec);
+}
+
 /// Prompt batch, then `n_decode` tokens sampled from softmax(logits) with a
 /// seeded generator. Times every llama_decode call and, with `record`, samples
 /// the counters around each; digests the logits every decode token produced.
@@ -268,10 +277,12 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
     const counters c0 = record ? sample(cg_file, engine) : counters{};
     const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
     const double cpu0 = record ? thread_cpu_ms() : 0.0;
+    const double sys0 = record ? thread_sys_ms() : 0.0;
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = llama_decode(ctx, batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double cpu1 = record ? thread_cpu_ms() : 0.0;
+    const double sys1 = record ? thread_sys_ms() : 0.0;
     if (rc != 0) throw error(is_prompt ? "llama_decode failed on the prompt batch" : "llama_decode failed");
     if (record) {
       const counters c1 = sample(cg_file, engine);
@@ -280,6 +291,7 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
       t.prompt = is_prompt;
       t.wall_ms = 1e3 * s;
       t.cpu_ms = cpu1 - cpu0;
+      t.sys_ms = sys1 - sys0;
       t.majflt = c1.majflt - c0.majflt;
       t.minflt = c1.minflt - c0.minflt;
       t.engine_majflt = c1.engine_majflt - c0.engine_majflt;
@@ -378,7 +390,7 @@ void report_run(const probe_args& a, const run_result& r) {
     // manager's reads, or descheduled); io_ms and mgmt_ms are not measured here.
     std::ofstream m(a.metrics_csv);
     if (!m) throw error("--metrics-csv: cannot write '" + a.metrics_csv + "'");
-    m << "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms\n";
+    m << "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms\n";
     std::size_t step = 0;
     const std::size_t steps = ms.size();
     char line[512];
@@ -386,9 +398,10 @@ void report_run(const probe_args& a, const run_result& r) {
       if (t.prompt) continue;
       char hit[32] = "";
       if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
-      std::snprintf(line, sizeof line, "%zu,%zu,%.3f,%.3f,%llu,%s,%.3f,%llu,%.3f\n", ++step, steps, t.wall_ms,
+      std::snprintf(line, sizeof line, "%zu,%zu,%.3f,%.3f,%llu,%s,%.3f,%llu,%.3f,%.3f\n", ++step, steps, t.wall_ms,
                     t.cpu_ms, static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes), hit,
-                    std::max(0.0, t.wall_ms - t.cpu_ms), static_cast<unsigned long long>(t.majflt), t.cpu_ms);
+                    std::max(0.0, t.wall_ms - t.cpu_ms), static_cast<unsigned long long>(t.majflt), t.cpu_ms,
+                    t.sys_ms);
       m << line;
     }
     if (!m) throw error("--metrics-csv: writing '" + a.metrics_csv + "' failed");
@@ -725,8 +738,9 @@ int main(int argc, char** argv) {
                  "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");
   app.add_option("--metrics-csv", a.metrics_csv,
                  "Write one row per decode token in the phone's metrics format for moe-residency calibrate: "
-                 "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms "
-                 "(cpu_ms: the eval thread's CPU time; stall_ms = wall_ms - cpu_ms)");
+                 "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms "
+                 "(cpu_ms: the eval thread's CPU time; sys_ms: the part of it in the kernel; "
+                 "stall_ms = wall_ms - cpu_ms)");
   app.add_option("--threads", a.threads, "llama.cpp threads")->capture_default_str();
   app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->capture_default_str();
   app.add_flag("--cost", a.cost, "Also measure decode time without and with the observer (ratio)");
