@@ -28,10 +28,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (!m) return 0;
   check(m->size() > 0, "accepted metrics with no token");
-  const char* names[6] = {"wall_ms", "stall_ms", "mgmt_ms", "compute_ms", "read_bytes", "io_ms"};
-  const std::vector<double>* cols[6] = {&m->wall_ms, &m->stall_ms, &m->mgmt_ms, &m->compute_ms, &m->read_bytes, &m->io_ms};
-  bool present[6];
-  for (int k = 0; k < 6; ++k) {
+  constexpr int kept = 8;
+  const char* names[kept] = {"wall_ms", "stall_ms", "mgmt_ms", "compute_ms", "read_bytes", "io_ms", "cpu_ms", "sys_ms"};
+  const std::vector<double>* cols[kept] = {&m->wall_ms,    &m->stall_ms, &m->mgmt_ms, &m->compute_ms,
+                                           &m->read_bytes, &m->io_ms,    &m->cpu_ms,  &m->sys_ms};
+  bool present[kept];
+  for (int k = 0; k < kept; ++k) {
     const std::vector<double>& c = *cols[k];
     check(c.size() == m->size(), "a column is not as long as wall_ms", names[k]);
     present[k] = !std::isnan(c[0]);
@@ -50,13 +52,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Written back with the columns it has, in another order, with a comment and CRLF.
   std::string csv = "# written by fuzz_token_metrics\r\nstep";
-  for (int k = 5; k >= 0; --k)
+  for (int k = kept - 1; k >= 0; --k)
     if (present[k]) csv += std::string(",") + names[k];
   csv += "\r\n";
   char buf[64];
   for (std::size_t i = 0; i < m->size(); ++i) {
     csv += std::to_string(i + 1);
-    for (int k = 5; k >= 0; --k)
+    for (int k = kept - 1; k >= 0; --k)
       if (present[k]) {
         std::snprintf(buf, sizeof buf, ",%.17g", (*cols[k])[i]);
         csv += buf;
@@ -74,7 +76,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             moe_residency_fuzz::same_bits(back->mgmt_ms, m->mgmt_ms) &&
             moe_residency_fuzz::same_bits(back->compute_ms, m->compute_ms) &&
             moe_residency_fuzz::same_bits(back->read_bytes, m->read_bytes) &&
-            moe_residency_fuzz::same_bits(back->io_ms, m->io_ms),
+            moe_residency_fuzz::same_bits(back->io_ms, m->io_ms) &&
+            moe_residency_fuzz::same_bits(back->cpu_ms, m->cpu_ms) &&
+            moe_residency_fuzz::same_bits(back->sys_ms, m->sys_ms),
         "write -> parse changed a value");
   return 0;
 }

@@ -119,8 +119,8 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
     for (std::size_t lines : {2u, 5u, 33u}) put("fuzz_token_metrics", std::string(name) + "-" + std::to_string(lines), head_lines(m, lines));
   }
   put("fuzz_token_metrics", "probe.csv",
-      "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms\n"
-      "1,2,400.000,100.000,1048576,,300.000,12,100.000\n2,2,100.000,90.000,0,50.00,10.000,0,90.000\n");
+      "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms\n"
+      "1,2,400.000,100.000,1048576,,300.000,12,100.000,60.000\n2,2,100.000,90.000,0,50.00,10.000,0,90.000,0.000\n");
   put("fuzz_token_metrics", "comment.csv", "step,wall_ms,stall_ms\n1,10.5,2\n# summary\n2,11,3\n");
   put("fuzz_token_metrics", "bad.csv", "step,wall_ms\n1,x\n");
 

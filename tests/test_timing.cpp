@@ -72,6 +72,35 @@ TEST_CASE("one layer, one lane, known bytes and bandwidth: the stall by hand") {
   CHECK(simulate_timing(shape, p, {half})[0].compute_ms == doctest::Approx(0.4 + 0.3));
 }
 
+TEST_CASE("the read CPU per MiB: paid for demanded and speculative MiB, never hidden by overlap") {
+  const model_shape shape("one", 16, 4, {2 * mib});
+  timing_params p;
+  p.lanes = 1;
+  p.curve = storage_curve({{1, 1000.0}});
+  p.compute_ms_per_token = 1.0;
+  p.expert_compute_share = 0.0;
+  p.overlap = 1.0;
+  p.read_cpu_ms_per_mib = 0.25;
+  // 3 misses of 2 MiB: reads 6 ms, 1 ms hidden: stall 5 ms; κ × 6 MiB = 1.5 ms
+  // of management, not hidden; wall 1 + 1.5 + 5 = 7.5 ms.
+  load_event e = load(0, 0, 3, 2 * mib);
+  auto ts = simulate_timing(shape, p, {e});
+  REQUIRE(ts.size() == 1);
+  CHECK(ts[0].stall_ms == doctest::Approx(5.0));
+  CHECK(ts[0].mgmt_ms == doctest::Approx(1.5));
+  CHECK(ts[0].wall_ms == doctest::Approx(7.5));
+  // Two speculative reads made resident at this load: 2 × 2 MiB more, 1 ms more.
+  e.speculative_inserted = 2;
+  ts = simulate_timing(shape, p, {e});
+  CHECK(ts[0].mgmt_ms == doctest::Approx(2.5));
+  CHECK(ts[0].wall_ms == doctest::Approx(8.5));
+  // The config file carries it, and refuses a negative one naming it.
+  const timing_params q = parse_timing_config(format_timing_config(p), "kappa.cfg");
+  CHECK(q.read_cpu_ms_per_mib == doctest::Approx(0.25));
+  CHECK_THROWS_WITH_AS(parse_timing_config("read_cpu_ms_per_mib = -1\n", "neg.cfg"),
+                       doctest::Contains("read_cpu_ms_per_mib = -1; expected a finite value >= 0"), error);
+}
+
 TEST_CASE("two lanes on a curve: waves at the curve's bandwidth, interpolated between points") {
   timing_params p;
   p.lanes = 2;

@@ -238,9 +238,9 @@ TEST_CASE("fault-driven loads of a route trace, by hand") {
 TEST_CASE("the probe's metrics file parses: its columns, the lab's tok/s") {
   // moe-llama-probe --metrics-csv, the columns it writes (an empty cache_hit_pct without the manager).
   const std::string text =
-      "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms\n"
-      "1,2,400.000,100.000,1048576,,300.000,12,100.000\n"
-      "2,2,100.000,90.000,0,50.00,10.000,0,90.000\n";
+      "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms\n"
+      "1,2,400.000,100.000,1048576,,300.000,12,100.000,60.000\n"
+      "2,2,100.000,90.000,0,50.00,10.000,0,90.000,0.000\n";
   const token_metrics m = parse_token_metrics(text, "probe.metrics.csv");
   REQUIRE(m.size() == 2);
   CHECK(m.wall_ms[0] == 400.0);
@@ -249,6 +249,11 @@ TEST_CASE("the probe's metrics file parses: its columns, the lab's tok/s") {
   CHECK(m.read_bytes[0] == 1048576.0);
   CHECK(std::isnan(m.mgmt_ms[0]));  // not measured on this machine
   CHECK(std::isnan(m.io_ms[1]));
+  CHECK(m.cpu_ms[0] == 100.0);
+  CHECK(m.sys_ms[0] == 60.0);
+  CHECK(m.sys_ms[1] == 0.0);
+  // A probe older than sys_ms: the column is NaN.
+  CHECK(std::isnan(parse_token_metrics("step,wall_ms,cpu_ms\n1,5,4\n", "old.csv").sys_ms[0]));
   // tokens / Σ wall: 2 / 0.5 s.
   CHECK(metrics_tok_per_s(m) == doctest::Approx(4.0));
   CHECK_THROWS_WITH_AS(parse_token_metrics("step,steps,wall_ms\n1,2,-1\n", "x.csv"),
@@ -398,4 +403,57 @@ TEST_CASE("the lab's calibration fits the wall alone: a probe's stall that holds
   CHECK(cf.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
   CHECK(cf.params.read_latency_ms == doctest::Approx(1.5).epsilon(1e-3));
   CHECK(cf.params.curve.to_list() == truth.curve.to_list());
+}
+
+TEST_CASE("with the eval thread's user and kernel time, the lab's calibration pins compute, kernel CPU per MiB and bandwidth apart") {
+  // The probe's cpu_ms = user + sys; sys_ms is the kernel's part. Made here
+  // from the model itself with κ = 0.4 ms per MiB and β = 1.5 on a flat
+  // curve, where the reads' time and the kernel's are both proportional to
+  // the MiB read: the wall alone cannot tell them apart, sys_ms does.
+  const route_trace t = drift_trace();
+  const lab_setup s = drift_setup();
+  timing_params truth;
+  truth.curve = storage_curve::parse_list("1:250");
+  truth.lanes = 2;
+  truth.compute_ms_per_token = 30;
+  truth.bandwidth_scale = 1.5;
+  truth.read_cpu_ms_per_mib = 0.4;
+  truth.overlap = 0;
+  const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
+  token_metrics m;
+  double kernel = 0;
+  for (const auto& x : p.tokens) {
+    m.wall_ms.push_back(x.wall_ms);
+    m.stall_ms.push_back(x.wall_ms - x.compute_ms - x.mgmt_ms);
+    m.mgmt_ms.push_back(std::nan(""));
+    m.compute_ms.push_back(x.compute_ms + x.mgmt_ms);  // the probe writes cpu_ms here
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(std::nan(""));
+    m.cpu_ms.push_back(x.compute_ms + x.mgmt_ms);
+    m.sys_ms.push_back(x.mgmt_ms);
+    kernel += x.mgmt_ms;
+  }
+  REQUIRE(kernel > 40 * 0.5);  // the kernel's time matters: > 0.5 ms a token
+  timing_params start;
+  start.curve = truth.curve;
+  start.lanes = 2;
+  start.overlap = 0;
+  const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start);
+  CHECK(c.free == std::vector<std::string>{"compute_ms_per_token", "bandwidth_scale", "read_cpu_ms_per_mib"});
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(c.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(c.params.read_cpu_ms_per_mib == doctest::Approx(0.4).epsilon(1e-3));
+  CHECK(params_on_bound(c).empty());
+
+  // Without the two columns nothing measures κ: it is not fitted, and stays 0.
+  token_metrics old = m;
+  old.cpu_ms.clear();
+  old.sys_ms.clear();
+  const calibration_result w = calibrate_lab(t, lab_config::exact, s, old, start);
+  CHECK(w.free == std::vector<std::string>{"compute_ms_per_token", "bandwidth_scale"});
+  CHECK(w.params.read_cpu_ms_per_mib == 0);
+  // ... and nothing else is left free when only κ was asked for.
+  CHECK_THROWS_WITH_AS(calibrate_lab(t, lab_config::exact, s, old, start,
+                                     static_cast<unsigned>(timing_param::read_cpu_ms_per_mib)),
+                       doctest::Contains("needs the metrics' sys_ms"), error);
 }

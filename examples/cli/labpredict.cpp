@@ -28,7 +28,7 @@ struct lab_args {
   std::string trace, curve, cells, fit, format = "table";
   double overhead_mib = 64, readaround_mib = 16;
   std::size_t lanes = 2, spec_cap = 2;
-  std::string free = "compute,bandwidth";
+  std::string free = "compute,bandwidth,kernel";
   double overlap = 0;
 };
 
@@ -85,7 +85,8 @@ void run(const lab_args& a) {
     else if (p == "overlap") free |= static_cast<unsigned>(timing_param::overlap);
     else if (p == "mgmt") free |= static_cast<unsigned>(timing_param::mgmt_ms_per_read);
     else if (p == "bandwidth") free |= static_cast<unsigned>(timing_param::bandwidth_scale);
-    else throw error("--free: '" + p + "' in '" + a.free + "'; expected compute, latency, overlap, mgmt, bandwidth");
+    else if (p == "kernel") free |= static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);
+    else throw error("--free: '" + p + "' in '" + a.free + "'; expected compute, latency, overlap, mgmt, bandwidth, kernel");
   }
 
   const cell* fit = nullptr;
@@ -160,7 +161,8 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--readaround-mib", a->readaround_mib, "a fault's read-around window")->capture_default_str();
       sub.add_option("--lanes", a->lanes, "the manager's read lanes")->capture_default_str();
       sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")->capture_default_str();
-      sub.add_option("--free", a->free, "parameters fitted: compute,latency,overlap,mgmt,bandwidth")
+      sub.add_option("--free", a->free, "parameters fitted: compute,latency,overlap,mgmt,bandwidth,kernel (read_cpu_ms_per_mib: fitted "
+                     "only when the cell's metrics record sys_ms)")
           ->capture_default_str();
       sub.add_option("--overlap", a->overlap,
                      "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")

@@ -28,9 +28,12 @@
 ///   (5) stall        s_l   = max(0, q_l + T_l − ω × c_l)
 ///                    ω = overlap: the share of the layer's compute the demanded reads hide
 ///                    behind (the engine computes resident experts while misses load).
-///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l
+///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + i_l × b)
 ///                    μ_r = mgmt_ms_per_read, i_l = speculative reads made resident at this
-///                    load, μ_e = mgmt_ms_per_eviction, v_l = evictions at this load.
+///                    load, μ_e = mgmt_ms_per_eviction, v_l = evictions at this load,
+///                    κ = read_cpu_ms_per_mib (the engine thread's CPU per MiB read: the
+///                    kernel's page-cache work when reads go through it; 0 on the phone),
+///                    D_l = the demanded reads' MiB.
 ///   (7) speculation  reads planned after layer l's demanded load start at
 ///                    t_l + q_l + T_l (the device is then free) and run in waves of up
 ///                    to n reads, each wave per (2), back to back, competing for the same
@@ -205,6 +208,7 @@ struct timing_params {
   double overlap = 1.0;               ///< ω: share of a layer's compute demanded reads hide behind, [0, 1]
   double mgmt_ms_per_read = 0.0;      ///< μ_r: cache management per expert made resident
   double mgmt_ms_per_eviction = 0.0;  ///< μ_e: cache management per eviction
+  double read_cpu_ms_per_mib = 0.0;   ///< κ: the engine thread's CPU per MiB read (page-cache work), serial
 
   /// Throws `error` naming the field and value when one is out of range.
   void validate() const {
@@ -224,6 +228,8 @@ struct timing_params {
     if (!(mgmt_ms_per_read >= 0) || !std::isfinite(mgmt_ms_per_read)) bad("mgmt_ms_per_read", mgmt_ms_per_read, "a finite value >= 0");
     if (!(mgmt_ms_per_eviction >= 0) || !std::isfinite(mgmt_ms_per_eviction))
       bad("mgmt_ms_per_eviction", mgmt_ms_per_eviction, "a finite value >= 0");
+    if (!(read_cpu_ms_per_mib >= 0) || !std::isfinite(read_cpu_ms_per_mib))
+      bad("read_cpu_ms_per_mib", read_cpu_ms_per_mib, "a finite value >= 0");
   }
 
   /// Duration of one wave of m concurrent reads of `bytes` each, equation (2).
@@ -251,7 +257,7 @@ struct timing_params {
 /// Parses `key = value` lines ('#' comments): lanes, curve (lanes:MiB/s
 /// list), curve_file (a CSV like flash-lanes.csv, relative to the working
 /// directory), read_latency_ms, compute_ms_per_token, expert_compute_share,
-/// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction. Unlisted keys keep
+/// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib. Unlisted keys keep
 /// `defaults`. Throws `error` naming the line on an unknown key or bad value.
 inline timing_params parse_timing_config(const std::string& text, const std::string& source,
                                          timing_params defaults = {}) {
@@ -305,10 +311,12 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.mgmt_ms_per_read = number();
       } else if (key == "mgmt_ms_per_eviction") {
         p.mgmt_ms_per_eviction = number();
+      } else if (key == "read_cpu_ms_per_mib") {
+        p.read_cpu_ms_per_mib = number();
       } else {
         throw error("unknown key '" + key +
                     "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, compute_ms_per_token, "
-                    "expert_compute_share, overlap, mgmt_ms_per_read or mgmt_ms_per_eviction");
+                    "expert_compute_share, overlap, mgmt_ms_per_read, mgmt_ms_per_eviction or read_cpu_ms_per_mib");
       }
     } catch (const error& e) {
       const std::string m = e.what();
@@ -329,9 +337,10 @@ inline std::string format_timing_config(const timing_params& p) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "read_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
-                "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n",
+                "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n"
+                "read_cpu_ms_per_mib = %.6g\n",
                 p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token, p.expert_compute_share, p.overlap,
-                p.mgmt_ms_per_read, p.mgmt_ms_per_eviction);
+                p.mgmt_ms_per_read, p.mgmt_ms_per_eviction, p.read_cpu_ms_per_mib);
   return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf;
 }
 
@@ -371,7 +380,9 @@ class timing_simulator {
     const double demanded = p.read_ms(e.misses, e.expert_bytes);
     const double stall = std::max(0.0, wait + demanded - p.overlap * c);
     const double mgmt = p.mgmt_ms_per_read * static_cast<double>(e.misses + e.speculative_inserted) +
-                        p.mgmt_ms_per_eviction * static_cast<double>(e.evictions);
+                        p.mgmt_ms_per_eviction * static_cast<double>(e.evictions) +
+                        p.read_cpu_ms_per_mib * (to_mib(e.demanded_bytes) +
+                                                 static_cast<double>(e.speculative_inserted) * to_mib(e.expert_bytes));
     const double layer = c + mgmt + stall;
     t.compute_ms += c;
     t.stall_ms += stall;
@@ -507,9 +518,11 @@ inline timed_replay predict_timing(const routed_replay_input& in, const dynamic_
 
 /// Recorded per-decode-token metrics (the engine's *.metrics.csv): columns by
 /// header name; wall_ms is required, stall_ms, mgmt_ms, compute_ms,
-/// read_bytes and io_ms are kept when present (NaN otherwise). '#' lines are skipped.
+/// read_bytes, io_ms, cpu_ms and sys_ms are kept when present (NaN
+/// otherwise). '#' lines are skipped. cpu_ms and sys_ms are the memory lab
+/// probe's: the eval thread's CPU time and the part of it in the kernel.
 struct token_metrics {
-  std::vector<double> wall_ms, stall_ms, mgmt_ms, compute_ms, read_bytes, io_ms;
+  std::vector<double> wall_ms, stall_ms, mgmt_ms, compute_ms, read_bytes, io_ms, cpu_ms, sys_ms;
   std::size_t size() const noexcept { return wall_ms.size(); }
 };
 
@@ -533,9 +546,12 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   };
   const std::ptrdiff_t wall = col("wall_ms");
   if (wall < 0) throw error(source + ": line " + std::to_string(n) + ": no wall_ms column; expected a metrics header like step,steps,wall_ms,...");
-  const std::ptrdiff_t idx[6] = {wall, col("stall_ms"), col("mgmt_ms"), col("compute_ms"), col("read_bytes"), col("io_ms")};
+  constexpr int kept = 8;
+  const std::ptrdiff_t idx[kept] = {wall,           col("stall_ms"), col("mgmt_ms"), col("compute_ms"),
+                                    col("read_bytes"), col("io_ms"),  col("cpu_ms"),  col("sys_ms")};
   token_metrics m;
-  std::vector<double>* dst[6] = {&m.wall_ms, &m.stall_ms, &m.mgmt_ms, &m.compute_ms, &m.read_bytes, &m.io_ms};
+  std::vector<double>* dst[kept] = {&m.wall_ms,    &m.stall_ms, &m.mgmt_ms, &m.compute_ms,
+                                    &m.read_bytes, &m.io_ms,    &m.cpu_ms,  &m.sys_ms};
   while (std::getline(ss, line)) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -546,7 +562,7 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     if (f.size() != cols.size())
       throw error(source + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) + " fields; expected " +
                   std::to_string(cols.size()));
-    for (int k = 0; k < 6; ++k) {
+    for (int k = 0; k < kept; ++k) {
       double v = std::numeric_limits<double>::quiet_NaN();
       if (idx[k] >= 0) {
         const std::string& s = f[static_cast<std::size_t>(idx[k])];

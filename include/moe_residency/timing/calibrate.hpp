@@ -8,6 +8,7 @@
 /// and, when the metrics file has them, predicted − recorded stall and
 /// management time (the engine records wall = compute + management + stall,
 /// so the components pin down parameters the wall alone cannot separate).
+/// With `fit_compute`, also predicted − recorded compute_ms.
 /// With `fit_io`, also predicted − recorded io_ms (read durations summed over
 /// lanes): off by default, because io_ms is not a part of the wall time and
 /// its exact definition in the engine is not documented; with it on, the
@@ -54,6 +55,7 @@ enum class timing_param : unsigned {
   mgmt_ms_per_read = 1u << 3,
   mgmt_ms_per_eviction = 1u << 4,
   bandwidth_scale = 1u << 5,
+  read_cpu_ms_per_mib = 1u << 6,
 };
 
 struct calibration_options {
@@ -63,9 +65,15 @@ struct calibration_options {
   unsigned free = 0x1f;
   /// Add io_ms residuals (see the header comment).
   bool fit_io = false;
+  /// Add compute residuals: predicted compute − recorded compute_ms, on
+  /// tokens that record it. Off by default: the phone's compute_ms is the
+  /// engine's own split of the wall; the memory lab (timing/lab_calibrate.hpp)
+  /// turns it on with the eval thread's user CPU time, which is compute alone.
+  bool fit_compute = false;
   std::size_t max_iterations = 200;
   /// Start the free parameters from the fitted tokens' data (compute: mean
-  /// recorded wall − stall − management; management per read: mean
+  /// recorded compute_ms with `fit_compute`, else mean recorded wall − stall −
+  /// management; management per read: mean
   /// management / mean reads; latency 1 ms; overlap 0.5) instead of `start`.
   bool start_from_data = true;
 };
@@ -110,6 +118,7 @@ inline const std::vector<calib_param>& calib_params() {
       {timing_param::mgmt_ms_per_read, "mgmt_ms_per_read", 0.0, 1e5, &timing_params::mgmt_ms_per_read},
       {timing_param::mgmt_ms_per_eviction, "mgmt_ms_per_eviction", 0.0, 1e5, &timing_params::mgmt_ms_per_eviction},
       {timing_param::bandwidth_scale, "bandwidth_scale", 0.01, 4.0, &timing_params::bandwidth_scale},
+      {timing_param::read_cpu_ms_per_mib, "read_cpu_ms_per_mib", 0.0, 1e5, &timing_params::read_cpu_ms_per_mib},
   };
   return all;
 }
@@ -187,6 +196,8 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
       if (std::isfinite(metrics.mgmt_ms[t])) r.push_back(ts[t].mgmt_ms - metrics.mgmt_ms[t]);
       if (options.fit_io && t < metrics.io_ms.size() && std::isfinite(metrics.io_ms[t]))
         r.push_back(ts[t].io_ms - metrics.io_ms[t]);
+      if (options.fit_compute && t < metrics.compute_ms.size() && std::isfinite(metrics.compute_ms[t]))
+        r.push_back(ts[t].compute_ms - metrics.compute_ms[t]);
     }
     return Eigen::Map<Eigen::VectorXd>(r.data(), static_cast<Eigen::Index>(r.size())).eval();
   };
@@ -198,8 +209,8 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
   Eigen::VectorXd x(n);
   for (Eigen::Index i = 0; i < n; ++i) x[i] = start.*(free[static_cast<std::size_t>(i)].field);
   if (options.start_from_data) {
-    double rest = 0, wall = 0, mgmt = 0, reads = 0, k = 0;
-    bool have_parts = true;
+    double rest = 0, wall = 0, mgmt = 0, reads = 0, k = 0, comp = 0;
+    bool have_parts = true, have_compute = options.fit_compute;
     const auto ts0 = simulate_timing(shape, start, loads);
     for (std::size_t t = 0; t < tokens; ++t) {
       if (!in_fit[t]) continue;
@@ -208,16 +219,19 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
       have_parts = have_parts && std::isfinite(metrics.stall_ms[t]) && std::isfinite(metrics.mgmt_ms[t]);
       if (have_parts) rest += metrics.wall_ms[t] - metrics.stall_ms[t] - metrics.mgmt_ms[t];
       if (std::isfinite(metrics.mgmt_ms[t])) mgmt += metrics.mgmt_ms[t];
+      have_compute = have_compute && std::isfinite(metrics.compute_ms[t]);
+      if (have_compute) comp += metrics.compute_ms[t];
       reads += ts0[t].demanded_reads;
     }
     for (Eigen::Index i = 0; i < n; ++i) {
       switch (free[static_cast<std::size_t>(i)].id) {
-        case timing_param::compute_ms_per_token: x[i] = (have_parts ? rest : 0.9 * wall) / k; break;
+        case timing_param::compute_ms_per_token: x[i] = (have_compute ? comp : have_parts ? rest : 0.9 * wall) / k; break;
         case timing_param::read_latency_ms: x[i] = 1.0; break;
         case timing_param::overlap: x[i] = 0.5; break;
         case timing_param::mgmt_ms_per_read: x[i] = reads > 0 ? mgmt / reads : 0.0; break;
         case timing_param::mgmt_ms_per_eviction: x[i] = 0.0; break;
         case timing_param::bandwidth_scale: x[i] = 1.0; break;
+        case timing_param::read_cpu_ms_per_mib: x[i] = 0.0; break;
       }
     }
   }

@@ -1,29 +1,37 @@
 #pragma once
 /// Calibrating the timing model on one memory-lab run (timing/lab.hpp) the
 /// way this machine's measurements allow (docs/wall-clock.md, "Against this
-/// machine"). Two things differ from the phone's calibration
+/// machine"). Three things differ from the phone's calibration
 /// (timing/calibrate.hpp), each because of what the lab measures:
 ///
-/// - **Only the wall time is fitted.** The probe records stall as wall − the
-///   eval thread's CPU time. Under a memory limit that CPU time holds the
-///   kernel's work for every page read — reclaim in the cgroup, page-cache
-///   insertion, readahead submission — which grows with the bytes read
-///   (in the quick lab on quiet cores: 0.6–1.5 ms of eval-thread CPU per MiB
-///   read beyond the resident run's, whose CPU is its wall). The timing
-///   model counts that work as reading, not compute, so the probe's stall
-///   column is not the model's stall and fitting it would force the model's
-///   reads to be as short as the device's idle time.
+/// - **The eval thread's CPU is split in two, and each half is fitted.** The
+///   probe records the eval thread's CPU time (cpu_ms) and its part in the
+///   kernel (sys_ms). Under a memory limit the kernel part is the work for
+///   the pages read — allocation and reclaim in the cgroup, page-cache
+///   insertion, readahead submission: on quiet cores 0.6–0.8 ms per MiB
+///   read in the fault-driven cells, 0.9–1.5 in the manager's, ~0 in the
+///   resident run. So user time is the model's compute (C, fitted to
+///   predicted compute − (cpu_ms − sys_ms)) and sys_ms the model's κ term
+///   (read_cpu_ms_per_mib, fitted to predicted management − sys_ms; μ_r and
+///   μ_e stay 0). κ is paid for every MiB read, speculative reads too: on
+///   the lab's two cores the eval thread's kernel time per MiB is the same
+///   with speculation (`all`) as without (`exact`), so only the time off
+///   the CPU is what a speculative read can hide.
+/// - **The probe's stall is not fitted.** It is wall − cpu_ms, the time off
+///   the CPU; the model's stall is the reads, which the κ term does not
+///   include. The wall is fitted, and what it has beyond C and κ × MiB is
+///   the reads' device time: the bandwidth scale β, since the lanes curve is
+///   measured with O_DIRECT reads of 256 KiB while the engine reads through
+///   the page cache in larger requests.
 /// - **Nothing overlaps the demanded reads by default** (ω = 0): in every lab
 ///   configuration the eval thread waits for a layer's demanded reads (the
 ///   lanes, or its own page faults) before that layer's expert matmuls.
 ///
-/// The default free parameters are the compute per token and the bandwidth
-/// scale: the lanes curve is measured with O_DIRECT reads of 256 KiB, while
-/// the engine reads through the page cache, whose deeper queues and per-MiB
-/// kernel cost the scale absorbs (on this machine's quick lab the curve alone
-/// makes exact@2.5's reads longer than its whole measured token). Tokens that
-/// read more or fewer bytes separate the two; a run whose tokens all read
-/// about the same bytes cannot, and its fit ends on a bound (params_on_bound).
+/// The default free parameters are C, β and κ. Metrics without cpu_ms and
+/// sys_ms (a probe older than its sys_ms column) fit C and β on the wall
+/// alone, κ staying 0 and β absorbing the kernel's time: tokens that read
+/// more or fewer bytes then separate C from β, and a run whose tokens all read
+/// about the same bytes cannot (its fit ends on a bound: params_on_bound).
 ///
 /// Includes Eigen through timing/calibrate.hpp.
 
@@ -37,14 +45,16 @@
 
 namespace moe_residency {
 
-inline constexpr unsigned lab_default_free =
-    static_cast<unsigned>(timing_param::compute_ms_per_token) | static_cast<unsigned>(timing_param::bandwidth_scale);
+inline constexpr unsigned lab_default_free = static_cast<unsigned>(timing_param::compute_ms_per_token) |
+                                            static_cast<unsigned>(timing_param::bandwidth_scale) |
+                                            static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);
 
 /// Fits `free` (a mask of timing_param) on every decode token of one lab run
 /// of configuration `c` whose per-token metrics are `m`, from the start
 /// parameters `start` (its curve is the device's; its overlap is kept unless
-/// fitted — pass 0, see above). The result's curve and lanes are `start`'s.
-/// Throws like predict_lab and calibrate_timing.
+/// fitted — pass 0, see above). read_cpu_ms_per_mib is fitted only when `m`
+/// records cpu_ms and sys_ms. The result's curve and lanes are `start`'s.
+/// Throws like predict_lab and calibrate_timing, and when nothing is left free.
 inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, const lab_setup& s, token_metrics m,
                                         timing_params start, unsigned free = lab_default_free) {
   const timing_params given = start;
@@ -56,11 +66,25 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
     for (const auto& q : start.curve.points()) top = std::max(top, q.second);
     start.curve = storage_curve({{1.0, top}});
   }
-  for (double& x : m.stall_ms) x = std::numeric_limits<double>::quiet_NaN();  // wall only (see the header)
+  for (double& x : m.stall_ms) x = std::numeric_limits<double>::quiet_NaN();  // not the model's stall (see the header)
   calibration_options co;
   co.split = calibration_split::all;
   co.free = free;
   co.fit_io = false;
+  // The eval thread's user time is the model's compute, its kernel time the
+  // model's κ term (see the header).
+  bool split = m.cpu_ms.size() == m.size() && m.sys_ms.size() == m.size();
+  for (std::size_t t = 0; split && t < m.size(); ++t) split = std::isfinite(m.cpu_ms[t]) && std::isfinite(m.sys_ms[t]);
+  if (split) {
+    for (std::size_t t = 0; t < m.size(); ++t) {
+      m.compute_ms[t] = std::max(0.0, m.cpu_ms[t] - m.sys_ms[t]);
+      m.mgmt_ms[t] = m.sys_ms[t];
+    }
+    co.fit_compute = true;
+  } else {
+    co.free &= ~static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);  // nothing measures it
+  }
+  if (!co.free) throw error("calibrate_lab: no free parameter left (read_cpu_ms_per_mib needs the metrics' sys_ms)");
   calibration_result r = calibrate_timing(trace.shape(), fp.loads, m, start, co);
   r.params.curve = given.curve;  // the device's, for the other cells (predict_lab maps each)
   r.params.lanes = given.lanes;
