@@ -22,7 +22,11 @@
 #   --trace FILE       the route trace to use
 #   --budget B         the cache budget of the runs: MiB or a share like 25% (default: 25% for quick
 #                      and smoke runs, else 25% as well; the model does not use it, see the docs)
-#   --free LIST        the parameters fitted (default compute,bandwidth; see lab-predict --help)
+#   --free LIST        the parameters fitted (default compute,bandwidth,kernel; kernel only when
+#                      the metrics record sys_ms; see lab-predict --help)
+#   --fit-run DIR      calibrate on the --fit cell of ANOTHER run of the same preset (its metrics,
+#                      route trace and disk curve) and predict RUNS_DIR's cells: a prediction
+#                      across runs, as a user would make one for a run not yet made
 #   --sweep            calibrate on every finished cell in turn (the --fit cell's trace is used
 #                      for all) and print, per calibration cell, how many of the other cells are
 #                      predicted within 15% and their median |error|: which cell to calibrate on
@@ -31,7 +35,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
-dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0
+dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -43,6 +47,7 @@ while [[ $# -gt 0 ]]; do
     --budget) budget="${2:?--budget needs MiB or a share}"; shift ;;
     --free) free="${2:?--free needs a list}"; shift ;;
     --sweep) sweep=1 ;;
+    --fit-run) fit_run="${2:?--fit-run needs a run directory}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
     *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
@@ -63,9 +68,17 @@ model="$lab/$name"
 [[ -f "$model" ]] || die "the lab's model $model is missing"
 size=$(stat -c %s "$model")
 
-# The storage model: the lanes curve memlab measured (readers,...,mib_per_s).
-[[ -f "$dir/disk-lanes.csv" ]] || die "$dir/disk-lanes.csv missing (memlab ran with --no-disk?)"
-curve="$(awk -F, 'NR > 1 && $1 != "" { printf "%s%s:%s", (n++ ? "," : ""), $1, $5 }' "$dir/disk-lanes.csv")"
+# The calibration run: RUNS_DIR, or --fit-run's.
+src="$dir"
+if [[ -n "$fit_run" ]]; then
+  [[ -d "$fit_run" ]] || die "--fit-run: '$fit_run' is not a directory (a run of scripts/memlab.sh)"
+  [[ $sweep == 0 ]] || die "--fit-run and --sweep together are not supported; give one"
+  src="$fit_run"
+fi
+
+# The storage model: the lanes curve memlab measured at the start of the calibration run.
+[[ -f "$src/disk-lanes.csv" ]] || die "$src/disk-lanes.csv missing (memlab ran with --no-disk?)"
+curve="$(awk -F, 'NR > 1 && $1 != "" { printf "%s%s:%s", (n++ ? "," : ""), $1, $5 }' "$src/disk-lanes.csv")"
 
 if [[ -z "$readaround" ]]; then
   dev="$(df --output=source "$model" | tail -1)"; dev="${dev#/dev/}"; base="$dev"
@@ -76,7 +89,7 @@ fi
 
 fit_ratio="${fit#*@}"
 if [[ -z "$trace" ]]; then
-  for t in "$dir/r$fit.route.csv" "$dir/r${fit_ratio}-${fit%@*}.route.csv" "$dir/r${fit_ratio}-observer.route.csv" "$dir"/r*-observer.route.csv; do
+  for t in "$src/r${fit_ratio}-${fit%@*}.route.csv" "$src/r${fit_ratio}-observer.route.csv" "$src"/r*-observer.route.csv; do
     [[ -f "$t" ]] && { trace="$t"; break; }
   done
 fi
@@ -89,12 +102,16 @@ ratios="$(ls "$dir" | sed -n 's/^r\([0-9.]*\)-.*\.status$/\1/p' | sort -u)"
 for r in $ratios; do
   limit=$(awk -v s="$size" -v r="$r" 'BEGIN{printf "%.0f", s / r / 1048576}')
   b="$budget"; [[ $b == *% ]] && b=$(awk -v l="$limit" -v p="${b%\%}" 'BEGIN{printf "%.0f", l * p / 100}')
-  acc="$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$dir/r$r-observer.log" 2>/dev/null | head -1)"
+  acc="$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$src/r$r-observer.log" 2>/dev/null | head -1)"
   [[ -n "$acc" ]] || acc=100
   for c in mmap observer dense exact predicted cache all degraded resident; do
     [[ -f "$dir/r$r-$c.status" ]] || continue
     m="$dir/r$r-$c.metrics.csv"
     [[ "$(cat "$dir/r$r-$c.status")" == ok && -f "$m" ]] || m=""
+    if [[ -n "$fit_run" && "$c@$r" == "$fit" ]]; then  # the calibration cell is the other run's
+      m="$src/r$r-$c.metrics.csv"
+      [[ "$(cat "$src/r$r-$c.status" 2>/dev/null)" == ok && -f "$m" ]] || die "--fit-run: $src has no finished $fit"
+    fi
     lim=$limit
     if [[ $c == resident ]]; then  # one run without a limit, listed once
       lim=0
@@ -118,6 +135,6 @@ if [[ $sweep == 1 ]]; then
   done
   exit 0
 fi
-echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround" >&2
+echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround${fit_run:+ (calibrated on $fit_run, predicting $dir)}" >&2
 "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
   --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$format" ${free:+--free "$free"}

@@ -21,7 +21,7 @@
 ///   the CPU; the model's stall is the reads, which the κ term does not
 ///   include. The wall is fitted, and what it has beyond C and κ × MiB is
 ///   the reads' device time: the bandwidth scale β, since the lanes curve is
-///   measured with O_DIRECT reads of 256 KiB while the engine reads through
+///   measured with cold random O_DIRECT reads of 4 MiB while the engine reads through
 ///   the page cache in larger requests.
 /// - **Nothing overlaps the demanded reads by default** (ω = 0): in every lab
 ///   configuration the eval thread waits for a layer's demanded reads (the
