@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -85,8 +86,6 @@ class cycle_policy : public policy_base {
     p0_ = static_cast<double>(shape.top_k()) / static_cast<double>(shape.n_experts());
     const std::size_t n_slots = n_layers_ * n_experts_;
     use_.assign(n_slots, use_state{});
-    q_.assign(n_slots, 0.0);
-    q_epoch_.assign(n_slots, 0);
     nodes_.assign(n_slots, node{});
     pos_.assign(n_slots, none);
     deferred_.assign(n_slots, 0);
@@ -97,7 +96,7 @@ class cycle_policy : public policy_base {
     size_.assign(n_layers_, 0);
     scale_.assign(n_layers_, 1.0);
     epoch_.assign(n_layers_, 1);
-    k_.assign(n_layers_ + 1, no_k);  // k_[n_layers_]: the trees' padding leaf
+    k_.assign(n_layers_, no_k);
     dirty_.assign(n_layers_, 0);
     dirty_list_.clear();
     dirty_list_.reserve(n_layers_);
@@ -116,21 +115,24 @@ class cycle_policy : public policy_base {
     // children are 2i and 2i + 1, leaves at [P, 2P), each node holds the
     // layer with the largest K below it (ties to the left, the lower layer).
     leaf_of_.assign(n_layers_, 0);
-    tree_off_.assign(class_bytes_.size(), 0);
-    tree_p_.assign(class_bytes_.size(), 1);
-    win_.clear();
+    tree_root_.assign(class_bytes_.size(), 0);
+    tree_.clear();
     for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
       std::uint32_t n = 0;
       for (std::size_t l = 0; l < n_layers_; ++l)
-        if (class_of_[l] == c) leaf_of_[l] = n++;
+        if (class_of_[l] == c) ++n;
       std::uint32_t p = 1;
       while (p < n) p *= 2;
-      tree_off_[c] = static_cast<std::uint32_t>(win_.size());
-      tree_p_[c] = p;
-      win_.resize(win_.size() + 2 * p, static_cast<std::uint32_t>(n_layers_));  // padding: K = no_k
+      const auto off = static_cast<std::uint32_t>(tree_.size());
+      tree_root_[c] = off + 1;
+      tree_.resize(tree_.size() + 2 * p, tree_node{no_k, static_cast<std::uint32_t>(n_layers_)});  // padding
+      n = 0;
       for (std::size_t l = 0; l < n_layers_; ++l)
-        if (class_of_[l] == c) win_[tree_off_[c] + p + leaf_of_[l]] = static_cast<std::uint32_t>(l);
-      for (std::uint32_t i = p; i-- > 1;) win_[tree_off_[c] + i] = win_[tree_off_[c] + 2 * i];  // all no_k: left
+        if (class_of_[l] == c) {
+          leaf_of_[l] = off + p + n++;
+          tree_[leaf_of_[l]].layer = static_cast<std::uint32_t>(l);
+        }
+      for (std::uint32_t i = p; i-- > 1;) tree_[off + i] = tree_[off + 2 * i];  // all no_k: the left
     }
     scan_k_.assign(class_bytes_.size(), -1.0);
     scan_l_.assign(class_bytes_.size(), no_slot);
@@ -167,8 +169,8 @@ class cycle_policy : public policy_base {
     std::uint32_t best_l = no_slot;
     double best = -1.0;
     for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
-      const std::uint32_t root = tree_off_[c] + 1;
-      std::uint32_t l = win_[root];
+      const std::uint32_t root = tree_root_[c];
+      std::uint32_t l = tree_[root].layer;
       for (;;) {
         if (k_[l] == no_k) break;  // every layer of the class is empty
         const std::uint32_t base = l * n_experts_;
@@ -180,7 +182,7 @@ class cycle_policy : public policy_base {
           settle(l);
         } while (size_[l] != 0 && !v.evictable(nodes_[base].slot));
         refresh(l);
-        l = win_[root];
+        l = tree_[root].layer;
       }
       if (k_[l] == no_k) continue;
       const double score = cost(class_bytes_[c], k_[l]);
@@ -228,6 +230,8 @@ class cycle_policy : public policy_base {
   struct use_state {
     double key = 0.0;
     std::uint64_t last = 0;
+    double q = 0.0;               // cached L / p (see l_over_p)
+    std::uint32_t q_epoch = 0;    // the layer epoch q belongs to (0: none)
   };
   /// A heap member: a copy of its order key (a lower bound: uses only raise
   /// it, see settle()) and its slot.
@@ -278,10 +282,11 @@ class cycle_policy : public policy_base {
   /// layer's scale moves, so cached per slot with the layer's decay epoch
   /// (a use clears the slot's epoch). Same value, bit for bit, as computed.
   double l_over_p(std::size_t l, std::uint32_t s) noexcept {
-    if (q_epoch_[s] == epoch_[l]) return q_[s];
+    use_state& u = use_[s];
+    if (u.q_epoch == epoch_[l]) return u.q;
     const double q = static_cast<double>(n_layers_) / prob(l, s);
-    q_[s] = q;
-    q_epoch_[s] = epoch_[l];
+    u.q = q;
+    u.q_epoch = epoch_[l];
     return q;
   }
   /// ETNU × bytes of a layer with key K at the current clock.
@@ -311,13 +316,43 @@ class cycle_policy : public policy_base {
     const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
     settle(l);
     k_[l] = size_[l] == 0 ? no_k : next_visit(l) + l_over_p(l, nodes_[base].slot);
-    const std::uint32_t c = class_of_[l];
-    std::uint32_t* const w = win_.data() + tree_off_[c];
-    const double* const k = k_.data();
-    for (std::uint32_t i = (tree_p_[c] + leaf_of_[l]) >> 1; i != 0; i >>= 1) {
-      const std::uint32_t a = w[2 * i], b = w[2 * i + 1];
-      w[i] = k[a] >= k[b] ? a : b;  // ties to the lower layer
+    tree_update(l, k_[l]);
+  }
+
+  /// Replays leaf l's path to its class's root: each node holds the larger
+  /// K of its children, ties to the left (the lower layer). The winner rides
+  /// up in registers and is selected by bit masks, not a branch (which child
+  /// wins is data-dependent); only the sibling is read at each level.
+  void tree_update(std::size_t l, double k) noexcept {
+    tree_node* const t = tree_.data();
+    std::uint32_t i = leaf_of_[l], cl = static_cast<std::uint32_t>(l);
+    std::uint64_t ck = bits_of(k);
+    t[i].k = k;
+    double cur = k;
+    // Node r of a class's tree is at base + r: root 1, children 2r and 2r + 1.
+    const std::uint32_t root = tree_root_[class_of_[l]], base = root - 1;
+    while (i != root) {
+      const tree_node& sib = t[base + ((i - base) ^ 1u)];
+      const bool left = ((i - base) & 1u) == 0;
+      const bool keep = (cur > sib.k) | (left & (cur == sib.k));
+      const std::uint64_t m = 0 - static_cast<std::uint64_t>(keep);
+      ck = (ck & m) | (bits_of(sib.k) & ~m);
+      cl = (cl & static_cast<std::uint32_t>(m)) | (sib.layer & ~static_cast<std::uint32_t>(m));
+      cur = double_of(ck);
+      i = base + ((i - base) >> 1);
+      t[i].k = cur;
+      t[i].layer = cl;
     }
+  }
+  static std::uint64_t bits_of(double d) noexcept {
+    std::uint64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+  }
+  static double double_of(std::uint64_t b) noexcept {
+    double d;
+    std::memcpy(&d, &b, sizeof d);
+    return d;
   }
 
   // ---- the layer heaps: layer l's at nodes_[l × E, l × E + size_[l]) ----------
@@ -427,7 +462,7 @@ class cycle_policy : public policy_base {
     use_state& u = use_[s];
     u.key += scale_[l];  // usage += 1, in the layer's undecayed units
     u.last = ++tick_;
-    q_epoch_[s] = 0;
+    u.q_epoch = 0;
     ++occ_;
     if (insert) {
       // Not a victim before this batch's eviction ends (the batch touched
@@ -435,8 +470,8 @@ class cycle_policy : public policy_base {
       // deferred_: 0 not listed, 1 listed and due, 2 listed but cancelled.
       if (deferred_[s] == 0) deferred_list_.push_back(s);  // listed once: never reallocates
       deferred_[s] = 1;
-    } else if (pos_[s] == 0) {
-      mark(l);  // the top moved later: K changes (elsewhere the top is unchanged)
+    } else {
+      mark(l);  // the top may have moved later (a layer's use is its own batch: marked already)
     }
   }
   /// Advances layer l's decay by `tokens`; keeps its keys finite by rescaling
@@ -446,7 +481,7 @@ class cycle_policy : public policy_base {
     scale_[l] *= tokens == 1.0 ? inv_decay_ : std::pow(inv_decay_, tokens);
     const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
     if (++epoch_[l] == 0) {  // wrapped: forget the cached L / p of the layer
-      for (std::uint32_t e = 0; e < n_experts_; ++e) q_epoch_[base + e] = 0;
+      for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].q_epoch = 0;
       epoch_[l] = 1;
     }
     if (scale_[l] < 1e150) return;
@@ -466,8 +501,6 @@ class cycle_policy : public policy_base {
   std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
   // Per slot (layer × E + expert).
   std::vector<use_state> use_;
-  std::vector<double> q_;                 // cached L / p
-  std::vector<std::uint32_t> q_epoch_;    // the layer epoch q_ belongs to (0: none)
   std::vector<node> nodes_;               // the layer heaps
   std::vector<std::uint32_t> pos_;        // heap position within its layer, or none
   std::vector<std::uint8_t> deferred_;
@@ -476,13 +509,18 @@ class cycle_policy : public policy_base {
   std::vector<std::uint32_t> size_;       // heap size
   std::vector<double> scale_;             // γ^−τ(l): usage(l, e) = key / scale
   std::vector<std::uint32_t> epoch_;      // advances with scale_
-  std::vector<double> k_;                 // K of the heap top, or no_k when empty (+ padding)
+  std::vector<double> k_;                 // K of the heap top, or no_k when empty
   std::vector<std::uint8_t> dirty_;
   std::vector<std::uint32_t> dirty_list_;
-  std::vector<std::uint32_t> class_of_, leaf_of_;
+  std::vector<std::uint32_t> class_of_, leaf_of_;  // leaf_of_: index in tree_
   // Per class (distinct expert size).
   std::vector<std::uint64_t> class_bytes_;
-  std::vector<std::uint32_t> tree_off_, tree_p_, win_;
+  struct tree_node {
+    double k;
+    std::uint32_t layer;
+  };
+  std::vector<tree_node> tree_;               // every class's tree (see init)
+  std::vector<std::uint32_t> tree_root_;
   std::vector<double> scan_k_;             // reference mode scratch
   std::vector<std::uint32_t> scan_l_, scan_e_;
 };
