@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "moe_residency/cache.hpp"
+#include "moe_residency/trace.hpp"
 #include "support.hpp"
 
 using namespace moe_residency;
@@ -54,6 +55,155 @@ void for_each_belady_case(std::initializer_list<std::uint32_t> seeds, Body&& bod
 }
 using belady_index = std::shared_ptr<const next_use_index>;
 
+/// Slow obvious twin of cycle_policy: the documented rule recomputed from
+/// scratch at every eviction, with none of the policy's machinery (no heaps,
+/// trees, cached L / p, lazy keys or deferred inserts). Usage: key += scale
+/// per use, scale ×= γ^−tokens at the layer's batch end (rescaled past
+/// 1e150); a clock t of layer steps; for every evictable entry
+/// K = (t + d(l)) + L / p, the layer's entry first by (usage, last use);
+/// per expert size the largest K (ties to the lower layer), then the largest
+/// (K − t − L) × bytes over sizes (ties to the size met first). The float
+/// expressions are the policy's, so the decisions must be identical, not
+/// merely close.
+struct twin_cycle : policy_base {
+  static constexpr const char* name = "twin_cycle";
+  static constexpr bool collapses_below_cycle = false;
+  cycle_policy_options o;
+  std::size_t n_l = 0, n_e = 0, k = 1, now = 0, occ = 0;
+  std::uint64_t t = 0, tick = 0;
+  double p0 = 0;
+  std::vector<double> key, scale;
+  std::vector<std::uint64_t> last;
+  std::vector<char> member;
+  std::vector<std::uint64_t> bytes;  // per layer, 1 when bytes are not weighed
+  std::vector<std::uint64_t> sizes;  // the distinct bytes, in order of first appearance
+  std::size_t k_ties = 0;  // layers whose K equalled their size's best so far
+
+  explicit twin_cycle(cycle_policy_options opt = {}) : o(opt) {}
+  void init(const model_shape& s, std::uint64_t) {
+    n_l = s.n_layers();
+    n_e = s.n_experts();
+    k = s.top_k();
+    p0 = static_cast<double>(k) / static_cast<double>(n_e);
+    key.assign(n_l * n_e, 0.0);
+    last.assign(n_l * n_e, 0);
+    member.assign(n_l * n_e, 0);
+    scale.assign(n_l, 1.0);
+    for (std::size_t l = 0; l < n_l; ++l) bytes.push_back(o.weigh_bytes ? s.expert_bytes(L(static_cast<int>(l))) : 1);
+    for (std::uint64_t b : bytes)
+      if (std::find(sizes.begin(), sizes.end(), b) == sizes.end()) sizes.push_back(b);
+    now = n_l - 1;
+  }
+  void move_to(std::size_t layer) noexcept {
+    if (layer == now || layer >= n_l) return;
+    t += (layer + n_l - now) % n_l;
+    now = layer;
+  }
+  void use(std::uint32_t s) noexcept {
+    key[s] += scale[s / n_e];
+    last[s] = ++tick;
+    ++occ;
+  }
+  void on_batch_begin(run_phase, std::size_t layer) noexcept {
+    move_to(layer);
+    occ = 0;
+  }
+  void on_hit(std::uint32_t s) noexcept { use(s); }
+  void on_repeat(std::uint32_t s) noexcept { use(s); }
+  void on_insert(std::uint32_t s) noexcept {
+    use(s);
+    member[s] = 1;
+  }
+  void on_evict(std::uint32_t s) noexcept { member[s] = 0; }
+  void on_batch_end(std::size_t layer) noexcept {
+    const double tokens = std::max(1.0, static_cast<double>(occ) / static_cast<double>(k));
+    scale[layer] *= tokens == 1.0 ? 1.0 / o.decay : std::pow(1.0 / o.decay, tokens);
+    if (scale[layer] >= 1e150) {
+      const double f = 1.0 / scale[layer];
+      for (std::size_t e = 0; e < n_e; ++e) key[layer * n_e + e] *= f;
+      scale[layer] = 1.0;
+    }
+  }
+  double prob(std::size_t s) const noexcept {
+    const double w = 1.0 - o.decay;
+    const double rate = (key[s] / scale[s / n_e] * w + o.prior_weight * p0 * w) / (1.0 + o.prior_weight * w);
+    return std::min(1.0, std::max(1e-9, rate));
+  }
+  template <class View>
+  std::uint32_t victim(const View& v, std::size_t layer) noexcept {
+    move_to(layer);
+    double best_cost = -1.0;
+    std::uint32_t pick = no_slot;
+    for (std::uint64_t size : sizes) {
+      double best_k = -1.0;
+      std::uint32_t best_s = no_slot;
+      for (std::size_t l = 0; l < n_l; ++l) {
+        if (bytes[l] != size) continue;
+        std::uint32_t first = no_slot;
+        for (std::size_t e = 0; e < n_e; ++e) {
+          const auto s = static_cast<std::uint32_t>(l * n_e + e);
+          if (!member[s] || !v.evictable(s)) continue;
+          if (first == no_slot || key[s] < key[first] || (key[s] == key[first] && last[s] < last[first])) first = s;
+        }
+        if (first == no_slot) continue;
+        const std::size_t d = (l + n_l - now - 1) % n_l + 1;
+        const double kk = static_cast<double>(t + d) + static_cast<double>(n_l) / prob(first);
+        k_ties += best_s != no_slot && kk == best_k;
+        if (kk > best_k) {
+          best_k = kk;
+          best_s = first;
+        }
+      }
+      if (best_s == no_slot) continue;
+      const double c = (best_k - static_cast<double>(t) - static_cast<double>(n_l)) * static_cast<double>(size);
+      if (c > best_cost) {
+        best_cost = c;
+        pick = best_s;
+      }
+    }
+    return pick;
+  }
+};
+
+/// P that also records every slot it is told was evicted, in order.
+template <class P>
+struct recording : P {
+  using P::P;
+  std::vector<std::uint32_t> evicted;
+  void on_evict(std::uint32_t s) noexcept {
+    evicted.push_back(s);  // test only: may allocate
+    P::on_evict(s);
+  }
+};
+
+/// Runs `fast` and `twin` (expert_caches of recording<> policies) side by side
+/// on `trace`, calling `between(i)` after batch i on both (a preload, a pin,
+/// an invalidation), and returns the number of batches after which their
+/// evictions so far (every slot, in order), bytes or hits differ, or, every
+/// `full_every` batches, their residency of any (layer, expert).
+template <class Fast, class Twin, class Between>
+std::size_t cycle_divergences(const model_shape& s, Fast& fast, Twin& twin, const std::vector<batch>& trace,
+                              Between&& between, std::size_t full_every = 1) {
+  std::size_t bad = 0, checked = 0;  // evictions compared so far
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    fast.access_batch(trace[i].phase, L(trace[i].layer), trace[i].ids);
+    twin.access_batch(trace[i].phase, L(trace[i].layer), trace[i].ids);
+    between(i);
+    const auto& a = fast.policy().evicted;
+    const auto& b = twin.policy().evicted;
+    bool same = a.size() == b.size() && std::equal(a.begin() + static_cast<std::ptrdiff_t>(checked), a.end(),
+                                                   b.begin() + static_cast<std::ptrdiff_t>(checked));
+    checked = std::min(a.size(), b.size());
+    same = same && fast.resident_bytes() == twin.resident_bytes() && fast.stats().all.hits == twin.stats().all.hits;
+    if (i % full_every == 0 || i + 1 == trace.size())
+      for (std::size_t l = 0; l < s.n_layers() && same; ++l)
+        for (std::size_t e = 0; e < s.n_experts() && same; ++e)
+          same = fast.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e))) ==
+                 twin.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e)));
+    bad += !same;
+  }
+  return bad;
+}
 }  // namespace
 
 TEST_CASE("expert_cache: the engine's batch accounting") {
@@ -382,6 +532,133 @@ TEST_CASE("cycle: the per-size heaps choose exactly what a full scan chooses") {
         CHECK(fast.stats().all.hits == scan.stats().all.hits);
         CHECK(fast.stats().all.evictions == scan.stats().all.evictions);
       }
+    }
+  }
+}
+
+TEST_CASE("cycle equals its slow obvious twin, entry by entry, on random traces") {
+  // Mixed expert sizes (three classes), prefill batches (n / k tokens of
+  // decay), pins, insert() of any layer between batches, invalidate(),
+  // shuffled layer order, a decay small enough that keys are rescaled many
+  // times, and the retention decorator (which ends an eviction mid-search).
+  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
+  std::size_t evictions = 0;
+  for (std::uint32_t seed : {71u, 72u, 73u, 74u}) {
+    auto tr = random_trace(s, seed, seed == 74u ? 0 : 5, 200);
+    std::mt19937 rng(seed);
+    if (seed == 73u)  // out of cycle order
+      std::shuffle(tr.begin() + static_cast<std::ptrdiff_t>(s.n_layers()), tr.end(), rng);
+    for (double decay : {0.9, 0.2}) {
+      for (bool weigh : {true, false}) {
+        for (std::uint64_t budget : {250u, 700u, 1500u, 3200u}) {
+          CAPTURE(seed);
+          CAPTURE(decay);
+          CAPTURE(weigh);
+          CAPTURE(budget);
+          cycle_policy_options co;
+          co.decay = decay;
+          co.weigh_bytes = weigh;
+          expert_cache<recording<cycle_policy>> fast(s, opts(budget), recording<cycle_policy>{co});
+          expert_cache<recording<twin_cycle>> twin(s, opts(budget), recording<twin_cycle>{co});
+          fast.pin(L(1), E(2));
+          twin.pin(L(1), E(2));
+          std::mt19937 r2(seed * 31 + static_cast<std::uint32_t>(budget));
+          const std::size_t bad = cycle_divergences(s, fast, twin, tr, [&](std::size_t i) {
+            const int l = static_cast<int>(r2() % s.n_layers()), e = static_cast<int>(r2() % s.n_experts());
+            if (i % 5 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
+            if (i % 11 == 6) CHECK(fast.invalidate(L(l), E(e)) == twin.invalidate(L(l), E(e)));
+            if (i % 97 == 40) {  // a pin that comes and goes
+              fast.pin(L(l), E(e));
+              twin.pin(L(l), E(e));
+            }
+            if (i % 97 == 80) {
+              fast.unpin(L(l), E(e));
+              twin.unpin(L(l), E(e));
+            }
+          });
+          CHECK(bad == 0);
+          CHECK(fast.stats().all.evictions == twin.stats().all.evictions);
+          evictions += fast.stats().all.evictions;
+        }
+      }
+    }
+  }
+  CHECK(evictions > 200000);  // the comparison ran through many decisions
+}
+
+TEST_CASE("cycle equals its slow obvious twin where ties decide") {
+  // Decay 1/2 on three layers of four experts makes usages short binary
+  // fractions, and K(a) = K(b) across layers happens (found by a search over
+  // small shapes; ties are otherwise rare): the lower layer must win, so the
+  // tie rule is compared, not just the order.
+  cycle_policy_options co;
+  co.decay = 0.5;
+  std::size_t k_ties = 0;
+  for (const model_shape& s : {model_shape("equal", 4, 2, {100, 100, 100}), model_shape("two", 4, 2, {200, 100, 100})}) {
+    for (std::uint32_t seed = 1; seed <= 40; ++seed) {
+      const auto tr = random_trace(s, seed, seed % 2 ? 3 : 0, 100);
+      for (std::uint64_t budget : {200u, 300u, 400u, 500u}) {
+        CAPTURE(s.name());
+        CAPTURE(seed);
+        CAPTURE(budget);
+        expert_cache<recording<cycle_policy>> fast(s, opts(budget), recording<cycle_policy>{co});
+        expert_cache<recording<twin_cycle>> twin(s, opts(budget), recording<twin_cycle>{co});
+        CHECK(cycle_divergences(s, fast, twin, tr, [](std::size_t) {}) == 0);
+        k_ties += twin.policy().k_ties;
+      }
+    }
+  }
+  CHECK(k_ties >= 30);  // 41 when written
+}
+
+TEST_CASE("cycle equals its slow obvious twin under retention_policy, with protect() between batches") {
+  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
+  {
+    for (std::uint32_t seed : {81u, 82u}) {
+      const auto tr = random_trace(s, seed, 3, 300);
+      for (std::uint64_t budget : {500u, 1500u}) {
+        CAPTURE(seed);
+        CAPTURE(budget);
+        expert_cache<recording<retention_policy<cycle_policy>>> fast(s, opts(budget));
+        expert_cache<recording<retention_policy<twin_cycle>>> twin(s, opts(budget));
+        std::mt19937 r2(seed);
+        const std::size_t bad = cycle_divergences(s, fast, twin, tr, [&](std::size_t i) {
+          if (i + 1 >= tr.size()) return;
+          // Protect the next batch's ids (a perfect predictor) or random ones.
+          const batch& next = tr[i + 1];
+          std::vector<expert_id> ids = next.ids;
+          if (r2() % 2) ids = {E(static_cast<int>(r2() % s.n_experts())), E(static_cast<int>(r2() % s.n_experts()))};
+          fast.policy().protect(L(next.layer), ids);
+          twin.policy().protect(L(next.layer), ids);
+        });
+        CHECK(bad == 0);
+        CHECK(fast.policy().overridden() == twin.policy().overridden());
+      }
+    }
+  }
+}
+
+TEST_CASE("cycle equals its slow obvious twin on the real traces, batch by batch") {
+  // The recorded Qwen3-30B and gpt-oss-120b routing (prefill and decode, two
+  // expert sizes on Qwen), from below the token cycle to most of the model.
+  for (const char* name : {"qwen.route.csv", "gptoss.route.csv"}) {
+    const std::string path = moe_residency_test::real_trace(name);
+    if (path.empty()) return;
+    const validated_route_trace t = read_route_trace(path);
+    const model_shape s = t.shape();
+    const load_batches lb = group_load_batches(t);
+    std::vector<batch> tr;
+    for (const load_batch& b : lb.batches) {
+      const auto ids = lb.experts_of(b);
+      tr.push_back({b.phase, static_cast<int>(to_index(b.layer)), std::vector<expert_id>(ids.begin(), ids.end())});
+    }
+    for (double mib : {500.0, 4000.0}) {
+      CAPTURE(name);
+      CAPTURE(mib);
+      expert_cache<recording<cycle_policy>> fast(s, opts(from_mib(mib)));
+      expert_cache<recording<twin_cycle>> twin(s, opts(from_mib(mib)));
+      CHECK(cycle_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
+      CHECK(fast.stats().all.evictions > 1000);
     }
   }
 }

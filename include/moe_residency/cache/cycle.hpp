@@ -13,18 +13,23 @@
 /// in a prefill batch counts as a use; usage persists across evictions), and
 /// evicts the largest ETNU.
 ///
-/// Cost: O(log E) per access (amortised: a use only marks its layer's heap
-/// stale, the heap settles where its top is read), O(L + log E) per eviction
-/// (a scan of the L per-layer K values, a few dozen doubles), one exp per
-/// layer whose top changed. Why it is exact and cheap: write d(j) = v(j) − t with t a layer
-/// clock and v(j) the absolute step of j's next visit. Between two visits of
-/// j, v(j) does not move, and neither does any p(j, ·) (decay advances only
-/// at j's own batches). So K(j) = v(j) + L / p(top of j) is time-invariant,
-/// and ETNU = bytes(j) × (K(j) − t − L): within one byte size the largest K
-/// is the victim at every t. Each layer keeps a heap of its entries (ordered
-/// by a time-invariant usage key) and its K; a victim is the best of the
-/// largest K of each byte size (C = number of distinct expert sizes, 1–3 in
-/// practice).
+/// Why it is exact and cheap: write d(j) = v(j) − t with t a layer clock and
+/// v(j) the absolute step of j's next visit. Between two visits of j, v(j)
+/// does not move, and neither does any p(j, ·) (decay advances only at j's
+/// own batches). So K(j) = v(j) + L / p(top of j) is time-invariant, and
+/// ETNU = bytes(j) × (K(j) − t − L): within one byte size the largest K is
+/// the victim at every t. Each layer keeps a heap of its entries (ordered by a
+/// time-invariant usage key) and its K; each byte size keeps a tournament tree
+/// over its layers' K; a victim is the best of the size winners (C = number
+/// of distinct expert sizes, 1–3 in practice).
+///
+/// Cost, per access: O(1) (a use only bumps the entry's key: the layer heap
+/// settles where its top is read; an entry inserted by the batch joins its
+/// heap when the batch's eviction ends, since it cannot be a victim before).
+/// Per eviction: O(log E + log L); a layer's K is recomputed (three
+/// divisions, skipped when its top's L / p is cached from the same decay
+/// epoch) at most once per eviction round, only for the layers that changed.
+/// No exp or log on the hot path.
 ///
 /// Never collapses below the token cycle: the layer just used has the
 /// largest d.
@@ -32,12 +37,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "moe_residency/cache/expert_cache.hpp"
-#include "moe_residency/detail/cache_heap.hpp"
 
 namespace moe_residency {
 
@@ -52,27 +57,9 @@ struct cycle_policy_options {
   /// step first) — matters only when expert bytes differ between layers.
   bool weigh_bytes = true;
   /// Reference mode for tests: find each victim by scanning every layer
-  /// (O(L × E) per eviction) instead of the per-size heaps. Same decisions.
+  /// (O(L × E) per eviction) instead of the heaps and trees. Same decisions.
   bool reference_scan = false;
 };
-
-namespace detail {
-struct cache_cycle_order {
-  std::vector<double> key;            // usage × γ^−τ(layer): order-preserving in a layer
-  std::vector<std::uint64_t> last;    // tick of the last access
-  bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    return before(key_type{key[a], last[a]}, key_type{key[b], last[b]});
-  }
-  struct key_type {
-    double key;
-    std::uint64_t last;
-  };
-  key_type key_of(std::uint32_t s) const noexcept { return key_type{key[s], last[s]}; }
-  static bool before(const key_type& a, const key_type& b) noexcept {
-    return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
-  }
-};
-}  // namespace detail
 
 class cycle_policy : public policy_base {
  public:
@@ -97,42 +84,63 @@ class cycle_policy : public policy_base {
     n_layers_ = shape.n_layers();
     top_k_ = shape.top_k();
     p0_ = static_cast<double>(shape.top_k()) / static_cast<double>(shape.n_experts());
-    layer_bytes_ = shape.all_expert_bytes();
-    heaps_.assign(n_layers_, detail::cache_slot_heap<detail::cache_cycle_order>{detail::cache_cycle_order{}});
-    for (auto& h : heaps_) {
-      h.order().key.assign(n_experts_, 0.0);
-      h.order().last.assign(n_experts_, 0);
-      h.reset(n_experts_);
-    }
+    const std::size_t n_slots = n_layers_ * n_experts_;
+    use_.assign(n_slots, use_state{});
+    nodes_.assign(n_slots, node{});
+    pos_.assign(n_slots, none);
+    deferred_.assign(n_slots, 0);
+    deferred_list_.clear();
+    deferred_list_.reserve(n_slots);
+    stash_.clear();
+    stash_.reserve(n_slots);
+    size_.assign(n_layers_, 0);
     scale_.assign(n_layers_, 1.0);
+    epoch_.assign(n_layers_, 1);
+    k_.assign(n_layers_, no_k);
+    dirty_.assign(n_layers_, 0);
+    dirty_list_.clear();
+    dirty_list_.reserve(n_layers_);
     // One class per distinct expert size (all layers in one when bytes are not weighed).
+    const std::vector<std::uint64_t> layer_bytes = shape.all_expert_bytes();
     class_of_.assign(n_layers_, 0);
     class_bytes_.clear();
     for (std::size_t l = 0; l < n_layers_; ++l) {
-      const std::uint64_t b = o_.weigh_bytes ? layer_bytes_[l] : 1;
+      const std::uint64_t b = o_.weigh_bytes ? layer_bytes[l] : 1;
       std::size_t c = 0;
       while (c < class_bytes_.size() && class_bytes_[c] != b) ++c;
       if (c == class_bytes_.size()) class_bytes_.push_back(b);
       class_of_[l] = static_cast<std::uint32_t>(c);
     }
-    layer_k_.assign(n_layers_, no_k);
-    class_layers_.clear();
-    class_start_.assign(class_bytes_.size() + 1, 0);
+    // A tournament tree per class over its layers, ascending: node i's
+    // children are 2i and 2i + 1, leaves at [P, 2P), each node holds the
+    // layer with the largest K below it (ties to the left, the lower layer).
+    leaf_of_.assign(n_layers_, 0);
+    tree_root_.assign(class_bytes_.size(), 0);
+    tree_.clear();
     for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
-      class_start_[c] = static_cast<std::uint32_t>(class_layers_.size());
+      std::uint32_t n = 0;
       for (std::size_t l = 0; l < n_layers_; ++l)
-        if (class_of_[l] == c) class_layers_.push_back(static_cast<std::uint32_t>(l));
+        if (class_of_[l] == c) ++n;
+      std::uint32_t p = 1;
+      while (p < n) p *= 2;
+      const auto off = static_cast<std::uint32_t>(tree_.size());
+      tree_root_[c] = off + 1;
+      tree_.resize(tree_.size() + 2 * p, tree_node{no_k, static_cast<std::uint32_t>(n_layers_)});  // padding
+      n = 0;
+      for (std::size_t l = 0; l < n_layers_; ++l)
+        if (class_of_[l] == c) {
+          leaf_of_[l] = off + p + n++;
+          tree_[leaf_of_[l]].layer = static_cast<std::uint32_t>(l);
+        }
+      for (std::uint32_t i = p; i-- > 1;) tree_[off + i] = tree_[off + 2 * i];  // all no_k: the left
     }
-    class_start_[class_bytes_.size()] = static_cast<std::uint32_t>(class_layers_.size());
     scan_k_.assign(class_bytes_.size(), -1.0);
     scan_l_.assign(class_bytes_.size(), no_slot);
     scan_e_.assign(class_bytes_.size(), no_slot);
-    stashed_.assign(n_layers_, 0);
-    stashed_list_.clear();
-    stashed_list_.reserve(n_layers_);
     now_ = n_layers_ - 1;
     t_ = 0;
-    dirty_ = false;
+    tick_ = 0;
+    occ_ = 0;
   }
   void on_batch_begin(run_phase, std::size_t layer) noexcept {
     advance(layer);
@@ -143,65 +151,64 @@ class cycle_policy : public policy_base {
   void on_insert(std::uint32_t s) noexcept { use(s, true); }
   void on_evict(std::uint32_t s) noexcept {
     const std::uint32_t l = layer_of(s);
-    heaps_[l].erase(s - l * n_experts_);
-    if (!o_.reference_scan) refresh(l);
+    erase(l, s);
+    mark(l);
   }
   void on_batch_end(std::size_t layer) noexcept {
     // A batch of n routed ids is n / k tokens of this layer (prefill holds many).
     const double tokens = static_cast<double>(occ_) / static_cast<double>(top_k_);
     decay_layer(layer, tokens < 1.0 ? 1.0 : tokens);
-    if (!o_.reference_scan) refresh(layer);
-    if (layer == now_) dirty_ = false;
+    mark(layer);
   }
 
   template <class View>
   std::uint32_t victim(const View& v, std::size_t layer) noexcept {
     advance(layer);  // insert() outside a batch may name another layer
     if (o_.reference_scan) return victim_scan(v);
-    if (dirty_) {
-      refresh(now_);
-      dirty_ = false;
-    }
+    flush();
     std::uint32_t best_l = no_slot;
     double best = -1.0;
-    for (std::size_t c = 0; c + 1 < class_start_.size(); ++c) {
-      std::uint32_t l = no_slot;
+    for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
+      const std::uint32_t root = tree_root_[c];
+      std::uint32_t l = tree_[root].layer;
       for (;;) {
-        l = largest_k(c);
-        if (l == no_slot) break;
-        auto& h = heaps_[l];
-        const auto base = static_cast<std::uint32_t>(l * n_experts_);
-        bool stashed = false;
-        h.settle_top();
-        while (!h.empty() && !v.evictable(base + h.top())) {
-          h.stash_top();
-          h.settle_top();
-          stashed = true;
-        }
-        if (!stashed) break;
-        if (!stashed_[l]) {
-          stashed_[l] = 1;
-          stashed_list_.push_back(l);
-        }
+        if (k_[l] == no_k) break;  // every layer of the class is empty
+        const std::uint32_t base = l * n_experts_;
+        if (v.evictable(nodes_[base].slot)) break;
+        // The top cannot go (touched by this batch, pinned): set it aside
+        // until end_eviction(), with every next top that cannot go either.
+        do {
+          stash_top(l);
+          settle(l);
+        } while (size_[l] != 0 && !v.evictable(nodes_[base].slot));
         refresh(l);
+        l = tree_[root].layer;
       }
-      if (l == no_slot) continue;
-      const double score = cost(l, layer_k_[l]);
+      if (k_[l] == no_k) continue;
+      const double score = cost(class_bytes_[c], k_[l]);
       if (score > best) {
         best = score;
         best_l = l;
       }
     }
-    return best_l == no_slot ? no_slot : static_cast<std::uint32_t>(best_l * n_experts_ + heaps_[best_l].top());
+    return best_l == no_slot ? no_slot : nodes_[best_l * n_experts_].slot;
   }
   void end_eviction() noexcept {
-    if (o_.reference_scan) return;
-    for (std::uint32_t l : stashed_list_) {
-      heaps_[l].restore();
-      stashed_[l] = 0;
-      refresh(l);
+    for (std::uint32_t s : stash_) {
+      const std::uint32_t l = layer_of(s);
+      push(l, s);
+      mark(l);
     }
-    stashed_list_.clear();
+    stash_.clear();
+    for (std::uint32_t s : deferred_list_) {
+      if (deferred_[s] == 1) {
+        const std::uint32_t l = layer_of(s);
+        push(l, s);
+        mark(l);
+      }
+      deferred_[s] = 0;
+    }
+    deferred_list_.clear();
   }
 
   /// Expected layer steps until (layer, expert) is needed, seen from a
@@ -210,10 +217,33 @@ class cycle_policy : public policy_base {
     const std::size_t l = to_index(layer);
     const double d = static_cast<double>(steps_to(l, to_index(now)));
     const double L = static_cast<double>(n_layers_);
-    return d + L * (1.0 / prob(l, static_cast<std::uint32_t>(to_index(expert))) - 1.0);
+    return d + L * (1.0 / prob(l, static_cast<std::uint32_t>(l * n_experts_ + to_index(expert))) - 1.0);
   }
 
  private:
+  static constexpr std::uint32_t none = 0xffffffffu;
+  static constexpr std::uint32_t no_shift = 0xffffffffu;
+  static constexpr double no_k = -std::numeric_limits<double>::infinity();
+
+  /// A slot's usage key (usage × γ^−τ(layer), order-preserving within a
+  /// layer) and the tick of its last use: the layer order is (key, last).
+  struct use_state {
+    double key = 0.0;
+    std::uint64_t last = 0;
+    double q = 0.0;               // cached L / p (see l_over_p)
+    std::uint32_t q_epoch = 0;    // the layer epoch q belongs to (0: none)
+  };
+  /// A heap member: a copy of its order key (a lower bound: uses only raise
+  /// it, see settle()) and its slot.
+  struct node {
+    double key = 0.0;
+    std::uint64_t last = 0;
+    std::uint32_t slot = 0;
+  };
+  static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
+    return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
+  }
+
   // ---- the layer clock ----------------------------------------------------
   /// Absolute step of layer l's next visit, seen from the clock (t_, now_).
   double next_visit(std::size_t l) const noexcept { return static_cast<double>(t_ + steps_to(l, now_)); }
@@ -226,63 +256,168 @@ class cycle_policy : public policy_base {
   std::uint32_t layer_of(std::uint32_t s) const noexcept {
     return expert_shift_ != no_shift ? s >> expert_shift_ : s / n_experts_;
   }
-  /// Moves the clock to `layer`. In cycle order nothing else changes; a
-  /// layer skipped over (out-of-order access) gets its K recomputed.
+  /// Moves the clock to `layer`. In cycle order only that layer's v moves; a
+  /// layer skipped over (out-of-order access) gets its K recomputed too.
   void advance(std::size_t layer) noexcept {
     if (layer == now_ || layer >= n_layers_) return;
-    if (dirty_ && !o_.reference_scan) refresh(now_);  // e.g. insert() that evicted nothing
     const std::size_t dist = steps_to(layer, now_);  // 1 … L−1
     const std::size_t from = now_;
     t_ += dist;
     now_ = layer;
-    if (o_.reference_scan) return;
-    for (std::size_t i = 1; i <= dist; ++i) refresh((from + i) % n_layers_);  // skipped + now
-    dirty_ = false;
+    for (std::size_t i = 1; i <= dist; ++i) {
+      const std::size_t l = from + i;
+      mark(l >= n_layers_ ? l - n_layers_ : l);  // skipped + now
+    }
   }
 
   // ---- estimates ------------------------------------------------------------
-  double usage(std::size_t l, std::uint32_t e) const noexcept {
-    return heaps_[l].order().key[e] / scale_[l];
-  }
-  double prob(std::size_t l, std::uint32_t e) const noexcept {
+  double usage(std::size_t l, std::uint32_t s) const noexcept { return use_[s].key / scale_[l]; }
+  double prob(std::size_t l, std::uint32_t s) const noexcept {
     // Decayed count → per-token rate: u converges to r / (1 − γ) at rate r.
     const double w = 1.0 - o_.decay;
-    const double rate = (usage(l, e) * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
+    const double rate = (usage(l, s) * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
     return rate > 1.0 ? 1.0 : (rate < 1e-9 ? 1e-9 : rate);
   }
-  /// K of layer l's entry e: v(l) + L / p (time-invariant between visits).
-  double k_of(std::size_t l, std::uint32_t e) const noexcept {
-    return next_visit(l) + static_cast<double>(n_layers_) / prob(l, e);
+  /// L / p of slot s of layer l: constant while neither its key nor its
+  /// layer's scale moves, so cached per slot with the layer's decay epoch
+  /// (a use clears the slot's epoch). Same value, bit for bit, as computed.
+  double l_over_p(std::size_t l, std::uint32_t s) noexcept {
+    use_state& u = use_[s];
+    if (u.q_epoch == epoch_[l]) return u.q;
+    const double q = static_cast<double>(n_layers_) / prob(l, s);
+    u.q = q;
+    u.q_epoch = epoch_[l];
+    return q;
   }
   /// ETNU × bytes of a layer with key K at the current clock.
-  double cost(std::size_t l, double k) const noexcept {
+  double cost(std::uint64_t bytes, double k) const noexcept {
     const double steps = k - static_cast<double>(t_) - static_cast<double>(n_layers_);
-    return steps * static_cast<double>(class_bytes_[class_of_[l]]);
+    return steps * static_cast<double>(bytes);
   }
-  /// Recomputes layer l's K from its heap top (no_k when the layer holds nothing).
+
+  // ---- layer keys and the trees ---------------------------------------------
+  /// Layer l's K may have changed: recomputed at the next victim() (once,
+  /// however many changes came before it).
+  void mark(std::size_t l) noexcept {
+    if (dirty_[l]) return;
+    dirty_[l] = 1;
+    dirty_list_.push_back(static_cast<std::uint32_t>(l));  // at most L listed: never reallocates
+  }
+  void flush() noexcept {
+    for (std::uint32_t l : dirty_list_) {
+      dirty_[l] = 0;
+      refresh(l);
+    }
+    dirty_list_.clear();
+  }
+  /// Recomputes layer l's K from its settled heap top (no_k when the heap
+  /// is empty) and replays its path in its class's tree.
   void refresh(std::size_t l) noexcept {
-    auto& h = heaps_[l];
-    if (h.empty()) {
-      layer_k_[l] = no_k;
-      return;
-    }
-    h.settle_top();
-    layer_k_[l] = k_of(l, h.top());
+    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
+    settle(l);
+    k_[l] = size_[l] == 0 ? no_k : next_visit(l) + l_over_p(l, nodes_[base].slot);
+    tree_update(l, k_[l]);
   }
-  /// The layer of class c with the largest K, ties to the lower layer (a scan
-  /// of at most L doubles: cheaper than keeping a heap of layers in order
-  /// through every refresh), or no_slot when none holds anything.
-  std::uint32_t largest_k(std::size_t c) const noexcept {
-    std::uint32_t pick = no_slot;
-    double best = no_k;
-    for (std::uint32_t i = class_start_[c], end = class_start_[c + 1]; i < end; ++i) {
-      const std::uint32_t l = class_layers_[i];
-      if (layer_k_[l] > best) {
-        best = layer_k_[l];
-        pick = l;
-      }
+
+  /// Replays leaf l's path to its class's root: each node holds the larger
+  /// K of its children, ties to the left (the lower layer). The winner rides
+  /// up in registers and is selected by bit masks, not a branch (which child
+  /// wins is data-dependent); only the sibling is read at each level.
+  void tree_update(std::size_t l, double k) noexcept {
+    tree_node* const t = tree_.data();
+    std::uint32_t i = leaf_of_[l], cl = static_cast<std::uint32_t>(l);
+    std::uint64_t ck = bits_of(k);
+    t[i].k = k;
+    double cur = k;
+    // Node r of a class's tree is at base + r: root 1, children 2r and 2r + 1.
+    const std::uint32_t root = tree_root_[class_of_[l]], base = root - 1;
+    while (i != root) {
+      const tree_node& sib = t[base + ((i - base) ^ 1u)];
+      const bool left = ((i - base) & 1u) == 0;
+      const bool keep = (cur > sib.k) | (left & (cur == sib.k));
+      const std::uint64_t m = 0 - static_cast<std::uint64_t>(keep);
+      ck = (ck & m) | (bits_of(sib.k) & ~m);
+      cl = (cl & static_cast<std::uint32_t>(m)) | (sib.layer & ~static_cast<std::uint32_t>(m));
+      cur = double_of(ck);
+      i = base + ((i - base) >> 1);
+      t[i].k = cur;
+      t[i].layer = cl;
     }
-    return pick;
+  }
+  static std::uint64_t bits_of(double d) noexcept {
+    std::uint64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+  }
+  static double double_of(std::uint64_t b) noexcept {
+    double d;
+    std::memcpy(&d, &b, sizeof d);
+    return d;
+  }
+
+  // ---- the layer heaps: layer l's at nodes_[l × E, l × E + size_[l]) ----------
+  void push(std::uint32_t l, std::uint32_t s) noexcept {
+    const std::uint32_t base = l * n_experts_;
+    up(base, size_[l]++, node{use_[s].key, use_[s].last, s});
+  }
+  void erase(std::uint32_t l, std::uint32_t s) noexcept {
+    if (deferred_[s] == 1) deferred_[s] = 2;
+    const std::uint32_t i = pos_[s];
+    if (i == none) return;
+    const std::uint32_t base = l * n_experts_;
+    const std::uint32_t n = --size_[l];
+    pos_[s] = none;
+    if (i == n) return;
+    const node last = nodes_[base + n];
+    if (i > 0 && before(last.key, last.last, nodes_[base + (i - 1) / 2].key, nodes_[base + (i - 1) / 2].last))
+      up(base, i, last);
+    else
+      down(base, n, i, last);
+  }
+  /// Re-sifts the top until its copy of the key is current: keys only grow,
+  /// so every copy is a lower bound and the settled top is the true first.
+  void settle(std::size_t l) noexcept {
+    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
+    while (size_[l] != 0) {
+      node t = nodes_[base];
+      const use_state& u = use_[t.slot];
+      if (!before(t.key, t.last, u.key, u.last)) return;
+      t.key = u.key;
+      t.last = u.last;
+      down(base, size_[l], 0, t);
+    }
+  }
+  void stash_top(std::uint32_t l) noexcept {
+    const std::uint32_t s = nodes_[l * n_experts_].slot;
+    erase(l, s);
+    stash_.push_back(s);  // each slot at most once per eviction: never reallocates
+  }
+  void up(std::uint32_t base, std::uint32_t i, const node n) noexcept {
+    node* const h = nodes_.data() + base;
+    while (i > 0) {
+      const std::uint32_t p = (i - 1) / 2;
+      if (!before(n.key, n.last, h[p].key, h[p].last)) break;
+      h[i] = h[p];
+      pos_[h[i].slot] = i;
+      i = p;
+    }
+    h[i] = n;
+    pos_[n.slot] = i;
+  }
+  void down(std::uint32_t base, std::uint32_t n_nodes, std::uint32_t i, const node n) noexcept {
+    node* const h = nodes_.data() + base;
+    for (;;) {
+      std::uint32_t c = 2 * i + 1;
+      if (c >= n_nodes) break;
+      // The first child by arithmetic, not a branch (data-dependent).
+      if (c + 1 < n_nodes) c += static_cast<std::uint32_t>(before(h[c + 1].key, h[c + 1].last, h[c].key, h[c].last));
+      if (!before(h[c].key, h[c].last, n.key, n.last)) break;
+      h[i] = h[c];
+      pos_[h[i].slot] = i;
+      i = c;
+    }
+    h[i] = n;
+    pos_[n.slot] = i;
   }
 
   /// The reference: the same decision by scanning every layer's entries.
@@ -294,16 +429,15 @@ class cycle_policy : public policy_base {
     std::fill(best_k.begin(), best_k.end(), -1.0);
     std::fill(best_l.begin(), best_l.end(), no_slot);
     for (std::size_t l = 0; l < n_layers_; ++l) {
-      const auto& ord = heaps_[l].order();
-      std::uint32_t top = no_slot;  // first by the layer heap's order among evictable
+      std::uint32_t top = no_slot;  // first by the layer's order among evictable
       for (std::uint32_t e = 0; e < n_experts_; ++e) {
         const auto s = static_cast<std::uint32_t>(l * n_experts_ + e);
-        if (!heaps_[l].contains(e) || !v.evictable(s)) continue;
-        if (top == no_slot || ord(e, top)) top = e;
+        if (pos_[s] == none || !v.evictable(s)) continue;
+        if (top == no_slot || before(use_[s].key, use_[s].last, use_[top].key, use_[top].last)) top = s;
       }
       if (top == no_slot) continue;
       const std::size_t c = class_of_[l];
-      const double k = k_of(l, top);
+      const double k = next_visit(l) + static_cast<double>(n_layers_) / prob(l, top);
       if (k > best_k[c]) {  // ties to the lower layer (scanned first)
         best_k[c] = k;
         best_l[c] = static_cast<std::uint32_t>(l);
@@ -314,10 +448,10 @@ class cycle_policy : public policy_base {
     std::uint32_t pick = no_slot;
     for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
       if (best_l[c] == no_slot) continue;
-      const double score = cost(best_l[c], best_k[c]);
+      const double score = cost(class_bytes_[c], best_k[c]);
       if (score > best) {
         best = score;
-        pick = static_cast<std::uint32_t>(best_l[c] * n_experts_ + best_e[c]);
+        pick = best_e[c];
       }
     }
     return pick;
@@ -325,52 +459,70 @@ class cycle_policy : public policy_base {
 
   void use(std::uint32_t s, bool insert) noexcept {
     const std::uint32_t l = layer_of(s);
-    const std::uint32_t e = s - l * n_experts_;
-    auto& h = heaps_[l];
-    h.order().key[e] += scale_[l];  // usage += 1, in the layer's undecayed units
-    h.order().last[e] = ++tick_;
+    use_state& u = use_[s];
+    u.key += scale_[l];  // usage += 1, in the layer's undecayed units
+    u.last = ++tick_;
+    u.q_epoch = 0;
     ++occ_;
-    // A use only moves an entry later in its layer's order (more usage, newer
-    // tick): the heap settles lazily where its top is read (refresh, victim).
-    if (insert) h.push(e);
-    if (l == now_) dirty_ = true;
-    else if (!o_.reference_scan) refresh(l);  // insert() of another layer
+    if (insert) {
+      // Not a victim before this batch's eviction ends (the batch touched
+      // it): it joins the heap in end_eviction(), not stashed off its top.
+      // deferred_: 0 not listed, 1 listed and due, 2 listed but cancelled.
+      if (deferred_[s] == 0) deferred_list_.push_back(s);  // listed once: never reallocates
+      deferred_[s] = 1;
+    } else {
+      mark(l);  // the top may have moved later (a layer's use is its own batch: marked already)
+    }
   }
   /// Advances layer l's decay by `tokens`; keeps its keys finite by rescaling
-  /// them (a uniform positive factor: the heap's order is unchanged, but it
+  /// them (a uniform positive factor: the order is unchanged, but the heap
   /// is rebuilt in case rounding made two keys equal).
   void decay_layer(std::size_t l, double tokens) noexcept {
     scale_[l] *= tokens == 1.0 ? inv_decay_ : std::pow(inv_decay_, tokens);
+    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
+    if (++epoch_[l] == 0) {  // wrapped: forget the cached L / p of the layer
+      for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].q_epoch = 0;
+      epoch_[l] = 1;
+    }
     if (scale_[l] < 1e150) return;
-    auto& h = heaps_[l];
-    auto& key = h.order().key;
     const double f = 1.0 / scale_[l];
-    for (double& k : key) k *= f;
+    for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].key *= f;
     scale_[l] = 1.0;
-    h.rekey_all();
+    const std::uint32_t n = size_[l];
+    for (std::uint32_t i = 0; i < n; ++i) nodes_[base + i].key = use_[nodes_[base + i].slot].key;
+    for (std::uint32_t i = n / 2; i-- > 0;) down(base, n, i, nodes_[base + i]);
   }
 
   cycle_policy_options o_;
   double inv_decay_ = 1.0, p0_ = 0.0;
-  static constexpr std::uint32_t no_shift = 0xffffffffu;
   std::uint32_t n_experts_ = 1;
   std::uint32_t expert_shift_ = no_shift;  // log2(n_experts) when a power of two
   std::size_t n_layers_ = 1, top_k_ = 1, now_ = 0;
   std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
-  bool dirty_ = false;
-  std::vector<std::uint64_t> layer_bytes_;
-  std::vector<double> scale_;  // γ^−τ(l): usage(l, e) = key / scale
-  std::vector<detail::cache_slot_heap<detail::cache_cycle_order>> heaps_;
-  std::vector<std::uint32_t> class_of_;
+  // Per slot (layer × E + expert).
+  std::vector<use_state> use_;
+  std::vector<node> nodes_;               // the layer heaps
+  std::vector<std::uint32_t> pos_;        // heap position within its layer, or none
+  std::vector<std::uint8_t> deferred_;
+  std::vector<std::uint32_t> deferred_list_, stash_;
+  // Per layer.
+  std::vector<std::uint32_t> size_;       // heap size
+  std::vector<double> scale_;             // γ^−τ(l): usage(l, e) = key / scale
+  std::vector<std::uint32_t> epoch_;      // advances with scale_
+  std::vector<double> k_;                 // K of the heap top, or no_k when empty
+  std::vector<std::uint8_t> dirty_;
+  std::vector<std::uint32_t> dirty_list_;
+  std::vector<std::uint32_t> class_of_, leaf_of_;  // leaf_of_: index in tree_
+  // Per class (distinct expert size).
   std::vector<std::uint64_t> class_bytes_;
-  static constexpr double no_k = -std::numeric_limits<double>::infinity();
-  std::vector<double> layer_k_;             // per layer: K of its top, or no_k when empty
-  std::vector<std::uint32_t> class_layers_;  // the layers of each class, ascending
-  std::vector<std::uint32_t> class_start_;   // class c's layers: [class_start_[c], class_start_[c + 1])
-  std::vector<double> scan_k_;                // reference mode scratch
+  struct tree_node {
+    double k;
+    std::uint32_t layer;
+  };
+  std::vector<tree_node> tree_;               // every class's tree (see init)
+  std::vector<std::uint32_t> tree_root_;
+  std::vector<double> scan_k_;             // reference mode scratch
   std::vector<std::uint32_t> scan_l_, scan_e_;
-  std::vector<std::uint8_t> stashed_;
-  std::vector<std::uint32_t> stashed_list_;
 };
 
 }  // namespace moe_residency
