@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -61,8 +62,9 @@ inline std::string binary_header_bytes(const trace_header& h, std::uint64_t n_ro
 
 /// True when a trace_row's bytes are a record's first 19 bytes followed by
 /// the dropped byte, zero padding and expert_bytes (little-endian host, the
-/// member order of trace/types.hpp): the fast pass then writes a row as four
-/// 64-bit words composed from the record instead of ten narrow stores.
+/// member order of trace/types.hpp): the decoder then writes a row as a
+/// 16-byte copy of the record and two composed 64-bit words instead of ten
+/// narrow stores.
 inline bool trace_row_mirrors_record() noexcept {
   const std::uint32_t one = 1;
   unsigned char first = 0;
@@ -74,119 +76,205 @@ inline bool trace_row_mirrors_record() noexcept {
          sizeof(run_phase) == 1 && sizeof(layer_id) == 2 && sizeof(expert_id) == 2;
 }
 
-/// How the fast pass writes a row: composed words (where the layout allows
+/// How the decoder writes a row: composed words (where the layout allows
 /// it) or member by member (anywhere; tested against the words on every host).
 enum class row_store : std::uint8_t { words, members };
 
-/// The binary reader's fast pass over raw records: decodes each into a row
-/// and makes trace_row_checker's checks on it (ranges against the header, the
-/// bits byte as the reader decodes it, slots in rank order, distinct experts
-/// per routing, the row order) with the hot state in registers, the checks of
-/// a row folded into one flag tested once per call (no branch per check), and
-/// one branch per routing (row order is checked where a routing begins), and
-/// no message: read() says only whether every record passes. The reader runs
-/// the exact pass (read_binary_rows_exact) for the message of a file it
-/// refuses. tests/test_trace_errors.cpp holds it to the exact pass's verdict
-/// and rows, byte by byte. Allocates only at construction.
+/// Decodes one record the scanner accepted (its layer is below n_layer) into
+/// a row. `layer_bytes` is the header's expert_bytes.
+template <row_store Store = row_store::words>
+inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64_t* layer_bytes) noexcept {
+  if (Store == row_store::words && !trace_row_mirrors_record())
+    return decode_binary_record<row_store::members>(rp, layer_bytes);
+  const std::uint32_t spr = load_le<std::uint32_t>(rp + 16);  // slot | phase << 8 | residency << 16 | bits << 24
+  const std::uint32_t bits = spr >> 24;
+  const std::size_t layer = load_le<std::uint16_t>(rp + 12);
+  // The read bit as a mask, not a branch: hits and misses alternate at random.
+  const std::uint64_t read_bytes = layer_bytes[layer] & (std::uint64_t{0} - (bits & 1u));
+  trace_row r;
+  if (Store == row_store::words) {
+    const std::uint64_t dropped = static_cast<std::uint8_t>(static_cast<int>(bits >> 1) - 1);
+    const std::uint64_t tail = (spr & 0x00ffffffu) | dropped << 24;  // slot, phase, residency, dropped, 0 padding
+    unsigned char b[32];
+    std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
+    std::memcpy(b + 16, &tail, 8);
+    std::memcpy(b + 24, &read_bytes, 8);
+    std::memcpy(static_cast<void*>(&r), b, 32);
+  } else {
+    r.turn = load_le<std::uint32_t>(rp);
+    r.step = load_le<std::uint32_t>(rp + 4);
+    r.weight = bits_float(load_le<std::uint32_t>(rp + 8));
+    r.layer = static_cast<layer_id>(layer);
+    r.expert = static_cast<expert_id>(load_le<std::uint16_t>(rp + 14));
+    r.slot = static_cast<std::uint8_t>(spr & 0xffu);
+    r.phase = static_cast<run_phase>((spr >> 8) & 0xffu);
+    r.residency = static_cast<std::uint8_t>((spr >> 16) & 0xffu);
+    r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
+    r.expert_bytes = read_bytes;
+  }
+  return r;
+}
+
+/// A random-access view of accepted records as rows, decoded on dereference:
+/// `rows.insert(rows.end(), first, last)` then constructs each row in place
+/// in the vector's storage (one write of the rows; no buffer, no
+/// value-initialising pass). Its reference is the row itself (a prvalue), as
+/// std::vector's range insert needs nothing more.
+template <row_store Store = row_store::words>
+class binary_row_iterator {
+ public:
+  using iterator_category = std::random_access_iterator_tag;
+  using value_type = trace_row;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const trace_row*;
+  using reference = trace_row;
+
+  binary_row_iterator() = default;
+  binary_row_iterator(const unsigned char* rp, const std::uint64_t* layer_bytes) noexcept
+      : rp_(rp), layer_bytes_(layer_bytes) {}
+
+  trace_row operator*() const noexcept { return decode_binary_record<Store>(rp_, layer_bytes_); }
+  trace_row operator[](difference_type i) const noexcept { return *(*this + i); }
+  binary_row_iterator& operator++() noexcept { rp_ += binary_trace_record_size; return *this; }
+  binary_row_iterator operator++(int) noexcept { binary_row_iterator o = *this; ++*this; return o; }
+  binary_row_iterator& operator--() noexcept { rp_ -= binary_trace_record_size; return *this; }
+  binary_row_iterator operator--(int) noexcept { binary_row_iterator o = *this; --*this; return o; }
+  binary_row_iterator& operator+=(difference_type n) noexcept {
+    rp_ += n * static_cast<difference_type>(binary_trace_record_size);
+    return *this;
+  }
+  binary_row_iterator& operator-=(difference_type n) noexcept { return *this += -n; }
+  friend binary_row_iterator operator+(binary_row_iterator a, difference_type n) noexcept { return a += n; }
+  friend binary_row_iterator operator+(difference_type n, binary_row_iterator a) noexcept { return a += n; }
+  friend binary_row_iterator operator-(binary_row_iterator a, difference_type n) noexcept { return a -= n; }
+  friend difference_type operator-(const binary_row_iterator& a, const binary_row_iterator& b) noexcept {
+    return (a.rp_ - b.rp_) / static_cast<difference_type>(binary_trace_record_size);
+  }
+  friend bool operator==(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return a.rp_ == b.rp_; }
+  friend bool operator!=(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return a.rp_ != b.rp_; }
+  friend bool operator<(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return a.rp_ < b.rp_; }
+  friend bool operator>(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return b < a; }
+  friend bool operator<=(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return !(b < a); }
+  friend bool operator>=(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return !(a < b); }
+
+ private:
+  const unsigned char* rp_ = nullptr;
+  const std::uint64_t* layer_bytes_ = nullptr;
+};
+
+/// The binary reader's fast pass over raw records: makes trace_row_checker's
+/// checks on each record in place (ranges against the header, the bits byte
+/// as the reader decodes it, slots in rank order, distinct experts per
+/// routing, the row order), with the hot state in registers, one
+/// never-taken branch per check, and the row order checked once per routing;
+/// it writes nothing but its per-expert stamps, and gives no message: check()
+/// says only whether every record passes. The reader decodes the records it
+/// accepted (binary_row_iterator) and runs the exact pass
+/// (read_binary_rows_exact) for the message of a file it refuses.
+/// tests/test_trace_errors.cpp holds it to the exact pass's verdict, byte by
+/// byte and on random damage. Allocates only at construction.
 class binary_record_scanner {
  public:
   /// `h` must satisfy header_problem(h).empty().
   explicit binary_record_scanner(const trace_header& h)
       : n_layer_(h.n_layer), n_expert_(h.n_expert), k_(h.n_expert_used), stamp_(h.n_expert, 0) {
-    // Expert bytes per layer and a last entry 0 for every layer out of range:
-    // 0 means not routable (out of range, unlisted, or 0 bytes).
-    layer_bytes_.assign(h.n_layer + 1, 0);
-    std::copy(h.expert_bytes.begin(), h.expert_bytes.end(), layer_bytes_.begin());
-    // Which (residency, bits) pairs pass, as bit residency × 8 + bits:
-    // residency 0–2; the dropped code bits >> 1 is 0 without the column and 1
+    // A routable layer has expert bytes (a layer without a "# layer=" line
+    // has none: header-consistent files never list bytes for it).
+    routable_.assign(h.n_layer, 0);
+    all_routable_ = true;
+    for (std::size_t l = 0; l < h.n_layer; ++l) {
+      routable_[l] = h.expert_bytes[l] != 0;
+      all_routable_ = all_routable_ && routable_[l];
+    }
+    // The accepted (phase, residency, bits) bytes x = phase | residency << 8
+    // | bits << 16, in a table indexed by the bits a valid x can have set
+    // (phase bit 0, residency bits 8-9, bits 16-18), gathered by one multiply
+    // (see combo_index): entry i holds the x it accepts, or a value no x can
+    // equal. An x with any other bit set matches no entry. phase 0-1;
+    // residency 0-2; the dropped code bits >> 1 is 0 without the column and 1
     // or 2 with it; the read bit (expert_bytes = the layer's bytes) only on a
-    // miss. The checker's other expert_bytes and dropped checks cannot fail
-    // on a decoded record.
-    for (unsigned residency = 0; residency < 3; ++residency)
-      for (unsigned bits = 0; bits < 8; ++bits) {
-        const unsigned code = bits >> 1;
-        const bool dropped_ok = h.has_dropped_column ? (code == 1 || code == 2) : code == 0;
-        if (dropped_ok && !((bits & 1) && residency != 0)) ok_rb_ |= std::uint32_t{1} << (residency * 8 + bits);
-      }
+    // miss. The checker's other expert_bytes and dropped checks cannot fail on
+    // a decoded record.
+    for (std::uint32_t& e : combo_) e = 0xffffffffu;
+    for (std::uint32_t phase = 0; phase < 2; ++phase)
+      for (std::uint32_t residency = 0; residency < 3; ++residency)
+        for (std::uint32_t bits = 0; bits < 8; ++bits) {
+          const std::uint32_t code = bits >> 1;
+          const bool dropped_ok = h.has_dropped_column ? (code == 1 || code == 2) : code == 0;
+          if (!dropped_ok || ((bits & 1) && residency != 0)) continue;
+          const std::uint32_t x = phase | residency << 8 | bits << 16;
+          combo_[combo_index(x)] = x;
+        }
   }
 
-  /// Decodes the `n` records at `rp` into out[0, n) and returns true when
-  /// they may follow the records read so far. After false, the rows and the
-  /// state are unspecified (the reader stops there).
-  template <row_store Store = row_store::words>
-#if defined(__GNUC__) || defined(__clang__)
-  // Out of line: inlined into the reader, its loop spilled half its state.
-  __attribute__((noinline))
-#endif
-  bool read(const unsigned char* rp, std::size_t n, trace_row* out) noexcept {
-    if (Store == row_store::words && !trace_row_mirrors_record()) return read<row_store::members>(rp, n, out);
-    // The hot state in locals (the stamp and row stores may alias members).
-    const std::uint64_t* const layer_bytes = layer_bytes_.data();
-    const std::uint64_t n_layer = n_layer_, n_expert = n_expert_, k = k_;
-    const std::uint32_t ok_rb = ok_rb_;
-    std::uint64_t* const stamp = stamp_.data();
-    std::uint64_t routing = routing_, prev_ts = prev_ts_;
-    std::uint32_t prev_lp = prev_lp_, prev_slot = prev_slot_;
-    bool bad = false;
-    for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
-         rp += binary_trace_record_size, ++out) {
-      const std::uint64_t ts = load_le<std::uint64_t>(rp);      // turn | step << 32
-      const std::uint64_t wle = load_le<std::uint64_t>(rp + 8);  // weight | layer << 32 | expert << 48
-      const std::uint32_t spr = load_le<std::uint32_t>(rp + 16);  // slot | phase << 8 | residency << 16 | bits << 24
-      const auto layer = static_cast<std::uint32_t>(wle >> 32) & 0xffffu;
-      const auto expert = static_cast<std::uint32_t>(wle >> 48);
-      const std::uint32_t slot = spr & 0xffu, bits = spr >> 24;
-      // phase > 1, residency > 3 or bits > 7, then (residency, bits) against
-      // the table (residency 3 has no bit in it); slot, layer, expert.
-      const std::uint64_t bytes = layer_bytes[layer < n_layer ? layer : n_layer];
-      bad |= (spr & 0xf8fcfe00u) != 0;
-      bad |= !((ok_rb >> (((spr >> 13) & 0x18u) | (bits & 7u))) & 1u);
-      bad |= (slot >= k) | (bytes == 0) | (expert >= n_expert);
-      const std::uint32_t ex = expert < n_expert ? expert : 0;  // in bounds even on a bad row
-      const std::uint32_t lp = layer | (spr & 0xff00u) << 8;      // layer | phase << 16
-      if (ts == prev_ts && lp == prev_lp) {  // the same routing: the next slot, a new expert
-        bad |= (slot != prev_slot + 1) | (stamp[ex] == routing);
-      } else {
-        bad |= slot != 0 || !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
-                                           (spr >> 8) & 0xffu, layer);
-        ++routing;
-        prev_ts = ts;
-        prev_lp = lp;
-      }
-      stamp[ex] = routing;
-      prev_slot = slot;
-      // The read bit as a mask, not a branch: hits and misses alternate at random.
-      const std::uint64_t read_bytes = bytes & (std::uint64_t{0} - (bits & 1u));
-      const std::uint32_t dropped = static_cast<std::uint8_t>(static_cast<int>(bits >> 1) - 1);
-      if (Store == row_store::words) {
-        const std::uint64_t tail = (spr & 0x00ffffffu) | dropped << 24;  // slot, phase, residency, dropped, 0 padding
-        unsigned char* const o = reinterpret_cast<unsigned char*>(out);
-        std::memcpy(o, &ts, 8);
-        std::memcpy(o + 8, &wle, 8);
-        std::memcpy(o + 16, &tail, 8);
-        std::memcpy(o + 24, &read_bytes, 8);
-      } else {
-        trace_row& r = *out;
-        r.turn = static_cast<std::uint32_t>(ts);
-        r.step = static_cast<std::uint32_t>(ts >> 32);
-        r.weight = bits_float(static_cast<std::uint32_t>(wle));
-        r.layer = static_cast<layer_id>(layer);
-        r.expert = static_cast<expert_id>(expert);
-        r.slot = static_cast<std::uint8_t>(slot);
-        r.phase = static_cast<run_phase>((spr >> 8) & 0xffu);
-        r.residency = static_cast<std::uint8_t>((spr >> 16) & 0xffu);
-        r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
-        r.expert_bytes = read_bytes;
-      }
-    }
-    routing_ = routing;
-    prev_ts_ = prev_ts;
-    prev_lp_ = prev_lp;
-    prev_slot_ = prev_slot;
-    return !bad;
+  /// The table slot of x = phase | residency << 8 | bits << 16: bits 0, 8-9
+  /// and 16-18 of x moved to 0-5 (x·(2^13 + 2^6 + 1) puts them at 13-18 with
+  /// nothing carried into those bits). Exhaustively tested to be one to one on them.
+  static constexpr std::uint32_t combo_index(std::uint32_t x) noexcept {
+    return (((x & 0x070301u) * ((1u << 13) + (1u << 6) + 1u)) >> 13) & 63u;
+  }
+
+  /// Checks the `n` records at `rp` and returns true when they may follow the
+  /// records checked so far. After false, the state is unspecified (the
+  /// reader stops there).
+  bool check(const unsigned char* rp, std::size_t n) noexcept {
+    if (!all_routable_) return check_records<false>(rp, n);
+    if (k_ == 256) return check_records<true, true>(rp, n);
+    return check_records<true>(rp, n);
   }
 
  private:
+  // AllRoutable: every layer below n_layer has expert bytes (no table look-up).
+  // Slot255: k = 256, where a slot of 255 + 1 carries into the phase byte of the
+  // routing key, so a continuing row must also have a slot above 0.
+  template <bool AllRoutable, bool Slot255 = false>
+#if defined(__GNUC__) || defined(__clang__)
+  // Out of line: inlined into the reader, its loop spilled its state.
+  __attribute__((noinline))
+#endif
+  bool check_records(const unsigned char* rp, std::size_t n) noexcept {
+    // The hot state in locals (the stamp stores may alias members).
+    const std::uint32_t n_layer = n_layer_, n_expert = n_expert_, k = k_;
+    const unsigned char* const routable = routable_.data();
+    const std::uint32_t* const combo = combo_;
+    std::uint64_t* const stamp = stamp_.data();
+    std::uint64_t routing = routing_, prev_ts = prev_ts_, next_key = next_key_;
+    for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
+         rp += binary_trace_record_size) {
+      const std::uint64_t ts = load_le<std::uint64_t>(rp);       // turn | step << 32
+      const std::uint64_t w = load_le<std::uint64_t>(rp + 12);  // layer | expert << 16 | slot << 32 | phase << 40
+                                                                //   | residency << 48 | bits << 56
+      const auto layer = static_cast<std::uint32_t>(w & 0xffffu);
+      const auto expert = static_cast<std::uint32_t>(w >> 16) & 0xffffu;
+      const auto slot = static_cast<std::uint32_t>(w >> 32) & 0xffu;
+      const auto x = static_cast<std::uint32_t>(w >> 40);  // phase | residency << 8 | bits << 16
+      if (layer >= n_layer || expert >= n_expert || slot >= k || combo[combo_index(x)] != x) return false;
+      if (!AllRoutable && !routable[layer]) return false;
+      // The routing key: layer | slot << 32 | phase << 40; a row continues the
+      // routing when its turn, step, layer and phase are the previous row's
+      // and its slot is the next one.
+      const std::uint64_t key = w & 0x0000ffff0000ffffu;
+      if (ts != prev_ts || key != next_key || (Slot255 && slot == 0)) {
+        // A new routing begins here (or the row is out of rank order): slot 0,
+        // not the previous routing's (turn, step, layer, phase), in order.
+        const std::uint64_t prev_key = next_key - (std::uint64_t{1} << 32);
+        if (slot != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0) ||
+            !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32), x & 0xffu,
+                           layer))
+          return false;
+        ++routing;
+        prev_ts = ts;
+      }
+      next_key = key + (std::uint64_t{1} << 32);
+      if (stamp[expert] == routing) return false;  // the expert is already in this routing
+      stamp[expert] = routing;
+    }
+    routing_ = routing;
+    prev_ts_ = prev_ts;
+    next_key_ = next_key;
+    return true;
+  }
+
   // trace_row_checker::order_fault and commit_new_routing: may a routing
   // beginning here follow the previous one (phase 0 prefill, 1 decode)?
   // Updates the order state either way (the caller stops at a refusal).
@@ -228,15 +316,16 @@ class binary_record_scanner {
     return ok;
   }
 
-  std::uint64_t n_layer_, n_expert_, k_;
-  std::uint32_t ok_rb_ = 0;
-  std::vector<std::uint64_t> layer_bytes_;  // n_layer + 1 entries, the last 0
-  std::vector<std::uint64_t> stamp_;        // per expert: the routing that last routed it (0 = none)
-  std::uint64_t routing_ = 0;               // routings started so far
-  // The previous row's routing key: turn | step << 32, and layer | phase << 16
-  // (no row has phase 0xff: the first row never matches).
-  std::uint64_t prev_ts_ = 0;
-  std::uint32_t prev_lp_ = 0xffffffffu, prev_slot_ = 0;
+  std::uint32_t n_layer_, n_expert_, k_;
+  bool all_routable_ = true;
+  std::vector<unsigned char> routable_;  // per layer: 1 when it has expert bytes
+  std::uint32_t combo_[64];
+  std::vector<std::uint64_t> stamp_;  // per expert: the routing that last routed it (0 = none)
+  std::uint64_t routing_ = 0;         // routings started so far
+  // The previous row's turn | step << 32, and its routing key with the slot
+  // one higher; the key of no row has the bits 48 and above set, so the first
+  // row never continues a routing.
+  std::uint64_t prev_ts_ = 0, next_key_ = ~std::uint64_t{0};
   // Row order (trace_row_checker's), read and written where a routing begins.
   bool has_prev_ = false, prefill_any_ = false, floor_set_ = false;
   std::uint32_t prev_turn_ = 0, prev_step_ = 0, max_step_ = 0, floor_ = 0;
@@ -361,19 +450,23 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
 
   const unsigned char* const records = b + layers_end;
   if (pass == binary_rows_pass::scan_then_decode) {
-    // The fast pass into a small buffer (in L1), appended to the rows with one
-    // insert per chunk: no value-initialising pass over the rows and no
-    // per-row capacity check. Only a refused file goes through the exact pass
-    // below, from the start, for its message.
+    // The fast pass over a chunk of records (in L1), then the chunk decoded
+    // straight into the rows' storage (reserved once: no per-row capacity
+    // check, no value-initialising pass). Only a refused file goes through
+    // the exact pass below, from the start, for its message.
     t.rows.reserve(static_cast<std::size_t>(n_rows));
     binary_record_scanner scanner(h);
+    const std::uint64_t* const layer_bytes = h.expert_bytes.data();
     constexpr std::uint64_t chunk = 256;
-    std::vector<trace_row> buffer(static_cast<std::size_t>(std::min(chunk, n_rows)));
     bool ok = true;
     for (std::uint64_t i = 0; i < n_rows && ok; i += chunk) {
       const std::size_t n = static_cast<std::size_t>(std::min(chunk, n_rows - i));
-      ok = scanner.read(records + i * binary_trace_record_size, n, buffer.data());
-      if (ok) t.rows.insert(t.rows.end(), buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
+      const unsigned char* const rp = records + i * binary_trace_record_size;
+      ok = scanner.check(rp, n);
+      if (ok) {
+        const binary_row_iterator<> first(rp, layer_bytes);
+        t.rows.insert(t.rows.end(), first, first + static_cast<std::ptrdiff_t>(n));
+      }
     }
     if (ok) return trace_access::make(std::move(t));
     t.rows.clear();
