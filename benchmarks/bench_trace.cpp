@@ -138,11 +138,9 @@ void bm_binary_decode_only(benchmark::State& state) {
   for (auto _ : state) {
     std::vector<trace_row> rows;
     rows.reserve(v.rows);
-    for (std::size_t i = 0; i < v.rows; i += 256) {
-      const detail::binary_row_iterator<> first(v.records + i * detail::binary_trace_record_size,
-                                                v.header_only.header.expert_bytes.data());
-      rows.insert(rows.end(), first, first + static_cast<std::ptrdiff_t>(std::min<std::size_t>(256, v.rows - i)));
-    }
+    for (std::size_t i = 0; i < v.rows; i += 256)
+      detail::append_binary_rows(rows, v.records + i * detail::binary_trace_record_size,
+                                 std::min<std::size_t>(256, v.rows - i), v.header_only.header.expert_bytes.data());
     benchmark::DoNotOptimize(rows.data());
     benchmark::ClobberMemory();
   }

@@ -506,7 +506,7 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
       const detail::binary_row_iterator<decltype(store)::value> it(p, t.header.expert_bytes.data());
       return std::vector<trace_row>(it, it + static_cast<std::ptrdiff_t>(t.rows.size()));
     };
-    std::size_t cases = 0, accepted = 0, disagreements = 0, rows_differ = 0;
+    std::size_t cases = 0, accepted = 0, disagreements = 0, rows_differ = 0, values_differ = 0, values_refused = 0;
     for (std::size_t at = first; at < good.size(); ++at) {
       const auto orig = static_cast<unsigned char>(good[at]);
       for (const unsigned v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 15u, 16u, 17u, 255u, orig - 1u, orig + 1u}) {
@@ -516,6 +516,16 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
         const bool slow = exact_rows(b, exact);
         ++cases;
         accepted += slow;
+        {
+          // The value checks alone: the vector lanes and the scalar twin agree.
+          const detail::binary_record_scanner s(t.header);
+          const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
+          const bool scalar = s.check_values_scalar(p, t.rows.size());
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+          values_differ += s.check_values_vector(p, t.rows.size()) != scalar;
+#endif
+          values_refused += !scalar;
+        }
         for (const std::size_t piece : {t.rows.size(), std::size_t{1}, std::size_t{3}})
           if (scan(b, piece) != slow) {
             ++disagreements;
@@ -528,12 +538,18 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
                                     exact);
         stores_differ += !same_rows(
             decoded(b, std::integral_constant<detail::row_store, detail::row_store::members>{}), exact);
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+        stores_differ += !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::lanes>{}),
+                                    exact);
+#endif
       }
     }
     CHECK(cases == t.rows.size() * 20 * 15);
     CHECK(disagreements == 0);
     CHECK(rows_differ == 0);
     CHECK(stores_differ == 0);
+    CHECK(values_differ == 0);
+    CHECK(values_refused > cases / 4);  // the value checks alone refuse much of the damage
     CHECK(accepted > 0);          // harmless damage exists (a weight byte)
     CHECK(accepted < cases / 2);  // and most is caught
   }
@@ -661,7 +677,8 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
     return same;
   };
   std::size_t traces = 0, cases = 0, accepted = 0, refused = 0, verdicts_differ = 0, messages_differ = 0,
-              rows_differ = 0, scans_differ = 0, big_k = 0, long_traces = 0, slot_255_then_decode = 0;
+              rows_differ = 0, scans_differ = 0, big_k = 0, long_traces = 0, slot_255_then_decode = 0,
+              values_differ = 0, values_refused = 0, decoders_differ = 0;
   for (int trial = 0; trial < 160; ++trial) {
     const route_trace t = random_trace(rng);
     REQUIRE_NOTHROW(validate_route_trace(t, "random"));
@@ -716,12 +733,39 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
         i += piece;
       }
       scans_differ += scan_ok != exact_ok;
+      // The value checks: vector lanes against the scalar twin, over the
+      // whole file and over a random piece of it (the lanes' tail one by one).
+      {
+        const std::size_t from = t.rows.empty() ? 0 : rng() % t.rows.size();
+        for (const std::size_t at : {std::size_t{0}, from}) {
+          const bool scalar = s.check_values_scalar(p + 20 * at, t.rows.size() - at);
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+          values_differ += s.check_values_vector(p + 20 * at, t.rows.size() - at) != scalar;
+#endif
+          values_refused += !scalar;
+        }
+      }
+      // Every decoder on an accepted file: the exact pass's rows.
+      if (exact_ok) {
+        const detail::binary_row_iterator<detail::row_store::words> w(p, t.header.expert_bytes.data());
+        const detail::binary_row_iterator<detail::row_store::members> m(p, t.header.expert_bytes.data());
+        const auto n = static_cast<std::ptrdiff_t>(t.rows.size());
+        decoders_differ += !same_rows(std::vector<trace_row>(w, w + n), exact_rows);
+        decoders_differ += !same_rows(std::vector<trace_row>(m, m + n), exact_rows);
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+        const detail::binary_row_iterator<detail::row_store::lanes> l(p, t.header.expert_bytes.data());
+        decoders_differ += !same_rows(std::vector<trace_row>(l, l + n), exact_rows);
+#endif
+      }
     }
   }
   CHECK(verdicts_differ == 0);
   CHECK(messages_differ == 0);
   CHECK(rows_differ == 0);
   CHECK(scans_differ == 0);
+  CHECK(values_differ == 0);
+  CHECK(decoders_differ == 0);
+  CHECK(values_refused > cases / 4);
   // The draw covers what it claims to: valid and damaged files, both
   // accepted and refused, k of 255-256 (and a full routing of 256 followed
   // by the next phase at the same turn, step and layer), and traces longer

@@ -21,6 +21,19 @@
 #include "moe_residency/trace/types.hpp"
 #include "moe_residency/trace/validate.hpp"
 
+// The scanner's value checks in vector lanes: GCC or Clang vector extensions
+// (SSE2/AVX2, NEON, or scalar code where the target has none) on a
+// little-endian host; the scalar twin elsewhere. Define it 0 to build the
+// scalar path only.
+#ifndef MOE_RESIDENCY_BINARY_SCAN_VECTOR
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define MOE_RESIDENCY_BINARY_SCAN_VECTOR 1
+#else
+#define MOE_RESIDENCY_BINARY_SCAN_VECTOR 0
+#endif
+#endif
+
 namespace moe_residency {
 
 /// Parses the binary form. `source_name` prefixes error messages ("record i,
@@ -76,31 +89,66 @@ inline bool trace_row_mirrors_record() noexcept {
          sizeof(run_phase) == 1 && sizeof(layer_id) == 2 && sizeof(expert_id) == 2;
 }
 
-/// How the decoder writes a row: composed words (where the layout allows
-/// it) or member by member (anywhere; tested against the words on every host).
-enum class row_store : std::uint8_t { words, members };
+/// How the decoder writes a row: the record's first 16 bytes and a tail
+/// composed in one 16-byte vector (`lanes`, with vector extensions), or in
+/// two 64-bit words (`words`), where the layout allows either; or member by
+/// member (anywhere). The tests hold every one built here to the others.
+enum class row_store : std::uint8_t { lanes, words, members };
+inline constexpr row_store default_row_store = MOE_RESIDENCY_BINARY_SCAN_VECTOR ? row_store::lanes : row_store::words;
+
+/// Per value of a record's bits byte (0-7 once the scanner accepted it): the
+/// dropped byte (bits >> 1, minus 1) at bit 24 of the row's tail word, and the
+/// mask that keeps the layer's expert bytes when bit 0 (read) is set.
+inline constexpr std::uint64_t binary_dropped_word[8] = {0xffu << 24, 0xffu << 24, 0, 0, 1u << 24, 1u << 24,
+                                                          2u << 24,    2u << 24};
+inline constexpr std::uint64_t binary_read_mask[8] = {0, ~std::uint64_t{0}, 0, ~std::uint64_t{0},
+                                                      0, ~std::uint64_t{0}, 0, ~std::uint64_t{0}};
 
 /// Decodes one record the scanner accepted (its layer is below n_layer) into
 /// a row. `layer_bytes` is the header's expert_bytes.
-template <row_store Store = row_store::words>
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+/// Per value of the bits byte: the row's tail (bytes 16-31) is
+/// ({spr, layer's expert bytes} & binary_tail_mask[bits]) | binary_tail_bits[bits].
+typedef std::uint64_t binary_u64x2 __attribute__((vector_size(16)));
+inline constexpr binary_u64x2 binary_tail_mask[8] = {
+    {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}, {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}},
+    {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}, {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}};
+inline constexpr binary_u64x2 binary_tail_bits[8] = {{0xffu << 24, 0}, {0xffu << 24, 0}, {0, 0},       {0, 0},
+                                                     {1u << 24, 0},    {1u << 24, 0},    {2u << 24, 0}, {2u << 24, 0}};
+#endif
+
+template <row_store Store = default_row_store>
 inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64_t* layer_bytes) noexcept {
-  if (Store == row_store::words && !trace_row_mirrors_record())
+  if (Store != row_store::members && !trace_row_mirrors_record())
     return decode_binary_record<row_store::members>(rp, layer_bytes);
   const std::uint32_t spr = load_le<std::uint32_t>(rp + 16);  // slot | phase << 8 | residency << 16 | bits << 24
-  const std::uint32_t bits = spr >> 24;
   const std::size_t layer = load_le<std::uint16_t>(rp + 12);
-  // The read bit as a mask, not a branch: hits and misses alternate at random.
-  const std::uint64_t read_bytes = layer_bytes[layer] & (std::uint64_t{0} - (bits & 1u));
   trace_row r;
-  if (Store == row_store::words) {
-    const std::uint64_t dropped = static_cast<std::uint8_t>(static_cast<int>(bits >> 1) - 1);
-    const std::uint64_t tail = (spr & 0x00ffffffu) | dropped << 24;  // slot, phase, residency, dropped, 0 padding
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+  if (Store == row_store::lanes) {
+    const std::uint32_t bits = rp[19] & 7u;  // a byte load: spr itself goes straight into the vector
+    const binary_u64x2 v = {spr, layer_bytes[layer]};
+    const binary_u64x2 tail = (v & binary_tail_mask[bits]) | binary_tail_bits[bits];
+    unsigned char b[32];
+    std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
+    std::memcpy(b + 16, &tail, 16);
+    std::memcpy(static_cast<void*>(&r), b, 32);
+    return r;
+  }
+#endif
+  if (Store != row_store::members) {
+    // Two table look-ups instead of arithmetic on the bits byte.
+    const std::uint32_t bits = (spr >> 24) & 7u;
+    const std::uint64_t tail = (spr & 0x00ffffffu) | binary_dropped_word[bits];  // slot, phase, residency, dropped
+    const std::uint64_t read_bytes = layer_bytes[layer] & binary_read_mask[bits];
     unsigned char b[32];
     std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
     std::memcpy(b + 16, &tail, 8);
     std::memcpy(b + 24, &read_bytes, 8);
     std::memcpy(static_cast<void*>(&r), b, 32);
   } else {
+    // The plain decoding: each field from its bytes.
+    const std::uint32_t bits = spr >> 24;
     r.turn = load_le<std::uint32_t>(rp);
     r.step = load_le<std::uint32_t>(rp + 4);
     r.weight = bits_float(load_le<std::uint32_t>(rp + 8));
@@ -110,7 +158,7 @@ inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64
     r.phase = static_cast<run_phase>((spr >> 8) & 0xffu);
     r.residency = static_cast<std::uint8_t>((spr >> 16) & 0xffu);
     r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
-    r.expert_bytes = read_bytes;
+    r.expert_bytes = (bits & 1u) ? layer_bytes[layer] : 0;
   }
   return r;
 }
@@ -120,7 +168,7 @@ inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64
 /// in the vector's storage (one write of the rows; no buffer, no
 /// value-initialising pass). Its reference is the row itself (a prvalue), as
 /// std::vector's range insert needs nothing more.
-template <row_store Store = row_store::words>
+template <row_store Store = default_row_store>
 class binary_row_iterator {
  public:
   using iterator_category = std::random_access_iterator_tag;
@@ -162,6 +210,18 @@ class binary_row_iterator {
   const std::uint64_t* layer_bytes_ = nullptr;
 };
 
+/// Appends the `n` accepted records at `rp` to `rows` (whose capacity holds
+/// them), each row constructed in place from its record.
+#if defined(__GNUC__) || defined(__clang__)
+// Out of line: inlined into the reader, its loop spilled its pointers.
+__attribute__((noinline))
+#endif
+inline void append_binary_rows(std::vector<trace_row>& rows, const unsigned char* rp, std::size_t n,
+                               const std::uint64_t* layer_bytes) {
+  const binary_row_iterator<> first(rp, layer_bytes);
+  rows.insert(rows.end(), first, first + static_cast<std::ptrdiff_t>(n));
+}
+
 /// The binary reader's fast pass over raw records: makes trace_row_checker's
 /// checks on each record in place (ranges against the header, the bits byte
 /// as the reader decodes it, slots in rank order, distinct experts per
@@ -177,7 +237,11 @@ class binary_record_scanner {
  public:
   /// `h` must satisfy header_problem(h).empty().
   explicit binary_record_scanner(const trace_header& h)
-      : n_layer_(h.n_layer), n_expert_(h.n_expert), k_(h.n_expert_used), stamp_(h.n_expert, 0) {
+      : n_layer_(static_cast<std::uint32_t>(h.n_layer)),
+        n_expert_(static_cast<std::uint32_t>(h.n_expert)),
+        k_(static_cast<std::uint32_t>(h.n_expert_used)),
+        has_dropped_(h.has_dropped_column),
+        stamp_(h.n_expert, 0) {
     // A routable layer has expert bytes (a layer without a "# layer=" line
     // has none: header-consistent files never list bytes for it).
     routable_.assign(h.n_layer, 0);
@@ -216,56 +280,137 @@ class binary_record_scanner {
 
   /// Checks the `n` records at `rp` and returns true when they may follow the
   /// records checked so far. After false, the state is unspecified (the
-  /// reader stops there).
+  /// reader stops there). Two loops over the records (in L1): the checks of
+  /// each record against the header, then the routings and their order.
   bool check(const unsigned char* rp, std::size_t n) noexcept {
-    if (!all_routable_) return check_records<false>(rp, n);
-    if (k_ == 256) return check_records<true, true>(rp, n);
-    return check_records<true>(rp, n);
+    if (!check_values(rp, n)) return false;
+    if (!all_routable_) return check_sequence<false>(rp, n);
+    if (k_ == 256) return check_sequence<true, true>(rp, n);
+    return check_sequence<true>(rp, n);
   }
 
- private:
-  // AllRoutable: every layer below n_layer has expert bytes (no table look-up).
-  // Slot255: k = 256, where a slot of 255 + 1 carries into the phase byte of the
-  // routing key, so a continuing row must also have a slot above 0.
-  template <bool AllRoutable, bool Slot255 = false>
-#if defined(__GNUC__) || defined(__clang__)
-  // Out of line: inlined into the reader, its loop spilled its state.
-  __attribute__((noinline))
+  /// The checks of each record against the header alone: layer, expert and
+  /// slot in range, the (phase, residency, bits) bytes accepted. Four records
+  /// at a time in 16-bit lanes where the compiler has vector extensions on a
+  /// little-endian host (check_values_vector), else one by one
+  /// (check_values_scalar, the twin; the tests hold them to the same verdict).
+  bool check_values(const unsigned char* rp, std::size_t n) const noexcept {
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+    return check_values_vector(rp, n);
+#else
+    return check_values_scalar(rp, n);
 #endif
-  bool check_records(const unsigned char* rp, std::size_t n) noexcept {
-    // The hot state in locals (the stamp stores may alias members).
+  }
+
+  bool check_values_scalar(const unsigned char* rp, std::size_t n) const noexcept {
     const std::uint32_t n_layer = n_layer_, n_expert = n_expert_, k = k_;
-    const unsigned char* const routable = routable_.data();
-    const std::uint32_t* const combo = combo_;
-    std::uint64_t* const stamp = stamp_.data();
-    std::uint64_t routing = routing_, prev_ts = prev_ts_, next_key = next_key_;
     for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
          rp += binary_trace_record_size) {
-      const std::uint64_t ts = load_le<std::uint64_t>(rp);       // turn | step << 32
       const std::uint64_t w = load_le<std::uint64_t>(rp + 12);  // layer | expert << 16 | slot << 32 | phase << 40
                                                                 //   | residency << 48 | bits << 56
       const auto layer = static_cast<std::uint32_t>(w & 0xffffu);
       const auto expert = static_cast<std::uint32_t>(w >> 16) & 0xffffu;
       const auto slot = static_cast<std::uint32_t>(w >> 32) & 0xffu;
       const auto x = static_cast<std::uint32_t>(w >> 40);  // phase | residency << 8 | bits << 16
-      if (layer >= n_layer || expert >= n_expert || slot >= k || combo[combo_index(x)] != x) return false;
-      if (!AllRoutable && !routable[layer]) return false;
+      if (layer >= n_layer || expert >= n_expert || slot >= k || combo_[combo_index(x)] != x) return false;
+    }
+    return true;
+  }
+
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+  /// check_values_scalar's checks as compares of 16-bit lanes, four records
+  /// (their bytes 12-19: layer, expert, slot | phase << 8, residency | bits
+  /// << 8) per vector of 16 lanes; the rest one by one.
+#if defined(__GNUC__) || defined(__clang__)
+  __attribute__((noinline))
+#endif
+  bool check_values_vector(const unsigned char* rp, std::size_t n) const noexcept {
+    typedef std::uint16_t u16x16 __attribute__((vector_size(32)));
+    typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
+    // Per lane of a record: (v & m1) <= l1, ((v - s2) & m2) <= l2, (v & m3) <= l3.
+    //   layer <= n_layer - 1; expert <= n_expert - 1; slot <= k - 1 and
+    //   phase <= 1; residency <= 2, the bits byte 0-1 without a dropped column
+    //   (2-5 with one: minus 2, at most 3), and the read bit only with
+    //   residency 0 (residency | read << 8 at most 0x100).
+    const bool dropped = has_dropped_;
+    const std::uint16_t m1[4] = {0xffff, 0xffff, 0x00ff, 0x00ff},
+                        l1[4] = {static_cast<std::uint16_t>(n_layer_ - 1), static_cast<std::uint16_t>(n_expert_ - 1),
+                                 static_cast<std::uint16_t>(k_ - 1), 2},
+                        s2[4] = {0, 0, 0, static_cast<std::uint16_t>(dropped ? 0x200 : 0)},
+                        m2[4] = {0, 0, 0xff00, 0xff00},
+                        l2[4] = {0, 0, 0x100, static_cast<std::uint16_t>(dropped ? 0x300 : 0x100)},
+                        m3[4] = {0, 0, 0, 0x01ff}, l3[4] = {0, 0, 0, 0x100};
+    u16x16 vm1, vl1, vs2, vm2, vl2, vm3, vl3;
+    auto splat = [](u16x16& v, const std::uint16_t (&lanes)[4]) {
+      std::uint16_t all[16];
+      for (int i = 0; i < 16; ++i) all[i] = lanes[i % 4];
+      std::memcpy(&v, all, sizeof v);
+    };
+    splat(vm1, m1);
+    splat(vl1, l1);
+    splat(vs2, s2);
+    splat(vm2, m2);
+    splat(vl2, l2);
+    splat(vm3, m3);
+    splat(vl3, l3);
+    u16x16 bad = vm1 ^ vm1;
+    std::size_t i = 0;
+    for (; i + 4 <= n; i += 4, rp += 4 * binary_trace_record_size) {
+      std::uint64_t w[4];
+      std::memcpy(&w[0], rp + 12, 8);
+      std::memcpy(&w[1], rp + 32, 8);
+      std::memcpy(&w[2], rp + 52, 8);
+      std::memcpy(&w[3], rp + 72, 8);
+      u16x16 v;
+      std::memcpy(&v, w, sizeof v);
+      bad |= (u16x16)((v & vm1) > vl1) | (u16x16)(((v - vs2) & vm2) > vl2) | (u16x16)((v & vm3) > vl3);
+    }
+    u64x4 b4;
+    std::memcpy(&b4, &bad, sizeof b4);
+    std::uint64_t b[4];
+    std::memcpy(b, &b4, sizeof b);
+    if ((b[0] | b[1] | b[2] | b[3]) != 0) return false;
+    return check_values_scalar(rp, n - i);
+  }
+#endif
+
+ private:
+  // AllRoutable: every layer below n_layer has expert bytes (no table look-up).
+  // Slot255: k = 256, where a slot of 255 + 1 carries into the phase byte of the
+  // routing key, so a continuing row must also have a slot above 0.
+  // The records passed check_values: layer, expert and slot are in range.
+  template <bool AllRoutable, bool Slot255 = false>
+#if defined(__GNUC__) || defined(__clang__)
+  // Out of line: inlined into the reader, its loop spilled its state.
+  __attribute__((noinline))
+#endif
+  bool check_sequence(const unsigned char* rp, std::size_t n) noexcept {
+    // The hot state in locals (the stamp stores may alias members).
+    const unsigned char* const routable = routable_.data();
+    std::uint64_t* const stamp = stamp_.data();
+    std::uint64_t routing = routing_, prev_ts = prev_ts_, next_key = next_key_;
+    for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
+         rp += binary_trace_record_size) {
+      const std::uint64_t ts = load_le<std::uint64_t>(rp);       // turn | step << 32
+      const std::uint64_t w = load_le<std::uint64_t>(rp + 12);  // as in check_values_scalar
       // The routing key: layer | slot << 32 | phase << 40; a row continues the
       // routing when its turn, step, layer and phase are the previous row's
       // and its slot is the next one.
       const std::uint64_t key = w & 0x0000ffff0000ffffu;
-      if (ts != prev_ts || key != next_key || (Slot255 && slot == 0)) {
+      if (ts != prev_ts || key != next_key || (Slot255 && ((w >> 32) & 0xffu) == 0)) {
         // A new routing begins here (or the row is out of rank order): slot 0,
         // not the previous routing's (turn, step, layer, phase), in order.
         const std::uint64_t prev_key = next_key - (std::uint64_t{1} << 32);
-        if (slot != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0) ||
-            !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32), x & 0xffu,
-                           layer))
+        if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0) ||
+            !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
+                           static_cast<std::uint32_t>(w >> 40) & 0xffu, static_cast<std::uint32_t>(w & 0xffffu)))
           return false;
         ++routing;
         prev_ts = ts;
       }
       next_key = key + (std::uint64_t{1} << 32);
+      if (!AllRoutable && !routable[w & 0xffffu]) return false;
+      const std::size_t expert = static_cast<std::size_t>(w >> 16) & 0xffffu;
       if (stamp[expert] == routing) return false;  // the expert is already in this routing
       stamp[expert] = routing;
     }
@@ -317,6 +462,7 @@ class binary_record_scanner {
   }
 
   std::uint32_t n_layer_, n_expert_, k_;
+  bool has_dropped_;
   bool all_routable_ = true;
   std::vector<unsigned char> routable_;  // per layer: 1 when it has expert bytes
   std::uint32_t combo_[64];
@@ -463,10 +609,7 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
       const std::size_t n = static_cast<std::size_t>(std::min(chunk, n_rows - i));
       const unsigned char* const rp = records + i * binary_trace_record_size;
       ok = scanner.check(rp, n);
-      if (ok) {
-        const binary_row_iterator<> first(rp, layer_bytes);
-        t.rows.insert(t.rows.end(), first, first + static_cast<std::ptrdiff_t>(n));
-      }
+      if (ok) append_binary_rows(t.rows, rp, n, layer_bytes);
     }
     if (ok) return trace_access::make(std::move(t));
     t.rows.clear();
