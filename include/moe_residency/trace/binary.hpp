@@ -353,7 +353,7 @@ class binary_record_scanner {
     splat(vl2, l2);
     splat(vm3, m3);
     splat(vl3, l3);
-    u16x16 bad = vm1 ^ vm1;
+    u16x16 ok = vm1 | ~vm1;  // all lanes set: a <= b is a saturating subtraction and one compare
     std::size_t i = 0;
     for (; i + 4 <= n; i += 4, rp += 4 * binary_trace_record_size) {
       std::uint64_t w[4];
@@ -363,13 +363,13 @@ class binary_record_scanner {
       std::memcpy(&w[3], rp + 72, 8);
       u16x16 v;
       std::memcpy(&v, w, sizeof v);
-      bad |= (u16x16)((v & vm1) > vl1) | (u16x16)(((v - vs2) & vm2) > vl2) | (u16x16)((v & vm3) > vl3);
+      ok &= (u16x16)((v & vm1) <= vl1) & (u16x16)(((v - vs2) & vm2) <= vl2) & (u16x16)((v & vm3) <= vl3);
     }
-    u64x4 b4;
-    std::memcpy(&b4, &bad, sizeof b4);
-    std::uint64_t b[4];
-    std::memcpy(b, &b4, sizeof b);
-    if ((b[0] | b[1] | b[2] | b[3]) != 0) return false;
+    u64x4 o4;
+    std::memcpy(&o4, &ok, sizeof o4);
+    std::uint64_t o[4];
+    std::memcpy(o, &o4, sizeof o);
+    if ((o[0] & o[1] & o[2] & o[3]) != ~std::uint64_t{0}) return false;
     return check_values_scalar(rp, n - i);
   }
 #endif
@@ -401,8 +401,9 @@ class binary_record_scanner {
         // A new routing begins here (or the row is out of rank order): slot 0,
         // not the previous routing's (turn, step, layer, phase), in order.
         const std::uint64_t prev_key = next_key - (std::uint64_t{1} << 32);
-        if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0) ||
-            !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
+        if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0))
+          return false;
+        if (!begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
                            static_cast<std::uint32_t>(w >> 40) & 0xffu, static_cast<std::uint32_t>(w & 0xffffu)))
           return false;
         ++routing;
@@ -410,7 +411,8 @@ class binary_record_scanner {
       }
       next_key = key + (std::uint64_t{1} << 32);
       if (!AllRoutable && !routable[w & 0xffffu]) return false;
-      const std::size_t expert = static_cast<std::size_t>(w >> 16) & 0xffffu;
+      // Its own 16-bit load (one instruction) rather than bits of w (three).
+      const std::size_t expert = load_le<std::uint16_t>(rp + 14);
       if (stamp[expert] == routing) return false;  // the expert is already in this routing
       stamp[expert] = routing;
     }
@@ -603,7 +605,7 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
     t.rows.reserve(static_cast<std::size_t>(n_rows));
     binary_record_scanner scanner(h);
     const std::uint64_t* const layer_bytes = h.expert_bytes.data();
-    constexpr std::uint64_t chunk = 256;
+    constexpr std::uint64_t chunk = 512;
     bool ok = true;
     for (std::uint64_t i = 0; i < n_rows && ok; i += chunk) {
       const std::size_t n = static_cast<std::size_t>(std::min(chunk, n_rows - i));
