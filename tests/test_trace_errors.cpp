@@ -659,7 +659,7 @@ void damage_records(std::string& b, std::size_t first, const trace_header& h, st
 }  // namespace
 
 TEST_CASE("binary: the reader and its exact twin agree on random traces and random damage, row for row and word for word") {
-  // The reader (scan in chunks of 256, then decode) against the exact pass
+  // The reader (scan in chunks of 512, then decode) against the exact pass
   // alone (each record decoded and run through trace_row_checker, the
   // reader's whole reference): on random valid traces and on the same traces
   // with one to three defects each, both accept with the same rows or both
@@ -689,7 +689,7 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
       slot_255_then_decode += a.slot == 255 && r.slot == 0 && r.turn == a.turn && r.step == a.step &&
                               r.layer == a.layer && r.phase == run_phase::decode && a.phase == run_phase::prefill;
     }
-    long_traces += t.rows.size() > 256;
+    long_traces += t.rows.size() > 512;  // the reader's chunk
     const std::string good = binary_of(t);
     const std::size_t first = good.size() - t.rows.size() * 20;
     for (int d = 0; d < 24; ++d) {
