@@ -2,6 +2,12 @@
 /// The compact binary route trace (20 bytes per row; layout in
 /// detail/trace_binary.hpp): a reader that validates every row as the CSV
 /// parser does, and a writer. See docs/traces.md.
+///
+/// Why this header is long: the reader is three passes that must agree —
+/// the fast scan (vector lanes and their scalar twin), the decoders (vector
+/// tail, 64-bit words, member by member) and the exact pass whose messages
+/// the reader throws — and the tests hold each to the others. Kept together
+/// so a change to a check is made, and reviewed, in every pass at once.
 
 #include <algorithm>
 #include <cstddef>
