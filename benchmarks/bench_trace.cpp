@@ -8,6 +8,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -95,6 +96,57 @@ void bm_binary_read_exact(benchmark::State& state) {
   finish(state, in.binary.size());
 }
 BENCHMARK(bm_binary_read_exact)->Unit(benchmark::kMicrosecond);
+
+// The reader's two passes apart, on the records of the same file (header
+// parsed once, outside the loop): the scan alone (every check, no row
+// written) and the decode alone (rows constructed in a reserved vector, no
+// check), to show where the reader's time goes.
+struct records_view {
+  route_trace header_only;
+  const unsigned char* records = nullptr;
+  std::size_t rows = 0;
+};
+records_view get_records() {
+  const inputs& in = get_inputs();
+  records_view v;
+  v.header_only = parse_route_trace_binary(in.binary, "qwen.route.bin");
+  v.rows = v.header_only.rows.size();
+  v.header_only.rows = {};
+  v.records = reinterpret_cast<const unsigned char*>(in.binary.data()) + in.binary.size() -
+              v.rows * detail::binary_trace_record_size;
+  return v;
+}
+
+void bm_binary_scan_only(benchmark::State& state) {
+  if (!ready(state)) return;
+  const records_view v = get_records();
+  for (auto _ : state) {
+    detail::binary_record_scanner s(v.header_only.header);
+    bool ok = true;
+    for (std::size_t i = 0; i < v.rows && ok; i += 256)
+      ok = s.check(v.records + i * detail::binary_trace_record_size, std::min<std::size_t>(256, v.rows - i));
+    if (!ok) state.SkipWithError("the scan refused the qwen trace");
+    benchmark::DoNotOptimize(ok);
+  }
+  finish(state, get_inputs().binary.size());
+}
+BENCHMARK(bm_binary_scan_only)->Unit(benchmark::kMicrosecond);
+
+void bm_binary_decode_only(benchmark::State& state) {
+  if (!ready(state)) return;
+  const records_view v = get_records();
+  for (auto _ : state) {
+    std::vector<trace_row> rows;
+    rows.reserve(v.rows);
+    for (std::size_t i = 0; i < v.rows; i += 256)
+      detail::append_binary_rows(rows, v.records + i * detail::binary_trace_record_size,
+                                 std::min<std::size_t>(256, v.rows - i), v.header_only.header.expert_bytes.data());
+    benchmark::DoNotOptimize(rows.data());
+    benchmark::ClobberMemory();
+  }
+  finish(state, get_inputs().binary.size());
+}
+BENCHMARK(bm_binary_decode_only)->Unit(benchmark::kMicrosecond);
 
 // The roofline: copy the binary file's bytes into a buffer allocated per
 // iteration, as the reader allocates its rows.

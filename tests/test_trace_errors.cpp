@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <initializer_list>
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "moe_residency/trace.hpp"
@@ -488,24 +490,23 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
       }
       return same;
     };
-    // The scan's verdict; where it accepts, its rows written both ways (the
+    // The scan's verdict; where it accepts, the rows decoded both ways (the
     // composed words, where the layout allows them, and member by member)
-    // must be the same.
+    // must be the exact pass's rows.
     std::size_t stores_differ = 0;
     auto scan = [&](const std::string& b, std::size_t piece) {
-      detail::binary_record_scanner s(t.header), m(t.header);
+      detail::binary_record_scanner s(t.header);
       const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
-      std::vector<trace_row> rows(t.rows.size()), member_rows(t.rows.size());
-      for (std::size_t i = 0; i < t.rows.size(); i += piece) {
-        const std::size_t n = std::min(piece, t.rows.size() - i);
-        const bool ok = s.read(p + 20 * i, n, rows.data() + i);
-        if (ok != m.read<detail::row_store::members>(p + 20 * i, n, member_rows.data() + i)) ++stores_differ;
-        if (!ok) return false;
-      }
-      stores_differ += !same_rows(rows, member_rows);
+      for (std::size_t i = 0; i < t.rows.size(); i += piece)
+        if (!s.check(p + 20 * i, std::min(piece, t.rows.size() - i))) return false;
       return true;
     };
-    std::size_t cases = 0, accepted = 0, disagreements = 0, rows_differ = 0;
+    auto decoded = [&](const std::string& b, auto store) {
+      const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
+      const detail::binary_row_iterator<decltype(store)::value> it(p, t.header.expert_bytes.data());
+      return std::vector<trace_row>(it, it + static_cast<std::ptrdiff_t>(t.rows.size()));
+    };
+    std::size_t cases = 0, accepted = 0, disagreements = 0, rows_differ = 0, values_differ = 0, values_refused = 0;
     for (std::size_t at = first; at < good.size(); ++at) {
       const auto orig = static_cast<unsigned char>(good[at]);
       for (const unsigned v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 15u, 16u, 17u, 255u, orig - 1u, orig + 1u}) {
@@ -515,6 +516,16 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
         const bool slow = exact_rows(b, exact);
         ++cases;
         accepted += slow;
+        {
+          // The value checks alone: the vector lanes and the scalar twin agree.
+          const detail::binary_record_scanner s(t.header);
+          const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
+          const bool scalar = s.check_values_scalar(p, t.rows.size());
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+          values_differ += s.check_values_vector(p, t.rows.size()) != scalar;
+#endif
+          values_refused += !scalar;
+        }
         for (const std::size_t piece : {t.rows.size(), std::size_t{1}, std::size_t{3}})
           if (scan(b, piece) != slow) {
             ++disagreements;
@@ -523,15 +534,261 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
           }
         if (!slow) continue;
         rows_differ += !same_rows(parse_route_trace_binary(b, "t.bin").rows(), exact);
+        stores_differ += !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::words>{}),
+                                    exact);
+        stores_differ += !same_rows(
+            decoded(b, std::integral_constant<detail::row_store, detail::row_store::members>{}), exact);
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+        stores_differ += !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::lanes>{}),
+                                    exact);
+#endif
       }
     }
     CHECK(cases == t.rows.size() * 20 * 15);
     CHECK(disagreements == 0);
     CHECK(rows_differ == 0);
     CHECK(stores_differ == 0);
+    CHECK(values_differ == 0);
+    CHECK(values_refused > cases / 4);  // the value checks alone refuse much of the damage
     CHECK(accepted > 0);          // harmless damage exists (a weight byte)
     CHECK(accepted < cases / 2);  // and most is caught
   }
+}
+
+namespace {
+
+// A random valid trace: 1-6 layers, some unlisted or with 0 expert bytes (never
+// routed), 1-300 experts, k from 1 to 256, with or without a dropped column;
+// one or two turns of a prompt in one or two batches (layer-major) and decode
+// tokens, routings of k rows or fewer, random weights (NaN among them),
+// residencies and reads.
+route_trace random_trace(std::mt19937& rng) {
+  route_trace t;
+  trace_header& h = t.header;
+  h.model = "m.gguf";
+  h.arch = "qwen3moe";
+  const bool big_k = rng() % 8 == 0;
+  h.n_layer = big_k ? 1 + rng() % 2 : 1 + rng() % 6;
+  static const std::size_t experts[] = {1, 2, 3, 8, 16, 64, 128, 256, 300};
+  h.n_expert = big_k ? 256 + rng() % 45 : experts[rng() % 9];
+  h.n_expert_used = big_k ? 256 - rng() % 2 : 1 + rng() % std::min<std::size_t>(h.n_expert, 8);
+  h.has_dropped_column = rng() % 2;
+  const bool listing = rng() % 2;
+  std::vector<std::size_t> routed;
+  for (std::size_t l = 0; l < h.n_layer; ++l) {
+    const bool listed = !listing || rng() % 4 != 0;
+    const bool moe = listed && (l == 0 || rng() % 5 != 0);
+    h.expert_bytes.push_back(moe ? 1000 + 8 * l : 0);
+    h.dense_bytes.push_back(listed ? 50 : 0);
+    if (listing) h.layer_listed.push_back(listed);
+    if (moe) routed.push_back(l);
+  }
+  std::vector<std::uint16_t> perm(h.n_expert);
+  for (std::size_t e = 0; e < perm.size(); ++e) perm[e] = static_cast<std::uint16_t>(e);
+  auto routing = [&](std::uint32_t turn, run_phase phase, std::uint32_t step, std::size_t layer) {
+    const std::size_t m = rng() % 4 == 0 ? 1 + rng() % h.n_expert_used : h.n_expert_used;
+    for (std::size_t s = 0; s < m; ++s) std::swap(perm[s], perm[s + rng() % (perm.size() - s)]);
+    for (std::size_t s = 0; s < m; ++s) {
+      trace_row r;
+      r.turn = turn;
+      r.phase = phase;
+      r.step = step;
+      r.layer = layer_id{static_cast<std::uint16_t>(layer)};
+      r.slot = static_cast<std::uint8_t>(s);
+      r.expert = expert_id{perm[s]};
+      r.weight = rng() % 16 == 0 ? detail::bits_float(0x7fc00000u | static_cast<std::uint32_t>(rng() % 4))
+                                 : detail::bits_float(static_cast<std::uint32_t>(rng()));
+      r.residency = static_cast<std::uint8_t>(rng() % 3);
+      r.expert_bytes = r.residency == 0 && rng() % 2 ? h.expert_bytes[layer] : 0;
+      r.dropped = h.has_dropped_column ? static_cast<std::int8_t>(rng() % 2) : std::int8_t{-1};
+      t.rows.push_back(r);
+    }
+  };
+  const std::uint32_t turns = 1 + rng() % 2;
+  for (std::uint32_t turn = 0; turn < turns; ++turn) {
+    std::uint32_t step = turn * 7 + static_cast<std::uint32_t>(rng() % 3);
+    const std::uint32_t batches = big_k ? 1 : static_cast<std::uint32_t>(rng() % 3);
+    for (std::uint32_t b = 0; b < batches; ++b) {
+      const std::uint32_t tokens = 1 + static_cast<std::uint32_t>(rng() % 3);
+      for (const std::size_t l : routed)
+        for (std::uint32_t i = 0; i < tokens; ++i) routing(turn, run_phase::prefill, step + i, l);
+      step += tokens;
+    }
+    const std::uint32_t decode = big_k ? 1 : static_cast<std::uint32_t>(rng() % 4);
+    // Decode may begin at the prompt's last step: with one routed layer and
+    // k = 256, a routing's slot 255 is then followed by slot 0 of the same
+    // turn, step and layer in the next phase (the scanner's key carries there).
+    if (batches > 0 && rng() % 2) --step;
+    for (std::uint32_t i = 0; i < decode; ++i, ++step)
+      for (const std::size_t l : routed) routing(turn, run_phase::decode, step, l);
+  }
+  return t;
+}
+
+// One random defect in the records: a byte set to a random or edge value, a
+// 16-bit field (layer, expert) or the slot set around its range's edge, two
+// neighbouring records swapped, a record copied over another, or a turn or
+// step nudged.
+void damage_records(std::string& b, std::size_t first, const trace_header& h, std::mt19937& rng) {
+  const std::size_t n = (b.size() - first) / 20;
+  if (n == 0) return;
+  const std::size_t i = rng() % n;
+  unsigned char* r = reinterpret_cast<unsigned char*>(&b[first + 20 * i]);
+  auto edge = [&](std::size_t end) {
+    const std::uint64_t v[] = {0, 1, end - 1, end, end + 1, 255, 256, 0xffff};
+    return v[rng() % 8];
+  };
+  switch (rng() % 8) {
+    case 0: r[rng() % 20] = static_cast<unsigned char>(rng()); break;
+    case 1: r[16 + rng() % 4] = static_cast<unsigned char>(edge(4)); break;
+    case 2: detail::store_le<std::uint16_t>(r + 12, static_cast<std::uint16_t>(edge(h.n_layer))); break;
+    case 3: detail::store_le<std::uint16_t>(r + 14, static_cast<std::uint16_t>(edge(h.n_expert))); break;
+    case 4: r[16] = static_cast<unsigned char>(edge(h.n_expert_used)); break;
+    case 5:
+      if (i + 1 < n) std::swap_ranges(r, r + 20, r + 20);
+      break;
+    case 6: std::memcpy(r, &b[first + 20 * (rng() % n)], 20); break;
+    default: {
+      const std::size_t at = (rng() % 2) * 4;  // turn or step
+      const std::uint32_t v = detail::load_le<std::uint32_t>(r + at);
+      detail::store_le<std::uint32_t>(r + at, rng() % 2 ? v + 1 : v - 1);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("binary: the reader and its exact twin agree on random traces and random damage, row for row and word for word") {
+  // The reader (scan in chunks of 512, then decode) against the exact pass
+  // alone (each record decoded and run through trace_row_checker, the
+  // reader's whole reference): on random valid traces and on the same traces
+  // with one to three defects each, both accept with the same rows or both
+  // throw the same message; the scanner alone, fed in random pieces, gives
+  // the exact pass's verdict.
+  std::mt19937 rng(1216);
+  auto same_rows = [](const std::vector<trace_row>& a, const std::vector<trace_row>& b) {
+    bool same = a.size() == b.size();
+    for (std::size_t i = 0; same && i < a.size(); ++i) {
+      const trace_row &x = a[i], &y = b[i];
+      same = x.turn == y.turn && x.phase == y.phase && x.step == y.step && x.layer == y.layer && x.slot == y.slot &&
+             x.expert == y.expert && detail::float_bits(x.weight) == detail::float_bits(y.weight) &&
+             x.residency == y.residency && x.expert_bytes == y.expert_bytes && x.dropped == y.dropped;
+    }
+    return same;
+  };
+  std::size_t traces = 0, cases = 0, accepted = 0, refused = 0, verdicts_differ = 0, messages_differ = 0,
+              rows_differ = 0, scans_differ = 0, big_k = 0, long_traces = 0, slot_255_then_decode = 0,
+              values_differ = 0, values_refused = 0, decoders_differ = 0;
+  for (int trial = 0; trial < 160; ++trial) {
+    const route_trace t = random_trace(rng);
+    REQUIRE_NOTHROW(validate_route_trace(t, "random"));
+    ++traces;
+    big_k += t.header.n_expert_used >= 255;
+    for (std::size_t i = 1; i < t.rows.size(); ++i) {
+      const trace_row &a = t.rows[i - 1], &r = t.rows[i];
+      slot_255_then_decode += a.slot == 255 && r.slot == 0 && r.turn == a.turn && r.step == a.step &&
+                              r.layer == a.layer && r.phase == run_phase::decode && a.phase == run_phase::prefill;
+    }
+    long_traces += t.rows.size() > 512;  // the reader's chunk
+    const std::string good = binary_of(t);
+    const std::size_t first = good.size() - t.rows.size() * 20;
+    for (int d = 0; d < 24; ++d) {
+      std::string b = good;
+      const int defects = d == 0 ? 0 : 1 + static_cast<int>(rng() % 3);
+      for (int e = 0; e < defects; ++e) damage_records(b, first, t.header, rng);
+      ++cases;
+      std::string fast_message, exact_message;
+      std::vector<trace_row> fast_rows, exact_rows;
+      try {
+        fast_rows = parse_route_trace_binary(b, "r.bin").rows();
+      } catch (const error& e) {
+        fast_message = e.what();
+      }
+      try {
+        exact_rows =
+            detail::parse_route_trace_binary_with(b, "r.bin", detail::binary_rows_pass::exact).rows();
+      } catch (const error& e) {
+        exact_message = e.what();
+      }
+      const bool fast_ok = fast_message.empty(), exact_ok = exact_message.empty();
+      if (fast_ok != exact_ok) {
+        ++verdicts_differ;
+        MESSAGE("trial " << trial << ", case " << d << ": reader '" << fast_message << "', exact pass '"
+                         << exact_message << "'");
+      }
+      messages_differ += fast_message != exact_message;
+      if (fast_ok && exact_ok) {
+        ++accepted;
+        rows_differ += !same_rows(fast_rows, exact_rows);
+      } else {
+        refused += !exact_ok;
+      }
+      // The scanner alone, in random pieces (its state carries across them).
+      detail::binary_record_scanner s(t.header);
+      const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
+      bool scan_ok = true;
+      for (std::size_t i = 0; i < t.rows.size() && scan_ok;) {
+        const std::size_t piece = std::min<std::size_t>(1 + rng() % 300, t.rows.size() - i);
+        scan_ok = s.check(p + 20 * i, piece);
+        i += piece;
+      }
+      scans_differ += scan_ok != exact_ok;
+      // The value checks: vector lanes against the scalar twin, over the
+      // whole file and over a random piece of it (the lanes' tail one by one).
+      {
+        const std::size_t from = t.rows.empty() ? 0 : rng() % t.rows.size();
+        for (const std::size_t at : {std::size_t{0}, from}) {
+          const bool scalar = s.check_values_scalar(p + 20 * at, t.rows.size() - at);
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+          values_differ += s.check_values_vector(p + 20 * at, t.rows.size() - at) != scalar;
+#endif
+          values_refused += !scalar;
+        }
+      }
+      // Every decoder on an accepted file: the exact pass's rows.
+      if (exact_ok) {
+        const detail::binary_row_iterator<detail::row_store::words> w(p, t.header.expert_bytes.data());
+        const detail::binary_row_iterator<detail::row_store::members> m(p, t.header.expert_bytes.data());
+        const auto n = static_cast<std::ptrdiff_t>(t.rows.size());
+        decoders_differ += !same_rows(std::vector<trace_row>(w, w + n), exact_rows);
+        decoders_differ += !same_rows(std::vector<trace_row>(m, m + n), exact_rows);
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+        const detail::binary_row_iterator<detail::row_store::lanes> l(p, t.header.expert_bytes.data());
+        decoders_differ += !same_rows(std::vector<trace_row>(l, l + n), exact_rows);
+#endif
+      }
+    }
+  }
+  CHECK(verdicts_differ == 0);
+  CHECK(messages_differ == 0);
+  CHECK(rows_differ == 0);
+  CHECK(scans_differ == 0);
+  CHECK(values_differ == 0);
+  CHECK(decoders_differ == 0);
+  CHECK(values_refused > cases / 4);
+  // The draw covers what it claims to: valid and damaged files, both
+  // accepted and refused, k of 255-256 (and a full routing of 256 followed
+  // by the next phase at the same turn, step and layer), and traces longer
+  // than one chunk.
+  CHECK(traces == 160);
+  CHECK(accepted > cases / 10);
+  CHECK(refused > cases / 2);
+  CHECK(big_k > 5);
+  CHECK(slot_255_then_decode > 0);
+  CHECK(long_traces > 5);
+}
+
+TEST_CASE("binary: the scanner's (phase, residency, bits) slot is one to one on the bits it gathers") {
+  std::vector<int> seen(64, 0);
+  for (std::uint32_t phase = 0; phase < 2; ++phase)
+    for (std::uint32_t residency = 0; residency < 4; ++residency)
+      for (std::uint32_t bits = 0; bits < 8; ++bits) {
+        const std::uint32_t slot =
+            detail::binary_record_scanner::combo_index(phase | residency << 8 | bits << 16);
+        REQUIRE(slot < 64);
+        ++seen[slot];
+      }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 64);
 }
 
 TEST_CASE("header strings: a model name of any length round-trips whole; past the binary form's 32-bit length it is refused") {

@@ -2,11 +2,18 @@
 /// The compact binary route trace (20 bytes per row; layout in
 /// detail/trace_binary.hpp): a reader that validates every row as the CSV
 /// parser does, and a writer. See docs/traces.md.
+///
+/// Why this header is long: the reader is three passes that must agree —
+/// the fast scan (vector lanes and their scalar twin), the decoders (vector
+/// tail, 64-bit words, member by member) and the exact pass whose messages
+/// the reader throws — and the tests hold each to the others. Kept together
+/// so a change to a check is made, and reviewed, in every pass at once.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -19,6 +26,19 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace/types.hpp"
 #include "moe_residency/trace/validate.hpp"
+
+// The scanner's value checks in vector lanes: GCC or Clang vector extensions
+// (SSE2/AVX2, NEON, or scalar code where the target has none) on a
+// little-endian host; the scalar twin elsewhere. Define it 0 to build the
+// scalar path only.
+#ifndef MOE_RESIDENCY_BINARY_SCAN_VECTOR
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && \
+    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define MOE_RESIDENCY_BINARY_SCAN_VECTOR 1
+#else
+#define MOE_RESIDENCY_BINARY_SCAN_VECTOR 0
+#endif
+#endif
 
 namespace moe_residency {
 
@@ -61,8 +81,9 @@ inline std::string binary_header_bytes(const trace_header& h, std::uint64_t n_ro
 
 /// True when a trace_row's bytes are a record's first 19 bytes followed by
 /// the dropped byte, zero padding and expert_bytes (little-endian host, the
-/// member order of trace/types.hpp): the fast pass then writes a row as four
-/// 64-bit words composed from the record instead of ten narrow stores.
+/// member order of trace/types.hpp): the decoder then writes a row as a
+/// 16-byte copy of the record and two composed 64-bit words instead of ten
+/// narrow stores.
 inline bool trace_row_mirrors_record() noexcept {
   const std::uint32_t one = 1;
   unsigned char first = 0;
@@ -74,119 +95,339 @@ inline bool trace_row_mirrors_record() noexcept {
          sizeof(run_phase) == 1 && sizeof(layer_id) == 2 && sizeof(expert_id) == 2;
 }
 
-/// How the fast pass writes a row: composed words (where the layout allows
-/// it) or member by member (anywhere; tested against the words on every host).
-enum class row_store : std::uint8_t { words, members };
+/// How the decoder writes a row: the record's first 16 bytes and a tail
+/// composed in one 16-byte vector (`lanes`, with vector extensions), or in
+/// two 64-bit words (`words`), where the layout allows either; or member by
+/// member (anywhere). The tests hold every one built here to the others.
+enum class row_store : std::uint8_t { lanes, words, members };
+inline constexpr row_store default_row_store = MOE_RESIDENCY_BINARY_SCAN_VECTOR ? row_store::lanes : row_store::words;
 
-/// The binary reader's fast pass over raw records: decodes each into a row
-/// and makes trace_row_checker's checks on it (ranges against the header, the
-/// bits byte as the reader decodes it, slots in rank order, distinct experts
-/// per routing, the row order) with the hot state in registers, the checks of
-/// a row folded into one flag tested once per call (no branch per check), and
-/// one branch per routing (row order is checked where a routing begins), and
-/// no message: read() says only whether every record passes. The reader runs
-/// the exact pass (read_binary_rows_exact) for the message of a file it
-/// refuses. tests/test_trace_errors.cpp holds it to the exact pass's verdict
-/// and rows, byte by byte. Allocates only at construction.
+/// Per value of a record's bits byte (0-7 once the scanner accepted it): the
+/// dropped byte (bits >> 1, minus 1) at bit 24 of the row's tail word, and the
+/// mask that keeps the layer's expert bytes when bit 0 (read) is set.
+inline constexpr std::uint64_t binary_dropped_word[8] = {0xffu << 24, 0xffu << 24, 0, 0, 1u << 24, 1u << 24,
+                                                          2u << 24,    2u << 24};
+inline constexpr std::uint64_t binary_read_mask[8] = {0, ~std::uint64_t{0}, 0, ~std::uint64_t{0},
+                                                      0, ~std::uint64_t{0}, 0, ~std::uint64_t{0}};
+
+/// Decodes one record the scanner accepted (its layer is below n_layer) into
+/// a row. `layer_bytes` is the header's expert_bytes.
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+/// Per value of the bits byte: the row's tail (bytes 16-31) is
+/// ({spr, layer's expert bytes} & binary_tail_mask[bits]) | binary_tail_bits[bits].
+typedef std::uint64_t binary_u64x2 __attribute__((vector_size(16)));
+inline constexpr binary_u64x2 binary_tail_mask[8] = {
+    {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}, {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}},
+    {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}, {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}};
+inline constexpr binary_u64x2 binary_tail_bits[8] = {{0xffu << 24, 0}, {0xffu << 24, 0}, {0, 0},       {0, 0},
+                                                     {1u << 24, 0},    {1u << 24, 0},    {2u << 24, 0}, {2u << 24, 0}};
+#endif
+
+template <row_store Store = default_row_store>
+inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64_t* layer_bytes) noexcept {
+  if (Store != row_store::members && !trace_row_mirrors_record())
+    return decode_binary_record<row_store::members>(rp, layer_bytes);
+  const std::uint32_t spr = load_le<std::uint32_t>(rp + 16);  // slot | phase << 8 | residency << 16 | bits << 24
+  const std::size_t layer = load_le<std::uint16_t>(rp + 12);
+  trace_row r;
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+  if (Store == row_store::lanes) {
+    const std::uint32_t bits = rp[19] & 7u;  // a byte load: spr itself goes straight into the vector
+    const binary_u64x2 v = {spr, layer_bytes[layer]};
+    const binary_u64x2 tail = (v & binary_tail_mask[bits]) | binary_tail_bits[bits];
+    unsigned char b[32];
+    std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
+    std::memcpy(b + 16, &tail, 16);
+    std::memcpy(static_cast<void*>(&r), b, 32);
+    return r;
+  }
+#endif
+  if (Store != row_store::members) {
+    // Two table look-ups instead of arithmetic on the bits byte.
+    const std::uint32_t bits = (spr >> 24) & 7u;
+    const std::uint64_t tail = (spr & 0x00ffffffu) | binary_dropped_word[bits];  // slot, phase, residency, dropped
+    const std::uint64_t read_bytes = layer_bytes[layer] & binary_read_mask[bits];
+    unsigned char b[32];
+    std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
+    std::memcpy(b + 16, &tail, 8);
+    std::memcpy(b + 24, &read_bytes, 8);
+    std::memcpy(static_cast<void*>(&r), b, 32);
+  } else {
+    // The plain decoding: each field from its bytes.
+    const std::uint32_t bits = spr >> 24;
+    r.turn = load_le<std::uint32_t>(rp);
+    r.step = load_le<std::uint32_t>(rp + 4);
+    r.weight = bits_float(load_le<std::uint32_t>(rp + 8));
+    r.layer = static_cast<layer_id>(layer);
+    r.expert = static_cast<expert_id>(load_le<std::uint16_t>(rp + 14));
+    r.slot = static_cast<std::uint8_t>(spr & 0xffu);
+    r.phase = static_cast<run_phase>((spr >> 8) & 0xffu);
+    r.residency = static_cast<std::uint8_t>((spr >> 16) & 0xffu);
+    r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
+    r.expert_bytes = (bits & 1u) ? layer_bytes[layer] : 0;
+  }
+  return r;
+}
+
+/// A random-access view of accepted records as rows, decoded on dereference:
+/// `rows.insert(rows.end(), first, last)` then constructs each row in place
+/// in the vector's storage (one write of the rows; no buffer, no
+/// value-initialising pass). Its reference is the row itself (a prvalue), as
+/// std::vector's range insert needs nothing more.
+template <row_store Store = default_row_store>
+class binary_row_iterator {
+ public:
+  using iterator_category = std::random_access_iterator_tag;
+  using value_type = trace_row;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const trace_row*;
+  using reference = trace_row;
+
+  binary_row_iterator() = default;
+  binary_row_iterator(const unsigned char* rp, const std::uint64_t* layer_bytes) noexcept
+      : rp_(rp), layer_bytes_(layer_bytes) {}
+
+  trace_row operator*() const noexcept { return decode_binary_record<Store>(rp_, layer_bytes_); }
+  trace_row operator[](difference_type i) const noexcept { return *(*this + i); }
+  binary_row_iterator& operator++() noexcept { rp_ += binary_trace_record_size; return *this; }
+  binary_row_iterator operator++(int) noexcept { binary_row_iterator o = *this; ++*this; return o; }
+  binary_row_iterator& operator--() noexcept { rp_ -= binary_trace_record_size; return *this; }
+  binary_row_iterator operator--(int) noexcept { binary_row_iterator o = *this; --*this; return o; }
+  binary_row_iterator& operator+=(difference_type n) noexcept {
+    rp_ += n * static_cast<difference_type>(binary_trace_record_size);
+    return *this;
+  }
+  binary_row_iterator& operator-=(difference_type n) noexcept { return *this += -n; }
+  friend binary_row_iterator operator+(binary_row_iterator a, difference_type n) noexcept { return a += n; }
+  friend binary_row_iterator operator+(difference_type n, binary_row_iterator a) noexcept { return a += n; }
+  friend binary_row_iterator operator-(binary_row_iterator a, difference_type n) noexcept { return a -= n; }
+  friend difference_type operator-(const binary_row_iterator& a, const binary_row_iterator& b) noexcept {
+    return (a.rp_ - b.rp_) / static_cast<difference_type>(binary_trace_record_size);
+  }
+  friend bool operator==(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return a.rp_ == b.rp_; }
+  friend bool operator!=(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return a.rp_ != b.rp_; }
+  friend bool operator<(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return a.rp_ < b.rp_; }
+  friend bool operator>(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return b < a; }
+  friend bool operator<=(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return !(b < a); }
+  friend bool operator>=(const binary_row_iterator& a, const binary_row_iterator& b) noexcept { return !(a < b); }
+
+ private:
+  const unsigned char* rp_ = nullptr;
+  const std::uint64_t* layer_bytes_ = nullptr;
+};
+
+/// Appends the `n` accepted records at `rp` to `rows` (whose capacity holds
+/// them), each row constructed in place from its record.
+#if defined(__GNUC__) || defined(__clang__)
+// Out of line: inlined into the reader, its loop spilled its pointers.
+__attribute__((noinline))
+#endif
+inline void append_binary_rows(std::vector<trace_row>& rows, const unsigned char* rp, std::size_t n,
+                               const std::uint64_t* layer_bytes) {
+  const binary_row_iterator<> first(rp, layer_bytes);
+  rows.insert(rows.end(), first, first + static_cast<std::ptrdiff_t>(n));
+}
+
+/// The binary reader's fast pass over raw records: makes trace_row_checker's
+/// checks on each record in place (ranges against the header, the bits byte
+/// as the reader decodes it, slots in rank order, distinct experts per
+/// routing, the row order), with the hot state in registers, one
+/// never-taken branch per check, and the row order checked once per routing;
+/// it writes nothing but its per-expert stamps, and gives no message: check()
+/// says only whether every record passes. The reader decodes the records it
+/// accepted (binary_row_iterator) and runs the exact pass
+/// (read_binary_rows_exact) for the message of a file it refuses.
+/// tests/test_trace_errors.cpp holds it to the exact pass's verdict, byte by
+/// byte and on random damage. Allocates only at construction.
 class binary_record_scanner {
  public:
   /// `h` must satisfy header_problem(h).empty().
   explicit binary_record_scanner(const trace_header& h)
-      : n_layer_(h.n_layer), n_expert_(h.n_expert), k_(h.n_expert_used), stamp_(h.n_expert, 0) {
-    // Expert bytes per layer and a last entry 0 for every layer out of range:
-    // 0 means not routable (out of range, unlisted, or 0 bytes).
-    layer_bytes_.assign(h.n_layer + 1, 0);
-    std::copy(h.expert_bytes.begin(), h.expert_bytes.end(), layer_bytes_.begin());
-    // Which (residency, bits) pairs pass, as bit residency × 8 + bits:
-    // residency 0–2; the dropped code bits >> 1 is 0 without the column and 1
+      : n_layer_(static_cast<std::uint32_t>(h.n_layer)),
+        n_expert_(static_cast<std::uint32_t>(h.n_expert)),
+        k_(static_cast<std::uint32_t>(h.n_expert_used)),
+        has_dropped_(h.has_dropped_column),
+        stamp_(h.n_expert, 0) {
+    // A routable layer has expert bytes (a layer without a "# layer=" line
+    // has none: header-consistent files never list bytes for it).
+    routable_.assign(h.n_layer, 0);
+    all_routable_ = true;
+    for (std::size_t l = 0; l < h.n_layer; ++l) {
+      routable_[l] = h.expert_bytes[l] != 0;
+      all_routable_ = all_routable_ && routable_[l];
+    }
+    // The accepted (phase, residency, bits) bytes x = phase | residency << 8
+    // | bits << 16, in a table indexed by the bits a valid x can have set
+    // (phase bit 0, residency bits 8-9, bits 16-18), gathered by one multiply
+    // (see combo_index): entry i holds the x it accepts, or a value no x can
+    // equal. An x with any other bit set matches no entry. phase 0-1;
+    // residency 0-2; the dropped code bits >> 1 is 0 without the column and 1
     // or 2 with it; the read bit (expert_bytes = the layer's bytes) only on a
-    // miss. The checker's other expert_bytes and dropped checks cannot fail
-    // on a decoded record.
-    for (unsigned residency = 0; residency < 3; ++residency)
-      for (unsigned bits = 0; bits < 8; ++bits) {
-        const unsigned code = bits >> 1;
-        const bool dropped_ok = h.has_dropped_column ? (code == 1 || code == 2) : code == 0;
-        if (dropped_ok && !((bits & 1) && residency != 0)) ok_rb_ |= std::uint32_t{1} << (residency * 8 + bits);
-      }
+    // miss. The checker's other expert_bytes and dropped checks cannot fail on
+    // a decoded record.
+    for (std::uint32_t& e : combo_) e = 0xffffffffu;
+    for (std::uint32_t phase = 0; phase < 2; ++phase)
+      for (std::uint32_t residency = 0; residency < 3; ++residency)
+        for (std::uint32_t bits = 0; bits < 8; ++bits) {
+          const std::uint32_t code = bits >> 1;
+          const bool dropped_ok = h.has_dropped_column ? (code == 1 || code == 2) : code == 0;
+          if (!dropped_ok || ((bits & 1) && residency != 0)) continue;
+          const std::uint32_t x = phase | residency << 8 | bits << 16;
+          combo_[combo_index(x)] = x;
+        }
   }
 
-  /// Decodes the `n` records at `rp` into out[0, n) and returns true when
-  /// they may follow the records read so far. After false, the rows and the
-  /// state are unspecified (the reader stops there).
-  template <row_store Store = row_store::words>
+  /// The table slot of x = phase | residency << 8 | bits << 16: bits 0, 8-9
+  /// and 16-18 of x moved to 0-5 (x·(2^13 + 2^6 + 1) puts them at 13-18 with
+  /// nothing carried into those bits). Exhaustively tested to be one to one on them.
+  static constexpr std::uint32_t combo_index(std::uint32_t x) noexcept {
+    return (((x & 0x070301u) * ((1u << 13) + (1u << 6) + 1u)) >> 13) & 63u;
+  }
+
+  /// Checks the `n` records at `rp` and returns true when they may follow the
+  /// records checked so far. After false, the state is unspecified (the
+  /// reader stops there). Two loops over the records (in L1): the checks of
+  /// each record against the header, then the routings and their order.
+  bool check(const unsigned char* rp, std::size_t n) noexcept {
+    if (!check_values(rp, n)) return false;
+    if (!all_routable_) return check_sequence<false>(rp, n);
+    if (k_ == 256) return check_sequence<true, true>(rp, n);
+    return check_sequence<true>(rp, n);
+  }
+
+  /// The checks of each record against the header alone: layer, expert and
+  /// slot in range, the (phase, residency, bits) bytes accepted. Four records
+  /// at a time in 16-bit lanes where the compiler has vector extensions on a
+  /// little-endian host (check_values_vector), else one by one
+  /// (check_values_scalar, the twin; the tests hold them to the same verdict).
+  bool check_values(const unsigned char* rp, std::size_t n) const noexcept {
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+    return check_values_vector(rp, n);
+#else
+    return check_values_scalar(rp, n);
+#endif
+  }
+
+  bool check_values_scalar(const unsigned char* rp, std::size_t n) const noexcept {
+    const std::uint32_t n_layer = n_layer_, n_expert = n_expert_, k = k_;
+    for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
+         rp += binary_trace_record_size) {
+      const std::uint64_t w = load_le<std::uint64_t>(rp + 12);  // layer | expert << 16 | slot << 32 | phase << 40
+                                                                //   | residency << 48 | bits << 56
+      const auto layer = static_cast<std::uint32_t>(w & 0xffffu);
+      const auto expert = static_cast<std::uint32_t>(w >> 16) & 0xffffu;
+      const auto slot = static_cast<std::uint32_t>(w >> 32) & 0xffu;
+      const auto x = static_cast<std::uint32_t>(w >> 40);  // phase | residency << 8 | bits << 16
+      if (layer >= n_layer || expert >= n_expert || slot >= k || combo_[combo_index(x)] != x) return false;
+    }
+    return true;
+  }
+
+#if MOE_RESIDENCY_BINARY_SCAN_VECTOR
+  /// check_values_scalar's checks as compares of 16-bit lanes, four records
+  /// (their bytes 12-19: layer, expert, slot | phase << 8, residency | bits
+  /// << 8) per vector of 16 lanes; the rest one by one.
 #if defined(__GNUC__) || defined(__clang__)
-  // Out of line: inlined into the reader, its loop spilled half its state.
   __attribute__((noinline))
 #endif
-  bool read(const unsigned char* rp, std::size_t n, trace_row* out) noexcept {
-    if (Store == row_store::words && !trace_row_mirrors_record()) return read<row_store::members>(rp, n, out);
-    // The hot state in locals (the stamp and row stores may alias members).
-    const std::uint64_t* const layer_bytes = layer_bytes_.data();
-    const std::uint64_t n_layer = n_layer_, n_expert = n_expert_, k = k_;
-    const std::uint32_t ok_rb = ok_rb_;
+  bool check_values_vector(const unsigned char* rp, std::size_t n) const noexcept {
+    typedef std::uint16_t u16x16 __attribute__((vector_size(32)));
+    typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
+    // Per lane of a record: (v & m1) <= l1, ((v - s2) & m2) <= l2, (v & m3) <= l3.
+    //   layer <= n_layer - 1; expert <= n_expert - 1; slot <= k - 1 and
+    //   phase <= 1; residency <= 2, the bits byte 0-1 without a dropped column
+    //   (2-5 with one: minus 2, at most 3), and the read bit only with
+    //   residency 0 (residency | read << 8 at most 0x100).
+    const bool dropped = has_dropped_;
+    const std::uint16_t m1[4] = {0xffff, 0xffff, 0x00ff, 0x00ff},
+                        l1[4] = {static_cast<std::uint16_t>(n_layer_ - 1), static_cast<std::uint16_t>(n_expert_ - 1),
+                                 static_cast<std::uint16_t>(k_ - 1), 2},
+                        s2[4] = {0, 0, 0, static_cast<std::uint16_t>(dropped ? 0x200 : 0)},
+                        m2[4] = {0, 0, 0xff00, 0xff00},
+                        l2[4] = {0, 0, 0x100, static_cast<std::uint16_t>(dropped ? 0x300 : 0x100)},
+                        m3[4] = {0, 0, 0, 0x01ff}, l3[4] = {0, 0, 0, 0x100};
+    u16x16 vm1, vl1, vs2, vm2, vl2, vm3, vl3;
+    auto splat = [](u16x16& v, const std::uint16_t (&lanes)[4]) {
+      std::uint16_t all[16];
+      for (int i = 0; i < 16; ++i) all[i] = lanes[i % 4];
+      std::memcpy(&v, all, sizeof v);
+    };
+    splat(vm1, m1);
+    splat(vl1, l1);
+    splat(vs2, s2);
+    splat(vm2, m2);
+    splat(vl2, l2);
+    splat(vm3, m3);
+    splat(vl3, l3);
+    u16x16 ok = vm1 | ~vm1;  // all lanes set: a <= b is a saturating subtraction and one compare
+    std::size_t i = 0;
+    for (; i + 4 <= n; i += 4, rp += 4 * binary_trace_record_size) {
+      std::uint64_t w[4];
+      std::memcpy(&w[0], rp + 12, 8);
+      std::memcpy(&w[1], rp + 32, 8);
+      std::memcpy(&w[2], rp + 52, 8);
+      std::memcpy(&w[3], rp + 72, 8);
+      u16x16 v;
+      std::memcpy(&v, w, sizeof v);
+      ok &= (u16x16)((v & vm1) <= vl1) & (u16x16)(((v - vs2) & vm2) <= vl2) & (u16x16)((v & vm3) <= vl3);
+    }
+    u64x4 o4;
+    std::memcpy(&o4, &ok, sizeof o4);
+    std::uint64_t o[4];
+    std::memcpy(o, &o4, sizeof o);
+    if ((o[0] & o[1] & o[2] & o[3]) != ~std::uint64_t{0}) return false;
+    return check_values_scalar(rp, n - i);
+  }
+#endif
+
+ private:
+  // AllRoutable: every layer below n_layer has expert bytes (no table look-up).
+  // Slot255: k = 256, where a slot of 255 + 1 carries into the phase byte of the
+  // routing key, so a continuing row must also have a slot above 0.
+  // The records passed check_values: layer, expert and slot are in range.
+  template <bool AllRoutable, bool Slot255 = false>
+#if defined(__GNUC__) || defined(__clang__)
+  // Out of line: inlined into the reader, its loop spilled its state.
+  __attribute__((noinline))
+#endif
+  bool check_sequence(const unsigned char* rp, std::size_t n) noexcept {
+    // The hot state in locals (the stamp stores may alias members).
+    const unsigned char* const routable = routable_.data();
     std::uint64_t* const stamp = stamp_.data();
-    std::uint64_t routing = routing_, prev_ts = prev_ts_;
-    std::uint32_t prev_lp = prev_lp_, prev_slot = prev_slot_;
-    bool bad = false;
+    std::uint64_t routing = routing_, prev_ts = prev_ts_, next_key = next_key_;
     for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
-         rp += binary_trace_record_size, ++out) {
-      const std::uint64_t ts = load_le<std::uint64_t>(rp);      // turn | step << 32
-      const std::uint64_t wle = load_le<std::uint64_t>(rp + 8);  // weight | layer << 32 | expert << 48
-      const std::uint32_t spr = load_le<std::uint32_t>(rp + 16);  // slot | phase << 8 | residency << 16 | bits << 24
-      const auto layer = static_cast<std::uint32_t>(wle >> 32) & 0xffffu;
-      const auto expert = static_cast<std::uint32_t>(wle >> 48);
-      const std::uint32_t slot = spr & 0xffu, bits = spr >> 24;
-      // phase > 1, residency > 3 or bits > 7, then (residency, bits) against
-      // the table (residency 3 has no bit in it); slot, layer, expert.
-      const std::uint64_t bytes = layer_bytes[layer < n_layer ? layer : n_layer];
-      bad |= (spr & 0xf8fcfe00u) != 0;
-      bad |= !((ok_rb >> (((spr >> 13) & 0x18u) | (bits & 7u))) & 1u);
-      bad |= (slot >= k) | (bytes == 0) | (expert >= n_expert);
-      const std::uint32_t ex = expert < n_expert ? expert : 0;  // in bounds even on a bad row
-      const std::uint32_t lp = layer | (spr & 0xff00u) << 8;      // layer | phase << 16
-      if (ts == prev_ts && lp == prev_lp) {  // the same routing: the next slot, a new expert
-        bad |= (slot != prev_slot + 1) | (stamp[ex] == routing);
-      } else {
-        bad |= slot != 0 || !begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
-                                           (spr >> 8) & 0xffu, layer);
+         rp += binary_trace_record_size) {
+      const std::uint64_t ts = load_le<std::uint64_t>(rp);       // turn | step << 32
+      const std::uint64_t w = load_le<std::uint64_t>(rp + 12);  // as in check_values_scalar
+      // The routing key: layer | slot << 32 | phase << 40; a row continues the
+      // routing when its turn, step, layer and phase are the previous row's
+      // and its slot is the next one.
+      const std::uint64_t key = w & 0x0000ffff0000ffffu;
+      if (ts != prev_ts || key != next_key || (Slot255 && ((w >> 32) & 0xffu) == 0)) {
+        // A new routing begins here (or the row is out of rank order): slot 0,
+        // not the previous routing's (turn, step, layer, phase), in order.
+        const std::uint64_t prev_key = next_key - (std::uint64_t{1} << 32);
+        if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0))
+          return false;
+        if (!begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
+                           static_cast<std::uint32_t>(w >> 40) & 0xffu, static_cast<std::uint32_t>(w & 0xffffu)))
+          return false;
         ++routing;
         prev_ts = ts;
-        prev_lp = lp;
       }
-      stamp[ex] = routing;
-      prev_slot = slot;
-      // The read bit as a mask, not a branch: hits and misses alternate at random.
-      const std::uint64_t read_bytes = bytes & (std::uint64_t{0} - (bits & 1u));
-      const std::uint32_t dropped = static_cast<std::uint8_t>(static_cast<int>(bits >> 1) - 1);
-      if (Store == row_store::words) {
-        const std::uint64_t tail = (spr & 0x00ffffffu) | dropped << 24;  // slot, phase, residency, dropped, 0 padding
-        unsigned char* const o = reinterpret_cast<unsigned char*>(out);
-        std::memcpy(o, &ts, 8);
-        std::memcpy(o + 8, &wle, 8);
-        std::memcpy(o + 16, &tail, 8);
-        std::memcpy(o + 24, &read_bytes, 8);
-      } else {
-        trace_row& r = *out;
-        r.turn = static_cast<std::uint32_t>(ts);
-        r.step = static_cast<std::uint32_t>(ts >> 32);
-        r.weight = bits_float(static_cast<std::uint32_t>(wle));
-        r.layer = static_cast<layer_id>(layer);
-        r.expert = static_cast<expert_id>(expert);
-        r.slot = static_cast<std::uint8_t>(slot);
-        r.phase = static_cast<run_phase>((spr >> 8) & 0xffu);
-        r.residency = static_cast<std::uint8_t>((spr >> 16) & 0xffu);
-        r.dropped = static_cast<std::int8_t>(static_cast<int>(bits >> 1) - 1);
-        r.expert_bytes = read_bytes;
-      }
+      next_key = key + (std::uint64_t{1} << 32);
+      if (!AllRoutable && !routable[w & 0xffffu]) return false;
+      // Its own 16-bit load (one instruction) rather than bits of w (three).
+      const std::size_t expert = load_le<std::uint16_t>(rp + 14);
+      if (stamp[expert] == routing) return false;  // the expert is already in this routing
+      stamp[expert] = routing;
     }
     routing_ = routing;
     prev_ts_ = prev_ts;
-    prev_lp_ = prev_lp;
-    prev_slot_ = prev_slot;
-    return !bad;
+    next_key_ = next_key;
+    return true;
   }
 
- private:
   // trace_row_checker::order_fault and commit_new_routing: may a routing
   // beginning here follow the previous one (phase 0 prefill, 1 decode)?
   // Updates the order state either way (the caller stops at a refusal).
@@ -228,15 +469,17 @@ class binary_record_scanner {
     return ok;
   }
 
-  std::uint64_t n_layer_, n_expert_, k_;
-  std::uint32_t ok_rb_ = 0;
-  std::vector<std::uint64_t> layer_bytes_;  // n_layer + 1 entries, the last 0
-  std::vector<std::uint64_t> stamp_;        // per expert: the routing that last routed it (0 = none)
-  std::uint64_t routing_ = 0;               // routings started so far
-  // The previous row's routing key: turn | step << 32, and layer | phase << 16
-  // (no row has phase 0xff: the first row never matches).
-  std::uint64_t prev_ts_ = 0;
-  std::uint32_t prev_lp_ = 0xffffffffu, prev_slot_ = 0;
+  std::uint32_t n_layer_, n_expert_, k_;
+  bool has_dropped_;
+  bool all_routable_ = true;
+  std::vector<unsigned char> routable_;  // per layer: 1 when it has expert bytes
+  std::uint32_t combo_[64];
+  std::vector<std::uint64_t> stamp_;  // per expert: the routing that last routed it (0 = none)
+  std::uint64_t routing_ = 0;         // routings started so far
+  // The previous row's turn | step << 32, and its routing key with the slot
+  // one higher; the key of no row has the bits 48 and above set, so the first
+  // row never continues a routing.
+  std::uint64_t prev_ts_ = 0, next_key_ = ~std::uint64_t{0};
   // Row order (trace_row_checker's), read and written where a routing begins.
   bool has_prev_ = false, prefill_any_ = false, floor_set_ = false;
   std::uint32_t prev_turn_ = 0, prev_step_ = 0, max_step_ = 0, floor_ = 0;
@@ -361,19 +604,20 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
 
   const unsigned char* const records = b + layers_end;
   if (pass == binary_rows_pass::scan_then_decode) {
-    // The fast pass into a small buffer (in L1), appended to the rows with one
-    // insert per chunk: no value-initialising pass over the rows and no
-    // per-row capacity check. Only a refused file goes through the exact pass
-    // below, from the start, for its message.
+    // The fast pass over a chunk of records (in L1), then the chunk decoded
+    // straight into the rows' storage (reserved once: no per-row capacity
+    // check, no value-initialising pass). Only a refused file goes through
+    // the exact pass below, from the start, for its message.
     t.rows.reserve(static_cast<std::size_t>(n_rows));
     binary_record_scanner scanner(h);
-    constexpr std::uint64_t chunk = 256;
-    std::vector<trace_row> buffer(static_cast<std::size_t>(std::min(chunk, n_rows)));
+    const std::uint64_t* const layer_bytes = h.expert_bytes.data();
+    constexpr std::uint64_t chunk = 512;
     bool ok = true;
     for (std::uint64_t i = 0; i < n_rows && ok; i += chunk) {
       const std::size_t n = static_cast<std::size_t>(std::min(chunk, n_rows - i));
-      ok = scanner.read(records + i * binary_trace_record_size, n, buffer.data());
-      if (ok) t.rows.insert(t.rows.end(), buffer.begin(), buffer.begin() + static_cast<std::ptrdiff_t>(n));
+      const unsigned char* const rp = records + i * binary_trace_record_size;
+      ok = scanner.check(rp, n);
+      if (ok) append_binary_rows(t.rows, rp, n, layer_bytes);
     }
     if (ok) return trace_access::make(std::move(t));
     t.rows.clear();
