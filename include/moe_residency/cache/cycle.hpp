@@ -33,6 +33,14 @@
 ///
 /// Never collapses below the token cycle: the layer just used has the
 /// largest d.
+///
+/// Why this header is long: the rule is kept exact by several structures that
+/// must agree at every eviction (layer heaps settled lazily, keys recomputed
+/// only for changed layers, cached L / p per entry, a tournament tree per byte
+/// size), each next to the comment that says why it does not change a
+/// decision; tests/test_cache.cpp holds them to a slow twin that recomputes
+/// the rule from scratch at every eviction. Splitting them across headers
+/// would separate each invariant from the code that relies on it.
 
 #include <algorithm>
 #include <cmath>
