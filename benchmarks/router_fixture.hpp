@@ -30,7 +30,7 @@ constexpr std::size_t cols = 2048;
 /// Where the matrix starts relative to a 64-byte cache line: 32 bytes past
 /// one, as a GGUF tensor may (ggml aligns tensor data to 32 bytes, not to a
 /// line). Fixed, so that every benchmark reads the same layout: a plain
-/// std::vector's offset depends on the heap's history (malloc's mmap
+/// std::vector's offset can depend on the heap's history (glibc's mmap
 /// threshold moves after the first large free), and loads that straddle two
 /// lines are slower.
 constexpr std::size_t matrix_line_offset = 32;
