@@ -38,6 +38,14 @@ void BM_gemv_token(benchmark::State& st) {
       mr::gemv_arch_name());
 }
 
+// The two above alternating in one loop: their ratio on the same machine state.
+void BM_token_pair(benchmark::State& st) {
+  run_token_pair(
+      st, read_compiled,
+      [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      mr::gemv_arch_name());
+}
+
 // The 109 ms/token mistake: one out-of-line call per element.
 void BM_gemv_naive_f16_call(benchmark::State& st) { run_gemv_naive_f16_call(st); }
 
@@ -259,10 +267,19 @@ void BM_bound_f16_int_fma(benchmark::State& st) {
 // The GEMV kernel itself with another shape (rows per pass for f32/f16/bf16,
 // prefetch distance in passes), fused or not (the default build's dispatched
 // kernel is the unfused one): what each tuning would give, in the same run.
+/// "prefetch D[ head H][ in-row][ locality L] fused|unfused": the tune's label.
+std::string tune_label(std::size_t pf, std::size_t head, bool in_row, int loc, bool fused) {
+  std::string s = "prefetch " + std::to_string(pf);
+  if (head) s += " head " + std::to_string(head);
+  if (in_row) s += " in-row";
+  if (loc != 3) s += " locality " + std::to_string(loc);
+  return s + (fused ? " fused" : " unfused");
+}
+
 template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0>
+          std::size_t Head = 0, bool InRow = false, int Loc = 3>
 void BM_gemv_tune(benchmark::State& st) {
-  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head>;
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc>;
   run_gemv(
       st,
       [](const mr::matrix_view& w, const float* x, float* y) {
@@ -271,13 +288,13 @@ void BM_gemv_tune(benchmark::State& st) {
             mr::activation_rounding::engine);
       },
       "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) +
-          " prefetch " + std::to_string(PF) + (Head ? " head " + std::to_string(Head) : std::string()) + (Fused ? " fused" : " unfused"));
+          " " + tune_label(PF, Head, InRow, Loc, Fused));
 }
 
 template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0>
+          std::size_t Head = 0, bool InRow = false, int Loc = 3>
 void BM_gemv_token_tune(benchmark::State& st) {
-  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head>;
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc>;
   run_gemv_token(
       st,
       [](const mr::matrix_view& w, const float* x, float* y) {
@@ -285,7 +302,35 @@ void BM_gemv_token_tune(benchmark::State& st) {
             w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
             mr::activation_rounding::engine);
       },
-      "prefetch " + std::to_string(PF) + (Head ? " head " + std::to_string(Head) : std::string()));
+      "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) +
+          " " + tune_label(PF, Head, InRow, Loc, Fused));
+}
+
+template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
+          std::size_t Head = 0, bool InRow = false, int Loc = 3>
+void tune_kernel(const mr::matrix_view& w, const float* x, float* y) {
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc>;
+  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
+      w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
+}
+
+// Shapes of the kernel and the read on one fixture (args {type, routers}: 0
+// routers is a token's 48, from the last-level cache or DRAM; 1 is one router,
+// in cache), each iteration running all of them in turn, so every ratio is
+// taken on the same memory and the same machine load. Counters: each kernel's
+// CPU time over the read's ("u_": unfused, the default build's kernel).
+void BM_token_tunes(benchmark::State& st) {
+  run_token_kernels(
+      st, read_compiled,
+      {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
+       {"f16_head16", tune_kernel<3, 3, 2, 1, true, 16>},  // the f16 default before
+       {"none", tune_kernel<3, 3, 2, 0, true>},
+       {"inrow8", tune_kernel<3, 3, 2, 1, true, 8, true>},
+       {"inrow16", tune_kernel<3, 3, 2, 1, true, 16, true>},
+       {"whole_t2", tune_kernel<3, 3, 2, 1, true, 0, false, 1>},
+       {"bf16_3rows", tune_kernel<3, 3, 3, 1, true, 0>},
+       {"u_default", tune_kernel<3, 3, 2, 1, false, 0>},
+       {"u_f16_head16", tune_kernel<3, 3, 2, 1, false, 16>}});
 }
 #endif
 
@@ -296,6 +341,7 @@ BENCHMARK(BM_gemv)->Apply(shapes);
 BENCHMARK(BM_gemv_scalar)->Apply(shapes);
 BENCHMARK(BM_stream_read_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_token_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});
 
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -322,9 +368,9 @@ BENCHMARK(BM_bound_bf16_fma_xreg)->Args({2, 128});
 BENCHMARK(BM_bound_bf16_add)->Args({2, 128});
 // f16 and bf16 take their own row count; f32 only rows (never prefetched).
 // The last argument: lines at the head of each next row prefetched (0: all).
-BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 0>)->Apply(tune_shapes);  // the kernel before
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 0>)->Apply(tune_shapes);  // x86_tune_default
 BENCHMARK(BM_gemv_tune<3, 3, 2, 0, true>)->Apply(tune_shapes);
-BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 16>)->Apply(tune_shapes);  // x86_tune_default
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 16>)->Apply(tune_shapes);  // the f16 default before
 BENCHMARK(BM_gemv_tune<3, 2, 3, 1, true, 0>)->Apply(tune_shapes);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 0>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 0, true>)->Arg(1)->Arg(2);
@@ -332,4 +378,5 @@ BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 16>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 2, 3, 1, true, 0>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 32>)->Args({1, 128});
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
+BENCHMARK(BM_token_tunes)->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
 #endif

@@ -130,6 +130,19 @@ void BM_gemv_token(benchmark::State& st) {
       mr::gemv_arch_name());
 }
 
+// The two above alternating in one loop: their ratio on the same machine state.
+void BM_token_pair(benchmark::State& st) {
+  if (!check_flags(st)) return;
+  const auto kernel = [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); };
+#if BENCH_X86_GNU
+  if (cpu_has_avx2()) {
+    run_token_pair(st, read_avx2, kernel, mr::gemv_arch_name() + std::string(" vs avx2 read"));
+    return;
+  }
+#endif
+  run_token_pair(st, read_compiled, kernel, mr::gemv_arch_name());
+}
+
 void BM_gemv_naive_f16_call(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv_naive_f16_call(st, "naive call per element");
@@ -144,4 +157,5 @@ BENCHMARK(BM_gemv_compiled_arch)->Apply(shapes);
 BENCHMARK(BM_gemv_scalar)->Apply(shapes);
 BENCHMARK(BM_stream_read_token_best)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_token_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});

@@ -8,10 +8,14 @@
 // xsimd::default_arch means differs between them.
 #include <benchmark/benchmark.h>
 
+#include <time.h>
+
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moe_residency/router.hpp"
@@ -23,28 +27,46 @@ namespace mr = moe_residency;
 
 constexpr std::size_t cols = 2048;
 
+/// Where the matrix starts relative to a 64-byte cache line: 32 bytes past
+/// one, as a GGUF tensor may (ggml aligns tensor data to 32 bytes, not to a
+/// line). Fixed, so that every benchmark reads the same layout: a plain
+/// std::vector's offset can depend on the heap's history (glibc's mmap
+/// threshold moves after the first large free), and loads that straddle two
+/// lines are slower.
+constexpr std::size_t matrix_line_offset = 32;
+
 struct fixture {
-  std::vector<float> f32;
-  std::vector<std::uint16_t> h16;
+  std::vector<unsigned char> storage;
+  float* f32 = nullptr;
+  std::uint16_t* h16 = nullptr;
   std::vector<float> x, y;
+  fixture(const fixture&) = delete;  // f32/h16 point into storage
+  fixture& operator=(const fixture&) = delete;
+  fixture(fixture&&) = default;  // the buffer moves with its pointers
+  fixture& operator=(fixture&&) = default;
+  ~fixture() = default;
   fixture(mr::element_type t, std::size_t rows) : x(cols), y(rows) {
     std::mt19937 rng(1);
     std::normal_distribution<float> d(0.0f, 0.05f);
     for (auto& v : x) v = d(rng) * 20.0f;
+    const std::size_t n = rows * cols;
+    storage.resize(n * (t == mr::element_type::f32 ? 4 : 2) + 128);
+    const auto addr = reinterpret_cast<std::uintptr_t>(storage.data());
+    void* at = storage.data() + ((64 - addr % 64) % 64 + matrix_line_offset);
     if (t == mr::element_type::f32) {
-      f32.resize(rows * cols);
-      for (auto& v : f32) v = d(rng);
+      f32 = static_cast<float*>(at);
+      for (std::size_t i = 0; i < n; ++i) f32[i] = d(rng);
     } else {
-      h16.resize(rows * cols);
-      for (auto& v : h16)
-        v = t == mr::element_type::f16 ? mr::detail::f32_to_f16_bits(d(rng))
-                                       : mr::detail::f32_to_bf16_bits(d(rng));
+      h16 = static_cast<std::uint16_t*>(at);
+      for (std::size_t i = 0; i < n; ++i)
+        h16[i] = t == mr::element_type::f16 ? mr::detail::f32_to_f16_bits(d(rng))
+                                            : mr::detail::f32_to_bf16_bits(d(rng));
     }
   }
   mr::matrix_view view(mr::element_type t, std::size_t rows) const {
-    if (t == mr::element_type::f32) return mr::matrix_view::f32(f32.data(), rows, cols);
-    if (t == mr::element_type::f16) return mr::matrix_view::f16(h16.data(), rows, cols);
-    return mr::matrix_view::bf16(h16.data(), rows, cols);
+    if (t == mr::element_type::f32) return mr::matrix_view::f32(f32, rows, cols);
+    if (t == mr::element_type::f16) return mr::matrix_view::f16(h16, rows, cols);
+    return mr::matrix_view::bf16(h16, rows, cols);
   }
 };
 
@@ -183,6 +205,96 @@ void run_gemv_token(benchmark::State& st, Kernel kernel, const std::string& what
   st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(bytes));
   st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(token_layers) + " x 128x2048" +
               (what.empty() ? "" : " " + what));
+}
+
+/// This thread's CPU time in seconds (wall time where there is no such clock).
+inline double thread_seconds() {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+#else
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
+}
+
+/// One token's routers read with `read` and multiplied with `kernel`, the two
+/// alternating within each iteration (which goes first alternates too), so
+/// both see the same machine: on a shared machine the load changes between
+/// two benchmarks run seconds apart, and their ratio with it. Counters:
+/// gemv_over_read (the sum of the kernel's CPU times over the read's), and
+/// each one's mean ms per token. The iteration's own time is both together.
+template <class Read, class Kernel>
+void run_token_pair(benchmark::State& st, Read read, Kernel kernel, const std::string& what = {}) {
+  const auto t = type_of(st.range(0));
+  token_fixture f(t, token_layers);
+  double t_read = 0.0, t_gemv = 0.0;
+  std::uint32_t s = 0;
+  bool read_first = true;
+  for (auto _ : st) {
+    for (int half = 0; half < 2; ++half) {
+      const double a = thread_seconds();
+      if ((half == 0) == read_first) {
+        for (const fixture& l : f.layers) {
+          const auto w = l.view(t, 128);
+          s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
+        }
+        benchmark::DoNotOptimize(s);
+        t_read += thread_seconds() - a;
+      } else {
+        for (fixture& l : f.layers) kernel(l.view(t, 128), l.x.data(), l.y.data());
+        benchmark::ClobberMemory();
+        t_gemv += thread_seconds() - a;
+      }
+    }
+    read_first = !read_first;
+  }
+  const double n = static_cast<double>(st.iterations());
+  st.counters["gemv_over_read"] = t_read > 0.0 ? t_gemv / t_read : 0.0;
+  st.counters["read_ms"] = 1e3 * t_read / n;
+  st.counters["gemv_ms"] = 1e3 * t_gemv / n;
+  st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(token_layers) + " x 128x2048" +
+              (what.empty() ? "" : " " + what));
+}
+
+/// run_token_pair for several kernels on one fixture of st.range(1) routers
+/// (0: a token's 48; 1: one router, in cache): each iteration runs the
+/// read and every kernel once, starting one later each time. Counters: each
+/// kernel's CPU time over the read's, under the kernel's name. Kernels as
+/// {name, void(*)(const matrix_view&, const float*, float*)}.
+using token_kernel = void (*)(const mr::matrix_view&, const float*, float*);
+template <class Read>
+void run_token_kernels(benchmark::State& st, Read read,
+                       const std::vector<std::pair<std::string, token_kernel>>& kernels) {
+  const auto t = type_of(st.range(0));
+  const std::size_t layers = st.range(1) > 0 ? static_cast<std::size_t>(st.range(1)) : token_layers;
+  token_fixture f(t, layers);
+  const std::size_t k = kernels.size();
+  std::vector<double> spent(k + 1, 0.0);
+  std::uint32_t s = 0;
+  std::size_t first = 0;
+  for (auto _ : st) {
+    for (std::size_t j = 0; j <= k; ++j) {
+      const std::size_t which = (first + j) % (k + 1);
+      const double a = thread_seconds();
+      if (which == k) {
+        for (const fixture& l : f.layers) {
+          const auto w = l.view(t, 128);
+          s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
+        }
+        benchmark::DoNotOptimize(s);
+      } else {
+        for (fixture& l : f.layers) kernels[which].second(l.view(t, 128), l.x.data(), l.y.data());
+        benchmark::ClobberMemory();
+      }
+      spent[which] += thread_seconds() - a;
+    }
+    first = (first + 1) % (k + 1);
+  }
+  for (std::size_t j = 0; j < k; ++j)
+    st.counters[kernels[j].first] = spent[k] > 0.0 ? spent[j] / spent[k] : 0.0;
+  st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(layers) +
+              " x 128x2048, each kernel's time over the read's");
 }
 
 /// Args {type (0 f32, 1 f16, 2 bf16), rows}.

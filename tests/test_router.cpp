@@ -609,7 +609,8 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
 
 TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scalar") {
   // Rows per pass and prefetching change only the schedule, never a lane's
-  // order: 2-4 rows (each remainder), no prefetch, whole next rows, a head.
+  // order: 2-4 rows (each remainder), no prefetch, whole next rows, a head,
+  // every line a distance ahead in its row (in-row), other cache levels.
   if (skip_without_avx2_fma_f16c()) return;
   constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
   using tag = detail::gemv_default_tag;
@@ -620,11 +621,14 @@ TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scal
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 3, 1>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 4, 4, 1, 4, 4>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 32, 16>>,
-      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1>>};
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 16, 16, true, true, 2>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 3, 2, 1, 8, 32, false, true, 0>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 2, 3, 1, 64, 1, true, true>>};
   std::uint32_t seed = 1700;
   std::size_t compared = 0;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
-    for (const std::size_t k : {0, 1, 2, 3, 4})
+    for (const std::size_t k : {0, 1, 2, 3, 4, 5, 6, 7})
       for (const auto& s : {dispatch_shapes[5], dispatch_shapes[10], dispatch_shapes[11],
                             dispatch_shapes[13]}) {
         const test_matrix m(t, s[0], s[1], s[2], seed++);

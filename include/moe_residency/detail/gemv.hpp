@@ -711,29 +711,33 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane,
   return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
 }
 
-/// Prefetches the 32 columns at c of the R rows after this pass's R (the
-/// next pass): each row is a short stream (4 KiB of f16 for 2048 columns)
-/// that the hardware prefetcher only catches after it has started, and the
-/// interleaved rows would otherwise each pay that start from memory. Only for
-/// 16-bit weights and when the next pass's rows fit next to this pass's in
-/// three quarters of a 32 KiB L1 (x86_prefetch_fits): further ahead, the prefetched
-/// lines are evicted before use and the kernel only loses load slots (f32
-/// routers stream at the roofline without it). A prefetch never faults, so
-/// past the matrix's end it is only wasted. f16 (3 rows a pass) prefetches
-/// only the first 16 lines (1 KiB) of each next row, during the pass's last
-/// 16 steps (x86_tune_default): three whole next rows are 12 KiB more in L1
-/// next to the 12 KiB being read and the 8 KiB of x, and cost the in-cache
-/// case about a fifth (bench_router BM_gemv_tune, docs/benchmarks.md); the
-/// head is what the hardware prefetcher needs to pick up the rest.
-template <element_type T, std::size_t R, std::size_t D>
+/// Prefetches the 32 columns at c of the R rows D passes after this one (D =
+/// 0: this pass's own rows) into the cache level Loc names (__builtin_prefetch's
+/// locality: 3 = prefetcht0 ... 0 = prefetchnta). Each row is a short stream
+/// (4 KiB of f16 for 2048 columns) that the hardware prefetcher only catches
+/// after it has started, and the interleaved rows would otherwise each pay
+/// that start from memory. Only for 16-bit weights and when the next pass's
+/// rows fit next to this pass's in three quarters of a 32 KiB L1
+/// (x86_prefetch_fits): further ahead, the prefetched lines are evicted before
+/// use and the kernel only loses load slots (f32 routers stream at the
+/// roofline without it). A prefetch never faults, so past the matrix's end it
+/// is only wasted. x86_tune_default prefetches the whole next rows, one line
+/// per row per step, for f16 and bf16 alike: per token from memory that is
+/// 0.1-0.15 of the read's time faster for f16 than prefetching only each next
+/// row's first 16 lines (the f16 default before), and it costs the in-cache
+/// case a few per cent (bench_router BM_token_tunes, docs/benchmarks.md).
+template <element_type T, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
                                                               std::size_t c) noexcept {
   MOE_RESIDENCY_DETAIL_UNROLL
-  for (std::size_t r = D * R; r < (D + 1) * R; ++r) _mm_prefetch(p + r * stride + c * 2, _MM_HINT_T0);
+  for (std::size_t r = D * R; r < (D + 1) * R; ++r) __builtin_prefetch(p + r * stride + c * 2, 0, Loc);
 }
 
 /// D: how many passes ahead to prefetch (0: none; 1: the next pass). Head:
-/// how many 64-byte lines at the start of each of those rows (0: all of them).
+/// how many 64-byte lines at the start of each of those rows (0: all of them),
+/// during the pass's last Head steps; with InRow, the steps before also
+/// prefetch this pass's rows Head lines ahead (one stream per row, Head lines
+/// ahead throughout).
 template <element_type T, std::size_t R, std::size_t D, std::size_t Head>
 inline bool x86_prefetch_fits(std::size_t cn) noexcept {
   const std::size_t ahead = Head == 0 ? cn * 2 : std::min(cn * 2, Head * 64);
@@ -745,7 +749,8 @@ inline bool x86_prefetch_fits(std::size_t cn) noexcept {
 /// lane. Interleaving R rows gives 4R independent multiply-add chains (one
 /// row's 4 chains leave the FMA units idle: latency 4, two per cycle) and
 /// loads each x vector once for all R rows.
-template <element_type T, bool Fused, std::size_t R, std::size_t D, std::size_t Head = 0>
+template <element_type T, bool Fused, std::size_t R, std::size_t D, std::size_t Head = 0,
+          bool InRow = false, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t stride,
                                                      std::size_t c0, std::size_t cn,
                                                      const float* xs,
@@ -762,7 +767,10 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
     const std::size_t pf_from = Head == 0 || cn <= gemv_lanes * Head ? 0 : cn - gemv_lanes * Head;
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
-      if (prefetch && e >= pf_from) x86_prefetch_next<T, R, D>(p, stride, c0 + (e - pf_from));
+      if (prefetch) {
+        if (e >= pf_from) x86_prefetch_next<T, R, D, Loc>(p, stride, c0 + (e - pf_from));
+        else if (InRow) x86_prefetch_next<T, R, 0, Loc>(p, stride, c + (cn - pf_from));
+      }
       MOE_RESIDENCY_DETAIL_UNROLL
       for (std::size_t h = 0; h < 2; ++h) {  // elements c + 16h .. c + 16h + 15
         __m256 xe = _mm256_loadu_ps(xs + e + 16 * h), xo = _mm256_loadu_ps(xs + e + 16 * h + 8);
@@ -784,8 +792,12 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
     const std::size_t pf_from = Head == 0 || cn <= gemv_lanes * Head ? 0 : cn - gemv_lanes * Head;
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
-      if constexpr (T != element_type::f32)
-        if (prefetch && e >= pf_from) x86_prefetch_next<T, R, D>(p, stride, c0 + (e - pf_from));
+      if constexpr (T != element_type::f32) {
+        if (prefetch) {
+          if (e >= pf_from) x86_prefetch_next<T, R, D, Loc>(p, stride, c0 + (e - pf_from));
+          else if (InRow) x86_prefetch_next<T, R, 0, Loc>(p, stride, c + (cn - pf_from));
+        }
+      }
       MOE_RESIDENCY_DETAIL_UNROLL
       for (std::size_t j = 0; j < 4; ++j) {
         __m256 xv = _mm256_loadu_ps(xs + e + 8 * j);
@@ -806,14 +818,22 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
 }
 
 /// The kernel's shape: rows per x86_pass for f32, f16 and bf16, how many
-/// passes ahead the 16-bit rows are prefetched (0: not at all) and how many
-/// 64-byte lines of each such row for f16 and bf16 (0: the whole row). A parameter
+/// passes ahead the 16-bit rows are prefetched (0: not at all), how many
+/// 64-byte lines of each such row for f16 and bf16 (0: the whole row), whether
+/// the rows being read are also prefetched that far ahead (InRow, see
+/// x86_prefetch_fits) and the prefetch's locality. A parameter
 /// so that bench_router can measure the alternatives in one run; `gemv` runs
 /// x86_tune_default. 3 rows are 12 accumulators of the 16 AVX2 registers;
 /// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows.
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
-          std::size_t Head16 = 0, std::size_t HeadB16 = 0>
+          std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
+          bool InRowB16 = false, int Loc = 3>
 struct x86_tune {
+  template <element_type T>
+  static constexpr bool in_row() noexcept {
+    return T == element_type::bf16 ? InRowB16 : InRow16;
+  }
+  static constexpr int locality = Loc;
   template <element_type T>
   static constexpr std::size_t rows() noexcept {
     return T == element_type::f32 ? R32 : T == element_type::f16 ? R16 : RB16;
@@ -824,7 +844,7 @@ struct x86_tune {
     return T == element_type::bf16 ? HeadB16 : Head16;
   }
 };
-using x86_tune_default = x86_tune<3, 3, 2, 1, 16, 0>;
+using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0>;
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
@@ -835,16 +855,19 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_
   constexpr std::size_t R = Tune::template rows<T>();
   constexpr std::size_t D = Tune::prefetch;
   constexpr std::size_t H = Tune::template head<T>();
+  constexpr bool IR = Tune::template in_row<T>();
+  constexpr int L = Tune::locality;
   std::size_t rr = 0;
   for (; rr + R <= nr; rr += R)
-    x86_pass<T, Fused, R, D, H>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+    x86_pass<T, Fused, R, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
-      x86_pass<T, Fused, 2, D, H>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      x86_pass<T, Fused, 2, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
       rr += 2;
     }
   }
-  for (; rr < nr; ++rr) x86_pass<T, Fused, 1, D, H>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr < nr; ++rr)
+    x86_pass<T, Fused, 1, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
 }
 
 /// x's chunk [c0, c0 + cn) as the kernel reads it: rounded when `round`,
