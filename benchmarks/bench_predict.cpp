@@ -32,6 +32,7 @@
 
 #include "moe_residency/session.hpp"
 #include "moe_residency/synthetic.hpp"
+#include "router_fixture.hpp"
 
 using namespace moe_residency;
 
@@ -69,15 +70,7 @@ workload& get_workload(element_type t) {
 }
 
 // Thread CPU time: on a shared machine wall time also counts other tenants.
-double cpu_seconds() {
-#if defined(CLOCK_THREAD_CPUTIME_ID)
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-#else
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-#endif
-}
+using router_bench::thread_seconds;
 
 std::map<std::string, double>& results() {  // seconds per token (or bytes/s)
   static std::map<std::string, double> r;
@@ -107,7 +100,7 @@ std::uint64_t stream_read(const void* p, std::size_t bytes) noexcept {
 void BM_stream_routers(benchmark::State& state) {
   workload& w = get_workload(type_of(state.range(0)));
   const synthetic_model& m = *w.model;
-  const double t0 = cpu_seconds();
+  const double t0 = thread_seconds();
   std::int64_t iters = 0;
   for (auto _ : state) {
     std::uint64_t x = 0;
@@ -118,7 +111,7 @@ void BM_stream_routers(benchmark::State& state) {
     benchmark::DoNotOptimize(x);
     ++iters;
   }
-  const double secs = cpu_seconds() - t0;
+  const double secs = thread_seconds() - t0;
   results()["stream/" + std::string(to_string(type_of(state.range(0))))] = secs / static_cast<double>(iters);
   state.SetBytesProcessed(static_cast<std::int64_t>(m.router_bytes()) * state.iterations());
   state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " router bytes, per token");
@@ -134,7 +127,7 @@ void BM_engine_router(benchmark::State& state) {
   router_workspace ws(m.shape().n_experts());
   routing r;
   std::size_t tok = 0;
-  const double t0 = cpu_seconds();
+  const double t0 = thread_seconds();
   std::int64_t iters = 0;
   for (auto _ : state) {
     const std::vector<float>& g = w.gate[tok++ % n_tokens];
@@ -145,7 +138,7 @@ void BM_engine_router(benchmark::State& state) {
     }
     ++iters;
   }
-  const double secs = cpu_seconds() - t0;
+  const double secs = thread_seconds() - t0;
   results()["engine/" + std::string(to_string(type_of(state.range(0))))] = secs / static_cast<double>(iters);
   state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " routers, per token");
 }
@@ -161,7 +154,7 @@ void run_session(benchmark::State& state, const std::string& key) {
   Session s(m.shape());
   install_routers(s, m);
   std::uint32_t pos = 0;
-  const double t0 = cpu_seconds();
+  const double t0 = thread_seconds();
   std::int64_t iters = 0;
   for (auto _ : state) {
     const std::size_t tok = pos % n_tokens;
@@ -174,7 +167,7 @@ void run_session(benchmark::State& state, const std::string& key) {
     }
     ++iters;
   }
-  const double secs = cpu_seconds() - t0;
+  const double secs = thread_seconds() - t0;
   results()[key + "/" + to_string(type_of(state.range(0)))] = secs / static_cast<double>(iters);
   state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " routers, per token");
 }
@@ -195,7 +188,7 @@ void BM_engine_then_session(benchmark::State& state) {
   standard_session s(m.shape());
   install_routers(s, m);
   std::uint32_t pos = 0;
-  const double t0 = cpu_seconds();
+  const double t0 = thread_seconds();
   std::int64_t iters = 0;
   for (auto _ : state) {
     const std::size_t tok = pos % n_tokens;
@@ -210,7 +203,7 @@ void BM_engine_then_session(benchmark::State& state) {
     }
     ++iters;
   }
-  const double secs = cpu_seconds() - t0;
+  const double secs = thread_seconds() - t0;
   results()["engine+standard/" + std::string(to_string(type_of(state.range(0))))] =
       secs / static_cast<double>(iters);
   state.SetLabel(std::string(to_string(type_of(state.range(0)))) +
