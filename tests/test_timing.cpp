@@ -91,6 +91,7 @@ TEST_CASE("the read CPU per MiB: paid for demanded and speculative MiB, never hi
   CHECK(ts[0].wall_ms == doctest::Approx(7.5));
   // Two speculative reads made resident at this load: 2 × 2 MiB more, 1 ms more.
   e.speculative_inserted = 2;
+  e.speculative_inserted_bytes = 2 * 2 * mib;
   ts = simulate_timing(shape, p, {e});
   CHECK(ts[0].mgmt_ms == doctest::Approx(2.5));
   CHECK(ts[0].wall_ms == doctest::Approx(8.5));

@@ -235,6 +235,75 @@ TEST_CASE("fault-driven loads of a route trace, by hand") {
   CHECK_THROWS_AS(readaround_loads(t, lanes, 1.0), error);
 }
 
+TEST_CASE("predicted in the fault model: the next layer's experts read without read-around, by hand") {
+  // Two layers of 4 experts, k = 1: per layer 1 dense page, then gate, up, down of one page
+  // per expert (layer 0 pages 0-12, layer 1 pages 13-25). No read-around, nothing evicted.
+  const route_trace t = toy_trace(2, 4, 1, {0}, {{{1}, {2}}, {{3}, {3}}});
+  lab_setup s;
+  s.limit_mib = 1.0;
+  s.overhead_mib = 0;
+  s.readaround_mib = 4096.0 / 1048576.0;
+  s.stale_gate_pct = 100;
+  s.spec_cap = 2;
+  lab_mapping m = map_lab_config(lab_config::predicted, s);
+  CHECK(m.speculation.source == speculation_source::oracle);
+  CHECK(m.speculation.oracle_p == doctest::Approx(1.0));
+  CHECK(m.speculation.cap == 2);
+  // A perfect prediction: after layer 0's load the next layer's expert is read (3 pages),
+  // so layer 1 takes no fault; the last layer plans nothing.
+  auto loads = readaround_loads(t, m, s.readaround_mib);
+  REQUIRE(loads.size() == 4);
+  CHECK(loads[0].misses == 3);
+  CHECK(loads[0].speculative_issued == 1);
+  CHECK(loads[0].speculative_bytes == 3 * page);
+  CHECK(loads[1].misses == 0);
+  CHECK(loads[1].hits == 1);
+  CHECK(loads[1].speculative_hits == 1);
+  CHECK(loads[1].speculative_inserted == 1);
+  CHECK(loads[1].speculative_inserted_bytes == 3 * page);
+  CHECK(loads[1].speculative_issued == 0);
+  CHECK(loads[2].misses == 3);
+  CHECK(loads[3].misses == 0);
+  CHECK(loads[3].speculative_hits == 1);
+  // The same cell without speculation faults in layer 1.
+  lab_mapping plain = m;
+  plain.speculation = replay_speculation{};
+  CHECK(readaround_loads(t, plain, s.readaround_mib)[1].misses == 3);
+  // A wrong prediction (P = 0) reads another expert: layer 1 still faults, nothing spared.
+  m.speculation.oracle_p = 0;
+  loads = readaround_loads(t, m, s.readaround_mib);
+  CHECK(loads[0].speculative_bytes == 3 * page);
+  CHECK(loads[1].misses == 3);
+  CHECK(loads[1].speculative_hits == 0);
+  CHECK(loads[1].speculative_inserted == 1);
+  // Reads the timing model cancels are never made resident.
+  m.speculation.oracle_p = 1;
+  replay_observer cancel;
+  cancel.admit = [](layer_id, std::uint64_t) { return false; };
+  loads = readaround_loads(t, m, s.readaround_mib, 3, page_reclaim::two_list, cancel);
+  CHECK(loads[0].speculative_cancelled == 1);
+  CHECK(loads[0].speculative_bytes == 0);
+  CHECK(loads[1].misses == 3);
+  CHECK(loads[1].speculative_inserted == 0);
+  // Timing: C = 100 ms over 2 MoE layers, a flat 400 MiB/s, λ = 0.5 ms, κ = 1 ms/MiB. Token 0:
+  // layer 0 computes 50 ms and stalls on 3 faults of one page, each a wave of its own; the
+  // speculative read (3 pages) starts after them, inside the layer, so layer 1 waits for
+  // nothing. κ is paid for layer 0's 3 pages and for the 3 the read brought in at layer 1.
+  timing_params p;
+  p.curve = storage_curve::parse_list("1:100,8:400");
+  p.compute_ms_per_token = 100;
+  p.read_latency_ms = 0.5;
+  p.overlap = 0;
+  p.read_cpu_ms_per_mib = 1;
+  const lab_prediction lp = predict_lab(t, lab_config::predicted, s, p);
+  REQUIRE(lp.tokens.size() == 2);
+  const double w = 0.5 + 1000.0 * 4096.0 / 1048576.0 / 400.0;
+  CHECK(lp.tokens[0].speculative_bytes == 3 * page);
+  CHECK(lp.tokens[0].stall_ms == doctest::Approx(3 * w));
+  CHECK(lp.tokens[0].wall_ms == doctest::Approx(100 + 3 * w + 6 * 4096.0 / 1048576.0));
+  CHECK(lp.loads[1].misses == 0);
+}
+
 TEST_CASE("the probe's metrics file parses: its columns, the lab's tok/s") {
   // moe-llama-probe --metrics-csv, the columns it writes (an empty cache_hit_pct without the manager).
   const std::string text =

@@ -28,12 +28,14 @@
 ///   (5) stall        s_l   = max(0, q_l + T_l − ω × c_l)
 ///                    ω = overlap: the share of the layer's compute the demanded reads hide
 ///                    behind (the engine computes resident experts while misses load).
-///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + i_l × b)
+///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + I_l)
 ///                    μ_r = mgmt_ms_per_read, i_l = speculative reads made resident at this
 ///                    load, μ_e = mgmt_ms_per_eviction, v_l = evictions at this load,
 ///                    κ = read_cpu_ms_per_mib (the engine thread's CPU per MiB read: the
 ///                    kernel's page-cache work when reads go through it; 0 on the phone),
-///                    D_l = the demanded reads' MiB.
+///                    D_l = the demanded reads' MiB, I_l = the MiB the i_l reads read
+///                    (i_l × b in a replay; the pages a read found missing in the lab's
+///                    fault model).
 ///   (7) speculation  reads planned after layer l's demanded load start at
 ///                    t_l + q_l + T_l (the device is then free) and run in waves of up
 ///                    to n reads, each wave per (2), back to back, competing for the same
@@ -381,8 +383,7 @@ class timing_simulator {
     const double stall = std::max(0.0, wait + demanded - p.overlap * c);
     const double mgmt = p.mgmt_ms_per_read * static_cast<double>(e.misses + e.speculative_inserted) +
                         p.mgmt_ms_per_eviction * static_cast<double>(e.evictions) +
-                        p.read_cpu_ms_per_mib * (to_mib(e.demanded_bytes) +
-                                                 static_cast<double>(e.speculative_inserted) * to_mib(e.expert_bytes));
+                        p.read_cpu_ms_per_mib * (to_mib(e.demanded_bytes) + to_mib(e.speculative_inserted_bytes));
     const double layer = c + mgmt + stall;
     t.compute_ms += c;
     t.stall_ms += stall;

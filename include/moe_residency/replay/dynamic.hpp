@@ -177,6 +177,7 @@ struct load_event {
   std::uint16_t misses = 0;                 ///< unique lookups that missed: demanded reads
   std::uint16_t speculative_hits = 0;       ///< of the hits, thanks to a speculative read (useful)
   std::uint16_t speculative_inserted = 0;   ///< speculative reads made resident at this load's quiesce
+  std::uint64_t speculative_inserted_bytes = 0;  ///< the bytes those reads read
   std::uint32_t evictions = 0;              ///< evictions in this load (its batch and the integration)
   std::uint64_t demanded_bytes = 0;         ///< bytes of the demanded reads
   std::uint16_t speculative_issued = 0;     ///< reads planned after this load (for a later layer)
@@ -359,6 +360,7 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
       ev.speculative_hits = static_cast<std::uint16_t>(s1.useful - s0.useful);
       ev.speculative_inserted = static_cast<std::uint16_t>(s1.inserted - s0.inserted);
       ev.expert_bytes = shape.expert_bytes(b.layer);
+      ev.speculative_inserted_bytes = ev.speculative_inserted * ev.expert_bytes;
       if (obs.on_load) obs.on_load(ev);
       layer_id target{};
       if (so.enabled && moe_layer_ahead(shape, b.layer, sp.horizon, target)) {

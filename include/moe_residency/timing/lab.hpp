@@ -15,14 +15,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
-#include <list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "moe_residency/plan.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/timing.hpp"
+#include "moe_residency/timing/lab_page_cache.hpp"
 #include "moe_residency/trace/batches.hpp"
 
 namespace moe_residency {
@@ -86,7 +87,7 @@ struct lab_mapping {
   double cache_mib = 0;
   bool dense_pinned = false;  ///< faults: the dense pages are locked, outside the page cache's lists
   std::size_t lanes = 1;      ///< concurrent demanded reads
-  replay_speculation speculation;  ///< predicted reads (lanes only)
+  replay_speculation speculation;  ///< predicted reads
 };
 
 /// The mapping of docs/wall-clock.md ("Against this machine"). Throws `error`
@@ -106,12 +107,20 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
     case lab_config::predicted:
     case lab_config::dense:
       // No exact reads: the expert ranges are not advised MADV_RANDOM, so every
-      // miss is a fault that reads a read-around window. `predicted` alone
-      // issues its reads the same way; they are not modelled (docs).
+      // miss is a fault that reads a read-around window. `predicted` also reads
+      // the stale-gate's first `spec_cap` experts of the next layer on its lanes
+      // (WILLNEED and POPULATE_READ of their slices: no read-around); with no
+      // pinned cache to plan around, it plans them whatever the page cache holds.
       m.kind = lab_model_kind::faults;
       m.dense_pinned = c == lab_config::dense;
       m.cache_mib = s.limit_mib - s.overhead_mib - (m.dense_pinned ? s.dense_mib : 0.0);
       m.lanes = 1;
+      if (c == lab_config::predicted) {
+        m.speculation.source = speculation_source::oracle;
+        m.speculation.oracle_p = std::min(1.0, s.stale_gate_pct / 100.0);
+        m.speculation.cap = s.spec_cap;
+        m.speculation.horizon = 1;
+      }
       break;
     case lab_config::exact:
     case lab_config::cache:
@@ -140,175 +149,28 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
   return m;
 }
 
-/// The file as the fault model sees it: per layer, its dense bytes and then
-/// `tensors` expert tensors (gate, up, down) of n_expert slices each, every
-/// block page-aligned. An approximation of the GGUF's layout (its global
-/// tensors sit elsewhere; the dense share is what matters for the LRU).
-struct lab_file_layout {
-  std::uint64_t page = 4096;
-  std::uint64_t pages = 0;
-  struct layer_blocks {
-    std::uint64_t dense_first = 0, dense_pages = 0;
-    std::vector<std::uint64_t> tensor_first;  ///< first page of each expert tensor
-    std::uint64_t slice_bytes = 0;            ///< one expert's bytes in one tensor
-  };
-  std::vector<layer_blocks> layers;
-
-  /// Pages [first, last) of expert e's slice in tensor t of layer l.
-  std::pair<std::uint64_t, std::uint64_t> slice_pages(std::size_t l, std::size_t t, std::size_t e) const {
-    const layer_blocks& b = layers[l];
-    const std::uint64_t off = b.tensor_first[t] * page + static_cast<std::uint64_t>(e) * b.slice_bytes;
-    return {off / page, (off + b.slice_bytes + page - 1) / page};
-  }
-};
-
-inline lab_file_layout make_lab_file_layout(const trace_header& h, std::size_t tensors = 3, std::uint64_t page = 4096) {
-  if (tensors == 0 || page == 0) throw error("make_lab_file_layout: tensors and page must be > 0");
-  lab_file_layout f;
-  f.page = page;
-  auto pages_of = [&](std::uint64_t bytes) { return (bytes + page - 1) / page; };
-  for (std::size_t l = 0; l < h.n_layer; ++l) {
-    lab_file_layout::layer_blocks b;
-    b.dense_first = f.pages;
-    b.dense_pages = pages_of(l < h.dense_bytes.size() ? h.dense_bytes[l] : 0);
-    f.pages += b.dense_pages;
-    const std::uint64_t eb = l < h.expert_bytes.size() ? h.expert_bytes[l] : 0;
-    b.slice_bytes = eb / tensors;
-    for (std::size_t t = 0; t < tensors; ++t) {
-      b.tensor_first.push_back(f.pages);
-      f.pages += pages_of(b.slice_bytes * h.n_expert);
-    }
-    f.layers.push_back(std::move(b));
-  }
-  return f;
-}
-
-/// How the modelled page cache chooses its victims.
-enum class page_reclaim : std::uint8_t {
-  /// One LRU list: a touch moves a page to the most recent end.
-  lru,
-  /// Linux's two lists, reduced to what decides which file pages stay: a new
-  /// page (faulted or read around) enters the inactive list; a touch only
-  /// marks it referenced (the page table's accessed bit — mapped pages are
-  /// not moved on access); reclaim takes the inactive list's oldest page,
-  /// but a referenced one is rotated instead (its bit cleared, the second
-  /// reference remembered) and one found referenced on two scans is
-  /// activated; the active list keeps at most half the pages, its oldest
-  /// demoted to the inactive list. So read-around pages that are never
-  /// touched go first and pages the matmuls used get a second chance —
-  /// which is why a limit of 1/1.5 of the file keeps part of it (docs).
-  two_list,
-};
-
-/// A page cache of `capacity` pages in which touching a missing page is a
-/// fault that reads the window of `window` pages centred on it (clipped to the
-/// file; only missing pages are read), as Linux's mmap read-around does.
-/// Pinned pages are resident and outside the lists.
-class readaround_page_cache {
- public:
-  readaround_page_cache(std::uint64_t pages, std::uint64_t capacity, std::uint64_t window,
-                        page_reclaim reclaim = page_reclaim::lru)
-      : state_(pages, absent), ref_(pages, 0), seen_(pages, 0), pos_(pages), capacity_(capacity),
-        window_(std::max<std::uint64_t>(1, window)), reclaim_(reclaim) {
-    if (capacity == 0) throw error("readaround_page_cache: capacity 0 pages; expected > 0");
-  }
-
-  /// Locks pages [first, last) resident (dense pinned); not counted as reads.
-  void pin(std::uint64_t first, std::uint64_t last) {
-    for (std::uint64_t p = first; p < last && p < state_.size(); ++p) {
-      if (state_[p] == inactive) inactive_.erase(pos_[p]);
-      if (state_[p] == active) active_.erase(pos_[p]);
-      state_[p] = pinned;
-    }
-  }
-
-  /// Touches pages [first, last) in order. Returns the faults taken; adds the pages read to `pages_read`.
-  std::uint32_t touch(std::uint64_t first, std::uint64_t last, std::uint64_t& pages_read) {
-    std::uint32_t faults = 0;
-    for (std::uint64_t p = first; p < last && p < state_.size(); ++p) {
-      if (state_[p] == pinned) continue;
-      if (state_[p] != absent) {
-        if (reclaim_ == page_reclaim::lru) inactive_.splice(inactive_.end(), inactive_, pos_[p]);
-        else ref_[p] = 1;
-        continue;
-      }
-      ++faults;
-      const std::uint64_t lo = p >= window_ / 2 ? p - window_ / 2 : 0;
-      const std::uint64_t hi = std::min<std::uint64_t>(state_.size(), lo + window_);
-      for (std::uint64_t q = lo; q < hi; ++q)
-        if (state_[q] == absent && q != p) insert(q, 0), ++pages_read;
-      insert(p, 1);  // the faulting page last: the most recently used, referenced
-      ++pages_read;
-    }
-    return faults;
-  }
-
-  std::uint64_t resident_pages() const noexcept { return inactive_.size() + active_.size(); }
-  std::uint64_t active_pages() const noexcept { return active_.size(); }
-  bool is_resident(std::uint64_t p) const noexcept { return state_[p] != absent; }
-
- private:
-  enum : std::uint8_t { absent, inactive, active, pinned };
-  using list = std::list<std::uint64_t>;
-  void push(list& l, std::uint64_t p, std::uint8_t st) {
-    l.push_back(p);
-    pos_[p] = std::prev(l.end());
-    state_[p] = st;
-  }
-  void evict_one() {
-    for (;;) {
-      if (inactive_.empty()) {  // everything active: its oldest goes
-        const std::uint64_t v = active_.front();
-        active_.pop_front();
-        state_[v] = absent;
-        ref_[v] = seen_[v] = 0;
-        return;
-      }
-      const std::uint64_t v = inactive_.front();
-      if (reclaim_ == page_reclaim::two_list && ref_[v]) {
-        ref_[v] = 0;
-        inactive_.pop_front();
-        if (seen_[v]) {  // referenced on two scans: activate
-          seen_[v] = 0;
-          push(active_, v, active);
-          while (active_.size() > capacity_ / 2) {
-            const std::uint64_t q = active_.front();
-            active_.pop_front();
-            push(inactive_, q, inactive);
-          }
-        } else {
-          seen_[v] = 1;
-          push(inactive_, v, inactive);
-        }
-        continue;
-      }
-      inactive_.pop_front();
-      state_[v] = absent;
-      ref_[v] = seen_[v] = 0;
-      return;
-    }
-  }
-  void insert(std::uint64_t p, std::uint8_t referenced) {
-    if (resident_pages() >= capacity_) evict_one();
-    push(inactive_, p, inactive);
-    ref_[p] = reclaim_ == page_reclaim::two_list ? referenced : 0;
-  }
-  std::vector<std::uint8_t> state_, ref_, seen_;
-  std::vector<list::iterator> pos_;
-  list inactive_, active_;
-  std::uint64_t capacity_, window_;
-  page_reclaim reclaim_;
-};
-
 /// The decode loads of a fault-driven run: every batch of the trace (prompt
 /// and decode, in order) touches its layer's dense pages, then each routed
 /// expert's slices; one load_event per decode (token, layer) whose `misses`
 /// are the faults taken and `expert_bytes` the mean bytes a fault read (so
 /// timing_simulator's reads are the faults, one after another on one lane).
 /// `hits` counts routed experts that took no fault.
+///
+/// With the mapping's speculation (`predicted`): after each decode load, the
+/// oracle's ranking (oracle_ranking, seeded by the speculation's seed) of the
+/// MoE layer `horizon` ahead, planned by speculation_planner with nothing
+/// counted resident (the manager plans around its pinned cache, which
+/// `predicted` alone has not); each planned expert's missing slice pages are
+/// one speculative read, offered to `obs.admit` (the timing model's
+/// equation 7) and, when admitted, read into the page cache without
+/// read-around. The target load counts them in `speculative_inserted` and
+/// `speculative_inserted_bytes`, its experts they spared a fault in
+/// `speculative_hits`. `obs.on_load` sees every decode load before its reads
+/// are planned, as in replay_dynamic.
 inline std::vector<load_event> readaround_loads(const route_trace& trace, const lab_mapping& m,
                                                 double readaround_mib, std::size_t tensors = 3,
-                                                page_reclaim reclaim = page_reclaim::two_list) {
+                                                page_reclaim reclaim = page_reclaim::two_list,
+                                                const replay_observer& obs = {}) {
   if (m.kind != lab_model_kind::faults) throw error("readaround_loads: the mapping is not a fault-driven one");
   const lab_file_layout f = make_lab_file_layout(trace.header, tensors);
   const auto pages = [&](double mib) { return static_cast<std::uint64_t>(mib * 1048576.0 / static_cast<double>(f.page)); };
@@ -316,6 +178,26 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
   readaround_page_cache pc(f.pages, std::max<std::uint64_t>(1, capacity), pages(readaround_mib), reclaim);
   if (m.dense_pinned)
     for (const auto& b : f.layers) pc.pin(b.dense_first, b.dense_first + b.dense_pages);
+  const replay_speculation& sp = m.speculation;
+  const bool speculate = sp.source != speculation_source::none;
+  if (speculate && sp.source != speculation_source::oracle)
+    throw error(std::string("readaround_loads: speculation '") + sp.name() +
+                "'; the fault model knows the oracle's predictions only");
+  if (speculate && !sp.oracle_profile.empty() && sp.oracle_profile.size() != trace.header.n_layer)
+    throw error("readaround_loads: oracle profile has " + std::to_string(sp.oracle_profile.size()) +
+                " entries; expected " + std::to_string(trace.header.n_layer) + " (one P per layer)");
+  std::optional<routed_replay_input> in;
+  if (speculate) in.emplace(routed_replay_input::from_trace(trace));
+  const speculation_planner planner(speculate ? sp.cap : 0);
+  std::uint64_t rng = sp.seed;
+  ranking rank;
+  struct spec_read {
+    layer_id layer;
+    expert_id expert;
+    std::uint64_t bytes;
+  };
+  std::vector<spec_read> pending;  // made resident, for a later load of this token
+
   const load_batches lb = group_load_batches(trace);
   std::vector<load_event> out;
   std::uint32_t token = 0;
@@ -325,15 +207,26 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
   for (const load_batch& b : lb.batches) {
     const std::size_t l = to_index(b.layer);
     if (l >= f.layers.size()) continue;
+    const bool decode = b.phase == run_phase::decode;
+    if (decode) {
+      if (any_decode && b.step != last_step) ++token, pending.clear();
+      any_decode = true;
+      last_step = b.step;
+    }
     std::uint64_t read = 0;
     std::uint32_t faults = pc.touch(f.layers[l].dense_first, f.layers[l].dense_first + f.layers[l].dense_pages, read);
-    std::uint16_t routed = 0, clean = 0;
+    std::uint16_t routed = 0, clean = 0, spared = 0;
     std::vector<expert_id> uniq;
     for (expert_id e : lb.experts_of(b)) {
       if (to_index(e) >= seen.size() || seen[to_index(e)]) continue;
       seen[to_index(e)] = 1;
       uniq.push_back(e);
     }
+    const auto is_pending = [&](expert_id e) {
+      for (const spec_read& r : pending)
+        if (r.layer == b.layer && r.expert == e) return true;
+      return false;
+    };
     for (expert_id e : uniq) {
       seen[to_index(e)] = 0;
       std::uint32_t ef = 0;
@@ -344,11 +237,9 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
       faults += ef;
       ++routed;
       clean += ef == 0;
+      if (ef == 0 && decode && is_pending(e)) ++spared;
     }
-    if (b.phase != run_phase::decode) continue;
-    if (any_decode && b.step != last_step) ++token;
-    any_decode = true;
-    last_step = b.step;
+    if (!decode) continue;
     load_event ev;
     ev.token = token;
     ev.layer = b.layer;
@@ -357,6 +248,47 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
     ev.misses = static_cast<std::uint16_t>(std::min<std::uint32_t>(faults, 65535));
     ev.demanded_bytes = read * f.page;
     ev.expert_bytes = faults ? read * f.page / faults : 0;
+    ev.speculative_hits = spared;
+    std::size_t keep = 0;
+    for (const spec_read& r : pending) {
+      if (r.layer != b.layer) {
+        pending[keep++] = r;
+        continue;
+      }
+      ++ev.speculative_inserted;
+      ev.speculative_inserted_bytes += r.bytes;
+    }
+    pending.resize(keep);
+    if (obs.on_load) obs.on_load(ev);
+    layer_id target{};
+    if (speculate && moe_layer_ahead(in->shape(), b.layer, sp.horizon, target)) {
+      const routing* truth = in->decode_routing(token, target);
+      if (truth) {
+        const double p = sp.oracle_profile.empty() ? sp.oracle_p : sp.oracle_profile[to_index(target)];
+        detail::oracle_ranking(*truth, p, in->shape().n_experts(), rng, rank);
+        const speculation_plan plan =
+            planner.plan(target, rank, in->shape().top_k(), [](layer_id, expert_id) noexcept { return false; });
+        for (std::size_t i = 0; i < plan.size(); ++i) {
+          const std::size_t tl = to_index(target), e = to_index(plan.id(i));
+          std::uint64_t missing = 0;
+          for (std::size_t t = 0; t < tensors; ++t) {
+            const auto r = f.slice_pages(tl, t, e);
+            missing += pc.missing(r.first, r.second);
+          }
+          ++ev.speculative_issued;
+          if (obs.admit && !obs.admit(target, missing * f.page)) {
+            ++ev.speculative_cancelled;
+            continue;
+          }
+          for (std::size_t t = 0; t < tensors; ++t) {
+            const auto r = f.slice_pages(tl, t, e);
+            pc.read(r.first, r.second);
+          }
+          ev.speculative_bytes += missing * f.page;
+          pending.push_back(spec_read{target, plan.id(i), missing * f.page});
+        }
+      }
+    }
     out.push_back(ev);
   }
   return out;
@@ -384,8 +316,10 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     double top = 0;
     for (const auto& q : p.curve.points()) top = std::max(top, q.second);
     p.curve = storage_curve({{1.0, top}});
-    out.loads = readaround_loads(trace, out.mapping, s.readaround_mib);
-    out.tokens = simulate_timing(trace.shape(), p, out.loads);
+    // predicted: its reads share the device with the faults (equation 7).
+    timing_simulator sim(trace.shape(), p);
+    out.loads = readaround_loads(trace, out.mapping, s.readaround_mib, 3, page_reclaim::two_list, sim.observer());
+    out.tokens = sim.tokens();
   } else {
     const routed_replay_input in = routed_replay_input::from_trace(trace);
     dynamic_replay_options o;
