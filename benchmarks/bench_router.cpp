@@ -520,7 +520,10 @@ BENCHMARK(BM_gemv_tune<3, 5, 2, 1, true, 0, false, 3, 2>)->Args({1, 128});
 BENCHMARK(BM_gemv_tune<3, 6, 2, 1, true, 0, false, 3, 2>)->Args({1, 128});
 BENCHMARK(BM_gemv_tune<3, 6, 2, 0, true, 0, false, 3, 2>)->Args({1, 128});
 BENCHMARK(BM_gemv_tune<3, 6, 2, 1, false, 0, false, 3, 2>)->Args({1, 128});
-BENCHMARK(BM_gemv_tune<3, 3, 2, 1, false, 0>)->Args({1, 128})->Args({2, 128});
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, false, 0>)->Apply(tune_shapes);
+// The default build's f32 (unfused) with 2 and 4 rows a pass.
+BENCHMARK(BM_gemv_tune<2, 3, 2, 1, false, 0>)->Args({0, 128});
+BENCHMARK(BM_gemv_tune<4, 3, 2, 1, false, 0>)->Args({0, 128});
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
 BENCHMARK(BM_token_tunes)->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
 #endif

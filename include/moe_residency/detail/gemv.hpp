@@ -859,10 +859,13 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::s
 /// passes ahead the 16-bit rows are prefetched (0: not at all), how many
 /// 64-byte lines of each such row for f16 and bf16 (0: the whole row), whether
 /// the rows being read are also prefetched that far ahead (InRow, see
-/// x86_prefetch_fits) and the prefetch's locality. A parameter
+/// x86_prefetch_fits), the prefetch's locality and the f16 lane groups per
+/// sweep (G16 < 4: x86_pass_split, whole rows prefetched, Head16/InRow16 and
+/// Loc unused). A parameter
 /// so that bench_router can measure the alternatives in one run; `gemv` runs
 /// x86_tune_default. 3 rows are 12 accumulators of the 16 AVX2 registers;
-/// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows.
+/// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows. 6 f16 rows
+/// in two sweeps (G16 = 2) measured no faster (docs/benchmarks.md, 2026-12-01).
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
           std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
           bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4>
