@@ -321,9 +321,10 @@ void BM_l1(benchmark::State& st) {
 // per 192 bytes, 12 vectors of 8 weights (f16: vcvtph2ps from memory; bf16:
 // 6 32-byte loads, shift and and), each x vector loaded once for XU
 // multiply-adds (x86_pass: XU = its rows, 3 for f16, 2 for bf16); Fused =
-// false: a multiply and an add (the default build's). The last bytes of the
+// false: a multiply and an add (the default build's); PF > 0: each of the 3
+// lines of a step also prefetched PF bytes ahead. The last bytes of the
 // matrix that do not fill 192 are not read (0.02%).
-template <bool Fused, std::size_t XU>
+template <bool Fused, std::size_t XU, std::size_t PF = 0>
 void BM_bound_mix(benchmark::State& st) {
   const auto t = type_of(st.range(0));
   const auto rows = static_cast<std::size_t>(st.range(1));
@@ -340,6 +341,8 @@ void BM_bound_mix(benchmark::State& st) {
       for (auto& v : a) v = _mm256_setzero_ps();
       for (std::size_t i = 0, c = 0; i < steps; ++i, c = (c + 8 * 12 / XU) % xn) {
         const char* p = base + 192 * i;
+        if constexpr (PF > 0)
+          for (std::size_t l = 0; l < 192; l += 64) _mm_prefetch(p + PF + l, _MM_HINT_T0);
         MOE_RESIDENCY_DETAIL_UNROLL
         for (std::size_t j = 0; j < 12 / XU; ++j) {
           __m256 xv = _mm256_loadu_ps(xs + c + 8 * j);
@@ -367,7 +370,8 @@ void BM_bound_mix(benchmark::State& st) {
   if (bf16) run(std::true_type{});
   else run(std::false_type{});
   set_bytes(st, w, std::string(Fused ? "fma" : "mul+add") + ", x loaded per " + std::to_string(XU) +
-                       " vectors, memory order");
+                       " vectors, memory order" +
+                       (PF ? ", prefetch " + std::to_string(PF) + " bytes ahead" : ""));
 }
 
 void BM_bound_f16_int_fma(benchmark::State& st) {
@@ -491,6 +495,8 @@ BENCHMARK(BM_bound_bf16_add)->Args({2, 128});
 BENCHMARK(BM_bound_mix<true, 3>)->Args({1, 128});
 BENCHMARK(BM_bound_mix<true, 6>)->Args({1, 128});
 BENCHMARK(BM_bound_mix<true, 12>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 3, 512>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 3, 2048>)->Args({1, 128});
 BENCHMARK(BM_bound_mix<false, 3>)->Args({1, 128});
 BENCHMARK(BM_bound_mix<true, 2>)->Args({2, 128});
 BENCHMARK(BM_bound_mix<true, 6>)->Args({2, 128});
