@@ -6,6 +6,8 @@
 // 109 ms/token). Compare the ratios, not absolute times.
 #include <benchmark/benchmark.h>
 
+#include <type_traits>
+
 #include "moe_residency/router.hpp"
 #include "router_fixture.hpp"
 
@@ -251,6 +253,127 @@ void BM_bound_f16_int_fma_xreg(benchmark::State& st) {
   benchmark::DoNotOptimize(seen);
 }
 
+// ---- The vector work from L1, no order (2026-12-01) -------------------------
+//
+// BM_l1<Kind>: the instructions a 16-bit GEMV must issue for as many weights
+// as the matrix holds (args {type, rows}), the weights read from one 4 KiB
+// block that stays in L1, x in registers, 12 independent sums, no summation
+// order: no kernel doing at least this work per weight can be faster, wherever
+// its weights come from and however its rows are interleaved. Read against
+// BM_stream_read of the same run (the matrix from L2/L3). Per 256 bytes:
+//   0: 16 vcvtph2ps from memory + 16 FMA       (the native f16 kernel's work)
+//   1: 16 vcvtph2ps from memory + 16 mul + 16 add (the default build's f16)
+//   2: 8 loads + 8 shift + 8 and + 16 FMA       (the native bf16 kernel's work)
+//   3: 8 loads + 8 shift + 8 and + 16 mul + 16 add (the default build's bf16)
+//   4: 8 loads + 16 FMA, no conversion           (the multiply-adds alone)
+//   5: 16 vcvtph2ps from memory, results unused   (the conversions alone)
+// Never a GEMV: the sums are of the wrong elements in the wrong order.
+template <int Kind>
+void BM_l1(benchmark::State& st) {
+  static const char* const names[] = {"L1: cvt+fma", "L1: cvt+mul+add", "L1: shift/and+fma",
+                                      "L1: shift/and+mul+add", "L1: load+fma", "L1: cvt"};
+  const auto t = type_of(st.range(0));
+  const auto rows = static_cast<std::size_t>(st.range(1));
+  const fixture f(t, rows);
+  const auto w = f.view(t, rows);
+  const char* base = static_cast<const char*>(w.data);
+  const std::size_t steps = w.bytes() / 256;
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (auto _ : st) {
+    __m256 a[12];
+    for (auto& v : a) v = _mm256_setzero_ps();
+    __m256 x0 = _mm256_set1_ps(1e-3f), x1 = _mm256_set1_ps(2e-3f);
+    for (std::size_t i = 0; i < steps; ++i) {
+      const char* p = base + (i * 256) % 4096;
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t k = 0; k < 16; ++k) {
+        __m256 wv;
+        if constexpr (Kind == 0 || Kind == 1 || Kind == 5) {
+          wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
+        } else if constexpr (Kind == 4) {
+          wv = _mm256_loadu_ps(reinterpret_cast<const float*>(p + 16 * (k & ~std::size_t{1})));
+        } else {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * (k & ~std::size_t{1})));
+          wv = _mm256_castsi256_ps(k % 2 ? _mm256_and_si256(v, hi) : _mm256_slli_epi32(v, 16));
+        }
+        const __m256 xv = k % 2 ? x1 : x0;
+        if constexpr (Kind == 5) {
+          __asm__ volatile("" : : "x"(wv));
+        } else if constexpr (Kind == 1 || Kind == 3) {
+          __m256 prod = _mm256_mul_ps(wv, xv);
+          __asm__("" : "+x"(prod));  // rounded: no contraction
+          a[k % 12] = _mm256_add_ps(prod, a[k % 12]);
+        } else {
+          a[k % 12] = _mm256_fmadd_ps(wv, xv, a[k % 12]);
+        }
+      }
+    }
+    __m256 s = a[0];
+    for (std::size_t k = 1; k < 12; ++k) s = _mm256_add_ps(s, a[k]);
+    float r = _mm256_cvtss_f32(s);
+    benchmark::DoNotOptimize(r);
+  }
+  set_bytes(st, w, names[Kind]);
+}
+
+// A 16-bit kernel's instruction mix over the matrix in memory order (one
+// stream, no row interleaving), 12 independent sums, no summation order:
+// per 192 bytes, 12 vectors of 8 weights (f16: vcvtph2ps from memory; bf16:
+// 6 32-byte loads, shift and and), each x vector loaded once for XU
+// multiply-adds (x86_pass: XU = its rows, 3 for f16, 2 for bf16); Fused =
+// false: a multiply and an add (the default build's); PF > 0: each of the 3
+// lines of a step also prefetched PF bytes ahead. The last bytes of the
+// matrix that do not fill 192 are not read (0.02%).
+template <bool Fused, std::size_t XU, std::size_t PF = 0>
+void BM_bound_mix(benchmark::State& st) {
+  const auto t = type_of(st.range(0));
+  const auto rows = static_cast<std::size_t>(st.range(1));
+  const fixture f(t, rows);
+  const auto w = f.view(t, rows);
+  const char* base = static_cast<const char*>(w.data);
+  const std::size_t steps = w.bytes() / 192, xn = f.x.size() - f.x.size() % 32;
+  const float* xs = f.x.data();
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  const bool bf16 = t == mr::element_type::bf16;
+  auto run = [&](auto is_bf16) {
+    for (auto _ : st) {
+      __m256 a[12];
+      for (auto& v : a) v = _mm256_setzero_ps();
+      for (std::size_t i = 0, c = 0; i < steps; ++i, c = (c + 8 * 12 / XU) % xn) {
+        const char* p = base + 192 * i;
+        if constexpr (PF > 0)
+          for (std::size_t l = 0; l < 192; l += 64) _mm_prefetch(p + PF + l, _MM_HINT_T0);
+        MOE_RESIDENCY_DETAIL_UNROLL
+        for (std::size_t j = 0; j < 12 / XU; ++j) {
+          __m256 xv = _mm256_loadu_ps(xs + c + 8 * j);
+          __asm__("" : "+x"(xv));  // one load for XU uses
+          MOE_RESIDENCY_DETAIL_UNROLL
+          for (std::size_t r = 0; r < XU; ++r) {
+            const std::size_t k = XU * j + r;
+            __m256 wv;
+            if constexpr (decltype(is_bf16)::value) {
+              const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * (k / 2)));
+              wv = _mm256_castsi256_ps(k % 2 ? _mm256_and_si256(v, hi) : _mm256_slli_epi32(v, 16));
+            } else {
+              wv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k)));
+            }
+            a[k] = mr::detail::x86_madd<Fused>(wv, xv, a[k]);
+          }
+        }
+      }
+      __m256 sum = a[0];
+      for (std::size_t k = 1; k < 12; ++k) sum = _mm256_add_ps(sum, a[k]);
+      float r = _mm256_cvtss_f32(sum);
+      benchmark::DoNotOptimize(r);
+    }
+  };
+  if (bf16) run(std::true_type{});
+  else run(std::false_type{});
+  set_bytes(st, w, std::string(Fused ? "fma" : "mul+add") + ", x loaded per " + std::to_string(XU) +
+                       " vectors, memory order" +
+                       (PF ? ", prefetch " + std::to_string(PF) + " bytes ahead" : ""));
+}
+
 void BM_bound_f16_int_fma(benchmark::State& st) {
   run_bound(st, "load+int convert+fma", [](bench_acc& a, const char* p, const float* x) {
     const __m256i m = _mm256_set1_epi32(static_cast<int>(0x8fffe000u));
@@ -277,9 +400,9 @@ std::string tune_label(std::size_t pf, std::size_t head, bool in_row, int loc, b
 }
 
 template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0, bool InRow = false, int Loc = 3>
+          std::size_t Head = 0, bool InRow = false, int Loc = 3, std::size_t G = 4>
 void BM_gemv_tune(benchmark::State& st) {
-  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc>;
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc, G>;
   run_gemv(
       st,
       [](const mr::matrix_view& w, const float* x, float* y) {
@@ -288,7 +411,8 @@ void BM_gemv_tune(benchmark::State& st) {
             mr::activation_rounding::engine);
       },
       "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) +
-          " " + tune_label(PF, Head, InRow, Loc, Fused));
+          " " + tune_label(PF, Head, InRow, Loc, Fused) +
+          (G < 4 ? " f16 in sweeps of " + std::to_string(G) + " lane groups" : ""));
 }
 
 template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
@@ -307,9 +431,9 @@ void BM_gemv_token_tune(benchmark::State& st) {
 }
 
 template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0, bool InRow = false, int Loc = 3>
+          std::size_t Head = 0, bool InRow = false, int Loc = 3, std::size_t G = 4>
 void tune_kernel(const mr::matrix_view& w, const float* x, float* y) {
-  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc>;
+  using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc, G>;
   mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
       w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
 }
@@ -330,7 +454,9 @@ void BM_token_tunes(benchmark::State& st) {
        {"whole_t2", tune_kernel<3, 3, 2, 1, true, 0, false, 1>},
        {"bf16_3rows", tune_kernel<3, 3, 3, 1, true, 0>},
        {"u_default", tune_kernel<3, 3, 2, 1, false, 0>},
-       {"u_f16_head16", tune_kernel<3, 3, 2, 1, false, 16>}});
+       {"u_f16_head16", tune_kernel<3, 3, 2, 1, false, 16>},
+       {"f16_6x2", tune_kernel<3, 6, 2, 1, true, 0, false, 3, 2>},
+       {"u_f16_6x2", tune_kernel<3, 6, 2, 1, false, 0, false, 3, 2>}});
 }
 #endif
 
@@ -366,6 +492,21 @@ BENCHMARK(BM_bound_f16_int_fma_xreg<true>)->Args({1, 128});
 BENCHMARK(BM_bound_bf16_fma)->Args({2, 128});
 BENCHMARK(BM_bound_bf16_fma_xreg)->Args({2, 128});
 BENCHMARK(BM_bound_bf16_add)->Args({2, 128});
+BENCHMARK(BM_bound_mix<true, 3>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 6>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 12>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 3, 512>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 3, 2048>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<false, 3>)->Args({1, 128});
+BENCHMARK(BM_bound_mix<true, 2>)->Args({2, 128});
+BENCHMARK(BM_bound_mix<true, 6>)->Args({2, 128});
+BENCHMARK(BM_bound_mix<false, 2>)->Args({2, 128});
+BENCHMARK(BM_l1<0>)->Args({1, 128});
+BENCHMARK(BM_l1<1>)->Args({1, 128});
+BENCHMARK(BM_l1<2>)->Args({2, 128});
+BENCHMARK(BM_l1<3>)->Args({2, 128});
+BENCHMARK(BM_l1<4>)->Args({1, 128});
+BENCHMARK(BM_l1<5>)->Args({1, 128});
 // f16 and bf16 take their own row count; f32 only rows (never prefetched).
 // The last argument: lines at the head of each next row prefetched (0: all).
 BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 0>)->Apply(tune_shapes);  // x86_tune_default
@@ -377,6 +518,18 @@ BENCHMARK(BM_gemv_token_tune<3, 3, 2, 0, true>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 16>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token_tune<3, 2, 3, 1, true, 0>)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_tune<3, 3, 2, 1, true, 32>)->Args({1, 128});
+// f16 in two sweeps of two lane groups (x86_pass_split): 4, 5, 6 rows a pass.
+BENCHMARK(BM_gemv_tune<3, 1, 2, 0, true>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 2, 2, 0, true>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 4, 2, 1, true, 0, false, 3, 2>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 5, 2, 1, true, 0, false, 3, 2>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 6, 2, 1, true, 0, false, 3, 2>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 6, 2, 0, true, 0, false, 3, 2>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 6, 2, 1, false, 0, false, 3, 2>)->Args({1, 128});
+BENCHMARK(BM_gemv_tune<3, 3, 2, 1, false, 0>)->Apply(tune_shapes);
+// The default build's f32 (unfused) with 2 and 4 rows a pass.
+BENCHMARK(BM_gemv_tune<2, 3, 2, 1, false, 0>)->Args({0, 128});
+BENCHMARK(BM_gemv_tune<4, 3, 2, 1, false, 0>)->Args({0, 128});
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
 BENCHMARK(BM_token_tunes)->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
 #endif

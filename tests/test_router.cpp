@@ -610,7 +610,8 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
 TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scalar") {
   // Rows per pass and prefetching change only the schedule, never a lane's
   // order: 2-4 rows (each remainder), no prefetch, whole next rows, a head,
-  // every line a distance ahead in its row (in-row), other cache levels.
+  // every line a distance ahead in its row (in-row), other cache levels, and
+  // f16 in sweeps of two lane groups.
   if (skip_without_avx2_fma_f16c()) return;
   constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
   using tag = detail::gemv_default_tag;
@@ -624,18 +625,23 @@ TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scal
       detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 16, 16, true, true, 2>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 3, 2, 1, 8, 32, false, true, 0>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 2, 3, 1, 64, 1, true, true>>};
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 2, 3, 1, 64, 1, true, true>>,
+      // f16 in sweeps of 2 lane groups (x86_pass_split): 6 rows (5 + a 3-row and a 2-row
+      // remainder in 32), 5 rows prefetched, 4 rows unfused
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 6, 2, 0, 0, 0, false, false, 3, 2>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 5, 2, 1, 0, 0, false, false, 3, 2>>,
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<3, 4, 2, 1, 0, 0, false, false, 3, 2>>};
   std::uint32_t seed = 1700;
   std::size_t compared = 0;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
-    for (const std::size_t k : {0, 1, 2, 3, 4, 5, 6, 7})
+    for (const std::size_t k : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
       for (const auto& s : {dispatch_shapes[5], dispatch_shapes[10], dispatch_shapes[11],
                             dispatch_shapes[13]}) {
         const test_matrix m(t, s[0], s[1], s[2], seed++);
         const auto x = random_activation(s[1], seed++);
         const auto w = m.view();
         std::vector<float> want(s[0]), got(s[0], -1.0f);
-        if (k == 4) {  // the other multiply-add: the per-lane loop of the next test is its twin
+        if (k == 4 || k == 10) {  // the other multiply-add: the per-lane loop of the next test is its twin
           detail::gemv_x86_impl<tag, !fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
                                              x.data(), want.data(), activation_rounding::engine);
         } else {

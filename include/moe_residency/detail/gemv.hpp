@@ -817,18 +817,63 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
   }
 }
 
+/// x86_pass for f16/f32 in sweeps of G lane groups (G = 2: lanes 0-15 of
+/// every 32-column step of the R rows, then lanes 16-31): 2R accumulators, so
+/// twice the rows per pass for the same registers and half the x loads per
+/// weight; the second sweep reads the rows' other half lines from L1. Each
+/// lane's order is unchanged. The next rows are prefetched in the first sweep.
+template <element_type T, bool Fused, std::size_t R, std::size_t G, std::size_t D>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::size_t stride,
+                                                           std::size_t c0, std::size_t cn,
+                                                           const float* xs,
+                                                           float (*acc)[gemv_lanes]) noexcept {
+  const bool prefetch = x86_prefetch_fits<T, R, D, 0>(cn);
+  for (std::size_t g0 = 0; g0 < 4; g0 += G) {
+    __m256 a[R][G];
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t r = 0; r < R; ++r) {
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t j = 0; j < G; ++j) a[r][j] = _mm256_load_ps(acc[r] + 8 * (g0 + j));
+    }
+    for (std::size_t e = 0; e < cn; e += gemv_lanes) {
+      const std::size_t c = c0 + e;
+      if (T != element_type::f32 && prefetch && g0 == 0) x86_prefetch_next<T, R, D>(p, stride, c);
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t j = 0; j < G; ++j) {
+        __m256 xv = _mm256_loadu_ps(xs + e + 8 * (g0 + j));
+        __asm__("" : "+x"(xv));  // one load for the R rows (see x86_pass)
+        MOE_RESIDENCY_DETAIL_UNROLL
+        for (std::size_t r = 0; r < R; ++r)
+          a[r][j] = x86_madd<Fused>(x86_load8<T>(p + r * stride, c + 8 * (g0 + j)), xv, a[r][j]);
+      }
+    }
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t r = 0; r < R; ++r) {
+      MOE_RESIDENCY_DETAIL_UNROLL
+      for (std::size_t j = 0; j < G; ++j) _mm256_store_ps(acc[r] + 8 * (g0 + j), a[r][j]);
+    }
+  }
+}
+
 /// The kernel's shape: rows per x86_pass for f32, f16 and bf16, how many
 /// passes ahead the 16-bit rows are prefetched (0: not at all), how many
 /// 64-byte lines of each such row for f16 and bf16 (0: the whole row), whether
 /// the rows being read are also prefetched that far ahead (InRow, see
-/// x86_prefetch_fits) and the prefetch's locality. A parameter
+/// x86_prefetch_fits), the prefetch's locality and the f16 lane groups per
+/// sweep (G16 < 4: x86_pass_split, whole rows prefetched, Head16/InRow16 and
+/// Loc unused). A parameter
 /// so that bench_router can measure the alternatives in one run; `gemv` runs
 /// x86_tune_default. 3 rows are 12 accumulators of the 16 AVX2 registers;
-/// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows.
+/// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows. 6 f16 rows
+/// in two sweeps (G16 = 2) measured no faster (docs/benchmarks.md, 2026-12-01).
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
           std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
-          bool InRowB16 = false, int Loc = 3>
+          bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4>
 struct x86_tune {
+  template <element_type T>
+  static constexpr std::size_t groups() noexcept {
+    return T == element_type::f16 ? G16 : 4;
+  }
   template <element_type T>
   static constexpr bool in_row() noexcept {
     return T == element_type::bf16 ? InRowB16 : InRow16;
@@ -857,9 +902,21 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_
   constexpr std::size_t H = Tune::template head<T>();
   constexpr bool IR = Tune::template in_row<T>();
   constexpr int L = Tune::locality;
+  constexpr std::size_t G = Tune::template groups<T>();
   std::size_t rr = 0;
-  for (; rr + R <= nr; rr += R)
-    x86_pass<T, Fused, R, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  if constexpr (G < 4) {
+    for (; rr + R <= nr; rr += R)
+      x86_pass_split<T, Fused, R, G, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+    if constexpr (R > 3) {
+      if (rr + 3 <= nr) {
+        x86_pass<T, Fused, 3, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+        rr += 3;
+      }
+    }
+  } else {
+    for (; rr + R <= nr; rr += R)
+      x86_pass<T, Fused, R, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  }
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
       x86_pass<T, Fused, 2, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
