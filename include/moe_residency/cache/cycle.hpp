@@ -46,6 +46,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -242,9 +243,11 @@ class cycle_policy : public policy_base {
   /// A heap member: a copy of its order key, kept current by use() (so a
   /// refresh reads the node, not the slot's line: the top is usually an
   /// entry unused for many tokens, whose slot line is cold), its slot and
-  /// its cached L / p.
+  /// its cached L / p. The key is held as its bits: keys are finite and
+  /// >= +0 (uses add, rescaling multiplies by a positive factor), and for
+  /// those the bits order as the values do, so a sift compares integers.
   struct node {
-    double key = 0.0;
+    std::uint64_t key = 0;
     std::uint64_t last = 0;
     double q = 0.0;               // cached L / p (see l_over_p)
     std::uint32_t slot = 0;
@@ -253,7 +256,19 @@ class cycle_policy : public policy_base {
   static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
     return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
   }
-  static bool first(const node& a, const node& b) noexcept { return before(a.key, a.last, b.key, b.last); }
+  static bool first(const node& a, const node& b) noexcept {
+    return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
+  }
+  static std::uint64_t bits_of(double d) noexcept {
+    std::uint64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+  }
+  static double double_of(std::uint64_t b) noexcept {
+    double d;
+    std::memcpy(&d, &b, sizeof d);
+    return d;
+  }
 
   // ---- the layer clock ----------------------------------------------------
   /// Absolute step of layer l's next visit, seen from the clock (t_, now_).
@@ -296,7 +311,7 @@ class cycle_policy : public policy_base {
   /// bit for bit, as computed.
   double l_over_p(std::size_t l, node& n) noexcept {
     if (n.q_epoch == epoch_[l]) return n.q;
-    const double q = static_cast<double>(n_layers_) / prob_of_key(l, n.key);
+    const double q = static_cast<double>(n_layers_) / prob_of_key(l, double_of(n.key));
     n.q = q;
     n.q_epoch = epoch_[l];
     return q;
@@ -363,7 +378,7 @@ class cycle_policy : public policy_base {
   // whatever the heap's shape (a four-ary heap measured no faster).
   void push(std::uint32_t l, std::uint32_t s) noexcept {
     const std::uint32_t base = l * n_experts_;
-    up(base, size_[l]++, node{use_[s].key, use_[s].last, 0.0, s, 0});
+    up(base, size_[l]++, node{bits_of(use_[s].key), use_[s].last, 0.0, s, 0});
   }
   void erase(std::uint32_t l, std::uint32_t s) noexcept {
     const std::uint32_t base = l * n_experts_;
@@ -377,7 +392,20 @@ class cycle_policy : public policy_base {
     pos_[s] = none;
     if (i == n) return;
     const node last = nodes_[base + n];
-    if (i > 0 && before(last.key, last.last, nodes_[base + (i - 1) / 2].key, nodes_[base + (i - 1) / 2].last))
+    if (i == 0) {
+      // The top (every eviction): walk the hole down the first children to
+      // a leaf, one comparison a level and no data-dependent exit, then
+      // sift the last node up from there (it was a leaf: rarely far).
+      node* const h = nodes_.data() + base;
+      std::uint32_t j = 0;
+      for (std::uint32_t c = 1; c < n; c = 2 * j + 1) {
+        if (c + 1 < n) c += static_cast<std::uint32_t>(first(h[c + 1], h[c]));
+        h[j] = h[c];
+        pos_[h[j].slot] = j;
+        j = c;
+      }
+      up(base, j, last);
+    } else if (first(last, nodes_[base + (i - 1) / 2]))
       up(base, i, last);
     else
       down(base, n, i, last);
@@ -391,7 +419,7 @@ class cycle_policy : public policy_base {
     node* const h = nodes_.data() + base;
     while (i > 0) {
       const std::uint32_t p = (i - 1) / 2;
-      if (!before(n.key, n.last, h[p].key, h[p].last)) break;
+      if (!first(n, h[p])) break;
       h[i] = h[p];
       pos_[h[i].slot] = i;
       i = p;
@@ -461,7 +489,7 @@ class cycle_policy : public policy_base {
     const std::uint32_t i = pos_[s];
     if (i != none) {  // a heap member: its key grew, so it can only sift down
       const std::uint32_t base = l * n_experts_;
-      down(base, size_[l], i, node{u.key, u.last, 0.0, s, 0});
+      down(base, size_[l], i, node{bits_of(u.key), u.last, 0.0, s, 0});
     }
     if (insert) {
       // Not a victim before this batch's eviction ends (the batch touched
@@ -488,7 +516,7 @@ class cycle_policy : public policy_base {
     for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].key *= f;
     scale_[l] = 1.0;
     const std::uint32_t n = size_[l];
-    for (std::uint32_t i = 0; i < n; ++i) nodes_[base + i].key = use_[nodes_[base + i].slot].key;
+    for (std::uint32_t i = 0; i < n; ++i) nodes_[base + i].key = bits_of(use_[nodes_[base + i].slot].key);
     for (std::uint32_t i = n / 2; i-- > 0;) down(base, n, i, nodes_[base + i]);
   }
 
