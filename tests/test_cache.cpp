@@ -611,6 +611,77 @@ TEST_CASE("cycle equals its slow obvious twin where ties decide") {
   CHECK(k_ties >= 30);  // 41 when written
 }
 
+TEST_CASE("cycle: a use re-sifts its heap node, so an entry used since its last eviction round is kept") {
+  // cycle_policy keeps each heap node's copy of its key current at the use
+  // (the top is never re-checked against the slot when a victim is read). A
+  // trace built so that the least-used entry, first the heap's top and then
+  // a member below it, is used and the next eviction must pass it over: with
+  // a stale node the used entry would go. One layer of 8, k = 1, room for 3.
+  const model_shape s = equal_shape(1, 8, 1, 100);
+  expert_cache<recording<cycle_policy>> fast(s, opts(300));
+  expert_cache<recording<twin_cycle>> twin(s, opts(300));
+  const auto step = [&](int e) {
+    const std::vector<expert_id> ids = {E(e)};
+    fast.access_batch(run_phase::decode, L(0), ids);
+    twin.access_batch(run_phase::decode, L(0), ids);
+  };
+  step(0), step(1), step(2);  // keys (usage x 0.9^-tau): 1, 1.11, 1.23; the top is 0
+  step(0);                    // 0 -> 2.37: the top must become 1
+  step(3);                    // evicts the least used: 1, not 0
+  CHECK(fast.policy().evicted == std::vector<std::uint32_t>{1});
+  step(2);                    // 2 (1.23, now the top) -> 2.93; 3 is at 1.52
+  step(4);                    // evicts 3, not 2
+  CHECK(fast.policy().evicted == std::vector<std::uint32_t>{1, 3});
+  CHECK(twin.policy().evicted == fast.policy().evicted);
+  CHECK(fast.is_resident(L(0), E(0)));
+  CHECK(fast.is_resident(L(0), E(2)));
+}
+
+TEST_CASE("cycle: invalidate() of a heap's top, and of an entry its own batch inserted") {
+  // An eviction erases the heap's top without looking up its position; an
+  // invalidate() may name the top, a member below it, or an entry inserted
+  // by the open batch that has not joined its heap yet. Each against the
+  // twin, and the entry that left must never be chosen again. (recording<>
+  // lists invalidations too: the cache tells the policy through on_evict.)
+  const model_shape s = equal_shape(1, 8, 1, 100);
+  expert_cache<recording<cycle_policy>> fast(s, opts(300));
+  expert_cache<recording<twin_cycle>> twin(s, opts(300));
+  const auto same = [&] {
+    bool ok = fast.resident_bytes() == twin.resident_bytes() && fast.policy().evicted == twin.policy().evicted;
+    for (int e = 0; e < 8; ++e) ok = ok && fast.is_resident(L(0), E(e)) == twin.is_resident(L(0), E(e));
+    return ok;
+  };
+  const auto step = [&](int e) {
+    const std::vector<expert_id> ids = {E(e)};
+    fast.access_batch(run_phase::decode, L(0), ids);
+    twin.access_batch(run_phase::decode, L(0), ids);
+  };
+  step(0), step(1), step(2);
+  CHECK(fast.invalidate(L(0), E(0)));  // the top
+  CHECK(twin.invalidate(L(0), E(0)));
+  step(3);                              // fits: 1, 2, 3
+  CHECK(fast.policy().evicted == std::vector<std::uint32_t>{0});
+  step(4);                              // evicts the least used left: 1
+  CHECK(fast.policy().evicted == std::vector<std::uint32_t>{0, 1});
+  CHECK(same());
+  CHECK(fast.invalidate(L(0), E(4)));  // a member below the top (2 is the top)
+  CHECK(twin.invalidate(L(0), E(4)));
+  fast.begin_batch(run_phase::decode, L(0));
+  twin.begin_batch(run_phase::decode, L(0));
+  CHECK(fast.lookup(E(5)) == lookup_result::miss);
+  CHECK(twin.lookup(E(5)) == lookup_result::miss);
+  CHECK(fast.invalidate(L(0), E(5)));  // inserted by this batch, not in its heap yet
+  CHECK(twin.invalidate(L(0), E(5)));
+  fast.end_batch();
+  twin.end_batch();
+  step(6), step(7), step(1);            // 5 must never be a victim: it is not resident
+  CHECK(same());
+  for (int e : {5, 2, 6, 3, 5, 0, 7, 4, 1, 2}) step(e);  // and is looked up again later
+  CHECK(same());
+  CHECK(fast.policy().evicted.size() >= 6);  // 0, 1, 4, 5 and at least two evictions
+  CHECK(std::count(fast.policy().evicted.begin(), fast.policy().evicted.begin() + 6, 5u) == 1);
+}
+
 TEST_CASE("cycle equals its slow obvious twin under retention_policy, with protect() between batches") {
   const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
   {

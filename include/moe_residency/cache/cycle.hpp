@@ -23,21 +23,22 @@
 /// over its layers' K; a victim is the best of the size winners (C = number
 /// of distinct expert sizes, 1–3 in practice).
 ///
-/// Cost, per access: O(1) (a use only bumps the entry's key: the layer heap
-/// settles where its top is read; an entry inserted by the batch joins its
-/// heap when the batch's eviction ends, since it cannot be a victim before).
-/// Per eviction: O(log E + log L); a layer's K is recomputed (three
-/// divisions, skipped when its top's L / p is cached from the same decay
-/// epoch) at most once per eviction round, only for the layers that changed.
-/// No exp or log on the hot path.
+/// Cost, per access: O(log E) (a use raises the entry's key and sifts its
+/// heap node down, so a heap's top is always current and an eviction reads
+/// nodes only, never the cold slot of an entry unused for many tokens; an
+/// entry inserted by the batch joins its heap when the batch's eviction
+/// ends, since it cannot be a victim before). Per eviction: O(log E + log L);
+/// a layer's K is recomputed (three divisions, skipped when its top node's
+/// L / p is cached from the same decay epoch) at most once per eviction
+/// round, only for the layers that changed. No exp or log on the hot path.
 ///
 /// Never collapses below the token cycle: the layer just used has the
 /// largest d.
 ///
 /// Why this header is long: the rule is kept exact by several structures that
-/// must agree at every eviction (layer heaps settled lazily, keys recomputed
-/// only for changed layers, cached L / p per entry, a tournament tree per byte
-/// size), each next to the comment that says why it does not change a
+/// must agree at every eviction (layer heaps whose nodes copy the keys, keys
+/// recomputed only for changed layers, L / p cached per heap node, a
+/// tournament tree per byte size), each next to the comment that says why it does not change a
 /// decision; tests/test_cache.cpp holds them to a slow twin that recomputes
 /// the rule from scratch at every eviction. Splitting them across headers
 /// would separate each invariant from the code that relies on it.
@@ -187,7 +188,6 @@ class cycle_policy : public policy_base {
         // until end_eviction(), with every next top that cannot go either.
         do {
           stash_top(l);
-          settle(l);
         } while (size_[l] != 0 && !v.evictable(nodes_[base].slot));
         refresh(l);
         l = tree_[root].layer;
@@ -234,22 +234,40 @@ class cycle_policy : public policy_base {
   static constexpr double no_k = -std::numeric_limits<double>::infinity();
 
   /// A slot's usage key (usage × γ^−τ(layer), order-preserving within a
-  /// layer) and the tick of its last use: the layer order is (key, last).
+  /// layer) and the tick of its last use: the layer order is (key, last),
+  /// a total order (ticks are unique), so any heap shape has the same top.
   struct use_state {
     double key = 0.0;
     std::uint64_t last = 0;
-    double q = 0.0;               // cached L / p (see l_over_p)
-    std::uint32_t q_epoch = 0;    // the layer epoch q belongs to (0: none)
   };
-  /// A heap member: a copy of its order key (a lower bound: uses only raise
-  /// it, see settle()) and its slot.
+  /// A heap member: a copy of its order key, kept current by use() (so a
+  /// refresh reads the node, not the slot's line: the top is usually an
+  /// entry unused for many tokens, whose slot line is cold), its slot and
+  /// its cached L / p. The key is held as its bits: keys are finite and
+  /// >= +0 (uses add, rescaling multiplies by a positive factor), and for
+  /// those the bits order as the values do, so a sift compares integers.
   struct node {
-    double key = 0.0;
+    std::uint64_t key = 0;
     std::uint64_t last = 0;
+    double q = 0.0;               // cached L / p (see l_over_p)
     std::uint32_t slot = 0;
+    std::uint32_t q_epoch = 0;    // the layer epoch q belongs to (0: none)
   };
   static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
     return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
+  }
+  static bool first(const node& a, const node& b) noexcept {
+    return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
+  }
+  static std::uint64_t bits_of(double d) noexcept {
+    std::uint64_t b;
+    std::memcpy(&b, &d, sizeof b);
+    return b;
+  }
+  static double double_of(std::uint64_t b) noexcept {
+    double d;
+    std::memcpy(&d, &b, sizeof d);
+    return d;
   }
 
   // ---- the layer clock ----------------------------------------------------
@@ -279,22 +297,23 @@ class cycle_policy : public policy_base {
   }
 
   // ---- estimates ------------------------------------------------------------
-  double usage(std::size_t l, std::uint32_t s) const noexcept { return use_[s].key / scale_[l]; }
-  double prob(std::size_t l, std::uint32_t s) const noexcept {
+  double prob(std::size_t l, std::uint32_t s) const noexcept { return prob_of_key(l, use_[s].key); }
+  /// p of an entry of layer l whose key is `key` (usage = key / scale).
+  double prob_of_key(std::size_t l, double key) const noexcept {
     // Decayed count → per-token rate: u converges to r / (1 − γ) at rate r.
     const double w = 1.0 - o_.decay;
-    const double rate = (usage(l, s) * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
+    const double rate = (key / scale_[l] * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
     return rate > 1.0 ? 1.0 : (rate < 1e-9 ? 1e-9 : rate);
   }
-  /// L / p of slot s of layer l: constant while neither its key nor its
-  /// layer's scale moves, so cached per slot with the layer's decay epoch
-  /// (a use clears the slot's epoch). Same value, bit for bit, as computed.
-  double l_over_p(std::size_t l, std::uint32_t s) noexcept {
-    use_state& u = use_[s];
-    if (u.q_epoch == epoch_[l]) return u.q;
-    const double q = static_cast<double>(n_layers_) / prob(l, s);
-    u.q = q;
-    u.q_epoch = epoch_[l];
+  /// L / p of heap node n of layer l: constant while neither its key nor
+  /// its layer's scale moves, so cached in the node with the layer's decay
+  /// epoch (a use clears it; a node built by push() has none). Same value,
+  /// bit for bit, as computed.
+  double l_over_p(std::size_t l, node& n) noexcept {
+    if (n.q_epoch == epoch_[l]) return n.q;
+    const double q = static_cast<double>(n_layers_) / prob_of_key(l, double_of(n.key));
+    n.q = q;
+    n.q_epoch = epoch_[l];
     return q;
   }
   /// ETNU × bytes of a layer with key K at the current clock.
@@ -318,82 +337,78 @@ class cycle_policy : public policy_base {
     }
     dirty_list_.clear();
   }
-  /// Recomputes layer l's K from its settled heap top (no_k when the heap
-  /// is empty) and replays its path in its class's tree.
+  /// Recomputes layer l's K from its heap top (no_k when the heap is empty)
+  /// and replays its path in its class's tree. Reads the top node only: its
+  /// key is current (see use()) and it caches L / p.
   void refresh(std::size_t l) noexcept {
     const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
-    settle(l);
-    k_[l] = size_[l] == 0 ? no_k : next_visit(l) + l_over_p(l, nodes_[base].slot);
+    k_[l] = size_[l] == 0 ? no_k : next_visit(l) + l_over_p(l, nodes_[base]);
     tree_update(l, k_[l]);
   }
 
   /// Replays leaf l's path to its class's root: each node holds the larger
-  /// K of its children, ties to the left (the lower layer). The winner rides
-  /// up in registers and is selected by bit masks, not a branch (which child
-  /// wins is data-dependent); only the sibling is read at each level.
+  /// K of its children, ties to the left (the lower layer); only the sibling
+  /// is read at each level. The K rides up as a plain max (one instruction
+  /// on the path from one eviction to the next: equal Ks are the same value,
+  /// as no K is ±0 or NaN, so the tie rule only picks the layer), the layer
+  /// beside it by a bit mask, not a branch (which child wins is data-dependent).
   void tree_update(std::size_t l, double k) noexcept {
     tree_node* const t = tree_.data();
     std::uint32_t i = leaf_of_[l], cl = static_cast<std::uint32_t>(l);
-    std::uint64_t ck = bits_of(k);
     t[i].k = k;
     double cur = k;
     // Node r of a class's tree is at base + r: root 1, children 2r and 2r + 1.
     const std::uint32_t root = tree_root_[class_of_[l]], base = root - 1;
     while (i != root) {
       const tree_node& sib = t[base + ((i - base) ^ 1u)];
+      const double sk = sib.k;
       const bool left = ((i - base) & 1u) == 0;
-      const bool keep = (cur > sib.k) | (left & (cur == sib.k));
-      const std::uint64_t m = 0 - static_cast<std::uint64_t>(keep);
-      ck = (ck & m) | (bits_of(sib.k) & ~m);
-      cl = (cl & static_cast<std::uint32_t>(m)) | (sib.layer & ~static_cast<std::uint32_t>(m));
-      cur = double_of(ck);
+      const bool keep = (cur > sk) | (left & (cur == sk));
+      const std::uint32_t m = 0u - static_cast<std::uint32_t>(keep);
+      cl = (cl & m) | (sib.layer & ~m);
+      cur = cur < sk ? sk : cur;
       i = base + ((i - base) >> 1);
       t[i].k = cur;
       t[i].layer = cl;
     }
   }
-  static std::uint64_t bits_of(double d) noexcept {
-    std::uint64_t b;
-    std::memcpy(&b, &d, sizeof b);
-    return b;
-  }
-  static double double_of(std::uint64_t b) noexcept {
-    double d;
-    std::memcpy(&d, &b, sizeof d);
-    return d;
-  }
 
   // ---- the layer heaps: layer l's at nodes_[l × E, l × E + size_[l]) ----------
+  // The order is total (ticks are unique), so the top is the same entry
+  // whatever the heap's shape (a four-ary heap measured no faster).
   void push(std::uint32_t l, std::uint32_t s) noexcept {
     const std::uint32_t base = l * n_experts_;
-    up(base, size_[l]++, node{use_[s].key, use_[s].last, s});
+    up(base, size_[l]++, node{bits_of(use_[s].key), use_[s].last, 0.0, s, 0});
   }
   void erase(std::uint32_t l, std::uint32_t s) noexcept {
-    if (deferred_[s] == 1) deferred_[s] = 2;
-    const std::uint32_t i = pos_[s];
-    if (i == none) return;
     const std::uint32_t base = l * n_experts_;
+    std::uint32_t i = 0;
+    if (size_[l] == 0 || nodes_[base].slot != s) {  // not the top (a victim is): look it up
+      if (deferred_[s] == 1) deferred_[s] = 2;        // a heap member is never due
+      i = pos_[s];
+      if (i == none) return;
+    }
     const std::uint32_t n = --size_[l];
     pos_[s] = none;
     if (i == n) return;
     const node last = nodes_[base + n];
-    if (i > 0 && before(last.key, last.last, nodes_[base + (i - 1) / 2].key, nodes_[base + (i - 1) / 2].last))
+    if (i == 0) {
+      // The top (every eviction): walk the hole down the first children to
+      // a leaf, one comparison a level and no data-dependent exit, then
+      // sift the last node up from there (it was a leaf: rarely far).
+      node* const h = nodes_.data() + base;
+      std::uint32_t j = 0;
+      for (std::uint32_t c = 1; c < n; c = 2 * j + 1) {
+        if (c + 1 < n) c += static_cast<std::uint32_t>(first(h[c + 1], h[c]));
+        h[j] = h[c];
+        pos_[h[j].slot] = j;
+        j = c;
+      }
+      up(base, j, last);
+    } else if (first(last, nodes_[base + (i - 1) / 2]))
       up(base, i, last);
     else
       down(base, n, i, last);
-  }
-  /// Re-sifts the top until its copy of the key is current: keys only grow,
-  /// so every copy is a lower bound and the settled top is the true first.
-  void settle(std::size_t l) noexcept {
-    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
-    while (size_[l] != 0) {
-      node t = nodes_[base];
-      const use_state& u = use_[t.slot];
-      if (!before(t.key, t.last, u.key, u.last)) return;
-      t.key = u.key;
-      t.last = u.last;
-      down(base, size_[l], 0, t);
-    }
   }
   void stash_top(std::uint32_t l) noexcept {
     const std::uint32_t s = nodes_[l * n_experts_].slot;
@@ -404,7 +419,7 @@ class cycle_policy : public policy_base {
     node* const h = nodes_.data() + base;
     while (i > 0) {
       const std::uint32_t p = (i - 1) / 2;
-      if (!before(n.key, n.last, h[p].key, h[p].last)) break;
+      if (!first(n, h[p])) break;
       h[i] = h[p];
       pos_[h[i].slot] = i;
       i = p;
@@ -418,8 +433,8 @@ class cycle_policy : public policy_base {
       std::uint32_t c = 2 * i + 1;
       if (c >= n_nodes) break;
       // The first child by arithmetic, not a branch (data-dependent).
-      if (c + 1 < n_nodes) c += static_cast<std::uint32_t>(before(h[c + 1].key, h[c + 1].last, h[c].key, h[c].last));
-      if (!before(h[c].key, h[c].last, n.key, n.last)) break;
+      if (c + 1 < n_nodes) c += static_cast<std::uint32_t>(first(h[c + 1], h[c]));
+      if (!first(h[c], n)) break;
       h[i] = h[c];
       pos_[h[i].slot] = i;
       i = c;
@@ -470,8 +485,12 @@ class cycle_policy : public policy_base {
     use_state& u = use_[s];
     u.key += scale_[l];  // usage += 1, in the layer's undecayed units
     u.last = ++tick_;
-    u.q_epoch = 0;
     ++occ_;
+    const std::uint32_t i = pos_[s];
+    if (i != none) {  // a heap member: its key grew, so it can only sift down
+      const std::uint32_t base = l * n_experts_;
+      down(base, size_[l], i, node{bits_of(u.key), u.last, 0.0, s, 0});
+    }
     if (insert) {
       // Not a victim before this batch's eviction ends (the batch touched
       // it): it joins the heap in end_eviction(), not stashed off its top.
@@ -489,7 +508,7 @@ class cycle_policy : public policy_base {
     scale_[l] *= tokens == 1.0 ? inv_decay_ : std::pow(inv_decay_, tokens);
     const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
     if (++epoch_[l] == 0) {  // wrapped: forget the cached L / p of the layer
-      for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].q_epoch = 0;
+      for (std::uint32_t i = 0; i < size_[l]; ++i) nodes_[base + i].q_epoch = 0;
       epoch_[l] = 1;
     }
     if (scale_[l] < 1e150) return;
@@ -497,7 +516,7 @@ class cycle_policy : public policy_base {
     for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].key *= f;
     scale_[l] = 1.0;
     const std::uint32_t n = size_[l];
-    for (std::uint32_t i = 0; i < n; ++i) nodes_[base + i].key = use_[nodes_[base + i].slot].key;
+    for (std::uint32_t i = 0; i < n; ++i) nodes_[base + i].key = bits_of(use_[nodes_[base + i].slot].key);
     for (std::uint32_t i = n / 2; i-- > 0;) down(base, n, i, nodes_[base + i]);
   }
 
