@@ -130,8 +130,7 @@ struct twin_cycle : policy_base {
     return std::min(1.0, std::max(1e-9, rate));
   }
   template <class View>
-  std::uint32_t victim(const View& v, std::size_t layer) noexcept {
-    move_to(layer);
+  std::uint32_t victim(const View& v, std::size_t) noexcept {  // the clock: the last batch's layer
     double best_cost = -1.0;
     std::uint32_t pick = no_slot;
     for (std::uint64_t size : sizes) {
@@ -635,6 +634,38 @@ TEST_CASE("cycle: a use re-sifts its heap node, so an entry used since its last 
   CHECK(twin.policy().evicted == fast.policy().evicted);
   CHECK(fast.is_resident(L(0), E(0)));
   CHECK(fast.is_resident(L(0), E(2)));
+}
+
+TEST_CASE("cycle: an insert() between batches leaves the clock at the layer just processed") {
+  // A speculative read for layer 1 made resident after layer 0's batch must
+  // be judged from layer 0: layer 1 is the next visited (d = 1), so its
+  // entries are the last to go, not the first. Four layers of 4, k = 1, room
+  // for 4: token 1 fills the cache with expert 0 of every layer; token 2's
+  // layer 0 hits; then expert 1 of layer 1 is inserted.
+  const model_shape s = equal_shape(4, 4, 1, 100);
+  expert_cache<recording<cycle_policy>> fast(s, opts(400));
+  expert_cache<recording<twin_cycle>> twin(s, opts(400));
+  const std::vector<expert_id> ids = {E(0)};
+  for (int l = 0; l < 4; ++l) {
+    fast.access_batch(run_phase::decode, L(l), ids);
+    twin.access_batch(run_phase::decode, L(l), ids);
+  }
+  fast.access_batch(run_phase::decode, L(0), ids);
+  twin.access_batch(run_phase::decode, L(0), ids);
+  // The rule's victim, seen from layer 0 (all experts weigh the same).
+  int expect = -1;
+  double most = -1;
+  for (int l = 0; l < 4; ++l) {
+    const double e = fast.policy().expected_steps(L(l), E(0), L(0));
+    if (e > most) most = e, expect = l;
+  }
+  REQUIRE(expect != 1);
+  CHECK(fast.insert(L(1), E(1)));
+  CHECK(twin.insert(L(1), E(1)));
+  REQUIRE(fast.policy().evicted.size() == 1);
+  CHECK(fast.policy().evicted[0] == static_cast<std::uint32_t>(expect * 4));
+  CHECK(twin.policy().evicted == fast.policy().evicted);
+  CHECK(fast.is_resident(L(1), E(0)));  // the next layer's entry stays
 }
 
 TEST_CASE("cycle: invalidate() of a heap's top, and of an entry its own batch inserted") {

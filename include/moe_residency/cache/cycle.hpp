@@ -171,8 +171,10 @@ class cycle_policy : public policy_base {
   }
 
   template <class View>
-  std::uint32_t victim(const View& v, std::size_t layer) noexcept {
-    advance(layer);  // insert() outside a batch may name another layer
+  std::uint32_t victim(const View& v, std::size_t) noexcept {
+    // The clock stays at the layer just processed: an insert() outside a
+    // batch (a speculative read for the next layer, a warm-up) is no visit of
+    // its layer, so it must not make that layer the farthest from its use.
     if (o_.reference_scan) return victim_scan(v);
     flush();
     std::uint32_t best_l = no_slot;
