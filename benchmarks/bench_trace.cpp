@@ -132,6 +132,22 @@ void bm_binary_scan_only(benchmark::State& state) {
 }
 BENCHMARK(bm_binary_scan_only)->Unit(benchmark::kMicrosecond);
 
+// The scan's first loop alone: each record's values against the header.
+void bm_binary_values_only(benchmark::State& state) {
+  if (!ready(state)) return;
+  const records_view v = get_records();
+  for (auto _ : state) {
+    const detail::binary_record_scanner s(v.header_only.header);
+    bool ok = true;
+    for (std::size_t i = 0; i < v.rows && ok; i += 256)
+      ok = s.check_values(v.records + i * detail::binary_trace_record_size, std::min<std::size_t>(256, v.rows - i));
+    if (!ok) state.SkipWithError("the scan refused the qwen trace");
+    benchmark::DoNotOptimize(ok);
+  }
+  finish(state, get_inputs().binary.size());
+}
+BENCHMARK(bm_binary_values_only)->Unit(benchmark::kMicrosecond);
+
 void bm_binary_decode_only(benchmark::State& state) {
   if (!ready(state)) return;
   const records_view v = get_records();
