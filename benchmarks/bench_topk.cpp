@@ -12,15 +12,14 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
-#include <ctime>
 #include <cstdint>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "moe_residency/router.hpp"
+#include "router_fixture.hpp"
 
 namespace {
 
@@ -89,15 +88,7 @@ void run(benchmark::State& st, F f) {
   st.SetItemsProcessed(st.iterations());
 }
 
-double thread_seconds() {
-#if defined(CLOCK_THREAD_CPUTIME_ID)
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-#else
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-#endif
-}
+using router_bench::thread_seconds;  // the thread's CPU clock, as bench_router's
 
 // The three in turn within each iteration, on the same 64 inputs (which one
 // goes first rotates), each block timed with the thread's CPU clock: on this
