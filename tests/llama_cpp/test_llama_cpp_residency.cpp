@@ -368,6 +368,86 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
   }
 }
 
+/// After the manager: at each managed prompt routing, what it asked since the last one.
+class prompt_sink : public mrl::observer_sink {
+ public:
+  fake_advice* fake = nullptr;
+  mrl::mmap_residency<>* res = nullptr;
+  mrl::observer_sink* next = nullptr;  // called after this one looked
+  std::size_t seen = 0, prompt_layers = 0, prompt_mismatch = 0, prompt_locks = 0;
+  bool wants_routing() const noexcept override { return true; }
+  bool wants_layers() const noexcept override { return false; }
+  void on_layer(const mrl::layer_batch&) override {}
+  void on_routing(const mrl::layer_batch& b) override {
+    look(b);
+    if (next != nullptr) next->on_routing(b);
+  }
+
+ private:
+  void look(const mrl::layer_batch& b) {
+    std::vector<fake_advice::call_record> calls;
+    seen = fake->calls_since(seen, calls);
+    if (!res->active() || b.phase != run_phase::prompt) return;
+    ++prompt_layers;
+    std::set<std::pair<std::uintptr_t, std::size_t>> want, got;
+    for (std::size_t t = 0; t < b.n_tokens; ++t)
+      for (std::size_t j = 0; j < b.k; ++j)
+        for (const auto& r : expert_ranges(*b.structure, static_cast<std::size_t>(b.ids[t * b.ids_stride + j])))
+          want.insert(r);
+    for (const auto& c : calls) {
+      if (c.kind == mrl::advice::willneed) got.insert({c.addr, c.len});
+      prompt_locks += c.kind == mrl::advice::lock;
+    }
+    prompt_mismatch += got != want;
+  }
+};
+
+TEST_CASE("mmap residency: the cache alone reads every routed expert itself, so faults read one page") {
+  mapped_model m("res_cache_alone", lab_spec());
+  mrl::observer& obs = m.obs;
+  m.run(2, 1);  // the structure
+  fake_advice fake;
+  mrl::residency_options o;
+  o.fits = mrl::when_fits::act;
+  o.cache = true;  // no exact, no dense
+  o.cache_budget_bytes = 24 * obs.layers()[0].expert_bytes;
+  auto owner = std::make_unique<mrl::mmap_residency<>>(obs, m.path, o, &fake);
+  mrl::mmap_residency<>& res = *owner;
+  checking_sink check;
+  check.obs = &obs;
+  check.fake = &fake;
+  check.res = &res;
+  prompt_sink prompt;
+  prompt.fake = &fake;
+  prompt.res = &res;
+  prompt.next = &check;
+  res.set_next(&prompt);
+  obs.set_sink(&res);
+  m.restart();
+  m.run(6, 16);
+  obs.set_sink(nullptr);
+
+  REQUIRE(res.active());
+  const auto st = res.stats();
+  CHECK(st.advice_errors() == 0);
+  // MADV_RANDOM once per expert tensor at activation (4 layers x 3), as with exact.
+  CHECK(st.calls[static_cast<std::size_t>(mrl::advice::random)] == 3 * 4);
+  // A prompt batch: every routed expert of the layer requested (WILLNEED), none locked.
+  CHECK(prompt.prompt_layers == 4);
+  CHECK(prompt.prompt_mismatch == 0);
+  CHECK(prompt.prompt_locks == 0);
+  // Decode: the cache holds its budget and pins what it holds, nothing else.
+  CHECK(check.layers_checked == 16 * 4);
+  CHECK(check.over_budget == 0);
+  CHECK(check.pinned_evicted == 0);
+  CHECK(check.unpinned_resident == 0);
+  CHECK(st.cache_hits + st.cache_misses == 16 * 4 * 4);
+  owner.reset();
+  std::size_t normal = 0;
+  for (const auto& c : fake.calls()) normal += c.kind == mrl::advice::normal;
+  CHECK(normal == 3 * 4);  // the destructor gave the expert ranges their read-around back
+}
+
 TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
   mapped_model m("res_pred", lab_spec());
   mrl::observer& obs = m.obs;

@@ -174,7 +174,12 @@ class mmap_residency : public observer_sink {
       throw;
     }
     if (options_.pin_dense) pin_dense();
-    if (options_.exact && options_.random_faults) {
+    // With exact or the cache, the manager reads every routed expert itself
+    // (the cache's misses and, for a prompt, its WILLNEED below), so a fault
+    // on an expert is stray: it should read one page, not a read-around
+    // window (and under mlock, not start the kernel's asynchronous readahead
+    // from a marked page). `predicted` alone leaves the faults on.
+    if ((options_.exact || options_.cache) && options_.random_faults) {
       advise_expert_ranges(advice::random);
       random_applied_ = true;
     }
@@ -496,6 +501,10 @@ class mmap_residency : public observer_sink {
       for (expert_id e : to_read_) start_reads(l, e);
       if (options_.exact) read_on_lanes(l, cached);
       else if (cached) read_inline(l);
+    } else if (cache_ != nullptr && !decode) {
+      // The cache alone, a prompt batch: never pinned, but requested at once
+      // (the expert ranges fault one page at a time under MADV_RANDOM).
+      for (expert_id e : routed_) start_reads(l, e);
     }
     if (cached) close_cache_batch();
     if (options_.predicted && decode && b.n_tokens > 0) {

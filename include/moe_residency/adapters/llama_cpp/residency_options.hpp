@@ -32,7 +32,8 @@ struct residency_options {
   /// own buffers (0: max(256 MiB, limit / 8), plus two reads in flight per
   /// lane and per speculative slot, plus one layer's routed experts).
   std::uint64_t margin_bytes = 0;
-  /// With exact: advise the expert ranges MADV_RANDOM (no read-around on faults).
+  /// With exact or cache (the manager then reads every routed expert itself):
+  /// advise the expert ranges MADV_RANDOM (no read-around on faults).
   bool random_faults = true;
   /// What an evicted expert's pages are advised: cold or pageout.
   advice release = advice::cold;
