@@ -357,7 +357,12 @@ class cycle_policy : public policy_base {
   /// and replays its path in its class's tree. Reads the front node only: its
   /// key is current (see use()) and it caches L / p.
   void refresh(std::size_t l) noexcept {
-    k_[l] = head_[l] == end_[l] ? no_k : next_visit(l) + l_over_p(l, nodes_[head_[l]]);
+    const std::uint32_t h = head_[l];
+    k_[l] = h == end_[l] ? no_k : next_visit(l) + l_over_p(l, nodes_[h]);
+    // The next front's L / p, while nothing waits for it: it is the one
+    // the next eviction from this layer needs (its divisions were on the
+    // path from one eviction to the next).
+    if (h + 1 < end_[l]) l_over_p(l, nodes_[h + 1]);
     tree_update(l, k_[l]);
   }
 
