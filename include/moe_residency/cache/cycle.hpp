@@ -272,6 +272,11 @@ class cycle_policy : public policy_base {
   static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
     return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
   }
+  /// first() for a loop whose exit is its only unpredictable branch: the
+  /// ticks are compared only on equal keys (rare but for fresh entries).
+  static bool first_lazy(const node& a, const node& b) noexcept {
+    return a.key < b.key || (a.key == b.key && a.last < b.last);
+  }
   static bool first(const node& a, const node& b) noexcept {
     return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
   }
@@ -417,7 +422,7 @@ class cycle_policy : public policy_base {
     const std::uint32_t lo = l * n_experts_, hi = lo + n_experts_;
     if (h != lo && (e == hi || h == e || first(x, a[h + (e - h) / 2]))) {
       std::uint32_t i = h;
-      for (; i != e && first(a[i], x); ++i) {
+      for (; i != e && first_lazy(a[i], x); ++i) {
         a[i - 1] = a[i];
         pos_[a[i - 1].slot] = i - 1;
       }
@@ -426,7 +431,7 @@ class cycle_policy : public policy_base {
       head_[l] = h - 1;
     } else {  // e != hi: the array holds at most E − 1 entries before this one
       std::uint32_t i = e;
-      for (; i != h && first(x, a[i - 1]); --i) {
+      for (; i != h && first_lazy(x, a[i - 1]); --i) {
         a[i] = a[i - 1];
         pos_[a[i].slot] = i;
       }
@@ -518,7 +523,7 @@ class cycle_policy : public policy_base {
       const node x{bits_of(u.key), u.last, 0.0, s, 0};
       const std::uint32_t e = end_[l];
       std::uint32_t j = i + 1;
-      for (; j != e && first(a[j], x); ++j) {
+      for (; j != e && first_lazy(a[j], x); ++j) {
         a[j - 1] = a[j];
         pos_[a[j - 1].slot] = j - 1;
       }
