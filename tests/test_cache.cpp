@@ -740,6 +740,73 @@ TEST_CASE("cycle equals its slow obvious twin under retention_policy, with prote
   }
 }
 
+TEST_CASE("cycle: the sorted layer arrays against the twin when a layer fills its room") {
+  // cycle_policy keeps each layer's entries in a sorted array inside a room
+  // of E nodes, starting in its middle: an insert moves the shorter side
+  // (or the only side with room left) by one place, a use slides its entry
+  // towards the back, an eviction pops the front, invalidate() closes the
+  // gap from the shorter side, a pinned front is set aside and put back.
+  // Eight (or four) experts a layer and budgets up to all but one or two
+  // entries fill a room to its last node (each side has room for only four,
+  // or two), so an insert must often take the side it would not choose, and
+  // an entry smaller than the whole array enter from the back; decay 1/2 makes equal
+  // keys common (the tick breaks them), decay 0.05 rescales the keys every
+  // ~100 tokens; invalidate() of a resident entry (front, middle or back),
+  // insert() of any layer and pins that come and go between batches. Every
+  // eviction, in order, against the twin, and the residency after every batch.
+  std::size_t full_rooms = 0, evictions = 0;
+  for (const model_shape& s : {equal_shape(2, 8, 3, 100), model_shape("two", 8, 3, {100, 200, 100}),
+                               equal_shape(3, 4, 2, 100)}) {
+    for (std::uint32_t seed : {91u, 92u, 93u}) {
+      auto tr = random_trace(s, seed, seed == 93u ? 0 : 2, 250);
+      std::mt19937 rng(seed);
+      if (seed == 92u)  // out of cycle order
+        std::shuffle(tr.begin() + static_cast<std::ptrdiff_t>(s.n_layers()), tr.end(), rng);
+      for (double decay : {0.5, 0.05}) {
+        for (std::uint64_t budget : {700u, 1100u, 1300u, 1500u}) {
+          CAPTURE(s.name());
+          CAPTURE(seed);
+          CAPTURE(decay);
+          CAPTURE(budget);
+          cycle_policy_options co;
+          co.decay = decay;
+          expert_cache<recording<cycle_policy>> fast(s, opts(budget), recording<cycle_policy>{co});
+          expert_cache<recording<twin_cycle>> twin(s, opts(budget), recording<twin_cycle>{co});
+          std::mt19937 r2(seed * 17 + static_cast<std::uint32_t>(budget));
+          const std::size_t bad = cycle_divergences(s, fast, twin, tr, [&](std::size_t i) {
+            for (std::size_t l = 0; l < s.n_layers(); ++l)
+              full_rooms += fast.resident_count(L(static_cast<int>(l))) >= s.n_experts() - 1;
+            const int l = static_cast<int>(r2() % s.n_layers()), e = static_cast<int>(r2() % s.n_experts());
+            if (i % 3 == 1) {  // invalidate a resident entry of layer l, if any
+              for (int j = 0; j < static_cast<int>(s.n_experts()); ++j) {
+                const int x = (e + j) % static_cast<int>(s.n_experts());
+                if (!fast.is_resident(L(l), E(x))) continue;
+                CHECK(fast.invalidate(L(l), E(x)));
+                CHECK(twin.invalidate(L(l), E(x)));
+                break;
+              }
+            }
+            if (i % 4 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
+            if (i % 29 == 5) {
+              fast.pin(L(l), E(e));
+              twin.pin(L(l), E(e));
+            }
+            if (i % 29 == 20) {
+              fast.unpin(L(l), E(e));
+              twin.unpin(L(l), E(e));
+            }
+          });
+          CHECK(bad == 0);
+          CHECK(fast.stats().all.evictions == twin.stats().all.evictions);
+          evictions += fast.stats().all.evictions;
+        }
+      }
+    }
+  }
+  CHECK(full_rooms > 1000);  // a layer held all but at most one of its experts: a side of its room was full
+  CHECK(evictions > 10000);
+}
+
 TEST_CASE("cycle equals its slow obvious twin on the real traces, batch by batch") {
   // The recorded Qwen3-30B and gpt-oss-120b routing (prefill and decode, two
   // expert sizes on Qwen), from below the token cycle to most of the model.

@@ -16,28 +16,32 @@
 /// Why it is exact and cheap: write d(j) = v(j) − t with t a layer clock and
 /// v(j) the absolute step of j's next visit. Between two visits of j, v(j)
 /// does not move, and neither does any p(j, ·) (decay advances only at j's
-/// own batches). So K(j) = v(j) + L / p(top of j) is time-invariant, and
+/// own batches). So K(j) = v(j) + L / p(front of j) is time-invariant, and
 /// ETNU = bytes(j) × (K(j) − t − L): within one byte size the largest K is
-/// the victim at every t. Each layer keeps a heap of its entries (ordered by a
-/// time-invariant usage key) and its K; each byte size keeps a tournament tree
-/// over its layers' K; a victim is the best of the size winners (C = number
-/// of distinct expert sizes, 1–3 in practice).
+/// the victim at every t. Each layer keeps its entries in a sorted array
+/// (ordered by a time-invariant usage key, the next victim at the front)
+/// and its K; each byte size keeps a tournament tree over its layers' K; a
+/// victim is the best of the size winners (C = number of distinct expert
+/// sizes, 1–3 in practice).
 ///
-/// Cost, per access: O(log E) (a use raises the entry's key and sifts its
-/// heap node down, so a heap's top is always current and an eviction reads
-/// nodes only, never the cold slot of an entry unused for many tokens; an
-/// entry inserted by the batch joins its heap when the batch's eviction
-/// ends, since it cannot be a victim before). Per eviction: O(log E + log L);
-/// a layer's K is recomputed (three divisions, skipped when its top node's
-/// L / p is cached from the same decay epoch) at most once per eviction
-/// round, only for the layers that changed. No exp or log on the hot path.
+/// Cost, per access: O(moved entries) (a use raises the entry's key and
+/// slides its node towards the back, a few places for the hot entries that
+/// hit, so a front is always current and an eviction reads nodes only,
+/// never the cold slot of an entry unused for many tokens; an entry
+/// inserted by the batch joins its array when the batch's eviction ends,
+/// since it cannot be a victim before, moving the shorter side of the
+/// array by one place). Per eviction: O(1) for the pop and O(log L) for the
+/// tree; a layer's K is recomputed (three divisions, skipped when its front
+/// node's L / p is cached from the same decay epoch) at most once per
+/// eviction round, only for the layers that changed. No exp or log on the
+/// hot path.
 ///
 /// Never collapses below the token cycle: the layer just used has the
 /// largest d.
 ///
 /// Why this header is long: the rule is kept exact by several structures that
-/// must agree at every eviction (layer heaps whose nodes copy the keys, keys
-/// recomputed only for changed layers, L / p cached per heap node, a
+/// must agree at every eviction (layer arrays whose nodes copy the keys, keys
+/// recomputed only for changed layers, L / p cached per node, a
 /// tournament tree per byte size), each next to the comment that says why it does not change a
 /// decision; tests/test_cache.cpp holds them to a slow twin that recomputes
 /// the rule from scratch at every eviction. Splitting them across headers
@@ -66,7 +70,7 @@ struct cycle_policy_options {
   /// step first) — matters only when expert bytes differ between layers.
   bool weigh_bytes = true;
   /// Reference mode for tests: find each victim by scanning every layer
-  /// (O(L × E) per eviction) instead of the heaps and trees. Same decisions.
+  /// (O(L × E) per eviction) instead of the arrays and trees. Same decisions.
   bool reference_scan = false;
 };
 
@@ -102,7 +106,11 @@ class cycle_policy : public policy_base {
     deferred_list_.reserve(n_slots);
     stash_.clear();
     stash_.reserve(n_slots);
-    size_.assign(n_layers_, 0);
+    head_.resize(n_layers_);
+    end_.resize(n_layers_);
+    // Each array starts in the middle of its room: it grows at either end.
+    for (std::size_t l = 0; l < n_layers_; ++l)
+      head_[l] = end_[l] = static_cast<std::uint32_t>(l * n_experts_ + n_experts_ / 2);
     scale_.assign(n_layers_, 1.0);
     epoch_.assign(n_layers_, 1);
     k_.assign(n_layers_, no_k);
@@ -134,7 +142,7 @@ class cycle_policy : public policy_base {
       while (p < n) p *= 2;
       const auto off = static_cast<std::uint32_t>(tree_.size());
       tree_root_[c] = off + 1;
-      tree_.resize(tree_.size() + 2 * p, tree_node{no_k, static_cast<std::uint32_t>(n_layers_)});  // padding
+      tree_.resize(tree_.size() + 2 * p, tree_node{0, static_cast<std::uint32_t>(n_layers_)});  // padding
       n = 0;
       for (std::size_t l = 0; l < n_layers_; ++l)
         if (class_of_[l] == c) {
@@ -184,13 +192,12 @@ class cycle_policy : public policy_base {
       std::uint32_t l = tree_[root].layer;
       for (;;) {
         if (k_[l] == no_k) break;  // every layer of the class is empty
-        const std::uint32_t base = l * n_experts_;
-        if (v.evictable(nodes_[base].slot)) break;
-        // The top cannot go (touched by this batch, pinned): set it aside
-        // until end_eviction(), with every next top that cannot go either.
+        if (v.evictable(nodes_[head_[l]].slot)) break;
+        // The front cannot go (touched by this batch, pinned): set it aside
+        // until end_eviction(), with every next front that cannot go either.
         do {
-          stash_top(l);
-        } while (size_[l] != 0 && !v.evictable(nodes_[base].slot));
+          stash_front(l);
+        } while (head_[l] != end_[l] && !v.evictable(nodes_[head_[l]].slot));
         refresh(l);
         l = tree_[root].layer;
       }
@@ -201,19 +208,26 @@ class cycle_policy : public policy_base {
         best_l = l;
       }
     }
-    return best_l == no_slot ? no_slot : nodes_[best_l * n_experts_].slot;
+    return best_l == no_slot ? no_slot : nodes_[head_[best_l]].slot;
   }
   void end_eviction() noexcept {
-    for (std::uint32_t s : stash_) {
-      const std::uint32_t l = layer_of(s);
-      push(l, s);
+    // The set-aside fronts go back in front of their arrays, in order: each
+    // was before every entry left in its layer, and the positions before a
+    // head are free (a stashed node is still where it was: nothing writes
+    // below a head). Last stashed first, so no unread node is overwritten.
+    for (std::size_t i = stash_.size(); i-- > 0;) {
+      const node n = nodes_[stash_[i]];
+      const std::uint32_t l = layer_of(n.slot);
+      const std::uint32_t h = --head_[l];
+      nodes_[h] = n;
+      pos_[n.slot] = h;
       mark(l);
     }
     stash_.clear();
     for (std::uint32_t s : deferred_list_) {
       if (deferred_[s] == 1) {
         const std::uint32_t l = layer_of(s);
-        push(l, s);
+        insert_node(l, node{bits_of(use_[s].key), use_[s].last, 0.0, s, 0});
         mark(l);
       }
       deferred_[s] = 0;
@@ -237,17 +251,17 @@ class cycle_policy : public policy_base {
 
   /// A slot's usage key (usage × γ^−τ(layer), order-preserving within a
   /// layer) and the tick of its last use: the layer order is (key, last),
-  /// a total order (ticks are unique), so any heap shape has the same top.
+  /// a total order (ticks are unique).
   struct use_state {
     double key = 0.0;
     std::uint64_t last = 0;
   };
-  /// A heap member: a copy of its order key, kept current by use() (so a
-  /// refresh reads the node, not the slot's line: the top is usually an
+  /// An array member: a copy of its order key, kept current by use() (so a
+  /// refresh reads the node, not the slot's line: the front is usually an
   /// entry unused for many tokens, whose slot line is cold), its slot and
   /// its cached L / p. The key is held as its bits: keys are finite and
   /// >= +0 (uses add, rescaling multiplies by a positive factor), and for
-  /// those the bits order as the values do, so a sift compares integers.
+  /// those the bits order as the values do, so a move compares integers.
   struct node {
     std::uint64_t key = 0;
     std::uint64_t last = 0;
@@ -257,6 +271,11 @@ class cycle_policy : public policy_base {
   };
   static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
     return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
+  }
+  /// first() for a loop whose exit is its only unpredictable branch: the
+  /// ticks are compared only on equal keys (rare but for fresh entries).
+  static bool first_lazy(const node& a, const node& b) noexcept {
+    return a.key < b.key || (a.key == b.key && a.last < b.last);
   }
   static bool first(const node& a, const node& b) noexcept {
     return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
@@ -307,9 +326,9 @@ class cycle_policy : public policy_base {
     const double rate = (key / scale_[l] * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
     return rate > 1.0 ? 1.0 : (rate < 1e-9 ? 1e-9 : rate);
   }
-  /// L / p of heap node n of layer l: constant while neither its key nor
+  /// L / p of node n of layer l: constant while neither its key nor
   /// its layer's scale moves, so cached in the node with the layer's decay
-  /// epoch (a use clears it; a node built by push() has none). Same value,
+  /// epoch (a use clears it; a node built for an insert has none). Same value,
   /// bit for bit, as computed.
   double l_over_p(std::size_t l, node& n) noexcept {
     if (n.q_epoch == epoch_[l]) return n.q;
@@ -339,112 +358,122 @@ class cycle_policy : public policy_base {
     }
     dirty_list_.clear();
   }
-  /// Recomputes layer l's K from its heap top (no_k when the heap is empty)
-  /// and replays its path in its class's tree. Reads the top node only: its
+  /// Recomputes layer l's K from its front (no_k when the array is empty)
+  /// and replays its path in its class's tree. Reads the front node only: its
   /// key is current (see use()) and it caches L / p.
   void refresh(std::size_t l) noexcept {
-    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
-    k_[l] = size_[l] == 0 ? no_k : next_visit(l) + l_over_p(l, nodes_[base]);
+    const std::uint32_t h = head_[l];
+    k_[l] = h == end_[l] ? no_k : next_visit(l) + l_over_p(l, nodes_[h]);
+    // The next front's L / p, while nothing waits for it: it is the one
+    // the next eviction from this layer needs (its divisions were on the
+    // path from one eviction to the next).
+    if (h + 1 < end_[l]) l_over_p(l, nodes_[h + 1]);
     tree_update(l, k_[l]);
   }
 
   /// Replays leaf l's path to its class's root: each node holds the larger
   /// K of its children, ties to the left (the lower layer); only the sibling
-  /// is read at each level. The K rides up as a plain max (one instruction
-  /// on the path from one eviction to the next: equal Ks are the same value,
-  /// as no K is ±0 or NaN, so the tie rule only picks the layer), the layer
-  /// beside it by a bit mask, not a branch (which child wins is data-dependent).
+  /// is read at each level. K is held as integer bits (tree_key), so the
+  /// tie rule is one integer comparison (left: cur + 1 > sib, right:
+  /// cur > sib), and the winner is picked by masks, not a branch.
   void tree_update(std::size_t l, double k) noexcept {
-    tree_node* const t = tree_.data();
-    std::uint32_t i = leaf_of_[l], cl = static_cast<std::uint32_t>(l);
-    t[i].k = k;
-    double cur = k;
-    // Node r of a class's tree is at base + r: root 1, children 2r and 2r + 1.
-    const std::uint32_t root = tree_root_[class_of_[l]], base = root - 1;
-    while (i != root) {
-      const tree_node& sib = t[base + ((i - base) ^ 1u)];
-      const double sk = sib.k;
-      const bool left = ((i - base) & 1u) == 0;
-      const bool keep = (cur > sk) | (left & (cur == sk));
-      const std::uint32_t m = 0u - static_cast<std::uint32_t>(keep);
-      cl = (cl & m) | (sib.layer & ~m);
-      cur = cur < sk ? sk : cur;
-      i = base + ((i - base) >> 1);
+    // Node r of a class's tree is at t + r: root 1, children 2r and 2r + 1.
+    tree_node* const t = tree_.data() + (tree_root_[class_of_[l]] - 1);
+    std::uint32_t i = leaf_of_[l] - (tree_root_[class_of_[l]] - 1), cl = static_cast<std::uint32_t>(l);
+    std::uint64_t cur = tree_key(k);
+    t[i].k = cur;
+    while (i != 1) {
+      const tree_node sib = t[i ^ 1u];
+      // A left child keeps its place on a tie: cur >= sib (cur + 1 > sib,
+      // no overflow: keys are below 2^63), a right child only when cur > sib.
+      // Which child wins is data-dependent: masks, not a branch.
+      const std::uint64_t m = 0u - static_cast<std::uint64_t>(cur + ((i & 1u) ^ 1u) > sib.k);
+      cur = (cur & m) | (sib.k & ~m);
+      cl = (cl & static_cast<std::uint32_t>(m)) | (sib.layer & ~static_cast<std::uint32_t>(m));
+      i >>= 1;
       t[i].k = cur;
       t[i].layer = cl;
     }
   }
+  /// A K as the tree orders it: the bits of a K (finite, >= 1) order as its
+  /// value; an empty layer's no_k is 0, below every K.
+  static std::uint64_t tree_key(double k) noexcept { return k == no_k ? 0 : bits_of(k); }
 
-  // ---- the layer heaps: layer l's at nodes_[l × E, l × E + size_[l]) ----------
-  // The order is total (ticks are unique), so the top is the same entry
-  // whatever the heap's shape (a four-ary heap measured no faster).
-  void push(std::uint32_t l, std::uint32_t s) noexcept {
-    const std::uint32_t base = l * n_experts_;
-    up(base, size_[l]++, node{bits_of(use_[s].key), use_[s].last, 0.0, s, 0});
-  }
-  void erase(std::uint32_t l, std::uint32_t s) noexcept {
-    const std::uint32_t base = l * n_experts_;
-    std::uint32_t i = 0;
-    if (size_[l] == 0 || nodes_[base].slot != s) {  // not the top (a victim is): look it up
-      if (deferred_[s] == 1) deferred_[s] = 2;        // a heap member is never due
-      i = pos_[s];
-      if (i == none) return;
-    }
-    const std::uint32_t n = --size_[l];
-    pos_[s] = none;
-    if (i == n) return;
-    const node last = nodes_[base + n];
-    if (i == 0) {
-      // The top (every eviction): walk the hole down the first children to
-      // a leaf, one comparison a level and no data-dependent exit, then
-      // sift the last node up from there (it was a leaf: rarely far).
-      node* const h = nodes_.data() + base;
-      std::uint32_t j = 0;
-      for (std::uint32_t c = 1; c < n; c = 2 * j + 1) {
-        if (c + 1 < n) c += static_cast<std::uint32_t>(first(h[c + 1], h[c]));
-        h[j] = h[c];
-        pos_[h[j].slot] = j;
-        j = c;
+  // ---- the layer arrays: layer l's at nodes_[head_[l], end_[l]) inside [l × E, (l + 1) × E)
+  // Each layer keeps its entries sorted in its order (first = the next
+  // victim at the front). Why a sorted array and not a heap: the order
+  // moves only at a use, and a use only raises a key, so a used member
+  // slides a few places towards the back (a hot entry, near the back
+  // already); an entry inserted by a batch joins when that batch's
+  // eviction ends (it cannot be a victim before), mostly near the front
+  // (one use), where the array grows into the free room before its head;
+  // and every victim is the front, popped by moving the head: O(1), and
+  // the next front is the next node in memory, known before the pop is
+  // decided. The order is total (ticks are unique), so the front is the
+  // entry a heap would have had on top.
+
+  /// Adds x to layer l's array, moving the shorter side by one place (one
+  /// comparison with the middle node picks it; the move is an insertion
+  /// step, a branch that mispredicts once, where a binary search would
+  /// mispredict at every level).
+  void insert_node(std::uint32_t l, const node& x) noexcept {
+    node* const a = nodes_.data();
+    const std::uint32_t h = head_[l], e = end_[l];
+    const std::uint32_t lo = l * n_experts_, hi = lo + n_experts_;
+    if (h != lo && (e == hi || h == e || first(x, a[h + (e - h) / 2]))) {
+      std::uint32_t i = h;
+      for (; i != e && first_lazy(a[i], x); ++i) {
+        a[i - 1] = a[i];
+        pos_[a[i - 1].slot] = i - 1;
       }
-      up(base, j, last);
-    } else if (first(last, nodes_[base + (i - 1) / 2]))
-      up(base, i, last);
-    else
-      down(base, n, i, last);
-  }
-  void stash_top(std::uint32_t l) noexcept {
-    const std::uint32_t s = nodes_[l * n_experts_].slot;
-    erase(l, s);
-    stash_.push_back(s);  // each slot at most once per eviction: never reallocates
-  }
-  void up(std::uint32_t base, std::uint32_t i, const node n) noexcept {
-    node* const h = nodes_.data() + base;
-    while (i > 0) {
-      const std::uint32_t p = (i - 1) / 2;
-      if (!first(n, h[p])) break;
-      h[i] = h[p];
-      pos_[h[i].slot] = i;
-      i = p;
+      a[i - 1] = x;
+      pos_[x.slot] = i - 1;
+      head_[l] = h - 1;
+    } else {  // e != hi: the array holds at most E − 1 entries before this one
+      std::uint32_t i = e;
+      for (; i != h && first_lazy(x, a[i - 1]); --i) {
+        a[i] = a[i - 1];
+        pos_[a[i].slot] = i;
+      }
+      a[i] = x;
+      pos_[x.slot] = i;
+      end_[l] = e + 1;
     }
-    h[i] = n;
-    pos_[n.slot] = i;
   }
-  void down(std::uint32_t base, std::uint32_t n_nodes, std::uint32_t i, const node n) noexcept {
-    node* const h = nodes_.data() + base;
-    for (;;) {
-      std::uint32_t c = 2 * i + 1;
-      if (c >= n_nodes) break;
-      // The first child by arithmetic, not a branch (data-dependent).
-      if (c + 1 < n_nodes) c += static_cast<std::uint32_t>(first(h[c + 1], h[c]));
-      if (!first(h[c], n)) break;
-      h[i] = h[c];
-      pos_[h[i].slot] = i;
-      i = c;
+  /// Slot s of layer l leaves its array (an eviction, an invalidate());
+  /// a deferred slot is cancelled.
+  void erase(std::uint32_t l, std::uint32_t s) noexcept {
+    node* const a = nodes_.data();
+    const std::uint32_t h = head_[l], e = end_[l];
+    if (h != e && a[h].slot == s) {  // the front (every victim): no lookup
+      pos_[s] = none;
+      head_[l] = h + 1;
+      return;
     }
-    h[i] = n;
-    pos_[n.slot] = i;
+    if (deferred_[s] == 1) deferred_[s] = 2;  // a member is never due
+    const std::uint32_t i = pos_[s];
+    if (i == none) return;
+    pos_[s] = none;
+    if (i - h <= e - 1 - i) {  // close the gap from the shorter side
+      for (std::uint32_t j = i; j != h; --j) {
+        a[j] = a[j - 1];
+        pos_[a[j].slot] = j;
+      }
+      head_[l] = h + 1;
+    } else {
+      for (std::uint32_t j = i + 1; j != e; ++j) {
+        a[j - 1] = a[j];
+        pos_[a[j - 1].slot] = j - 1;
+      }
+      end_[l] = e - 1;
+    }
   }
-
+  void stash_front(std::uint32_t l) noexcept {
+    const std::uint32_t h = head_[l];
+    pos_[nodes_[h].slot] = none;
+    stash_.push_back(h);  // each slot at most once per eviction: never reallocates
+    head_[l] = h + 1;
+  }
   /// The reference: the same decision by scanning every layer's entries.
   template <class View>
   std::uint32_t victim_scan(const View& v) noexcept {
@@ -489,39 +518,57 @@ class cycle_policy : public policy_base {
     u.last = ++tick_;
     ++occ_;
     const std::uint32_t i = pos_[s];
-    if (i != none) {  // a heap member: its key grew, so it can only sift down
-      const std::uint32_t base = l * n_experts_;
-      down(base, size_[l], i, node{bits_of(u.key), u.last, 0.0, s, 0});
+    if (i != none) {  // a member: its key grew, so it slides towards the back
+      node* const a = nodes_.data();
+      const node x{bits_of(u.key), u.last, 0.0, s, 0};
+      const std::uint32_t e = end_[l];
+      std::uint32_t j = i + 1;
+      for (; j != e && first_lazy(a[j], x); ++j) {
+        a[j - 1] = a[j];
+        pos_[a[j - 1].slot] = j - 1;
+      }
+      a[j - 1] = x;
+      pos_[s] = j - 1;
     }
     if (insert) {
       // Not a victim before this batch's eviction ends (the batch touched
-      // it): it joins the heap in end_eviction(), not stashed off its top.
+      // it): it joins its array in end_eviction(), not stashed off its front.
       // deferred_: 0 not listed, 1 listed and due, 2 listed but cancelled.
       if (deferred_[s] == 0) deferred_list_.push_back(s);  // listed once: never reallocates
       deferred_[s] = 1;
     } else {
-      mark(l);  // the top may have moved later (a layer's use is its own batch: marked already)
+      mark(l);  // the front may have moved (a layer's use is its own batch: marked already)
     }
   }
   /// Advances layer l's decay by `tokens`; keeps its keys finite by rescaling
-  /// them (a uniform positive factor: the order is unchanged, but the heap
-  /// is rebuilt in case rounding made two keys equal).
+  /// them (a uniform positive factor: the order is unchanged, but the array
+  /// is re-sorted in case rounding made two keys equal).
   void decay_layer(std::size_t l, double tokens) noexcept {
     scale_[l] *= tokens == 1.0 ? inv_decay_ : std::pow(inv_decay_, tokens);
-    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
     if (++epoch_[l] == 0) {  // wrapped: forget the cached L / p of the layer
-      for (std::uint32_t i = 0; i < size_[l]; ++i) nodes_[base + i].q_epoch = 0;
+      for (std::uint32_t i = head_[l]; i < end_[l]; ++i) nodes_[i].q_epoch = 0;
       epoch_[l] = 1;
     }
     if (scale_[l] < 1e150) return;
     const double f = 1.0 / scale_[l];
+    const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
     for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].key *= f;
     scale_[l] = 1.0;
-    const std::uint32_t n = size_[l];
-    for (std::uint32_t i = 0; i < n; ++i) nodes_[base + i].key = bits_of(use_[nodes_[base + i].slot].key);
-    for (std::uint32_t i = n / 2; i-- > 0;) down(base, n, i, nodes_[base + i]);
+    node* const a = nodes_.data();
+    const std::uint32_t h = head_[l], end = end_[l];
+    for (std::uint32_t i = h; i < end; ++i) {  // insertion sort: already in order but for ties
+      node x = a[i];
+      x.key = bits_of(use_[x.slot].key);
+      x.q_epoch = 0;
+      std::uint32_t j = i;
+      for (; j > h && first(x, a[j - 1]); --j) {
+        a[j] = a[j - 1];
+        pos_[a[j].slot] = j;
+      }
+      a[j] = x;
+      pos_[x.slot] = j;
+    }
   }
-
   cycle_policy_options o_;
   double inv_decay_ = 1.0, p0_ = 0.0;
   std::uint32_t n_experts_ = 1;
@@ -530,22 +577,22 @@ class cycle_policy : public policy_base {
   std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
   // Per slot (layer × E + expert).
   std::vector<use_state> use_;
-  std::vector<node> nodes_;               // the layer heaps
-  std::vector<std::uint32_t> pos_;        // heap position within its layer, or none
+  std::vector<node> nodes_;               // the layer arrays
+  std::vector<std::uint32_t> pos_;        // index in nodes_ while in its array, or none
   std::vector<std::uint8_t> deferred_;
-  std::vector<std::uint32_t> deferred_list_, stash_;
+  std::vector<std::uint32_t> deferred_list_, stash_;  // stash_: positions in nodes_
   // Per layer.
-  std::vector<std::uint32_t> size_;       // heap size
+  std::vector<std::uint32_t> head_, end_;  // the array
   std::vector<double> scale_;             // γ^−τ(l): usage(l, e) = key / scale
   std::vector<std::uint32_t> epoch_;      // advances with scale_
-  std::vector<double> k_;                 // K of the heap top, or no_k when empty
+  std::vector<double> k_;                 // K of the front, or no_k when empty
   std::vector<std::uint8_t> dirty_;
   std::vector<std::uint32_t> dirty_list_;
   std::vector<std::uint32_t> class_of_, leaf_of_;  // leaf_of_: index in tree_
   // Per class (distinct expert size).
   std::vector<std::uint64_t> class_bytes_;
   struct tree_node {
-    double k;
+    std::uint64_t k;  // tree_key(K)
     std::uint32_t layer;
   };
   std::vector<tree_node> tree_;               // every class's tree (see init)
