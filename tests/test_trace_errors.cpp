@@ -815,3 +815,130 @@ TEST_CASE("header strings: a model name of any length round-trips whole; past th
   CHECK(detail::header_string_length_problem("arch", 1ull << 40) ==
         "arch is 1099511627776 bytes; expected at most 4294967295 (the binary form stores a 32-bit length)");
 }
+
+namespace {
+
+// A long valid trace in the shape of the real ones: 8 layers, 128 experts,
+// top-6, a 3-token prompt (one batch, layer-major) and 40 decode tokens:
+// (3 + 40) x 8 x 6 = 2 064 rows, four of the reader's 512-record chunks.
+// Experts drawn without repeats per routing, residencies and reads varied.
+route_trace long_trace(bool dropped_column) {
+  route_trace t;
+  trace_header& h = t.header;
+  h.model = "m.gguf";
+  h.arch = "qwen3moe";
+  h.n_layer = 8;
+  h.n_expert = 128;
+  h.n_expert_used = 6;
+  h.has_dropped_column = dropped_column;
+  for (std::size_t l = 0; l < h.n_layer; ++l) {
+    // Odd layers above 2^32 bytes: the upper half of a row's expert_bytes is written too.
+    h.expert_bytes.push_back(l % 2 ? (std::uint64_t{1} << 33) + 16 * l : 1000 + 16 * l);
+    h.dense_bytes.push_back(50);
+  }
+  std::mt19937 rng(512);
+  std::vector<std::uint16_t> perm(h.n_expert);
+  for (std::size_t e = 0; e < perm.size(); ++e) perm[e] = static_cast<std::uint16_t>(e);
+  auto routing = [&](run_phase phase, std::uint32_t step, std::size_t layer) {
+    for (std::size_t s = 0; s < h.n_expert_used; ++s) std::swap(perm[s], perm[s + rng() % (perm.size() - s)]);
+    for (std::size_t s = 0; s < h.n_expert_used; ++s) {
+      trace_row r;
+      r.phase = phase;
+      r.step = step;
+      r.layer = layer_id{static_cast<std::uint16_t>(layer)};
+      r.slot = static_cast<std::uint8_t>(s);
+      r.expert = expert_id{perm[s]};
+      r.weight = detail::bits_float(static_cast<std::uint32_t>(rng()));
+      r.residency = static_cast<std::uint8_t>(rng() % 3);
+      r.expert_bytes = r.residency == 0 && rng() % 2 ? h.expert_bytes[layer] : 0;
+      r.dropped = dropped_column ? static_cast<std::int8_t>(rng() % 2) : std::int8_t{-1};
+      t.rows.push_back(r);
+    }
+  };
+  for (std::size_t l = 0; l < h.n_layer; ++l)
+    for (std::uint32_t step = 0; step < 3; ++step) routing(run_phase::prefill, step, l);
+  for (std::uint32_t step = 3; step < 43; ++step)
+    for (std::size_t l = 0; l < h.n_layer; ++l) routing(run_phase::decode, step, l);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("binary: a long trace decodes to its rows, and defects at the reader's chunk boundaries get the exact pass's message") {
+  // The reader checks and decodes in chunks of 512 records, its scan state
+  // (the routing, the per-expert stamps, the row order) carried from one
+  // chunk to the next. The traces above are mostly shorter than a chunk;
+  // this one spans four. Its rows must come back field for field (the
+  // decoders write each row as two halves: a half written to the wrong place
+  // or from the wrong record fails here), and a defect in a record on either
+  // side of a chunk boundary must be refused with the exact pass's message:
+  // an expert repeated from the routing's previous row (in the previous
+  // chunk), a slot skipped, a routing's step moved back, a bad bits byte, a
+  // layer out of range, a routing cut short by a row of the next layer.
+  for (const bool dropped_column : {false, true}) {
+    CAPTURE(dropped_column);
+    const route_trace t = long_trace(dropped_column);
+    REQUIRE(t.rows.size() == 2064);
+    REQUIRE_NOTHROW(validate_route_trace(t, "long"));
+    const std::string good = binary_of(t);
+    const std::size_t first = good.size() - t.rows.size() * 20;
+    const validated_route_trace read = parse_route_trace_binary(good, "long.bin");
+    REQUIRE(read.rows().size() == t.rows.size());
+    std::size_t fields_differ = 0;
+    for (std::size_t i = 0; i < t.rows.size(); ++i) {
+      const trace_row &x = read.rows()[i], &y = t.rows[i];
+      fields_differ += x.turn != y.turn || x.phase != y.phase || x.step != y.step || x.layer != y.layer ||
+                       x.slot != y.slot || x.expert != y.expert ||
+                       detail::float_bits(x.weight) != detail::float_bits(y.weight) || x.residency != y.residency ||
+                       x.expert_bytes != y.expert_bytes || x.dropped != y.dropped;
+    }
+    CHECK(fields_differ == 0);
+
+    std::size_t cases = 0;
+    for (const std::size_t at : {std::size_t{510}, std::size_t{511}, std::size_t{512}, std::size_t{513},
+                                 std::size_t{1023}, std::size_t{1024}, std::size_t{1536}, std::size_t{2063}}) {
+      for (int defect = 0; defect < 6; ++defect) {
+        CAPTURE(at);
+        CAPTURE(defect);
+        std::string b = good;
+        unsigned char* r = reinterpret_cast<unsigned char*>(&b[first + 20 * at]);
+        const unsigned char* prev = r - 20;
+        const unsigned slot = r[16];
+        switch (defect) {
+          case 0:  // the expert of another row of the same routing
+            std::memcpy(r + 14, slot == 0 ? r + 20 + 14 : prev + 14, 2);
+            break;
+          case 1: r[16] = static_cast<unsigned char>(slot + 1); break;
+          case 2: {  // the routing's step one back (every row of it)
+            const std::size_t begin = at - slot;
+            for (std::size_t j = begin; j < begin + 6; ++j) {
+              unsigned char* q = reinterpret_cast<unsigned char*>(&b[first + 20 * j]);
+              detail::store_le<std::uint32_t>(q + 4, detail::load_le<std::uint32_t>(q + 4) - 2);
+            }
+            break;
+          }
+          case 3: r[19] = static_cast<unsigned char>(dropped_column ? 0 : 2); break;
+          case 4: detail::store_le<std::uint16_t>(r + 12, 8); break;
+          default:  // a routing left at this row: the row claims the next layer's slot 1
+            detail::store_le<std::uint16_t>(r + 12, static_cast<std::uint16_t>((r[12] + 1) % 8));
+            r[16] = 1;
+        }
+        std::string fast, exact;
+        try {
+          (void)parse_route_trace_binary(b, "long.bin");
+        } catch (const error& e) {
+          fast = e.what();
+        }
+        try {
+          (void)detail::parse_route_trace_binary_with(b, "long.bin", detail::binary_rows_pass::exact);
+        } catch (const error& e) {
+          exact = e.what();
+        }
+        CHECK(!exact.empty());  // each defect is one
+        CHECK(fast == exact);
+        ++cases;
+      }
+    }
+    CHECK(cases == 48);
+  }
+}

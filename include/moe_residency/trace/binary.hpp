@@ -135,10 +135,12 @@ inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64
     const std::uint32_t bits = rp[19] & 7u;  // a byte load: spr itself goes straight into the vector
     const binary_u64x2 v = {spr, layer_bytes[layer]};
     const binary_u64x2 tail = (v & binary_tail_mask[bits]) | binary_tail_bits[bits];
-    unsigned char b[32];
-    std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
-    std::memcpy(b + 16, &tail, 16);
-    std::memcpy(static_cast<void*>(&r), b, 32);
+    // Straight into the row, half by half: composed in a 32-byte buffer
+    // first, GCC wrote the halves to the stack and read them back as one
+    // 32-byte load, which no store forwards (AVX-512 Zen 4: 4.9 ns per row).
+    auto* const out = reinterpret_cast<unsigned char*>(&r);
+    std::memcpy(out, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
+    std::memcpy(out + 16, &tail, 16);
     return r;
   }
 #endif
@@ -147,11 +149,10 @@ inline trace_row decode_binary_record(const unsigned char* rp, const std::uint64
     const std::uint32_t bits = (spr >> 24) & 7u;
     const std::uint64_t tail = (spr & 0x00ffffffu) | binary_dropped_word[bits];  // slot, phase, residency, dropped
     const std::uint64_t read_bytes = layer_bytes[layer] & binary_read_mask[bits];
-    unsigned char b[32];
-    std::memcpy(b, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
-    std::memcpy(b + 16, &tail, 8);
-    std::memcpy(b + 24, &read_bytes, 8);
-    std::memcpy(static_cast<void*>(&r), b, 32);
+    auto* const out = reinterpret_cast<unsigned char*>(&r);  // as above: no 32-byte buffer
+    std::memcpy(out, rp, 16);  // turn, step, weight, layer, expert: the record's own bytes
+    std::memcpy(out + 16, &tail, 8);
+    std::memcpy(out + 24, &read_bytes, 8);
   } else {
     // The plain decoding: each field from its bytes.
     const std::uint32_t bits = spr >> 24;
