@@ -534,36 +534,22 @@ BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
 BENCHMARK(BM_token_tunes)->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
 #endif
 
-#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX512F__)
-// ---- The AVX-512 kernel's shapes, next to the kernels it replaced ------------
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// ---- gemv next to the xsimd kernel and an AVX2 read, in turn on one fixture --
 //
-// BM_token_tunes512 (args {type, routers}: 0 routers is a token's 48 from the
-// last-level cache or DRAM, 1 is one router in cache) runs the read and every
-// kernel below in turn on one fixture; counters: each kernel's CPU time over
-// the read's. "xsimd": gemv_simd_generic (what -march=native ran on AVX-512
-// before 2026-12-01), "avx2": the 8-wide hand kernel (x86_tune_default),
-// "r<f32>_<f16>_<bf16>_pf<0|1>": x512_tune, "u_": unfused (the default
-// build's multiply-add).
+// Args {type, routers} as BM_token_tunes (0 routers: a token's 48; 1: one
+// router in cache). Counters: each one's CPU time over the read's
+// (read_compiled, this TU's widest SIMD: AVX-512 on an AVX-512 host):
+//   gemv       what `gemv` runs (the hand-written x86 kernel, also for AVX-512
+//              TUs since 2026-12-01);
+//   xsimd      gemv_simd_generic<default_arch> (what an AVX-512 TU ran before);
+//   u_gemv     the hand-written kernel unfused (what the default build's
+//              dispatch runs);
+//   read_avx2  an AVX2 read of the same bytes (the default build's roofline,
+//              bench_router_portable's BM_stream_read_best): on an AVX-512 host
+//              the two reads differ, as 64-byte loads split two cache lines when
+//              the rows start 32 bytes past one (router_fixture.hpp).
 namespace {
-template <bool Fused, std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF>
-void x512_kernel(const mr::matrix_view& w, const float* x, float* y) {
-  mr::detail::gemv_x512_impl<xsimd::default_arch, Fused, mr::detail::x512_tune<R32, R16, RB, PF>>(
-      w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
-}
-template <bool Fused>
-void xsimd_kernel(const mr::matrix_view& w, const float* x, float* y) {
-  mr::detail::gemv_simd_generic<xsimd::default_arch, Fused>(w.data, w.type, w.rows, w.cols,
-                                                            w.row_stride_bytes, x, y,
-                                                            mr::activation_rounding::engine);
-}
-template <bool Fused>
-void avx2_kernel(const mr::matrix_view& w, const float* x, float* y) {
-  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused>(w.data, w.type, w.rows, w.cols,
-                                                        w.row_stride_bytes, x, y,
-                                                        mr::activation_rounding::engine);
-}
-// The default build's roofline (bench_router_portable's BM_stream_read_best):
-// an AVX2 read of the matrix, as a "kernel" so that it runs in turn too.
 void read_avx2_kernel(const mr::matrix_view& w, const float*, float* y) {
   const auto* p = static_cast<const std::uint32_t*>(w.data);
   const std::size_t words = w.bytes() / 4;
@@ -577,48 +563,21 @@ void read_avx2_kernel(const mr::matrix_view& w, const float*, float* y) {
   const __m256i s = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));
   y[0] = static_cast<float>(_mm256_extract_epi32(s, 0));
 }
-void BM_token_tunes512(benchmark::State& st) {
+void BM_token_kernels(benchmark::State& st) {
   run_token_kernels(
       st, read_compiled,
       {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
-       {"xsimd", xsimd_kernel<true>},
-       {"avx2", avx2_kernel<true>},
-       {"u_avx2", avx2_kernel<false>},
-       {"r4_3_3_pf1", x512_kernel<true, 4, 3, 3, 1>},
-       {"r4_3_3_pf0", x512_kernel<true, 4, 3, 3, 0>},
-       {"r2_2_2_pf1", x512_kernel<true, 2, 2, 2, 1>},
-       {"r6_4_4_pf1", x512_kernel<true, 6, 4, 4, 1>},
-       {"r6_6_6_pf0", x512_kernel<true, 6, 6, 6, 0>},
-       {"u_r4_3_3_pf1", x512_kernel<false, 4, 3, 3, 1>},
-       {"u_r6_4_4_pf1", x512_kernel<false, 6, 4, 4, 1>},
-       {"u_avx2_r2", tune_kernel<2, 3, 2, 1, false, 0>},
-       {"u_avx2_r4", tune_kernel<4, 3, 2, 1, false, 0>},
+       {"xsimd",
+        [](const mr::matrix_view& w, const float* x, float* y) {
+          mr::detail::gemv_simd_generic<xsimd::default_arch, true>(
+              w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+              mr::activation_rounding::engine);
+        }},
+       {"u_gemv", tune_kernel<3, 3, 2, 1, false, 0>},
        {"read_avx2", read_avx2_kernel}});
 }
-// The default build's f32 (unfused) with its rows prefetched A lines ahead
-// (locality L: 3 = prefetcht0, 2 = prefetcht1).
-template <bool Fused, std::size_t R32, std::size_t A, int L>
-void f32_kernel(const mr::matrix_view& w, const float* x, float* y) {
-  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused,
-                            mr::detail::x86_tune<R32, 3, 2, 1, 0, 0, false, false, 3, 4, A, L>>(
-      w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
-}
-void BM_token_tunes32(benchmark::State& st) {
-  run_token_kernels(st, read_compiled,
-                    {{"u_avx2", avx2_kernel<false>},
-                     {"u_r4", f32_kernel<false, 4, 0, 3>},
-                     {"u_a8", f32_kernel<false, 3, 8, 3>},
-                     {"u_a16", f32_kernel<false, 3, 16, 3>},
-                     {"u_a32", f32_kernel<false, 3, 32, 3>},
-                     {"u_a16_t1", f32_kernel<false, 3, 16, 2>},
-                     {"u_a64_t1", f32_kernel<false, 3, 64, 2>},
-                     {"u_r4_a16", f32_kernel<false, 4, 16, 3>},
-                     {"avx2", avx2_kernel<true>},
-                     {"read_avx2", read_avx2_kernel}});
-}
 }  // namespace
-BENCHMARK(BM_token_tunes32)->Args({0, 1})->Args({0, 0});
-BENCHMARK(BM_token_tunes512)
+BENCHMARK(BM_token_kernels)
     ->Args({0, 0})->Args({1, 0})->Args({2, 0})
     ->Args({0, 1})->Args({1, 1})->Args({2, 1});
 #endif

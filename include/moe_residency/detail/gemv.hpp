@@ -750,7 +750,7 @@ inline bool x86_prefetch_fits(std::size_t cn) noexcept {
 /// row's 4 chains leave the FMA units idle: latency 4, two per cycle) and
 /// loads each x vector once for all R rows.
 template <element_type T, bool Fused, std::size_t R, std::size_t D, std::size_t Head = 0,
-          bool InRow = false, int Loc = 3, std::size_t A32 = 0, int L32 = 3>
+          bool InRow = false, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t stride,
                                                      std::size_t c0, std::size_t cn,
                                                      const float* xs,
@@ -796,15 +796,6 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
         if (prefetch) {
           if (e >= pf_from) x86_prefetch_next<T, R, D, Loc>(p, stride, c0 + (e - pf_from));
           else if (InRow) x86_prefetch_next<T, R, 0, Loc>(p, stride, c + (cn - pf_from));
-        }
-      } else if constexpr (A32 > 0) {
-        // f32: each row's two lines of this step, A32 lines ahead in the row
-        // (past the row's end: the next rows' first lines, or nothing).
-        MOE_RESIDENCY_DETAIL_UNROLL
-        for (std::size_t r = 0; r < R; ++r) {
-          const char* q = p + r * stride + c * 4 + A32 * 64;
-          __builtin_prefetch(q, 0, L32);
-          __builtin_prefetch(q + 64, 0, L32);
         }
       }
       MOE_RESIDENCY_DETAIL_UNROLL
@@ -877,11 +868,8 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::s
 /// in two sweeps (G16 = 2) measured no faster (docs/benchmarks.md, 2026-12-01).
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
           std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
-          bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4, std::size_t Ahead32 = 0,
-          int Loc32 = 3>
+          bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4>
 struct x86_tune {
-  static constexpr std::size_t ahead32 = Ahead32;
-  static constexpr int locality32 = Loc32;
   template <element_type T>
   static constexpr std::size_t groups() noexcept {
     return T == element_type::f16 ? G16 : 4;
@@ -915,30 +903,28 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_
   constexpr bool IR = Tune::template in_row<T>();
   constexpr int L = Tune::locality;
   constexpr std::size_t G = Tune::template groups<T>();
-  constexpr std::size_t A = Tune::ahead32;
-  constexpr int L32 = Tune::locality32;
   std::size_t rr = 0;
   if constexpr (G < 4) {
     for (; rr + R <= nr; rr += R)
       x86_pass_split<T, Fused, R, G, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
     if constexpr (R > 3) {
       if (rr + 3 <= nr) {
-        x86_pass<T, Fused, 3, D, H, IR, L, A, L32>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+        x86_pass<T, Fused, 3, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
         rr += 3;
       }
     }
   } else {
     for (; rr + R <= nr; rr += R)
-      x86_pass<T, Fused, R, D, H, IR, L, A, L32>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      x86_pass<T, Fused, R, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
   }
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
-      x86_pass<T, Fused, 2, D, H, IR, L, A, L32>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      x86_pass<T, Fused, 2, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
       rr += 2;
     }
   }
   for (; rr < nr; ++rr)
-    x86_pass<T, Fused, 1, D, H, IR, L, A, L32>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+    x86_pass<T, Fused, 1, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
 }
 
 /// x's chunk [c0, c0 + cn) as the kernel reads it: rounded when `round`,
@@ -947,14 +933,7 @@ template <element_type T>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline const float* x86_prepare_x(const float* x, std::size_t c0,
                                                                   std::size_t cn, bool round,
                                                                   float* buf) noexcept {
-  if (T == element_type::f32) {
-    // x is loaded once per 32-byte vector for every pass of R rows: copied
-    // when it is not 32-byte aligned, as those loads would otherwise split
-    // a cache line every other time (a plain malloc gives 16 bytes).
-    if (reinterpret_cast<std::uintptr_t>(x + c0) % 32 == 0) return x + c0;
-    std::memcpy(buf, x + c0, cn * sizeof(float));
-    return buf;
-  }
+  if (T == element_type::f32) return x + c0;
   if (round) x86_round_block(x + c0, buf, cn, T);
   if (T == element_type::bf16) x86_split_x(round ? buf : x + c0, buf, cn);
   return round || T == element_type::bf16 ? buf : x + c0;
@@ -999,7 +978,7 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
         switch (t) {
           case element_type::f16: xs = x86_prepare_x<element_type::f16>(x, 0, np, round, xbuf); break;
           case element_type::bf16: xs = x86_prepare_x<element_type::bf16>(x, 0, np, round, xbuf); break;
-          case element_type::f32: xs = x86_prepare_x<element_type::f32>(x, 0, np, round, xbuf); break;
+          case element_type::f32: xs = x; break;
         }
       }
       std::memset(acc, 0, sizeof acc);
@@ -1038,267 +1017,20 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
     }
   }
 }
-
-// ---- The AVX-512 kernel (x86-64 GCC/Clang) -----------------------------------
-//
-// The same order with 16-float registers: a row's 32 lanes are two __m512
-// accumulators. Taken by `gemv` in a default build when the CPU and OS have
-// AVX-512F (the dispatch above otherwise), and by gemv_simd for AVX-512
-// architectures in a TU compiled for them (-march=native on such a CPU), so
-// both builds run it. Against the 8-wide kernel it issues half the loads and
-// multiply-adds per byte, and bf16 splits 32 weights from one 64-byte load
-// (one cache line of a row per step) into even elements (shifted into the
-// upper half of each 32-bit lane) and odd ones (masked in place): the lanes
-// are then held as {0, 2, ..., 30}, {1, 3, ..., 31}, x split alike
-// (x512_split_x), and x512_unsplit_lanes restores the natural order before
-// ggml's reduction. The unfused multiply-add keeps its product rounded with
-// an empty asm, as x86_madd does.
-
-#define MOE_RESIDENCY_DETAIL_X512_TARGET __attribute__((target("avx512f,avx2,fma,f16c")))
-
-/// True when the CPU and OS support AVX-512F (besides AVX2, FMA and F16C):
-/// CPUID leaf 7 EBX bit 16, and XCR0 saving the opmask and the upper ZMM
-/// state. Checked once.
-inline bool x86_has_avx512f() noexcept {
-  static const bool ok = [] {
-    if (!x86_has_avx2_fma_f16c()) return false;
-    std::uint32_t a, b, c, d;
-    __asm__ __volatile__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7u), "c"(0u));
-    if (((b >> 16) & 1u) == 0) return false;
-    std::uint32_t xcr0_lo, xcr0_hi;
-    __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0u));
-    (void)xcr0_hi;
-    return (xcr0_lo & 0xe6u) == 0xe6u;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
-  }();
-  return ok;
-}
-
-/// Whether `gemv`'s run-time dispatch takes the AVX-512 kernel: the CPU has
-/// AVX-512F and MOE_RESIDENCY_NO_AVX512_DISPATCH is not defined (define it
-/// to keep the dispatch at 256 bits, e.g. where 512-bit instructions lower the
-/// core's clock for the host's own code).
-inline bool x86_dispatch_avx512() noexcept {
-#if defined(MOE_RESIDENCY_NO_AVX512_DISPATCH)
-  return false;
-#else
-  return x86_has_avx512f();
-#endif
-}
-
-template <bool Fused>
-MOE_RESIDENCY_DETAIL_X512_TARGET inline __m512 x512_madd(__m512 a, __m512 b, __m512 c) noexcept {
-  if constexpr (Fused) {
-    return _mm512_fmadd_ps(a, b, c);
-  } else {
-    __m512 p = _mm512_mul_ps(a, b);
-    __asm__("" : "+v"(p));  // p is rounded: no contraction into an FMA
-    return _mm512_add_ps(p, c);
-  }
-}
-
-/// 16 weights from column i of row (f32 or f16; bf16 is split in x512_pass).
-template <element_type T>
-MOE_RESIDENCY_DETAIL_X512_TARGET inline __m512 x512_load16(const char* row, std::size_t i) noexcept {
-  if constexpr (T == element_type::f32)
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
-  else
-    return _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * i)));
-}
-
-/// x in the bf16 split order: per 32 columns, the 16 even ones, then the odd.
-MOE_RESIDENCY_DETAIL_X512_TARGET inline void x512_split_x(const float* x, float* out,
-                                                          std::size_t n) noexcept {
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  for (std::size_t i = 0; i < n; i += 32) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-    _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(a, even, b));
-    _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(a, odd, b));
-  }
-}
-
-/// The 32 lanes from the bf16 split order back to the natural one.
-MOE_RESIDENCY_DETAIL_X512_TARGET inline void x512_unsplit_lanes(float* lane) noexcept {
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  const __m512 e = _mm512_loadu_ps(lane), o = _mm512_loadu_ps(lane + 16);
-  _mm512_storeu_ps(lane, _mm512_permutex2var_ps(e, lo, o));
-  _mm512_storeu_ps(lane + 16, _mm512_permutex2var_ps(e, hi, o));
-}
-
-/// R rows (p, p + stride, ...) over columns [c0, c0 + cn), cn a multiple of
-/// 32: acc[r] (bf16: in split order) += w * xs, element order per lane. Each
-/// step reads one 64-byte line of every 16-bit row (two of an f32 row) and
-/// loads each x vector once for the R rows. D = 1: 16-bit rows prefetch the
-/// next pass's rows whole, one line per row per step, when both passes' rows
-/// fit in three quarters of a 32 KiB L1 (x86_prefetch_fits), as the 8-wide
-/// kernel does.
-template <element_type T, bool Fused, std::size_t R, std::size_t D>
-MOE_RESIDENCY_DETAIL_X512_TARGET inline void x512_pass(const char* p, std::size_t stride,
-                                                       std::size_t c0, std::size_t cn,
-                                                       const float* xs,
-                                                       float (*acc)[gemv_lanes]) noexcept {
-  __m512 a[R][2];
-  MOE_RESIDENCY_DETAIL_UNROLL
-  for (std::size_t r = 0; r < R; ++r) {
-    a[r][0] = _mm512_loadu_ps(acc[r]);
-    a[r][1] = _mm512_loadu_ps(acc[r] + 16);
-  }
-  const bool prefetch = x86_prefetch_fits<T, R, D, 0>(cn);
-  for (std::size_t e = 0; e < cn; e += gemv_lanes) {
-    const std::size_t c = c0 + e;
-    if constexpr (T != element_type::f32 && D > 0) {
-      if (prefetch) {
-        MOE_RESIDENCY_DETAIL_UNROLL
-        for (std::size_t r = D * R; r < (D + 1) * R; ++r)
-          __builtin_prefetch(p + r * stride + c * 2, 0, 3);
-      }
-    }
-    if constexpr (T == element_type::bf16) {
-      const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-      __m512 xe = _mm512_loadu_ps(xs + e), xo = _mm512_loadu_ps(xs + e + 16);
-      __asm__("" : "+v"(xe), "+v"(xo));  // one load for R rows
-      MOE_RESIDENCY_DETAIL_UNROLL
-      for (std::size_t r = 0; r < R; ++r) {
-        __m512i v = _mm512_loadu_si512(p + r * stride + c * 2);
-        __asm__("" : "+v"(v));  // loaded once, used twice
-        a[r][0] = x512_madd<Fused>(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), xe, a[r][0]);
-        a[r][1] = x512_madd<Fused>(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), xo, a[r][1]);
-      }
-    } else {
-      MOE_RESIDENCY_DETAIL_UNROLL
-      for (std::size_t j = 0; j < 2; ++j) {
-        __m512 xv = _mm512_loadu_ps(xs + e + 16 * j);
-        __asm__("" : "+v"(xv));  // one load for R rows
-        MOE_RESIDENCY_DETAIL_UNROLL
-        for (std::size_t r = 0; r < R; ++r)
-          a[r][j] = x512_madd<Fused>(x512_load16<T>(p + r * stride, c + 16 * j), xv, a[r][j]);
-      }
-    }
-  }
-  MOE_RESIDENCY_DETAIL_UNROLL
-  for (std::size_t r = 0; r < R; ++r) {
-    _mm512_storeu_ps(acc[r], a[r][0]);
-    _mm512_storeu_ps(acc[r] + 16, a[r][1]);
-  }
-}
-
-/// The AVX-512 kernel's shape: rows per pass for f32, f16 and bf16, and
-/// whether the 16-bit rows prefetch the next pass (1) or not (0). A
-/// parameter so that bench_router can time the alternatives in one run.
-template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF>
-struct x512_tune {
-  template <element_type T>
-  static constexpr std::size_t rows() noexcept {
-    return T == element_type::f32 ? R32 : T == element_type::f16 ? R16 : RB16;
-  }
-  static constexpr std::size_t prefetch = PF;
-};
-using x512_tune_default = x512_tune<4, 3, 3, 1>;
-
-/// x512_pass over nr rows: passes of R rows, then the rest two or one at a time.
-template <element_type T, bool Fused, class Tune>
-MOE_RESIDENCY_DETAIL_X512_TARGET void x512_rows_chunk(const char* data, std::size_t nr,
-                                                      std::size_t stride, std::size_t c0,
-                                                      std::size_t cn, const float* xs,
-                                                      float (*acc)[gemv_lanes]) noexcept {
-  constexpr std::size_t R = Tune::template rows<T>();
-  constexpr std::size_t D = Tune::prefetch;
-  std::size_t rr = 0;
-  for (; rr + R <= nr; rr += R)
-    x512_pass<T, Fused, R, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
-  if constexpr (R > 2) {
-    for (; rr + 2 <= nr; rr += 2)
-      x512_pass<T, Fused, 2, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
-  }
-  for (; rr < nr; ++rr) x512_pass<T, Fused, 1, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
-}
-
-/// x's chunk [c0, c0 + cn) as x512_pass reads it: rounded when `round`,
-/// split for bf16; else x itself.
-template <element_type T>
-MOE_RESIDENCY_DETAIL_X512_TARGET inline const float* x512_prepare_x(const float* x, std::size_t c0,
-                                                                    std::size_t cn, bool round,
-                                                                    float* buf) noexcept {
-  if (T == element_type::f32) return x + c0;
-  if (round) x86_round_block(x + c0, buf, cn, T);
-  if (T == element_type::bf16) x512_split_x(round ? buf : x + c0, buf, cn);
-  return round || T == element_type::bf16 ? buf : x + c0;
-}
-
-/// The 32-lane part of nr (<= 32) rows from `data` over columns [0, np), np a
-/// multiple of 32, into acc in natural lane order. x is prepared once per
-/// call when one chunk holds it (`ready` then points at it), else per chunk.
-template <element_type T, bool Fused, class Tune>
-MOE_RESIDENCY_DETAIL_X512_TARGET void x512_gemv_rows(const char* data, std::size_t nr,
-                                                     std::size_t np, std::size_t stride,
-                                                     const float* x, bool round,
-                                                     const float* ready, float* xbuf,
-                                                     float (*acc)[gemv_lanes]) noexcept {
-  for (std::size_t rr = 0; rr < nr; ++rr) {
-    _mm512_storeu_ps(acc[rr], _mm512_setzero_ps());
-    _mm512_storeu_ps(acc[rr] + 16, _mm512_setzero_ps());
-  }
-  for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
-    const std::size_t cn = std::min(gemv_col_block, np - c0);
-    const float* xs = ready != nullptr ? ready : x512_prepare_x<T>(x, c0, cn, round, xbuf);
-    x512_rows_chunk<T, Fused, Tune>(data, nr, stride, c0, cn, xs, acc);
-  }
-  if (T == element_type::bf16)
-    for (std::size_t rr = 0; rr < nr; ++rr) x512_unsplit_lanes(acc[rr]);
-}
-
-/// The AVX-512 GEMV. Call only when x86_has_avx512f() (or in a TU compiled
-/// for AVX-512F). The reduction and tail run in the caller's target (Tag), as
-/// in gemv_x86_impl.
-template <class Tag, bool Fused, class Tune = x512_tune_default>
-inline void gemv_x512_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
-                           std::size_t stride, const float* x, float* y,
-                           activation_rounding r) noexcept {
-  const bool round = r == activation_rounding::engine && t != element_type::f32;
-  const std::size_t np = cols - cols % gemv_lanes;
-  alignas(64) float acc[gemv_row_block][gemv_lanes];
-  alignas(64) float xbuf[gemv_col_block];
-  const float* ready = nullptr;
-  if (np <= gemv_col_block && np > 0) {  // x prepared once for every row block
-    switch (t) {
-      case element_type::f16: ready = x512_prepare_x<element_type::f16>(x, 0, np, round, xbuf); break;
-      case element_type::bf16: ready = x512_prepare_x<element_type::bf16>(x, 0, np, round, xbuf); break;
-      case element_type::f32: ready = x; break;
-    }
-  }
-  for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
-    const std::size_t nr = std::min(gemv_row_block, rows - r0);
-    const char* block = static_cast<const char*>(data) + r0 * stride;
-    switch (t) {
-      case element_type::f16:
-        x512_gemv_rows<element_type::f16, Fused, Tune>(block, nr, np, stride, x, round, ready, xbuf, acc);
-        break;
-      case element_type::bf16:
-        x512_gemv_rows<element_type::bf16, Fused, Tune>(block, nr, np, stride, x, round, ready, xbuf, acc);
-        break;
-      case element_type::f32:
-        x512_gemv_rows<element_type::f32, Fused, Tune>(block, nr, np, stride, x, round, ready, xbuf, acc);
-        break;
-    }
-    if (np == cols) {
-      for (std::size_t rr = 0; rr < nr; ++rr) y[r0 + rr] = x86_reduce_lanes(acc[rr], t, false);
-    } else {
-      for (std::size_t rr = 0; rr < nr; ++rr)
-        y[r0 + rr] = finish_dot<Tag, Fused>(x86_reduce_lanes(acc[rr], t, false),
-                                            block + rr * stride, x, np, cols, t, r);
-    }
-  }
-}
 #endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
 
 /// gemv_simd's kernel. In a TU compiled for AVX2 and F16C (and FMA when the
-/// multiply-add is fused) on x86-64 GCC/Clang, the 8-wide architectures take
-/// the hand-written kernel above: the same instructions as the xsimd kernel,
-/// plus the bf16 split, and the same kernel the default build dispatches to,
-/// so both builds run at the same speed. Every other architecture, and every
-/// other compiler, takes the xsimd kernel (gemv_simd_generic). Same bits.
+/// multiply-add is fused) on x86-64 GCC/Clang, the 8- and 16-wide
+/// architectures (AVX2, AVX-512) take the hand-written kernel above: the same
+/// instructions as the xsimd kernel, plus the bf16 split and the prefetch, and
+/// the same kernel the default build dispatches to, so both builds run at the
+/// same speed. AVX-512 takes it too because its 64-byte loads split two cache
+/// lines whenever the rows start 32 bytes past a line (ggml aligns tensor data
+/// to 32 bytes), which the 32-byte loads never do: on an AVX-512 host the xsimd
+/// kernel took 1.14-1.32x an AVX-512 read's time for a token of bf16 routers,
+/// this one 0.85-1.01x (docs/benchmarks.md, 2026-12-01). Every other
+/// architecture, and every other compiler, takes the xsimd kernel
+/// (gemv_simd_generic). Same bits.
 template <class Arch, bool Fused>
 inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                            std::size_t stride, const float* x, float* y,
@@ -1309,12 +1041,11 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
 #else
   constexpr bool can_fuse = false;
 #endif
-  if constexpr (batch_width<Arch>() == 8 && (can_fuse || !Fused)) {
+  if constexpr ((batch_width<Arch>() == 8 || batch_width<Arch>() == 16) && (can_fuse || !Fused)) {
     gemv_x86_impl<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
     return;
   }
 #endif
-
   gemv_simd_generic<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
 }
 
