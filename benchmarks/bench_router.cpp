@@ -48,6 +48,16 @@ void BM_token_pair(benchmark::State& st) {
       mr::gemv_arch_name());
 }
 
+// One router in cache, the read and the kernel in turn (BM_token_pair's loop
+// on one router): the in-cache ratio on the same machine state, where
+// BM_gemv ÷ BM_stream_read takes two benchmarks seconds apart.
+void BM_cache_pair(benchmark::State& st) {
+  run_token_pair(
+      st, read_compiled,
+      [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      mr::gemv_arch_name(), 1);
+}
+
 // The 109 ms/token mistake: one out-of-line call per element.
 void BM_gemv_naive_f16_call(benchmark::State& st) { run_gemv_naive_f16_call(st); }
 
@@ -468,6 +478,7 @@ BENCHMARK(BM_gemv_scalar)->Apply(shapes);
 BENCHMARK(BM_stream_read_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_token_pair)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_cache_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});
 
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

@@ -1024,13 +1024,16 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
 /// architectures (AVX2, AVX-512) take the hand-written kernel above: the same
 /// instructions as the xsimd kernel, plus the bf16 split and the prefetch, and
 /// the same kernel the default build dispatches to, so both builds run at the
-/// same speed. AVX-512 takes it too because its 64-byte loads split two cache
-/// lines whenever the rows start 32 bytes past a line (ggml aligns tensor data
-/// to 32 bytes), which the 32-byte loads never do: on an AVX-512 host the xsimd
-/// kernel took 1.14-1.32x an AVX-512 read's time for a token of bf16 routers,
-/// this one 0.85-1.01x (docs/benchmarks.md, 2026-12-01). Every other
-/// architecture, and every other compiler, takes the xsimd kernel
-/// (gemv_simd_generic). Same bits.
+/// same speed. AVX-512 takes it too: for a token of 16-bit routers from the
+/// last-level cache or DRAM it prefetches the next rows, which the xsimd
+/// kernel does not (bf16 per token 1.21-1.69x the read's time with xsimd's
+/// 16-wide kernel, 0.98-1.07x with this one), and for f32 its 32-byte loads
+/// never split a cache line where xsimd's 64-byte ones split two whenever the
+/// rows start 32 bytes past a line (ggml aligns tensor data to 32 bytes). The
+/// cost: with one 16-bit router in cache, xsimd's 16-wide conversions are
+/// ~20% faster (docs/benchmarks.md, 2026-12-01). Every other architecture,
+/// and every other compiler, takes the xsimd kernel (gemv_simd_generic). Same
+/// bits.
 template <class Arch, bool Fused>
 inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                            std::size_t stride, const float* x, float* y,
