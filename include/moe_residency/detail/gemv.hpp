@@ -889,7 +889,17 @@ struct x86_tune {
     return T == element_type::bf16 ? HeadB16 : Head16;
   }
 };
+#if defined(__AVX512F__)
+// A TU built for AVX-512 (e.g. -march=native on such a host) compiles the
+// kernel with 32 vector registers: 4 f32 rows (16 accumulators) and 3 bf16
+// rows fit without spilling, and measured faster there (f32 per token, bf16
+// per token and in cache; docs/benchmarks.md, 2026-12-01). f16 keeps 3 rows:
+// 4 or 5 no longer fit the prefetch budget, and per token that costs more
+// than it gains in cache.
+using x86_tune_default = x86_tune<4, 3, 3, 1, 0, 0>;
+#else
 using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0>;
+#endif
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
