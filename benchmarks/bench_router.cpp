@@ -48,6 +48,16 @@ void BM_token_pair(benchmark::State& st) {
       mr::gemv_arch_name());
 }
 
+// One router in cache, the read and the kernel in turn (BM_token_pair's loop
+// on one router): the in-cache ratio on the same machine state, where
+// BM_gemv ÷ BM_stream_read takes two benchmarks seconds apart.
+void BM_cache_pair(benchmark::State& st) {
+  run_token_pair(
+      st, read_compiled,
+      [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      mr::gemv_arch_name(), 1);
+}
+
 // The 109 ms/token mistake: one out-of-line call per element.
 void BM_gemv_naive_f16_call(benchmark::State& st) { run_gemv_naive_f16_call(st); }
 
@@ -468,6 +478,7 @@ BENCHMARK(BM_gemv_scalar)->Apply(shapes);
 BENCHMARK(BM_stream_read_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_token_pair)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_cache_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});
 
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -532,4 +543,52 @@ BENCHMARK(BM_gemv_tune<2, 3, 2, 1, false, 0>)->Args({0, 128});
 BENCHMARK(BM_gemv_tune<4, 3, 2, 1, false, 0>)->Args({0, 128});
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
 BENCHMARK(BM_token_tunes)->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
+#endif
+
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// ---- gemv next to the xsimd kernel and an AVX2 read, in turn on one fixture --
+//
+// Args {type, routers} as BM_token_tunes (0 routers: a token's 48; 1: one
+// router in cache). Counters: each one's CPU time over the read's
+// (read_compiled, this TU's widest SIMD: AVX-512 on an AVX-512 host):
+//   gemv       what `gemv` runs (the hand-written x86 kernel, also for AVX-512
+//              TUs since 2026-12-01);
+//   xsimd      gemv_simd_generic<default_arch> (what an AVX-512 TU ran before);
+//   u_gemv     the hand-written kernel unfused (what the default build's
+//              dispatch runs);
+//   read_avx2  an AVX2 read of the same bytes (the default build's roofline,
+//              bench_router_portable's BM_stream_read_best): on an AVX-512 host
+//              the two reads differ, as 64-byte loads split two cache lines when
+//              the rows start 32 bytes past one (router_fixture.hpp).
+namespace {
+void read_avx2_kernel(const mr::matrix_view& w, const float*, float* y) {
+  const auto* p = static_cast<const std::uint32_t*>(w.data);
+  const std::size_t words = w.bytes() / 4;
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (std::size_t i = 0; i + 32 <= words; i += 32) {
+    a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_add_epi32(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+    c = _mm256_add_epi32(c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 16)));
+    d = _mm256_add_epi32(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 24)));
+  }
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(a, b), _mm256_add_epi32(c, d));
+  y[0] = static_cast<float>(_mm256_extract_epi32(s, 0));
+}
+void BM_token_kernels(benchmark::State& st) {
+  run_token_kernels(
+      st, read_compiled,
+      {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
+       {"xsimd",
+        [](const mr::matrix_view& w, const float* x, float* y) {
+          mr::detail::gemv_simd_generic<xsimd::default_arch, true>(
+              w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+              mr::activation_rounding::engine);
+        }},
+       {"u_gemv", tune_kernel<3, 3, 2, 1, false, 0>},
+       {"read_avx2", read_avx2_kernel}});
+}
+}  // namespace
+BENCHMARK(BM_token_kernels)
+    ->Args({0, 0})->Args({1, 0})->Args({2, 0})
+    ->Args({0, 1})->Args({1, 1})->Args({2, 1});
 #endif

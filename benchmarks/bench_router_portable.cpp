@@ -143,6 +143,20 @@ void BM_token_pair(benchmark::State& st) {
   run_token_pair(st, read_compiled, kernel, mr::gemv_arch_name());
 }
 
+// One router in cache, the best read and `gemv` in turn (see bench_router's
+// BM_cache_pair).
+void BM_cache_pair(benchmark::State& st) {
+  if (!check_flags(st)) return;
+  const auto kernel = [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); };
+#if BENCH_X86_GNU
+  if (cpu_has_avx2()) {
+    run_token_pair(st, read_avx2, kernel, mr::gemv_arch_name() + std::string(" vs avx2 read"), 1);
+    return;
+  }
+#endif
+  run_token_pair(st, read_compiled, kernel, mr::gemv_arch_name(), 1);
+}
+
 void BM_gemv_naive_f16_call(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv_naive_f16_call(st, "naive call per element");
@@ -158,4 +172,5 @@ BENCHMARK(BM_gemv_scalar)->Apply(shapes);
 BENCHMARK(BM_stream_read_token_best)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_token_pair)->Arg(0)->Arg(1)->Arg(2);
+BENCHMARK(BM_cache_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});

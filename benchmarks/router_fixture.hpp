@@ -207,6 +207,12 @@ void run_gemv_token(benchmark::State& st, Kernel kernel, const std::string& what
               (what.empty() ? "" : " " + what));
 }
 
+/// How many times the in-turn loops below run each half over `layers`
+/// routers: one router (in cache) takes ~10 µs, of the order of reading the
+/// thread CPU clock (a system call in this VM), which would pull every ratio
+/// towards 1; 32 passes make each timed half ~0.3 ms.
+inline std::size_t in_turn_repeats(std::size_t layers) { return layers < 4 ? 32 : 1; }
+
 /// This thread's CPU time in seconds (wall time where there is no such clock).
 inline double thread_seconds() {
 #if defined(CLOCK_THREAD_CPUTIME_ID)
@@ -223,11 +229,16 @@ inline double thread_seconds() {
 /// both see the same machine: on a shared machine the load changes between
 /// two benchmarks run seconds apart, and their ratio with it. Counters:
 /// gemv_over_read (the sum of the kernel's CPU times over the read's), and
-/// each one's mean ms per token. The iteration's own time is both together.
+/// each one's mean ms per iteration (a token; for one router, 32 calls, see
+/// in_turn_repeats). The iteration's own time is both together.
+/// `layers` routers (1: one router, in cache: the pair for the in-cache rows,
+/// BM_cache_pair).
 template <class Read, class Kernel>
-void run_token_pair(benchmark::State& st, Read read, Kernel kernel, const std::string& what = {}) {
+void run_token_pair(benchmark::State& st, Read read, Kernel kernel, const std::string& what = {},
+                    std::size_t layers = token_layers) {
   const auto t = type_of(st.range(0));
-  token_fixture f(t, token_layers);
+  token_fixture f(t, layers);
+  const std::size_t reps = in_turn_repeats(layers);
   double t_read = 0.0, t_gemv = 0.0;
   std::uint32_t s = 0;
   bool read_first = true;
@@ -235,14 +246,16 @@ void run_token_pair(benchmark::State& st, Read read, Kernel kernel, const std::s
     for (int half = 0; half < 2; ++half) {
       const double a = thread_seconds();
       if ((half == 0) == read_first) {
-        for (const fixture& l : f.layers) {
-          const auto w = l.view(t, 128);
-          s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
-        }
+        for (std::size_t rep = 0; rep < reps; ++rep)
+          for (const fixture& l : f.layers) {
+            const auto w = l.view(t, 128);
+            s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
+          }
         benchmark::DoNotOptimize(s);
         t_read += thread_seconds() - a;
       } else {
-        for (fixture& l : f.layers) kernel(l.view(t, 128), l.x.data(), l.y.data());
+        for (std::size_t rep = 0; rep < reps; ++rep)
+          for (fixture& l : f.layers) kernel(l.view(t, 128), l.x.data(), l.y.data());
         benchmark::ClobberMemory();
         t_gemv += thread_seconds() - a;
       }
@@ -253,7 +266,7 @@ void run_token_pair(benchmark::State& st, Read read, Kernel kernel, const std::s
   st.counters["gemv_over_read"] = t_read > 0.0 ? t_gemv / t_read : 0.0;
   st.counters["read_ms"] = 1e3 * t_read / n;
   st.counters["gemv_ms"] = 1e3 * t_gemv / n;
-  st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(token_layers) + " x 128x2048" +
+  st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(layers) + " x 128x2048" +
               (what.empty() ? "" : " " + what));
 }
 
@@ -269,6 +282,7 @@ void run_token_kernels(benchmark::State& st, Read read,
   const auto t = type_of(st.range(0));
   const std::size_t layers = st.range(1) > 0 ? static_cast<std::size_t>(st.range(1)) : token_layers;
   token_fixture f(t, layers);
+  const std::size_t reps = in_turn_repeats(layers);
   const std::size_t k = kernels.size();
   std::vector<double> spent(k + 1, 0.0);
   std::uint32_t s = 0;
@@ -278,13 +292,15 @@ void run_token_kernels(benchmark::State& st, Read read,
       const std::size_t which = (first + j) % (k + 1);
       const double a = thread_seconds();
       if (which == k) {
-        for (const fixture& l : f.layers) {
-          const auto w = l.view(t, 128);
-          s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
-        }
+        for (std::size_t rep = 0; rep < reps; ++rep)
+          for (const fixture& l : f.layers) {
+            const auto w = l.view(t, 128);
+            s ^= read(static_cast<const std::uint32_t*>(w.data), w.bytes() / 4);
+          }
         benchmark::DoNotOptimize(s);
       } else {
-        for (fixture& l : f.layers) kernels[which].second(l.view(t, 128), l.x.data(), l.y.data());
+        for (std::size_t rep = 0; rep < reps; ++rep)
+          for (fixture& l : f.layers) kernels[which].second(l.view(t, 128), l.x.data(), l.y.data());
         benchmark::ClobberMemory();
       }
       spent[which] += thread_seconds() - a;

@@ -889,7 +889,17 @@ struct x86_tune {
     return T == element_type::bf16 ? HeadB16 : Head16;
   }
 };
+#if defined(__AVX512F__)
+// A TU built for AVX-512 (e.g. -march=native on such a host) compiles the
+// kernel with 32 vector registers: 4 f32 rows (16 accumulators) and 3 bf16
+// rows fit without spilling, and measured faster there (f32 per token, bf16
+// per token and in cache; docs/benchmarks.md, 2026-12-01). f16 keeps 3 rows:
+// 4 or 5 no longer fit the prefetch budget, and per token that costs more
+// than it gains in cache.
+using x86_tune_default = x86_tune<4, 3, 3, 1, 0, 0>;
+#else
 using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0>;
+#endif
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
@@ -1020,11 +1030,20 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
 #endif  // MOE_RESIDENCY_DETAIL_X86_KERNEL
 
 /// gemv_simd's kernel. In a TU compiled for AVX2 and F16C (and FMA when the
-/// multiply-add is fused) on x86-64 GCC/Clang, the 8-wide architectures take
-/// the hand-written kernel above: the same instructions as the xsimd kernel,
-/// plus the bf16 split, and the same kernel the default build dispatches to,
-/// so both builds run at the same speed. Every other architecture, and every
-/// other compiler, takes the xsimd kernel (gemv_simd_generic). Same bits.
+/// multiply-add is fused) on x86-64 GCC/Clang, the 8- and 16-wide
+/// architectures (AVX2, AVX-512) take the hand-written kernel above: the same
+/// instructions as the xsimd kernel, plus the bf16 split and the prefetch, and
+/// the same kernel the default build dispatches to, so both builds run at the
+/// same speed. AVX-512 takes it too: for a token of 16-bit routers from the
+/// last-level cache or DRAM it prefetches the next rows, which the xsimd
+/// kernel does not (bf16 per token 1.21-1.69x the read's time with xsimd's
+/// 16-wide kernel, 0.98-1.07x with this one), and for f32 its 32-byte loads
+/// never split a cache line where xsimd's 64-byte ones split two whenever the
+/// rows start 32 bytes past a line (ggml aligns tensor data to 32 bytes). The
+/// cost: with one 16-bit router in cache, xsimd's 16-wide conversions are
+/// ~20% faster (docs/benchmarks.md, 2026-12-01). Every other architecture,
+/// and every other compiler, takes the xsimd kernel (gemv_simd_generic). Same
+/// bits.
 template <class Arch, bool Fused>
 inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                            std::size_t stride, const float* x, float* y,
@@ -1035,7 +1054,7 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
 #else
   constexpr bool can_fuse = false;
 #endif
-  if constexpr (batch_width<Arch>() == 8 && (can_fuse || !Fused)) {
+  if constexpr ((batch_width<Arch>() == 8 || batch_width<Arch>() == 16) && (can_fuse || !Fused)) {
     gemv_x86_impl<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
     return;
   }
