@@ -387,7 +387,7 @@ class prompt_sink : public mrl::observer_sink {
   void look(const mrl::layer_batch& b) {
     std::vector<fake_advice::call_record> calls;
     seen = fake->calls_since(seen, calls);
-    if (!res->active() || b.phase != run_phase::prompt) return;
+    if (!res->active() || b.phase != run_phase::prefill) return;
     ++prompt_layers;
     std::set<std::pair<std::uintptr_t, std::size_t>> want, got;
     for (std::size_t t = 0; t < b.n_tokens; ++t)
