@@ -253,12 +253,31 @@ double thread_cpu_ms() {
   return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
 }
 
-/// System (kernel) CPU time of the calling thread, ms (getrusage RUSAGE_THREAD,
-/// Linux): the page faults it takes, reclaim in its cgroup, readahead it submits.
-double thread_sys_ms() {
+/// The calling thread's CPU time as getrusage(RUSAGE_THREAD) splits it (Linux),
+/// whole microseconds: `sys` is the kernel's part (the page faults it takes,
+/// reclaim in its cgroup, readahead it submits), `total` = user + sys.
+struct rusage_split {
+  std::int64_t total = 0, sys = 0;
+};
+rusage_split thread_rusage() {
   rusage ru{};
-  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
-  return 1e3 * static_cast<double>(ru.ru_stime.tv_sec) + 1e-3 * static_cast<double>(ru.ru_stime.tv_usec);
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return {};
+  auto us = [](const timeval& t) { return std::int64_t{t.tv_sec} * 1000000 + std::int64_t{t.tv_usec}; };
+  return {us(ru.ru_utime) + us(ru.ru_stime), us(ru.ru_stime)};
+}
+
+/// The kernel's share of `cpu_ms` over one call: getrusage's own split of the
+/// interval applied to the exact CPU time. The kernel keeps getrusage's user and
+/// system times each monotonic and summing to its own runtime, so the share is in
+/// [0, 1] (the probe smoke test checks sys_ms <= cpu_ms on every row). Subtracting
+/// getrusage's system time over the CPU clock's interval instead is not bounded by
+/// it: getrusage's runtime is not the CPU clock's (on this machine kind its
+/// interval ran up to ~130 us longer), and a row's sys_ms came out above cpu_ms.
+double kernel_share_ms(const rusage_split& a, const rusage_split& b, double cpu_ms) {
+  const std::int64_t total = b.total - a.total;
+  if (total <= 0) return 0.0;
+  // Integers, so that a share of all of it is exactly 1 and sys_ms then equals cpu_ms.
+  return cpu_ms * (static_cast<double>(b.sys - a.sys) / static_cast<double>(total));
 }
 
 /// Prompt batch, then `n_decode` tokens sampled from softmax(logits) with a
@@ -277,12 +296,12 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
     const counters c0 = record ? sample(cg_file, engine) : counters{};
     const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
     const double cpu0 = record ? thread_cpu_ms() : 0.0;
-    const double sys0 = record ? thread_sys_ms() : 0.0;
+    const rusage_split sys0 = record ? thread_rusage() : rusage_split{};
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = llama_decode(ctx, batch);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double cpu1 = record ? thread_cpu_ms() : 0.0;
-    const double sys1 = record ? thread_sys_ms() : 0.0;
+    const rusage_split sys1 = record ? thread_rusage() : rusage_split{};
     if (rc != 0) throw error(is_prompt ? "llama_decode failed on the prompt batch" : "llama_decode failed");
     if (record) {
       const counters c1 = sample(cg_file, engine);
@@ -291,7 +310,7 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
       t.prompt = is_prompt;
       t.wall_ms = 1e3 * s;
       t.cpu_ms = cpu1 - cpu0;
-      t.sys_ms = sys1 - sys0;
+      t.sys_ms = kernel_share_ms(sys0, sys1, t.cpu_ms);
       t.majflt = c1.majflt - c0.majflt;
       t.minflt = c1.minflt - c0.minflt;
       t.engine_majflt = c1.engine_majflt - c0.engine_majflt;
