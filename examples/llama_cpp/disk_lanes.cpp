@@ -7,10 +7,25 @@
 //
 // Prints CSV: readers,reads,mib,seconds,mib_per_s. Each reader count reads its
 // own seeded random blocks (the same file, distinct draws), `--reads` in all.
+//
+//   moe-disk-lanes --file model.gguf --path-cost 864 [--path-read-mib 1024]
+//
+// instead measures what reading costs the calling thread's CPU, per MiB read
+// from the device, on the two paths the memory lab's configurations read an
+// expert slice of that many KiB by (docs/wall-clock.md, "Against this
+// machine"): `manager` (the mapping advised MADV_RANDOM, then MADV_WILLNEED
+// and MADV_POPULATE_READ of the slice, as the residency manager's exact reads)
+// and `faults` (POSIX_FADV_SEQUENTIAL, as llama.cpp's mmap, then every page of
+// the slice touched: each fault reads a read-around window). Random slices, the
+// file's pages dropped first (POSIX_FADV_DONTNEED), until --path-read-mib MiB
+// were read (/proc/self/io read_bytes). Run it inside the memory limit being
+// studied: reclaim in the cgroup is part of the cost. Prints CSV:
+// path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib.
 
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,12 +36,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <time.h>
 #include <vector>
 
 namespace {
@@ -53,6 +70,86 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
+/// Bytes this process has read from storage (/proc/self/io read_bytes); 0 if unknown.
+std::uint64_t process_read_bytes() {
+  std::ifstream in("/proc/self/io");
+  std::string key;
+  std::uint64_t v = 0;
+  while (in >> key >> v)
+    if (key == "read_bytes:") return v;
+  return 0;
+}
+
+double thread_cpu_ms() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux >= 5.14
+#endif
+
+/// --path-cost: the calling thread's CPU per MiB read on the manager's path and
+/// on the fault path (see the top of the file).
+void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, std::uint64_t seed) {
+  fd_guard f;
+  f.fd = ::open(file.c_str(), O_RDONLY);
+  if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t slice = slice_kib * 1024;
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (slice == 0 || slice % page != 0 || size < 2 * slice)
+    throw std::invalid_argument("--path-cost: " + std::to_string(slice_kib) + " KiB; expected a multiple of the " +
+                                std::to_string(page / 1024) + " KiB page, at most half of '" + file + "'");
+  if (!(read_mib > 0)) throw std::invalid_argument("--path-read-mib: " + std::to_string(read_mib) + "; expected > 0");
+  if (::access("/proc/self/io", R_OK) != 0)
+    throw std::runtime_error("--path-cost needs /proc/self/io to count the bytes read");
+  struct mapping {
+    void* at;
+    std::size_t size;
+    ~mapping() {
+      if (at != MAP_FAILED) ::munmap(at, size);
+    }
+  } map{::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0), size};
+  if (map.at == MAP_FAILED) throw std::runtime_error("mmap of '" + file + "' failed: " + std::strerror(errno));
+  auto* bytes = static_cast<unsigned char*>(map.at);
+  const auto* touch = static_cast<const volatile unsigned char*>(map.at);
+  std::printf("path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib\n");
+  for (const bool faults : {false, true}) {
+    if (::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED) != 0 ||
+        ::posix_fadvise(f.fd, 0, 0, faults ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_NORMAL) != 0 ||
+        ::madvise(map.at, size, faults ? MADV_NORMAL : MADV_RANDOM) != 0)
+      throw std::runtime_error("advice on '" + file + "' failed: " + std::strerror(errno));
+    std::mt19937_64 gen(seed);
+    std::uniform_int_distribution<std::size_t> pick(0, (size - slice) / page);
+    const std::uint64_t r0 = process_read_bytes();
+    const double c0 = thread_cpu_ms();
+    const auto target = static_cast<std::uint64_t>(read_mib * 1048576.0);
+    std::size_t requests = 0;
+    std::uint64_t read = 0;
+    // At most as many requests as would read the file 4 times over: a limit
+    // that holds the whole file stops reading, and the loop must still end.
+    for (const std::size_t cap = 4 * size / slice + 16; read < target && requests < cap; ++requests) {
+      const std::size_t at = pick(gen) * page;
+      if (faults) {
+        for (std::size_t o = 0; o < slice; o += page) (void)touch[at + o];  // a volatile read: one touch
+      } else if (::madvise(bytes + at, slice, MADV_WILLNEED) != 0 || ::madvise(bytes + at, slice, MADV_POPULATE_READ) != 0) {
+        throw std::runtime_error(std::string("madvise (WILLNEED, POPULATE_READ) failed: ") + std::strerror(errno));
+      }
+      if (requests % 16 == 15) read = process_read_bytes() - r0;
+    }
+    const double cpu = thread_cpu_ms() - c0;
+    read = process_read_bytes() - r0;
+    const double mib = static_cast<double>(read) / 1048576.0;
+    std::printf("%s,%zu,%zu,%.1f,%.1f,%.4f\n", faults ? "faults" : "manager", slice_kib, requests, mib, cpu,
+                mib > 0 ? cpu / mib : 0.0);
+    std::fflush(stdout);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -60,14 +157,25 @@ int main(int argc, char** argv) {
   double block_mib = 4;
   int reads = 256;
   std::uint64_t seed = 1;
+  std::size_t path_kib = 0;
+  double path_read_mib = 1024;
   CLI::App app{"moe-disk-lanes: cold random-read bandwidth (O_DIRECT pread) against concurrent readers"};
   app.add_option("--file", file, "A large file on the disk to measure (read only)")->required();
   app.add_option("--readers", readers, "Comma list of reader counts")->capture_default_str();
   app.add_option("--block-mib", block_mib, "Size of one read in MiB")->capture_default_str();
   app.add_option("--reads", reads, "Reads per reader count (split between the readers)")->capture_default_str();
   app.add_option("--seed", seed, "Seed of the block draws")->capture_default_str();
+  app.add_option("--path-cost", path_kib,
+                 "Instead: the calling thread's CPU per MiB read, manager path against fault path, for slices of "
+                 "this many KiB (run it inside the memory limit studied)");
+  app.add_option("--path-read-mib", path_read_mib, "--path-cost: MiB to read from the device on each path")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (path_kib) {
+      path_cost(file, path_kib, path_read_mib, seed);
+      return 0;
+    }
     const std::vector<int> counts = parse_list(readers);
     if (reads < 1) throw std::invalid_argument("--reads: " + std::to_string(reads) + "; expected >= 1");
     const auto block = static_cast<std::size_t>(block_mib * 1024 * 1024);
