@@ -30,12 +30,18 @@
 #   --sweep            calibrate on every finished cell in turn (the --fit cell's trace is used
 #                      for all) and print, per calibration cell, how many of the other cells are
 #                      predicted within 15% and their median |error|: which cell to calibrate on
+#   --repeats LIST     comma list of other runs of the same preset (the same cells measured again):
+#                      after the prediction, a table of every cell's measured tok/s in RUNS_DIR and
+#                      in each of them (1000 x tokens / sum of wall_ms of its metrics), their mean
+#                      and spread ((max - min) / mean), and the prediction's error against the mean;
+#                      then how many cells are within 15% of their mean, and how many within their
+#                      own spread: a prediction cannot be judged closer than the lab repeats
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
-dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run=""
+dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run="" repeats=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -48,6 +54,7 @@ while [[ $# -gt 0 ]]; do
     --free) free="${2:?--free needs a list}"; shift ;;
     --sweep) sweep=1 ;;
     --fit-run) fit_run="${2:?--fit-run needs a run directory}"; shift ;;
+    --repeats) repeats="${2:?--repeats needs a comma list of run directories}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
     *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
@@ -55,6 +62,10 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ -n "$dir" && -d "$dir" ]] || die "RUNS_DIR: '${dir}' is not a directory (a run of scripts/memlab.sh)"
+reps=()
+[[ -z "$repeats" ]] || IFS=, read -r -a reps <<< "$repeats"
+for d in "${reps[@]}"; do [[ -d "$d" ]] || die "--repeats: '$d' is not a directory (a run of scripts/memlab.sh)"; done
+[[ -z "$repeats" || $sweep == 0 ]] || die "--repeats and --sweep together are not supported; give one"
 if [[ -z "$tool" ]]; then
   for t in "$repo"/build/{llama-cpp,release,debug}/bin/moe-residency; do [[ -x "$t" ]] && { tool="$t"; break; }; done
 fi
@@ -136,5 +147,51 @@ if [[ $sweep == 1 ]]; then
   exit 0
 fi
 echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround${fit_run:+ (calibrated on $fit_run, predicting $dir)}" >&2
-"$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
-  --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$format" ${free:+--free "$free"}
+predict() {
+  "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
+    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"}
+}
+predict "$format"
+[[ -n "$repeats" ]] || exit 0
+
+# --repeats: every cell's tok/s in RUNS_DIR and in each repeat, against the prediction.
+tok_s() {  # tok/s of one metrics CSV as lab-predict counts it (1000 x rows / sum of wall_ms); empty if none
+  [[ -f "$1" ]] || return 0
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "wall_ms") w = i; next }
+           w && $w != "" { s += $w; ++n } END { if (n && s > 0) printf "%.3f", 1000 * n / s }' "$1"
+}
+if [[ $format == csv ]]; then  # a second CSV table after a blank line; `measured` is /-separated
+  echo
+  echo "ratio,config,measured_tok_s,mean_tok_s,spread_pct,predicted_tok_s,err_pct,within_15,within_spread"
+else
+  echo
+  echo "measured again (--repeats): tok/s in RUNS_DIR first, then each repeat; error against the mean"
+  printf '%-6s %-10s %-32s %9s %7s %9s %8s %5s %7s\n' ratio config measured mean spread% pred_tok/s err% '<=15' '<=spr'
+fi
+n=0 in15=0 inspread=0
+while IFS=, read -r r c _ _ pred _ _ _ _ isfit; do
+  [[ "$r" == ratio || "$isfit" == yes ]] && continue
+  vals=()
+  for d in "$dir" "${reps[@]}"; do
+    m="$d/r$r-$c.metrics.csv"
+    [[ "$(cat "$d/r$r-$c.status" 2>/dev/null)" == ok ]] || m=""
+    v="$(tok_s "$m")"
+    [[ -n "$v" ]] && vals+=("$v")
+  done
+  ((${#vals[@]} >= 2)) || continue  # measured once or not at all: nothing to repeat
+  line="$(printf '%s\n' "${vals[@]}" | awk -v p="$pred" '
+    { v[NR] = $1; s += $1; if (NR == 1 || $1 < lo) lo = $1; if (NR == 1 || $1 > hi) hi = $1 }
+    END { m = s / NR; sp = 100 * (hi - lo) / m; e = 100 * (p - m) / m; ae = e < 0 ? -e : e
+          list = v[1]; for (i = 2; i <= NR; ++i) list = list "/" v[i]
+          printf "%s %.3f %.1f %.1f %s %s", list, m, sp, e, (ae <= 15 ? "yes" : "no"), (ae <= sp ? "yes" : "no") }')"
+  read -r list mean spread err w15 wsp <<< "$line"
+  if [[ $format == csv ]]; then
+    echo "$r,$c,$list,$mean,$spread,$pred,$err,$w15,$wsp"
+  else
+    printf '%-6s %-10s %-32s %9s %7s %9s %+8.1f %5s %7s\n' "$r" "$c" "$list" "$mean" "$spread" "$pred" "$err" "$w15" "$wsp"
+  fi
+  ((n += 1)); [[ $w15 == yes ]] && ((in15 += 1)); [[ $wsp == yes ]] && ((inspread += 1))
+done < <(predict csv)
+[[ $format == csv ]] ||
+  echo "of $n cells measured more than once (the calibration cell left out): $in15 within 15% of their mean, $inspread within their own spread"
+
