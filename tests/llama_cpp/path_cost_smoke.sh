@@ -5,7 +5,8 @@
 #   - manager (MADV_RANDOM, WILLNEED + POPULATE_READ of the slice) reads no more
 #     than its slices: read_mib <= requests x 64 KiB + 1 MiB (the process's own
 #     pages read meanwhile, if any), and at least half of that (random slices
-#     rarely overlap); a read-around window per request would read 16 MiB each;
+#     rarely overlap); a read-around window per request (16 MiB on this machine
+#     kind: read_ahead_kb 8192, doubled) would read far more;
 #   - faults (FADV_SEQUENTIAL, pages touched) reads around each fault: more
 #     than 2 slices per request;
 #   - both report a CPU cost per MiB > 0.
