@@ -151,8 +151,12 @@ predict() {
   "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
     --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"}
 }
-predict "$format"
-[[ -n "$repeats" ]] || exit 0
+if [[ -z "$repeats" ]]; then
+  predict "$format"
+  exit 0
+fi
+predicted="$(predict csv)"
+if [[ $format == csv ]]; then echo "$predicted"; else predict table; fi
 
 # --repeats: every cell's tok/s in RUNS_DIR and in each repeat, against the prediction.
 tok_s() {  # tok/s of one metrics CSV as lab-predict counts it (1000 x rows / sum of wall_ms); empty if none
@@ -160,11 +164,10 @@ tok_s() {  # tok/s of one metrics CSV as lab-predict counts it (1000 x rows / su
   awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) if ($i == "wall_ms") w = i; next }
            w && $w != "" { s += $w; ++n } END { if (n && s > 0) printf "%.3f", 1000 * n / s }' "$1"
 }
-if [[ $format == csv ]]; then  # a second CSV table after a blank line; `measured` is /-separated
-  echo
+echo
+if [[ $format == csv ]]; then  # a second CSV table after the blank line; `measured` is /-separated
   echo "ratio,config,measured_tok_s,mean_tok_s,spread_pct,predicted_tok_s,err_pct,within_15,within_spread"
 else
-  echo
   echo "measured again (--repeats): tok/s in RUNS_DIR first, then each repeat; error against the mean"
   printf '%-6s %-10s %-32s %9s %7s %9s %8s %5s %7s\n' ratio config measured mean spread% pred_tok/s err% '<=15' '<=spr'
 fi
@@ -191,7 +194,7 @@ while IFS=, read -r r c _ _ pred _ _ _ _ isfit; do
     printf '%-6s %-10s %-32s %9s %7s %9s %+8.1f %5s %7s\n' "$r" "$c" "$list" "$mean" "$spread" "$pred" "$err" "$w15" "$wsp"
   fi
   ((n += 1)); [[ $w15 == yes ]] && ((in15 += 1)); [[ $wsp == yes ]] && ((inspread += 1))
-done < <(predict csv)
+done <<< "$predicted"
 [[ $format == csv ]] ||
   echo "of $n cells measured more than once (the calibration cell left out): $in15 within 15% of their mean, $inspread within their own spread"
 
