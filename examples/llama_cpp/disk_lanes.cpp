@@ -119,10 +119,11 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
   const auto* touch = static_cast<const volatile unsigned char*>(map.at);
   std::printf("path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib\n");
   for (const bool faults : {false, true}) {
-    if (::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED) != 0 ||
-        ::posix_fadvise(f.fd, 0, 0, faults ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_NORMAL) != 0 ||
-        ::madvise(map.at, size, faults ? MADV_NORMAL : MADV_RANDOM) != 0)
-      throw std::runtime_error("advice on '" + file + "' failed: " + std::strerror(errno));
+    // posix_fadvise returns its error; madvise sets errno.
+    int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (rc == 0) rc = ::posix_fadvise(f.fd, 0, 0, faults ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_NORMAL);
+    if (rc == 0 && ::madvise(map.at, size, faults ? MADV_NORMAL : MADV_RANDOM) != 0) rc = errno;
+    if (rc != 0) throw std::runtime_error("advice on '" + file + "' failed: " + std::strerror(rc));
     std::mt19937_64 gen(seed);
     std::uniform_int_distribution<std::size_t> pick(0, (size - slice) / page);
     const std::uint64_t r0 = process_read_bytes();
@@ -139,6 +140,7 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
       } else if (::madvise(bytes + at, slice, MADV_WILLNEED) != 0 || ::madvise(bytes + at, slice, MADV_POPULATE_READ) != 0) {
         throw std::runtime_error(std::string("madvise (WILLNEED, POPULATE_READ) failed: ") + std::strerror(errno));
       }
+      // The counter costs ~11 us a read here: ~0.7 us a request, 1% of a 16 KiB slice's.
       if (requests % 16 == 15) read = process_read_bytes() - r0;
     }
     const double cpu = thread_cpu_ms() - c0;
