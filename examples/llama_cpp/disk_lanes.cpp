@@ -36,17 +36,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <time.h>
 #include <vector>
 
+#include "proc_counters.hpp"
+
 namespace {
+
+using moe_residency::llama_cpp::examples::proc_read_bytes;
+using moe_residency::llama_cpp::examples::thread_cpu_ms;
 
 struct fd_guard {
   int fd = -1;
@@ -68,22 +71,6 @@ std::vector<int> parse_list(const std::string& s) {
   }
   if (out.empty()) throw std::invalid_argument("--readers: empty list");
   return out;
-}
-
-/// Bytes this process has read from storage (/proc/self/io read_bytes); 0 if unknown.
-std::uint64_t process_read_bytes() {
-  std::ifstream in("/proc/self/io");
-  std::string key;
-  std::uint64_t v = 0;
-  while (in >> key >> v)
-    if (key == "read_bytes:") return v;
-  return 0;
-}
-
-double thread_cpu_ms() {
-  timespec ts{};
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
 }
 
 #ifndef MADV_POPULATE_READ
@@ -126,7 +113,7 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
     if (rc != 0) throw std::runtime_error("advice on '" + file + "' failed: " + std::strerror(rc));
     std::mt19937_64 gen(seed);
     std::uniform_int_distribution<std::size_t> pick(0, (size - slice) / page);
-    const std::uint64_t r0 = process_read_bytes();
+    const std::uint64_t r0 = proc_read_bytes();
     const double c0 = thread_cpu_ms();
     const auto target = static_cast<std::uint64_t>(read_mib * 1048576.0);
     std::size_t requests = 0;
@@ -141,10 +128,10 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
         throw std::runtime_error(std::string("madvise (WILLNEED, POPULATE_READ) failed: ") + std::strerror(errno));
       }
       // The counter costs ~11 us a read here: ~0.7 us a request, 1% of a 16 KiB slice's.
-      if (requests % 16 == 15) read = process_read_bytes() - r0;
+      if (requests % 16 == 15) read = proc_read_bytes() - r0;
     }
     const double cpu = thread_cpu_ms() - c0;
-    read = process_read_bytes() - r0;
+    read = proc_read_bytes() - r0;
     const double mib = static_cast<double>(read) / 1048576.0;
     std::printf("%s,%zu,%zu,%.1f,%.1f,%.4f\n", faults ? "faults" : "manager", slice_kib, requests, mib, cpu,
                 mib > 0 ? cpu / mib : 0.0);

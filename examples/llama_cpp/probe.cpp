@@ -20,7 +20,6 @@
 
 #include <dirent.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -41,6 +40,7 @@
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
+#include "proc_counters.hpp"
 #include "random_model.hpp"
 
 namespace {
@@ -48,6 +48,8 @@ namespace {
 using namespace moe_residency;
 namespace mrl = moe_residency::llama_cpp;
 namespace mre = moe_residency::llama_cpp::examples;
+using mre::proc_read_bytes;
+using mre::thread_cpu_ms;
 
 using probe_session = session<predictor_set<stale_gate_predictor, prev_token_predictor,
                                             frequency_predictor, fresh_gate_control>>;
@@ -162,15 +164,6 @@ std::uint64_t threads_majflt(const std::vector<std::string>& tids) {
   return sum;
 }
 
-std::uint64_t proc_read_bytes() {
-  std::ifstream in("/proc/self/io");
-  std::string key;
-  std::uint64_t v = 0;
-  while (in >> key >> v)
-    if (key == "read_bytes:") return v;
-  return 0;
-}
-
 /// The block-I/O statistics file of this process's cgroup, or "" (none readable).
 std::string cgroup_io_file() {
   std::ifstream in("/proc/self/cgroup");
@@ -244,13 +237,6 @@ struct run_result {
 void fnv1a_bytes(std::uint64_t& h, const void* p, std::size_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-}
-
-/// CPU time of the calling thread, ms (CLOCK_THREAD_CPUTIME_ID: user + system).
-double thread_cpu_ms() {
-  timespec ts{};
-  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
-  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
 }
 
 /// The calling thread's CPU time as getrusage(RUSAGE_THREAD) splits it (Linux),
