@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "moe_residency/replay.hpp"
 #include "moe_residency/timing.hpp"
 #include "moe_residency/trace.hpp"
 
@@ -152,4 +153,18 @@ TEST_CASE("fuzz_token_metrics: an infinite value is refused") {
   CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,1e999\n", "m.csv"),
                        "m.csv: line 2, column wall_ms: '1e999'; expected a finite number >= 0", error);
   CHECK(parse_token_metrics("step,wall_ms\n1,1e300\n", "m.csv").wall_ms[0] == 1e300);
+}
+
+TEST_CASE("fuzz_cli_specs: a subnormal oracle P is named so that the name parses back to itself") {
+  // Found by fuzz_cli_specs: `oracle:001000004.9e-324` (P = 1.0000049e-318, a subnormal
+  // double) was named "oracle:1e-318" (%g), which parses to the subnormal nearest 1e-318,
+  // which %g prints as "9.99998e-319": the name was not a fixed point. A subnormal P is now
+  // named with 17 digits, which read back exactly; a normal P keeps %g's short name.
+  const replay_speculation s = parse_replay_speculation("oracle:001000004.9e-324");
+  REQUIRE(std::fpclassify(s.oracle_p) == FP_SUBNORMAL);
+  const std::string n = s.name();
+  CHECK(parse_replay_speculation(n).name() == n);
+  CHECK(parse_replay_speculation(n).oracle_p == s.oracle_p);
+  CHECK(parse_replay_speculation("oracle:0.886").name() == "oracle:0.886");
+  CHECK(parse_replay_speculation("oracle:0.1234567").name() == "oracle:0.123457");
 }

@@ -131,14 +131,19 @@ struct replay_speculation {
   std::size_t cap = speculation_planner::default_cap;
   std::size_t horizon = 1;  ///< 1: the next MoE layer; 2: the one after
 
-  /// "prev-token", "frequency", "oracle:0.886", "none" for people.
+  /// "prev-token", "frequency", "oracle:0.886", "none" for people; parses back
+  /// (parse_replay_speculation) to a speculation of the same name.
   std::string name() const {
     switch (source) {
       case speculation_source::none: return "none";
       case speculation_source::prev_token: return "prev-token";
       case speculation_source::frequency: return "frequency";
-      case speculation_source::oracle: return oracle_profile.empty() ? "oracle:" + detail::format_number(oracle_p)
-                                                                   : "oracle:profile";
+      case speculation_source::oracle:
+        if (!oracle_profile.empty()) return "oracle:profile";
+        // %g's six digits name a normal double that prints back the same; a
+        // subnormal P (below 2.2e-308) lacks the precision, so it is named exactly.
+        return "oracle:" + (std::fpclassify(oracle_p) == FP_SUBNORMAL ? detail::format_printf("%.17g", oracle_p)
+                                                                      : detail::format_number(oracle_p));
     }
     return "?";
   }
