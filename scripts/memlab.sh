@@ -22,6 +22,8 @@
 #                      (default: auto; quick and smoke: 25%, their limits being
 #                      too small for the auto margin)
 #   --run-timeout S    give up on one run after S seconds (default 1800; quick 600)
+#   --decode N         decode N tokens instead of the preset's (full 64, quick 16,
+#                      smoke 12): longer runs, to see whether a cell repeats better
 #   --csv-extended     append engine_majflt_per_token (major faults of llama.cpp's own
 #                      threads: getrusage also counts the manager's lanes populating
 #                      pages on purpose) and status to every CSV row
@@ -71,6 +73,7 @@ threads=1
 run_timeout=""
 budget=""
 extended=0
+decode_override=""
 plot=1
 disk=1
 die() { echo "memlab: $*" >&2; exit 2; }
@@ -87,10 +90,11 @@ while [[ $# -gt 0 ]]; do
     --threads) threads="${2:?--threads needs a number}"; shift ;;
     --budget) budget="${2:?--budget needs MiB, auto or a share like 40%}"; shift ;;
     --run-timeout) run_timeout="${2:?--run-timeout needs seconds}"; shift ;;
+    --decode) decode_override="${2:?--decode needs a number of tokens}"; shift ;;
     --csv-extended) extended=1 ;;
     --no-plot) plot=0 ;;
     --no-disk) disk=0 ;;
-    -h|--help) sed -n '2,48p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,59p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -109,6 +113,10 @@ case "$preset" in
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
          : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
 esac
+if [[ -n "$decode_override" ]]; then
+  [[ "$decode_override" =~ ^[1-9][0-9]*$ ]] || die "--decode: '$decode_override'; expected a whole number of decode tokens, at least 1"
+  decode=$decode_override
+fi
 for c in ${configs//,/ }; do
   case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident|resident-all) ;;
     *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident or resident-all" ;;
