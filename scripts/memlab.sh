@@ -28,7 +28,8 @@
 #                      threads: getrusage also counts the manager's lanes populating
 #                      pages on purpose) and status to every CSV row
 #   --no-plot          no gnuplot
-#   --no-disk          skip the disk bandwidth measurement
+#   --no-disk          skip the disk bandwidth measurements (before the runs, and
+#                      again after them: disk-lanes-after.csv)
 #
 # What it does: builds the tools once (build/memlab, Release, against the
 # llama.cpp of scripts/fetch-llama-cpp.sh --install); builds once and caches a
@@ -94,7 +95,7 @@ while [[ $# -gt 0 ]]; do
     --csv-extended) extended=1 ;;
     --no-plot) plot=0 ;;
     --no-disk) disk=0 ;;
-    -h|--help) sed -n '2,59p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -307,6 +308,18 @@ for ratio in ${ratios//,/ }; do
     run "$name" "$limit_bytes" $(config_args "$config" "$degrade" "$limit")
   done
 done
+
+# ---- the disk again -------------------------------------------------------------
+# The same measurement after the runs: whether the device still reads as it did
+# before them (a long fault-driven run reads tens of GiB; docs/wall-clock.md,
+# "Longer runs", saw it slow down within a cell). The model uses the curve
+# measured before (disk-lanes.csv); this one is for the reader. Other blocks
+# (--seed 2), so that no cache below the VM answers from the first measurement.
+if [[ $disk == 1 && -x "$lanes_tool" && -f "$out/disk-lanes.csv" ]]; then
+  "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" --seed 2 > "$out/disk-lanes-after.csv"
+  curve_of() { awk -F, 'NR > 1 { printf "%s%.0f", (n++ ? " / " : ""), $5 }' "$1"; }
+  log "disk, MiB/s at 1 / 2 / 4 / 8 readers: before the runs $(curve_of "$out/disk-lanes.csv"), after $(curve_of "$out/disk-lanes-after.csv") (disk-lanes-after.csv)"
+fi
 
 # ---- the table ----------------------------------------------------------------
 summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engine_majflt
