@@ -12,7 +12,7 @@
 #   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,
 #                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical)
 #   --configs LIST     comma list of mmap,observer,dense,exact,predicted,cache,all,degraded,
-#                      resident,resident-all
+#                      resident,resident-all,manager-exact,manager-cache
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
 #   --threads N        llama.cpp threads (default 1: on a loaded 2-core machine
@@ -58,6 +58,10 @@
 #   resident  plain llama.cpp, no limit, page cache warm: the upper bound
 #   resident-all  all parts on (auto budget), no limit, page cache warm: when the
 #             model fits, the manager must cost no more than noise against `resident`
+#   manager-exact  exact acting although the model fits (--residency-when-fits act), no
+#             limit, page cache warm: what the manager costs a token when every expert it
+#             requests is resident (scripts/memlab-predict.sh gives it to the timing model)
+#   manager-cache  the same for the pinned cache alone (the budget of the first ratio)
 # Each of dense..cache is that part alone on top of the observer; `all` is them together.
 set -euo pipefail
 
@@ -106,10 +110,10 @@ done
 # multiples of 256.
 case "$preset" in
   full)  spec=(--layers 16 --experts 128 --k 8 --embd 2048 --expert-ff 768); tokens=32; decode=64
-         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all}"
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all,manager-exact,manager-cache}"
          : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   quick) spec=(--layers 12 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=16
-         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all}"
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all,manager-exact,manager-cache}"
          : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
          : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
@@ -119,8 +123,8 @@ if [[ -n "$decode_override" ]]; then
   decode=$decode_override
 fi
 for c in ${configs//,/ }; do
-  case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident|resident-all) ;;
-    *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident or resident-all" ;;
+  case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident|resident-all|manager-exact|manager-cache) ;;
+    *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident, resident-all, manager-exact or manager-cache" ;;
   esac
 done
 
@@ -189,6 +193,8 @@ fi
 lanes_tool="$(dirname "$probe")/moe-disk-lanes"
 has_residency=0
 "$probe" --help 2>/dev/null | grep -q -- '--residency' && has_residency=1
+has_when_fits=0
+"$probe" --help 2>/dev/null | grep -q -- '--residency-when-fits' && has_when_fits=1
 has_metrics=0
 "$probe" --help 2>/dev/null | grep -q -- '--metrics-csv' && has_metrics=1
 
@@ -288,13 +294,23 @@ for ratio in ${ratios//,/ }; do
       degrade=$(awk -v a="$acc" 'BEGIN{p = 1 - 88.6 / a; if (p < 0) p = 0; printf "%.4f", p}')
       log "$name: stale-gate measured $acc% of slots; --degrade $degrade"
     fi
-    if [[ $config == resident || $config == resident-all ]]; then
+    if [[ $config == manager-* && $has_when_fits == 0 ]]; then
+      log "$name: skipped — this moe-llama-probe has no --residency-when-fits (a manager that acts on a model that fits)"
+      continue
+    fi
+    if [[ $config == resident || $config == resident-all || $config == manager-* ]]; then
       # One run per configuration, not per ratio (no limit); its row repeats under each ratio.
       if [[ " $resident_done " != *" $config "* ]]; then
         log "$config: no limit, page cache warm"
         cat "$model" > /dev/null
-        if [[ $config == resident ]]; then run "$config" none --no-observer
-        else run "$config" none --residency all --residency-budget auto; fi
+        case "$config" in
+          resident) run "$config" none --no-observer ;;
+          resident-all) run "$config" none --residency all --residency-budget auto ;;
+          # The manager acting with every expert resident: its own cost per token.
+          # config_args gives the first ratio's budget (this is the first ratio).
+          # shellcheck disable=SC2046
+          manager-*) run "$config" none $(config_args "${config#manager-}" 0 "$limit") --residency-when-fits act ;;
+        esac
         resident_done+=" $config"
       fi
       for ext in csv log peak status metrics.csv route.csv; do
@@ -358,7 +374,7 @@ for ratio in ${ratios//,/ }; do
     f="$out/r$ratio-$config.csv"
     status="$(cat "$out/r$ratio-$config.status" 2>/dev/null || true)"
     [[ -n "$status" ]] || continue  # not run (skipped)
-    lim=$([[ $config == resident* ]] && echo none || echo "$limit")
+    lim=$([[ $config == resident* || $config == manager-* ]] && echo none || echo "$limit")
     peak="$(cat "$out/r$ratio-$config.peak" 2>/dev/null || echo -)"
     if [[ "$status" != ok || ! -f "$f" ]]; then
       # A run that did not finish: a row saying so, no figures.

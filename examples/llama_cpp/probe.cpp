@@ -70,6 +70,7 @@ struct probe_args {
   std::size_t spec_cap = 2;
   double degrade = 0.0;
   bool no_hit_measure = false;
+  std::string when_fits = "stand-down";  // act: manage a model that fits (the manager's own cost, no reads)
   std::string prompt;
   std::size_t tokens = 32;  // prompt tokens when no --prompt
   std::size_t decode = 64;
@@ -462,6 +463,9 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
   o.degrade = a.degrade;
   o.seed = a.seed;
   o.measure = !a.no_hit_measure;  // the page cache's hit rate at routing: the per-token hit_pct
+  if (a.when_fits == "act") o.fits = mrl::when_fits::act;
+  else if (a.when_fits == "stand-down") o.fits = mrl::when_fits::stand_down;
+  else throw error("--residency-when-fits: '" + a.when_fits + "'; expected stand-down or act");
   o.validate();
   return any;
 }
@@ -738,6 +742,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-hit-measure", a.no_hit_measure,
                "Residency: no mincore of the routed experts at each routing (hit_pct stays empty)");
+  app.add_option("--residency-when-fits", a.when_fits,
+                 "Residency: stand-down (nothing advised when the model fits the memory limit) or act "
+                 "(manage it anyway: what the manager costs a token when every routed expert is resident)")
+      ->capture_default_str();
   app.add_option("--per-token-csv", a.per_token_csv,
                  "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
                  "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");

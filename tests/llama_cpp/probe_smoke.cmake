@@ -101,3 +101,30 @@ foreach(arch qwen3moe deepseek2 gpt-oss)
     message(STATUS "${arch} ${router}: ok ${expected}")
   endforeach()
 endforeach()
+
+# --residency-when-fits: the manager stands down on a model that fits, unless
+# told to act (memlab's manager-exact and manager-cache runs); a bad value is
+# refused naming it.
+set(gguf "${WORK}/qwen3moe-f32.gguf")
+foreach(mode stand-down act)
+  execute_process(
+    COMMAND "${PROBE}" --model "${gguf}" --tokens 8 --decode 4 --threads 1 --residency exact
+            --residency-when-fits ${mode}
+    WORKING_DIRECTORY "${WORK}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "--residency-when-fits ${mode}: moe-llama-probe exited with ${rc}\n${out}\n${err}")
+  endif()
+  if(mode STREQUAL "act")
+    if(NOT "${out}${err}" MATCHES "residency: exact [1-9][0-9]* reads")
+      message(FATAL_ERROR "--residency-when-fits act: the manager did not read\n${out}\n${err}")
+    endif()
+  elseif(NOT "${out}${err}" MATCHES "residency: standing down")
+    message(FATAL_ERROR "--residency-when-fits stand-down: the manager did not stand down\n${out}\n${err}")
+  endif()
+endforeach()
+execute_process(COMMAND "${PROBE}" --model "${gguf}" --decode 1 --residency exact --residency-when-fits sometimes
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT "${err}" MATCHES "--residency-when-fits: 'sometimes'; expected stand-down or act")
+  message(FATAL_ERROR "--residency-when-fits sometimes: not refused as expected (exit ${rc})\n${out}\n${err}")
+endif()
+message(STATUS "--residency-when-fits: stands down by default, acts when told, refuses 'sometimes'")
