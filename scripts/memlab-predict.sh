@@ -36,12 +36,18 @@
 #                      and spread ((max - min) / mean), and the prediction's error against the mean;
 #                      then how many cells are within 15% of their mean, and how many within their
 #                      own spread: a prediction cannot be judged closer than the lab repeats
+#   --no-manager-cost  leave the manager's own cost out. By default, when the calibration run has
+#                      memlab's resident-all, manager-exact and manager-cache runs (no limit, every
+#                      expert resident), lab-predict gets them (--manager-runs): the manager's cost
+#                      per requested expert and per pin, measured before any limited cell, as the
+#                      disk curve is
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
 dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run="" repeats=""
+manager=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -55,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --sweep) sweep=1 ;;
     --fit-run) fit_run="${2:?--fit-run needs a run directory}"; shift ;;
     --repeats) repeats="${2:?--repeats needs a comma list of run directories}"; shift ;;
+    --no-manager-cost) manager=0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
     *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
@@ -98,6 +105,18 @@ if [[ -z "$readaround" ]]; then
   readaround=$(awk -v k="$ra" 'BEGIN{printf "%g", 2 * k / 1024}')  # llama.cpp's FADV_SEQUENTIAL doubles it
 fi
 
+# The manager's own cost (runs without a limit, every expert resident), from the calibration run.
+mgr=()
+if [[ $manager == 1 ]]; then
+  ok_run() { [[ "$(cat "$src/$1.status" 2>/dev/null)" == ok && -f "$src/$1.metrics.csv" ]]; }
+  if ok_run resident-all && ok_run manager-exact && ok_run manager-cache; then
+    mb="$(sed -n 's/^residency: .*cache [a-z]* \([0-9.]*\) MiB.*/\1/p' "$src/manager-cache.log" | head -1)"
+    [[ -n "$mb" ]] || die "$src/manager-cache.log: no 'cache <policy> N MiB' in its residency line (did it act?)"
+    mgr=(--manager-runs "$src/resident-all.metrics.csv,$src/manager-exact.metrics.csv,$src/manager-cache.metrics.csv"
+         --manager-budget "$mb")
+  fi
+fi
+
 fit_ratio="${fit#*@}"
 if [[ -z "$trace" ]]; then
   for t in "$src/r${fit_ratio}-${fit%@*}.route.csv" "$src/r${fit_ratio}-observer.route.csv" "$src"/r*-observer.route.csv; do
@@ -137,7 +156,7 @@ if [[ $sweep == 1 ]]; then
     [[ -n "$m" ]] || continue
     f="$c@$r"
     errs="$("$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$f" \
-      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} |
+      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} "${mgr[@]}" |
       awk -F, 'NR > 1 && $10 == "no" && $7 != "-" { print ($6 < 0 ? -$6 : $6) }' | sort -g)"
     n=$(grep -c . <<< "$errs" || true)
     y=$(awk '$1 <= 15' <<< "$errs" | grep -c . || true)
@@ -146,10 +165,10 @@ if [[ $sweep == 1 ]]; then
   done
   exit 0
 fi
-echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround${fit_run:+ (calibrated on $fit_run, predicting $dir)}" >&2
+echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround ${mgr[*]}${fit_run:+ (calibrated on $fit_run, predicting $dir)}" >&2
 predict() {
   "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
-    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"}
+    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"} "${mgr[@]}"
 }
 if [[ -z "$repeats" ]]; then
   predict "$format"

@@ -102,6 +102,39 @@ TEST_CASE("the read CPU per MiB: paid for demanded and speculative MiB, never hi
                        doctest::Contains("read_cpu_ms_per_mib = -1; expected a finite value >= 0"), error);
 }
 
+TEST_CASE("the manager's own cost: per requested expert and per pinned-cache miss, resident or not") {
+  const model_shape shape("one", 16, 4, {2 * mib});
+  timing_params p;
+  p.lanes = 1;
+  p.curve = storage_curve({{1, 1000.0}});
+  p.compute_ms_per_token = 1.0;
+  p.expert_compute_share = 0.0;
+  p.overlap = 1.0;
+  p.mgmt_ms_per_request = 0.125;
+  p.mgmt_ms_per_pin = 0.5;
+  // No read at all (every expert resident): 8 requests × 0.125 + 3 pins × 0.5
+  // = 2.5 ms of management on top of the 1 ms of compute, never hidden.
+  load_event e = load(0, 0, 0, 2 * mib);
+  e.requested = 8;
+  e.pinned = 3;
+  auto ts = simulate_timing(shape, p, {e});
+  REQUIRE(ts.size() == 1);
+  CHECK(ts[0].stall_ms == 0);
+  CHECK(ts[0].mgmt_ms == doctest::Approx(2.5));
+  CHECK(ts[0].wall_ms == doctest::Approx(3.5));
+  // A replay's loads leave both counts 0: the parameters then cost nothing.
+  ts = simulate_timing(shape, p, {load(0, 0, 0, 2 * mib)});
+  CHECK(ts[0].wall_ms == doctest::Approx(1.0));
+  // The config file carries them, and refuses a negative one naming it.
+  const timing_params q = parse_timing_config(format_timing_config(p), "nu.cfg");
+  CHECK(q.mgmt_ms_per_request == doctest::Approx(0.125));
+  CHECK(q.mgmt_ms_per_pin == doctest::Approx(0.5));
+  CHECK_THROWS_WITH_AS(parse_timing_config("mgmt_ms_per_pin = -0.5\n", "neg.cfg"),
+                       doctest::Contains("mgmt_ms_per_pin = -0.5; expected a finite value >= 0"), error);
+  CHECK_THROWS_WITH_AS(parse_timing_config("mgmt_ms_per_request = nan\n", "nan.cfg"),
+                       doctest::Contains("mgmt_ms_per_request = nan; expected a finite value >= 0"), error);
+}
+
 TEST_CASE("two lanes on a curve: waves at the curve's bandwidth, interpolated between points") {
   timing_params p;
   p.lanes = 2;

@@ -13,6 +13,7 @@
 #include "moe_residency/timing/calibrate.hpp"
 #include "moe_residency/timing/lab.hpp"
 #include "moe_residency/timing/lab_calibrate.hpp"
+#include "moe_residency/timing/lab_manager.hpp"
 
 using namespace moe_residency;
 
@@ -525,4 +526,152 @@ TEST_CASE("with the eval thread's user and kernel time, the lab's calibration pi
   CHECK_THROWS_WITH_AS(calibrate_lab(t, lab_config::exact, s, old, start,
                                      static_cast<unsigned>(timing_param::read_cpu_ms_per_mib)),
                        doctest::Contains("needs the metrics' sys_ms"), error);
+}
+
+namespace {
+
+/// One layer of 8 experts, k = 2; the prompt routes {0, 1}; four decode
+/// tokens {0, 1}, {1, 2}, {0, 1}, {3, 4}.
+route_trace manager_trace() { return toy_trace(1, 8, 2, {0}, {{{0, 1}}, {{1, 2}}, {{0, 1}}, {{3, 4}}}); }
+
+lab_setup manager_setup() {
+  lab_setup s;
+  s.limit_mib = 1;
+  s.dense_mib = page / 1048576.0;
+  s.overhead_mib = 0;
+  s.budget_mib = 2 * 3 * page / 1048576.0;  // the pinned cache holds two experts
+  return s;
+}
+
+token_metrics flat_metrics(std::size_t n, double wall, double sys) {
+  token_metrics m;
+  m.wall_ms.assign(n, wall);
+  m.sys_ms.assign(n, sys);
+  m.cpu_ms.assign(n, wall);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the manager's counts: exact requests every routed expert, the pinned cache counts its decode misses") {
+  const route_trace t = manager_trace();
+  lab_setup s = manager_setup();
+  CHECK(map_lab_config(lab_config::exact, s).requests_routed);
+  CHECK(map_lab_config(lab_config::exact, s).pinned_mib == 0);
+  for (lab_config c : {lab_config::cache, lab_config::all, lab_config::degraded}) {
+    CHECK_FALSE(map_lab_config(c, s).requests_routed);
+    CHECK(map_lab_config(c, s).pinned_mib == doctest::Approx(s.budget_mib));
+  }
+  // An LRU of two experts over the decode batches only, by hand: {0,1} two
+  // misses; {1,2} one (2; 0 evicted); {0,1} one (0; 2 evicted, 1 being in the
+  // batch); {3,4} two. Had the prompt's {0, 1} warmed it, the first would hit.
+  s.request_ms = 0.25;
+  s.pin_ms = 1.5;
+  timing_params p;
+  p.curve = storage_curve::parse_list("1:1000");
+  p.compute_ms_per_token = 10;
+  p.overlap = 0;
+  const lab_prediction cache = predict_lab(t, lab_config::cache, s, p);
+  REQUIRE(cache.loads.size() == 4);
+  const std::vector<std::uint16_t> pins{2, 1, 1, 2};
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(cache.loads[i].pinned == pins[i]);
+    CHECK(cache.loads[i].requested == 0);
+  }
+  const lab_prediction exact = predict_lab(t, lab_config::exact, s, p);
+  for (const load_event& e : exact.loads) {
+    CHECK(e.requested == 2);
+    CHECK(e.pinned == 0);
+  }
+  // Each costs its measured price in the token's wall, on top of the same
+  // prediction without it.
+  lab_setup none = s;
+  none.request_ms = none.pin_ms = 0;
+  const lab_prediction cache0 = predict_lab(t, lab_config::cache, none, p);
+  const lab_prediction exact0 = predict_lab(t, lab_config::exact, none, p);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(cache.tokens[i].wall_ms - cache0.tokens[i].wall_ms == doctest::Approx(1.5 * pins[i]));
+    CHECK(exact.tokens[i].wall_ms - exact0.tokens[i].wall_ms == doctest::Approx(0.25 * 2));
+  }
+  // The fault-driven and resident cells request nothing of the manager.
+  for (lab_config c : {lab_config::mmap, lab_config::dense, lab_config::resident}) {
+    lab_setup f = s;
+    if (c == lab_config::resident) f.limit_mib = 0;
+    for (const load_event& e : predict_lab(t, c, f, p).loads) {
+      CHECK(e.requested == 0);
+      CHECK(e.pinned == 0);
+    }
+  }
+}
+
+TEST_CASE("the manager's cost measured with every expert resident: per request and per pin, by hand") {
+  const route_trace t = manager_trace();
+  const double budget = manager_setup().budget_mib;
+  // Requests per token 2 (k = 2, one layer); pins 6 over 4 tokens (above).
+  const token_metrics base = flat_metrics(4, 20, 0.5);
+  lab_manager_cost c = measure_manager_cost(t, base, flat_metrics(4, 21, 0.75), flat_metrics(4, 23, 1.25), budget);
+  CHECK(c.requests_per_token == doctest::Approx(2));
+  CHECK(c.pins_per_token == doctest::Approx(1.5));
+  CHECK(c.exact_extra_ms == doctest::Approx(1));
+  CHECK(c.request_ms == doctest::Approx(0.5));
+  CHECK(c.request_sys_ms == doctest::Approx(0.125));
+  CHECK(c.pin_ms == doctest::Approx(2));
+  CHECK(c.pin_sys_ms == doctest::Approx(0.5));
+  // A manager run no slower than the baseline costs nothing; the kernel part never exceeds the whole.
+  c = measure_manager_cost(t, base, flat_metrics(4, 19, 0.5), flat_metrics(4, 20.5, 3), budget);
+  CHECK(c.request_ms == 0);
+  CHECK(c.request_sys_ms == 0);
+  CHECK(c.pin_ms == doctest::Approx(1.0 / 3));
+  CHECK(c.pin_sys_ms == doctest::Approx(1.0 / 3));
+  CHECK_THROWS_WITH_AS(measure_manager_cost(t, token_metrics{}, base, base, budget),
+                       doctest::Contains("the resident-all run has no decode token"), error);
+}
+
+TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins compute, kernel CPU per MiB and bandwidth") {
+  // Metrics made by the model with ν_q = 0.2 ms per request, of which 0.05 in
+  // the kernel: the eval thread's sys_ms is κ × MiB + 0.05 × requests. The
+  // fit must add the 0.15 off the CPU to its kernel-time target; without
+  // that, κ would absorb it.
+  const route_trace t = drift_trace();
+  lab_setup s = drift_setup();
+  s.request_ms = 0.2;
+  s.request_sys_ms = 0.05;
+  timing_params truth;
+  truth.curve = storage_curve::parse_list("1:250");
+  truth.lanes = 2;
+  truth.compute_ms_per_token = 30;
+  truth.bandwidth_scale = 1.5;
+  truth.read_cpu_ms_per_mib = 0.4;
+  truth.overlap = 0;
+  const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
+  std::vector<double> requested(p.tokens.size(), 0);
+  for (const load_event& e : p.loads) requested[e.token] += e.requested;
+  REQUIRE(requested[0] > 0);
+  token_metrics m;
+  for (std::size_t i = 0; i < p.tokens.size(); ++i) {
+    const token_timing& x = p.tokens[i];
+    const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
+    m.wall_ms.push_back(x.wall_ms);
+    m.stall_ms.push_back(x.wall_ms - x.compute_ms - sys);
+    m.mgmt_ms.push_back(std::nan(""));
+    m.compute_ms.push_back(x.compute_ms + sys);
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(std::nan(""));
+    m.cpu_ms.push_back(x.compute_ms + sys);
+    m.sys_ms.push_back(sys);
+  }
+  timing_params start;
+  start.curve = truth.curve;
+  start.lanes = 2;
+  start.overlap = 0;
+  const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start);
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(c.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(c.params.read_cpu_ms_per_mib == doctest::Approx(0.4).epsilon(1e-3));
+  CHECK(c.params.mgmt_ms_per_request == doctest::Approx(0.2));
+  // The same metrics read as if the whole request cost were kernel time: κ moves.
+  lab_setup all_sys = s;
+  all_sys.request_sys_ms = s.request_ms;
+  const calibration_result w = calibrate_lab(t, lab_config::exact, all_sys, m, start);
+  CHECK(std::abs(w.params.read_cpu_ms_per_mib - 0.4) > 1e-2);
 }

@@ -18,6 +18,7 @@
 #include "moe_residency/timing/calibrate.hpp"
 #include "moe_residency/timing/lab.hpp"
 #include "moe_residency/timing/lab_calibrate.hpp"
+#include "moe_residency/timing/lab_manager.hpp"
 #include "moe_residency/timing/lab_cells.hpp"
 
 namespace {
@@ -30,6 +31,8 @@ struct lab_args {
   std::size_t lanes = 2, spec_cap = 2;
   std::string free = "compute,bandwidth,kernel";
   double overlap = 0;
+  std::string manager_runs;   // BASELINE,EXACT,CACHE metrics (memlab's resident-all, manager-exact, manager-cache)
+  double manager_budget = 0;  // the manager-cache run's budget, MiB
 };
 
 struct cell {
@@ -73,6 +76,32 @@ void run(const lab_args& a) {
   std::vector<cell> cells = read_cells(a.cells, a);
   for (cell& c : cells) c.setup.dense_mib = dense;
 
+  // The manager's own cost, measured with every expert resident (timing/lab.hpp).
+  lab_manager_cost mc;
+  const bool have_mc = !a.manager_runs.empty();
+  if (have_mc) {
+    std::vector<std::string> f;
+    std::stringstream ml(a.manager_runs);
+    for (std::string x; std::getline(ml, x, ',');) f.push_back(x);
+    if (f.size() != 3 || f[0].empty() || f[1].empty() || f[2].empty())
+      throw error("--manager-runs: '" + a.manager_runs +
+                  "'; expected three metrics files BASELINE,EXACT,CACHE (memlab's resident-all, manager-exact and "
+                  "manager-cache runs)");
+    if (!(a.manager_budget > 0) || !std::isfinite(a.manager_budget))
+      throw error("--manager-budget: " + std::to_string(a.manager_budget) +
+                  "; expected the manager-cache run's budget in MiB (> 0) with --manager-runs");
+    const auto metrics = [](const std::string& path) {
+      return parse_token_metrics(moe_residency_cli::read_whole_file(path, "--manager-runs"), path);
+    };
+    mc = measure_manager_cost(trace, metrics(f[0]), metrics(f[1]), metrics(f[2]), a.manager_budget);
+    for (cell& c : cells) {
+      c.setup.request_ms = mc.request_ms;
+      c.setup.request_sys_ms = mc.request_sys_ms;
+      c.setup.pin_ms = mc.pin_ms;
+      c.setup.pin_sys_ms = mc.pin_sys_ms;
+    }
+  }
+
   timing_params start;
   start.curve = storage_curve::parse_list(a.curve);
   start.lanes = a.lanes;
@@ -114,6 +143,15 @@ void run(const lab_args& a) {
     std::snprintf(buf, sizeof buf, "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (from the trace)\n",
                   a.overhead_mib, a.readaround_mib, dense);
     std::cout << buf;
+    if (have_mc) {
+      std::snprintf(buf, sizeof buf,
+                    "the manager's own cost, every expert resident: exact +%.1f ms/token over %.1f requests "
+                    "(%.3f ms each, %.3f in the kernel), cache +%.1f ms/token over %.1f pins at %.0f MiB (%.3f ms each, "
+                    "%.3f in the kernel)\n",
+                    mc.exact_extra_ms, mc.requests_per_token, mc.request_ms, mc.request_sys_ms, mc.cache_extra_ms,
+                    mc.pins_per_token, a.manager_budget, mc.pin_ms, mc.pin_sys_ms);
+      std::cout << buf;
+    }
     std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9s %9s %8s %4s %10s %10s\n", "ratio", "config", "model",
                   "meas_tok/s", "pred_tok/s", "err%", "<=15", "pred_MiB/t", "meas_MiB/t");
     std::cout << buf;
@@ -167,6 +205,11 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--overlap", a->overlap,
                      "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")
           ->capture_default_str();
+      sub.add_option("--manager-runs", a->manager_runs,
+                     "BASELINE,EXACT,CACHE: metrics of runs without a limit, page cache warm (memlab's resident-all, "
+                     "manager-exact, manager-cache): the manager's own cost per requested expert and per pin, "
+                     "equation (6)'s ν_q and ν_p (default: none, both 0)");
+      sub.add_option("--manager-budget", a->manager_budget, "the manager-cache run's cache budget, MiB");
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.callback([a] { run(*a); });
     }};

@@ -28,14 +28,20 @@
 ///   (5) stall        s_l   = max(0, q_l + T_l − ω × c_l)
 ///                    ω = overlap: the share of the layer's compute the demanded reads hide
 ///                    behind (the engine computes resident experts while misses load).
-///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + I_l)
+///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + I_l) + ν_q × a_l + ν_p × p_l
 ///                    μ_r = mgmt_ms_per_read, i_l = speculative reads made resident at this
 ///                    load, μ_e = mgmt_ms_per_eviction, v_l = evictions at this load,
 ///                    κ = read_cpu_ms_per_mib (the engine thread's CPU per MiB read: the
 ///                    kernel's page-cache work when reads go through it; 0 on the phone),
 ///                    D_l = the demanded reads' MiB, I_l = the MiB the i_l reads read
 ///                    (i_l × b in a replay; the pages a read found missing in the lab's
-///                    fault model).
+///                    fault model);
+///                    ν_q = mgmt_ms_per_request, a_l = experts the engine's manager requests
+///                    at this load whether resident or not (the lab's `exact` requests
+///                    every routed expert, and each speculative read is one request);
+///                    ν_p = mgmt_ms_per_pin, p_l = misses of a pinned cache the manager keeps
+///                    inside the page cache (a lock, and its eviction's unlock) — both 0 in a
+///                    replay, set by timing/lab.hpp, and measured with every expert resident.
 ///   (7) speculation  reads planned after layer l's demanded load start at
 ///                    t_l + q_l + T_l (the device is then free) and run in waves of up
 ///                    to n reads, each wave per (2), back to back, competing for the same
@@ -211,6 +217,8 @@ struct timing_params {
   double mgmt_ms_per_read = 0.0;      ///< μ_r: cache management per expert made resident
   double mgmt_ms_per_eviction = 0.0;  ///< μ_e: cache management per eviction
   double read_cpu_ms_per_mib = 0.0;   ///< κ: the engine thread's CPU per MiB read (page-cache work), serial
+  double mgmt_ms_per_request = 0.0;   ///< ν_q: the manager's cost per expert it requests, resident or not
+  double mgmt_ms_per_pin = 0.0;       ///< ν_p: the manager's cost per pinned-cache miss (lock and eviction)
 
   /// Throws `error` naming the field and value when one is out of range.
   void validate() const {
@@ -232,6 +240,9 @@ struct timing_params {
       bad("mgmt_ms_per_eviction", mgmt_ms_per_eviction, "a finite value >= 0");
     if (!(read_cpu_ms_per_mib >= 0) || !std::isfinite(read_cpu_ms_per_mib))
       bad("read_cpu_ms_per_mib", read_cpu_ms_per_mib, "a finite value >= 0");
+    if (!(mgmt_ms_per_request >= 0) || !std::isfinite(mgmt_ms_per_request))
+      bad("mgmt_ms_per_request", mgmt_ms_per_request, "a finite value >= 0");
+    if (!(mgmt_ms_per_pin >= 0) || !std::isfinite(mgmt_ms_per_pin)) bad("mgmt_ms_per_pin", mgmt_ms_per_pin, "a finite value >= 0");
   }
 
   /// Duration of one wave of m concurrent reads of `bytes` each, equation (2).
@@ -259,7 +270,8 @@ struct timing_params {
 /// Parses `key = value` lines ('#' comments): lanes, curve (lanes:MiB/s
 /// list), curve_file (a CSV like flash-lanes.csv, relative to the working
 /// directory), read_latency_ms, compute_ms_per_token, expert_compute_share,
-/// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib. Unlisted keys keep
+/// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib,
+/// mgmt_ms_per_request, mgmt_ms_per_pin. Unlisted keys keep
 /// `defaults`. Throws `error` naming the line on an unknown key or bad value.
 inline timing_params parse_timing_config(const std::string& text, const std::string& source,
                                          timing_params defaults = {}) {
@@ -315,10 +327,15 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.mgmt_ms_per_eviction = number();
       } else if (key == "read_cpu_ms_per_mib") {
         p.read_cpu_ms_per_mib = number();
+      } else if (key == "mgmt_ms_per_request") {
+        p.mgmt_ms_per_request = number();
+      } else if (key == "mgmt_ms_per_pin") {
+        p.mgmt_ms_per_pin = number();
       } else {
         throw error("unknown key '" + key +
                     "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, compute_ms_per_token, "
-                    "expert_compute_share, overlap, mgmt_ms_per_read, mgmt_ms_per_eviction or read_cpu_ms_per_mib");
+                    "expert_compute_share, overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib, "
+                    "mgmt_ms_per_request or mgmt_ms_per_pin");
       }
     } catch (const error& e) {
       const std::string m = e.what();
@@ -340,9 +357,10 @@ inline std::string format_timing_config(const timing_params& p) {
   std::snprintf(buf, sizeof buf,
                 "read_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
                 "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n"
-                "read_cpu_ms_per_mib = %.6g\n",
+                "read_cpu_ms_per_mib = %.6g\nmgmt_ms_per_request = %.6g\nmgmt_ms_per_pin = %.6g\n",
                 p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token, p.expert_compute_share, p.overlap,
-                p.mgmt_ms_per_read, p.mgmt_ms_per_eviction, p.read_cpu_ms_per_mib);
+                p.mgmt_ms_per_read, p.mgmt_ms_per_eviction, p.read_cpu_ms_per_mib, p.mgmt_ms_per_request,
+                p.mgmt_ms_per_pin);
   return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf;
 }
 
@@ -383,7 +401,9 @@ class timing_simulator {
     const double stall = std::max(0.0, wait + demanded - p.overlap * c);
     const double mgmt = p.mgmt_ms_per_read * static_cast<double>(e.misses + e.speculative_inserted) +
                         p.mgmt_ms_per_eviction * static_cast<double>(e.evictions) +
-                        p.read_cpu_ms_per_mib * (to_mib(e.demanded_bytes) + to_mib(e.speculative_inserted_bytes));
+                        p.read_cpu_ms_per_mib * (to_mib(e.demanded_bytes) + to_mib(e.speculative_inserted_bytes)) +
+                        p.mgmt_ms_per_request * static_cast<double>(e.requested) +
+                        p.mgmt_ms_per_pin * static_cast<double>(e.pinned);
     const double layer = c + mgmt + stall;
     t.compute_ms += c;
     t.stall_ms += stall;

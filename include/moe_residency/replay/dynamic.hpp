@@ -189,6 +189,12 @@ struct load_event {
   std::uint16_t speculative_cancelled = 0;  ///< of those, cancelled by the observer's admit()
   std::uint64_t speculative_bytes = 0;      ///< bytes of the issued reads that were not cancelled
   std::uint64_t expert_bytes = 0;           ///< bytes of one expert of this layer
+  /// Set by a timing model of an engine, not by the replay (0 here): experts
+  /// the engine's manager requests at this load whether resident or not (its
+  /// advice calls and lane hand-off), and misses of a pinned cache it keeps
+  /// inside the page cache (a lock, and the eviction's unlock). timing/lab.hpp.
+  std::uint16_t requested = 0;
+  std::uint16_t pinned = 0;
 };
 
 /// Hooks a timing model plugs into a dynamic replay (called on its thread).

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "moe_residency/cache.hpp"
 #include "moe_residency/plan.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/timing.hpp"
@@ -67,6 +68,13 @@ struct lab_setup {
   std::size_t lanes = 2;        ///< the manager's read lanes (--lanes)
   std::size_t spec_cap = 2;     ///< predicted reads per layer at most (--spec-cap)
   double readaround_mib = 16;   ///< a fault's read-around window (read_ahead_kb × 2 under FADV_SEQUENTIAL)
+  /// The manager's own cost with every expert resident (memlab's manager-exact
+  /// and manager-cache runs against resident-all; measure_manager_cost): ν_q and ν_p of
+  /// equation (6), ms of wall per requested expert and per pinned-cache miss,
+  /// and the part of each in the eval thread's kernel time (for calibrate_lab;
+  /// timing/lab_manager.hpp measures them).
+  double request_ms = 0, request_sys_ms = 0;
+  double pin_ms = 0, pin_sys_ms = 0;
 };
 
 /// How a configuration is modelled.
@@ -88,6 +96,10 @@ struct lab_mapping {
   bool dense_pinned = false;  ///< faults: the dense pages are locked, outside the page cache's lists
   std::size_t lanes = 1;      ///< concurrent demanded reads
   replay_speculation speculation;  ///< predicted reads
+  /// lanes: the manager requests every routed expert at each load (exact
+  /// without the pinned cache), or only the pinned cache's misses.
+  bool requests_routed = false;
+  double pinned_mib = 0;  ///< lanes: the pinned cache's budget (0: none)
 };
 
 /// The mapping of docs/wall-clock.md ("Against this machine"). Throws `error`
@@ -133,6 +145,10 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       m.cache_mib = s.limit_mib - s.dense_mib - s.overhead_mib;
       // cache alone reads its misses inline on the eval thread: one lane.
       m.lanes = c == lab_config::cache ? 1 : s.lanes;
+      // exact alone requests every routed expert (WILLNEED, then POPULATE_READ
+      // on a lane); with the pinned cache, only the cache's misses (locked).
+      m.requests_routed = c == lab_config::exact;
+      m.pinned_mib = c == lab_config::exact ? 0.0 : s.budget_mib;
       if (c == lab_config::all || c == lab_config::degraded) {
         m.speculation.source = speculation_source::oracle;
         m.speculation.oracle_p = std::min(1.0, (c == lab_config::all ? s.stale_gate_pct : s.degraded_pct) / 100.0);
@@ -294,6 +310,60 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
   return out;
 }
 
+/// The pinned cache's misses at each decode load, as the manager's cache sees
+/// them: an LRU of `budget_mib` over the decode batches only (the manager
+/// neither pins nor looks up a prompt batch), unique routed experts in
+/// routing order; keyed (decode token, layer) like load_event. Every miss is
+/// a lock (and, the cache being full, an eviction's unlock).
+namespace detail {
+inline std::vector<std::pair<std::pair<std::uint32_t, std::uint16_t>, std::uint16_t>> pinned_by_load(
+    const route_trace& trace, double budget_mib) {
+  const model_shape shape = trace.shape();
+  cache_options o;
+  o.budget_bytes = static_cast<std::uint64_t>(budget_mib * 1048576.0);
+  o.guard = cycle_guard::off;
+  expert_cache<lru_policy> cache(shape, std::move(o));
+  const load_batches lb = group_load_batches(trace);
+  // (token, layer) -> misses, in the decode batches' order.
+  std::vector<std::pair<std::pair<std::uint32_t, std::uint16_t>, std::uint16_t>> by_load;
+  std::uint32_t token = 0, last_step = 0;
+  bool any = false;
+  for (const load_batch& b : lb.batches) {
+    if (b.phase != run_phase::decode) continue;
+    if (any && b.step != last_step) ++token;
+    any = true;
+    last_step = b.step;
+    if (!cache.begin_batch(run_phase::decode, b.layer)) continue;
+    std::uint16_t misses = 0;
+    for (expert_id e : lb.experts_of(b)) misses += cache.lookup(e) == lookup_result::miss;
+    cache.end_batch();
+    by_load.push_back({{token, static_cast<std::uint16_t>(to_index(b.layer))}, misses});
+  }
+  return by_load;
+}
+}  // namespace detail
+
+inline std::vector<std::uint16_t> pinned_misses(const route_trace& trace, double budget_mib,
+                                                const std::vector<load_event>& loads) {
+  const auto by_load = detail::pinned_by_load(trace, budget_mib);
+  std::vector<std::uint16_t> out(loads.size(), 0);
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < loads.size(); ++i) {
+    const std::pair<std::uint32_t, std::uint16_t> key{loads[i].token, static_cast<std::uint16_t>(to_index(loads[i].layer))};
+    while (j < by_load.size() && by_load[j].first < key) ++j;  // both in execution order
+    if (j < by_load.size() && by_load[j].first == key) out[i] = by_load[j].second;
+  }
+  return out;
+}
+
+/// The manager's counts of equation (6) on a lanes cell's loads: `requested`
+/// (every routed expert with `exact` alone, plus each speculative read made
+/// resident) and `pinned` (the pinned cache's misses).
+inline void set_manager_counts(load_event& e, const lab_mapping& m, std::uint16_t pins) noexcept {
+  e.requested = static_cast<std::uint16_t>((m.requests_routed ? e.hits + e.misses : 0) + e.speculative_inserted);
+  e.pinned = m.pinned_mib > 0 ? pins : 0;
+}
+
 /// One lab cell's predicted decode timing (and the replay's figures).
 struct lab_prediction {
   lab_mapping mapping;
@@ -309,6 +379,8 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
   lab_prediction out;
   out.mapping = map_lab_config(c, s);
   p.lanes = out.mapping.lanes;
+  p.mgmt_ms_per_request = s.request_ms;  // measured with every expert resident (lab_setup)
+  p.mgmt_ms_per_pin = s.pin_ms;
   if (out.mapping.kind == lab_model_kind::faults) {
     // A read-around window is one large request that the block layer splits
     // into many in flight: the device's bandwidth at its deepest measured
@@ -316,9 +388,18 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     double top = 0;
     for (const auto& q : p.curve.points()) top = std::max(top, q.second);
     p.curve = storage_curve({{1.0, top}});
-    // predicted: its reads share the device with the faults (equation 7).
+    // predicted: its reads share the device with the faults (equation 7);
+    // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).
     timing_simulator sim(trace.shape(), p);
-    out.loads = readaround_loads(trace, out.mapping, s.readaround_mib, 3, page_reclaim::two_list, sim.observer());
+    replay_observer obs = sim.observer();
+    const auto forward = obs.on_load;
+    obs.on_load = [&](const load_event& e) {
+      load_event x = e;
+      set_manager_counts(x, out.mapping, 0);
+      forward(x);
+    };
+    out.loads = readaround_loads(trace, out.mapping, s.readaround_mib, 3, page_reclaim::two_list, obs);
+    for (load_event& e : out.loads) set_manager_counts(e, out.mapping, 0);
     out.tokens = sim.tokens();
   } else {
     const routed_replay_input in = routed_replay_input::from_trace(trace);
@@ -342,12 +423,34 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     } else {
       o.budget_mib = out.mapping.cache_mib;
       o.speculation = out.mapping.speculation;
+      const bool speculate = out.mapping.speculation.source != speculation_source::none;
+      // The pinned cache's misses per load: from the loads without speculation
+      // (its keys are the same with it: one load per decode token and layer).
+      dynamic_replay_options without = o;
+      without.speculation = {};
+      const dynamic_replay_result plain = replay_dynamic(in, without);
+      const std::vector<std::uint16_t> pins =
+          out.mapping.pinned_mib > 0 ? pinned_misses(trace, out.mapping.pinned_mib, plain.decode_loads)
+                                     : std::vector<std::uint16_t>(plain.decode_loads.size(), 0);
+      const auto pins_of = [&](std::size_t i) { return i < pins.size() ? pins[i] : std::uint16_t{0}; };
       timing_simulator sim(in.shape(), p);
-      const dynamic_replay_result r =
-          out.mapping.speculation.source == speculation_source::none ? replay_dynamic(in, o) : replay_dynamic(in, o, sim.observer());
-      out.loads = r.decode_loads;
-      out.tokens = out.mapping.speculation.source == speculation_source::none ? simulate_timing(in.shape(), p, out.loads)
-                                                                              : sim.tokens();
+      if (!speculate) {
+        out.loads = plain.decode_loads;
+        for (std::size_t i = 0; i < out.loads.size(); ++i) set_manager_counts(out.loads[i], out.mapping, pins_of(i));
+        out.tokens = simulate_timing(in.shape(), p, out.loads);
+      } else {
+        replay_observer obs = sim.observer();
+        const auto forward = obs.on_load;
+        std::size_t i = 0;
+        obs.on_load = [&](const load_event& e) {
+          load_event x = e;
+          set_manager_counts(x, out.mapping, pins_of(i++));
+          forward(x);
+        };
+        out.loads = replay_dynamic(in, o, obs).decode_loads;
+        for (std::size_t k = 0; k < out.loads.size(); ++k) set_manager_counts(out.loads[k], out.mapping, pins_of(k));
+        out.tokens = sim.tokens();
+      }
     }
   }
   out.summary = summarize_timing(out.tokens);

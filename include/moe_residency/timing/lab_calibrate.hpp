@@ -27,6 +27,11 @@
 ///   configuration the eval thread waits for a layer's demanded reads (the
 ///   lanes, or its own page faults) before that layer's expert matmuls.
 ///
+/// The manager's own cost per request and per pin (lab_setup's request_ms and
+/// pin_ms, measured with every expert resident) is not fitted: it is in the
+/// model's management, and its part off the CPU is added to the kernel-time
+/// target, so κ is what the reads cost.
+///
 /// The default free parameters are C, β and κ. Metrics without cpu_ms and
 /// sys_ms (a probe older than its sys_ms column) fit C and β on the wall
 /// alone, κ staying 0 and β absorbing the kernel's time: tokens that read
@@ -60,6 +65,8 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
   const timing_params given = start;
   const lab_prediction fp = predict_lab(trace, c, s, start);
   start.lanes = fp.mapping.lanes;
+  start.mgmt_ms_per_request = s.request_ms;  // measured, not fitted (lab_setup)
+  start.mgmt_ms_per_pin = s.pin_ms;
   if (fp.mapping.kind == lab_model_kind::faults) {
     // predict_lab replays faults at the curve's top bandwidth, one at a time.
     double top = 0;
@@ -80,6 +87,13 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
       m.compute_ms[t] = std::max(0.0, m.cpu_ms[t] - m.sys_ms[t]);
       m.mgmt_ms[t] = m.sys_ms[t];
     }
+    // The manager's measured cost (ν_q, ν_p) is management in the model but
+    // only partly kernel time: its part off the eval thread's CPU (waiting for
+    // a lane) joins the target, so that κ is fitted to the kernel time the
+    // reads cost and nothing else.
+    for (const load_event& e : fp.loads)
+      if (e.token < m.size())
+        m.mgmt_ms[e.token] += (s.request_ms - s.request_sys_ms) * e.requested + (s.pin_ms - s.pin_sys_ms) * e.pinned;
     co.fit_compute = true;
   } else {
     co.free &= ~static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);  // nothing measures it
