@@ -36,17 +36,24 @@ load_event load(std::uint32_t token, std::uint16_t layer, std::uint16_t misses, 
   return e;
 }
 
+/// One lane at 1000 MiB/s, 1 ms of compute a token that drops do not change,
+/// every demanded read hidden behind it as far as it goes.
+timing_params one_lane() {
+  timing_params p;
+  p.lanes = 1;
+  p.curve = storage_curve({{1, 1000.0}});
+  p.compute_ms_per_token = 1.0;
+  p.expert_compute_share = 0.0;
+  p.overlap = 1.0;
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("one layer, one lane, known bytes and bandwidth: the stall by hand") {
   const model_shape shape("one", 16, 4, {2 * mib});
-  timing_params p;
-  p.lanes = 1;
-  p.curve = storage_curve({{1, 1000.0}});
+  timing_params p = one_lane();
   p.read_latency_ms = 0.5;
-  p.compute_ms_per_token = 1.0;
-  p.expert_compute_share = 0.0;
-  p.overlap = 1.0;
   p.mgmt_ms_per_read = 0.1;
   p.mgmt_ms_per_eviction = 0.2;
   // 3 misses of 2 MiB at 1000 MiB/s on one lane: 3 waves of 0.5 + 2 ms = 7.5 ms;
@@ -74,12 +81,7 @@ TEST_CASE("one layer, one lane, known bytes and bandwidth: the stall by hand") {
 
 TEST_CASE("the read CPU per MiB: paid for demanded and speculative MiB, never hidden by overlap") {
   const model_shape shape("one", 16, 4, {2 * mib});
-  timing_params p;
-  p.lanes = 1;
-  p.curve = storage_curve({{1, 1000.0}});
-  p.compute_ms_per_token = 1.0;
-  p.expert_compute_share = 0.0;
-  p.overlap = 1.0;
+  timing_params p = one_lane();
   p.read_cpu_ms_per_mib = 0.25;
   // 3 misses of 2 MiB: reads 6 ms, 1 ms hidden: stall 5 ms; κ × 6 MiB = 1.5 ms
   // of management, not hidden; wall 1 + 1.5 + 5 = 7.5 ms.
@@ -104,12 +106,7 @@ TEST_CASE("the read CPU per MiB: paid for demanded and speculative MiB, never hi
 
 TEST_CASE("the manager's own cost: per requested expert and per pinned-cache miss, resident or not") {
   const model_shape shape("one", 16, 4, {2 * mib});
-  timing_params p;
-  p.lanes = 1;
-  p.curve = storage_curve({{1, 1000.0}});
-  p.compute_ms_per_token = 1.0;
-  p.expert_compute_share = 0.0;
-  p.overlap = 1.0;
+  timing_params p = one_lane();
   p.mgmt_ms_per_request = 0.125;
   p.mgmt_ms_per_pin = 0.5;
   // No read at all (every expert resident): 8 requests × 0.125 + 3 pins × 0.5

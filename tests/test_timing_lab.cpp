@@ -351,6 +351,27 @@ route_trace drift_trace() {
   return t;
 }
 
+/// κ = 0.4 ms per MiB and β = 1.5 on a flat curve, C = 30 ms, nothing
+/// overlapped; and the start of its fits: the same curve and lanes, the rest default.
+timing_params kernel_truth() {
+  timing_params truth;
+  truth.curve = storage_curve::parse_list("1:250");
+  truth.lanes = 2;
+  truth.compute_ms_per_token = 30;
+  truth.bandwidth_scale = 1.5;
+  truth.read_cpu_ms_per_mib = 0.4;
+  truth.overlap = 0;
+  return truth;
+}
+
+timing_params kernel_start() {
+  timing_params start;
+  start.curve = kernel_truth().curve;
+  start.lanes = 2;
+  start.overlap = 0;
+  return start;
+}
+
 lab_setup drift_setup() {
   lab_setup s;
   s.limit_mib = 4;  // 4 - dense - 0 overhead: ~5 experts of 32
@@ -482,13 +503,7 @@ TEST_CASE("with the eval thread's user and kernel time, the lab's calibration pi
   // the MiB read: the wall alone cannot tell them apart, sys_ms does.
   const route_trace t = drift_trace();
   const lab_setup s = drift_setup();
-  timing_params truth;
-  truth.curve = storage_curve::parse_list("1:250");
-  truth.lanes = 2;
-  truth.compute_ms_per_token = 30;
-  truth.bandwidth_scale = 1.5;
-  truth.read_cpu_ms_per_mib = 0.4;
-  truth.overlap = 0;
+  const timing_params truth = kernel_truth();
   const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
   token_metrics m;
   double kernel = 0;
@@ -504,10 +519,7 @@ TEST_CASE("with the eval thread's user and kernel time, the lab's calibration pi
     kernel += x.mgmt_ms;
   }
   REQUIRE(kernel > 40 * 0.5);  // the kernel's time matters: > 0.5 ms a token
-  timing_params start;
-  start.curve = truth.curve;
-  start.lanes = 2;
-  start.overlap = 0;
+  const timing_params start = kernel_start();
   const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start);
   CHECK(c.free == std::vector<std::string>{"compute_ms_per_token", "bandwidth_scale", "read_cpu_ms_per_mib"});
   CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
@@ -636,13 +648,7 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
   lab_setup s = drift_setup();
   s.request_ms = 0.2;
   s.request_sys_ms = 0.05;
-  timing_params truth;
-  truth.curve = storage_curve::parse_list("1:250");
-  truth.lanes = 2;
-  truth.compute_ms_per_token = 30;
-  truth.bandwidth_scale = 1.5;
-  truth.read_cpu_ms_per_mib = 0.4;
-  truth.overlap = 0;
+  const timing_params truth = kernel_truth();
   const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
   std::vector<double> requested(p.tokens.size(), 0);
   for (const load_event& e : p.loads) requested[e.token] += e.requested;
@@ -660,10 +666,7 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
     m.cpu_ms.push_back(x.compute_ms + sys);
     m.sys_ms.push_back(sys);
   }
-  timing_params start;
-  start.curve = truth.curve;
-  start.lanes = 2;
-  start.overlap = 0;
+  const timing_params start = kernel_start();
   const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start);
   CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
   CHECK(c.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));

@@ -315,46 +315,45 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
 /// neither pins nor looks up a prompt batch), unique routed experts in
 /// routing order; keyed (decode token, layer) like load_event. Every miss is
 /// a lock (and, the cache being full, an eviction's unlock).
-namespace detail {
-inline std::vector<std::pair<std::pair<std::uint32_t, std::uint16_t>, std::uint16_t>> pinned_by_load(
-    const route_trace& trace, double budget_mib) {
-  const model_shape shape = trace.shape();
-  cache_options o;
-  o.budget_bytes = static_cast<std::uint64_t>(budget_mib * 1048576.0);
-  o.guard = cycle_guard::off;
-  expert_cache<lru_policy> cache(shape, std::move(o));
-  const load_batches lb = group_load_batches(trace);
-  // (token, layer) -> misses, in the decode batches' order.
-  std::vector<std::pair<std::pair<std::uint32_t, std::uint16_t>, std::uint16_t>> by_load;
-  std::uint32_t token = 0, last_step = 0;
-  bool any = false;
-  for (const load_batch& b : lb.batches) {
-    if (b.phase != run_phase::decode) continue;
-    if (any && b.step != last_step) ++token;
-    any = true;
-    last_step = b.step;
-    if (!cache.begin_batch(run_phase::decode, b.layer)) continue;
-    std::uint16_t misses = 0;
-    for (expert_id e : lb.experts_of(b)) misses += cache.lookup(e) == lookup_result::miss;
-    cache.end_batch();
-    by_load.push_back({{token, static_cast<std::uint16_t>(to_index(b.layer))}, misses});
+class pinned_misses {
+ public:
+  pinned_misses(const route_trace& trace, double budget_mib) {
+    cache_options o;
+    o.budget_bytes = static_cast<std::uint64_t>(budget_mib * 1048576.0);
+    o.guard = cycle_guard::off;
+    expert_cache<lru_policy> cache(trace.shape(), std::move(o));
+    const load_batches lb = group_load_batches(trace);
+    std::uint32_t token = 0, last_step = 0;
+    bool any = false;
+    for (const load_batch& b : lb.batches) {
+      if (b.phase != run_phase::decode) continue;
+      if (any && b.step != last_step) ++token;
+      any = true;
+      last_step = b.step;
+      if (!cache.begin_batch(run_phase::decode, b.layer)) continue;
+      std::uint16_t misses = 0;
+      for (expert_id e : lb.experts_of(b)) misses += cache.lookup(e) == lookup_result::miss;
+      cache.end_batch();
+      by_load_.push_back({{token, static_cast<std::uint16_t>(to_index(b.layer))}, misses});
+      total_ += misses;
+    }
   }
-  return by_load;
-}
-}  // namespace detail
+  /// The misses at load `e` (0 for a load the trace's decode batches do not have).
+  std::uint16_t at(const load_event& e) const noexcept {
+    const key k{e.token, static_cast<std::uint16_t>(to_index(e.layer))};
+    // Execution order is token by token, layer by layer: sorted by key.
+    const auto it = std::lower_bound(by_load_.begin(), by_load_.end(), k,
+                                     [](const entry& x, const key& y) { return x.first < y; });
+    return it != by_load_.end() && it->first == k ? it->second : std::uint16_t{0};
+  }
+  std::uint64_t total() const noexcept { return total_; }
 
-inline std::vector<std::uint16_t> pinned_misses(const route_trace& trace, double budget_mib,
-                                                const std::vector<load_event>& loads) {
-  const auto by_load = detail::pinned_by_load(trace, budget_mib);
-  std::vector<std::uint16_t> out(loads.size(), 0);
-  std::size_t j = 0;
-  for (std::size_t i = 0; i < loads.size(); ++i) {
-    const std::pair<std::uint32_t, std::uint16_t> key{loads[i].token, static_cast<std::uint16_t>(to_index(loads[i].layer))};
-    while (j < by_load.size() && by_load[j].first < key) ++j;  // both in execution order
-    if (j < by_load.size() && by_load[j].first == key) out[i] = by_load[j].second;
-  }
-  return out;
-}
+ private:
+  using key = std::pair<std::uint32_t, std::uint16_t>;
+  using entry = std::pair<key, std::uint16_t>;
+  std::vector<entry> by_load_;
+  std::uint64_t total_ = 0;
+};
 
 /// The manager's counts of equation (6) on a lanes cell's loads: `requested`
 /// (every routed expert with `exact` alone, plus each speculative read made
@@ -423,32 +422,26 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     } else {
       o.budget_mib = out.mapping.cache_mib;
       o.speculation = out.mapping.speculation;
-      const bool speculate = out.mapping.speculation.source != speculation_source::none;
-      // The pinned cache's misses per load: from the loads without speculation
-      // (its keys are the same with it: one load per decode token and layer).
-      dynamic_replay_options without = o;
-      without.speculation = {};
-      const dynamic_replay_result plain = replay_dynamic(in, without);
-      const std::vector<std::uint16_t> pins =
-          out.mapping.pinned_mib > 0 ? pinned_misses(trace, out.mapping.pinned_mib, plain.decode_loads)
-                                     : std::vector<std::uint16_t>(plain.decode_loads.size(), 0);
-      const auto pins_of = [&](std::size_t i) { return i < pins.size() ? pins[i] : std::uint16_t{0}; };
-      timing_simulator sim(in.shape(), p);
-      if (!speculate) {
-        out.loads = plain.decode_loads;
-        for (std::size_t i = 0; i < out.loads.size(); ++i) set_manager_counts(out.loads[i], out.mapping, pins_of(i));
+      // The pinned cache's misses at each load (none without the cache).
+      const std::optional<pinned_misses> pins =
+          out.mapping.pinned_mib > 0 ? std::optional<pinned_misses>(std::in_place, trace, out.mapping.pinned_mib)
+                                     : std::nullopt;
+      const auto count = [&](load_event& e) { set_manager_counts(e, out.mapping, pins ? pins->at(e) : 0); };
+      if (out.mapping.speculation.source == speculation_source::none) {
+        out.loads = replay_dynamic(in, o).decode_loads;
+        for (load_event& e : out.loads) count(e);
         out.tokens = simulate_timing(in.shape(), p, out.loads);
       } else {
+        timing_simulator sim(in.shape(), p);
         replay_observer obs = sim.observer();
         const auto forward = obs.on_load;
-        std::size_t i = 0;
         obs.on_load = [&](const load_event& e) {
           load_event x = e;
-          set_manager_counts(x, out.mapping, pins_of(i++));
+          count(x);
           forward(x);
         };
         out.loads = replay_dynamic(in, o, obs).decode_loads;
-        for (std::size_t k = 0; k < out.loads.size(); ++k) set_manager_counts(out.loads[k], out.mapping, pins_of(k));
+        for (load_event& e : out.loads) count(e);
         out.tokens = sim.tokens();
       }
     }

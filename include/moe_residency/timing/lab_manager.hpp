@@ -70,8 +70,7 @@ inline lab_manager_cost measure_manager_cost(const route_trace& trace, const tok
     routed += static_cast<double>(uniq.size());
   }
   if (tokens == 0) throw error("manager cost: the route trace has no decode token");
-  double pins = 0;
-  for (const auto& x : detail::pinned_by_load(trace, cache_budget_mib)) pins += x.second;
+  const double pins = static_cast<double>(pinned_misses(trace, cache_budget_mib).total());
   lab_manager_cost c;
   c.requests_per_token = routed / static_cast<double>(tokens);
   c.pins_per_token = pins / static_cast<double>(tokens);
