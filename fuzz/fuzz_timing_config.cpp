@@ -114,7 +114,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             close6(q->expert_compute_share, p->expert_compute_share) && close6(q->overlap, p->overlap) &&
             close6(q->mgmt_ms_per_read, p->mgmt_ms_per_read) && close6(q->mgmt_ms_per_eviction, p->mgmt_ms_per_eviction) &&
             close6(q->read_cpu_ms_per_mib, p->read_cpu_ms_per_mib) &&
-            close6(q->mgmt_ms_per_request, p->mgmt_ms_per_request) && close6(q->mgmt_ms_per_pin, p->mgmt_ms_per_pin),
+            close6(q->mgmt_ms_per_request, p->mgmt_ms_per_request) && close6(q->mgmt_ms_per_pin, p->mgmt_ms_per_pin) &&
+            close6(q->fault_bandwidth_scale, p->fault_bandwidth_scale),
         "a parameter moved by more than its 6 printed digits", written);
   return 0;
 }

@@ -36,6 +36,10 @@
 #                      and spread ((max - min) / mean), and the prediction's error against the mean;
 #                      then how many cells are within 15% of their mean, and how many within their
 #                      own spread: a prediction cannot be judged closer than the lab repeats
+#   --fault-bandwidth-scale X
+#                      β_f, the bandwidth scale of the fault-driven cells when the calibration cell
+#                      is a manager's one (default 1: the disk curve's top as measured; a fault cell
+#                      fits β_f itself and keeps β at 1)
 #   --no-manager-cost  leave the manager's own cost out. By default, when the calibration run has
 #                      memlab's resident-all, manager-exact and manager-cache runs (no limit, every
 #                      expert resident), lab-predict gets them (--manager-runs): the manager's cost
@@ -47,7 +51,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
 dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run="" repeats=""
-manager=1
+manager=1 fault_scale=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -62,6 +66,7 @@ while [[ $# -gt 0 ]]; do
     --fit-run) fit_run="${2:?--fit-run needs a run directory}"; shift ;;
     --repeats) repeats="${2:?--repeats needs a comma list of run directories}"; shift ;;
     --no-manager-cost) manager=0 ;;
+    --fault-bandwidth-scale) fault_scale="${2:?--fault-bandwidth-scale needs a factor}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
     *) [[ -z "$dir" ]] || die "one RUNS_DIR only ('$dir', '$1')"; dir="$1" ;;
@@ -156,7 +161,7 @@ if [[ $sweep == 1 ]]; then
     [[ -n "$m" ]] || continue
     f="$c@$r"
     errs="$("$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$f" \
-      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} "${mgr[@]}" |
+      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}" |
       awk -F, 'NR > 1 && $10 == "no" && $7 != "-" { print ($6 < 0 ? -$6 : $6) }' | sort -g)"
     n=$(grep -c . <<< "$errs" || true)
     y=$(awk '$1 <= 15' <<< "$errs" | grep -c . || true)
@@ -168,7 +173,7 @@ fi
 echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround ${mgr[*]}${fit_run:+ (calibrated on $fit_run, predicting $dir)}" >&2
 predict() {
   "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
-    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"} "${mgr[@]}"
+    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}"
 }
 if [[ -z "$repeats" ]]; then
   predict "$format"

@@ -231,6 +231,12 @@ TEST_CASE("fault-driven loads of a route trace, by hand") {
   REQUIRE(lp.tokens.size() == 3);
   CHECK(lp.tokens[0].wall_ms == doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / 400.0)));
   CHECK(lp.tokens[1].wall_ms == 0);
+  // The faults' bandwidth is scaled by β_f, not by the manager's β.
+  timing_params q = p;
+  q.bandwidth_scale = 4;
+  q.fault_bandwidth_scale = 0.5;
+  const lab_prediction lq = predict_lab(t, lab_config::mmap, s, q);
+  CHECK(lq.tokens[0].wall_ms == doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / (0.5 * 400.0))));
   lab_mapping lanes = m;
   lanes.kind = lab_model_kind::lanes;
   CHECK_THROWS_AS(readaround_loads(t, lanes, 1.0), error);
@@ -677,4 +683,59 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
   all_sys.request_sys_ms = s.request_ms;
   const calibration_result w = calibrate_lab(t, lab_config::exact, all_sys, m, start);
   CHECK(std::abs(w.params.read_cpu_ms_per_mib - 0.4) > 1e-2);
+}
+
+TEST_CASE("the fault path's own bandwidth scale: a fault cell fits β_f and hands β back, a lanes cell the other way round") {
+  // Metrics made by the model on the drift trace with β = 1.5 for the
+  // manager's lanes and β_f = 0.6 for the faults, κ = 0.4 ms per MiB, C = 30.
+  const route_trace t = drift_trace();
+  lab_setup s = drift_setup();
+  s.readaround_mib = 0.5;  // 128 pages: a fault reads two thirds of an expert
+  timing_params truth = kernel_truth();
+  truth.fault_bandwidth_scale = 0.6;
+  const auto measured = [&](lab_config c) {
+    const lab_prediction p = predict_lab(t, c, s, truth);
+    token_metrics m;
+    for (const auto& x : p.tokens) {
+      m.wall_ms.push_back(x.wall_ms);
+      m.stall_ms.push_back(x.wall_ms - x.compute_ms - x.mgmt_ms);
+      m.mgmt_ms.push_back(std::nan(""));
+      m.compute_ms.push_back(x.compute_ms + x.mgmt_ms);
+      m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+      m.io_ms.push_back(std::nan(""));
+      m.cpu_ms.push_back(x.compute_ms + x.mgmt_ms);
+      m.sys_ms.push_back(x.mgmt_ms);
+    }
+    return std::make_pair(p, m);
+  };
+  const auto [faults, mf] = measured(lab_config::mmap);
+  REQUIRE(faults.mapping.kind == lab_model_kind::faults);
+  REQUIRE(faults.summary.stall_ms_per_token > 1);  // the faults' reads matter
+  timing_params start = kernel_start();
+  start.bandwidth_scale = 2.0;  // β as a lanes cell would have fitted it: kept
+  const calibration_result cf = calibrate_lab(t, lab_config::mmap, s, mf, start);
+  CHECK(cf.free == std::vector<std::string>{"compute_ms_per_token", "fault_bandwidth_scale", "read_cpu_ms_per_mib"});
+  CHECK(cf.params.fault_bandwidth_scale == doctest::Approx(0.6).epsilon(1e-3));
+  CHECK(cf.params.bandwidth_scale == 2.0);
+  CHECK(cf.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(cf.params.read_cpu_ms_per_mib == doctest::Approx(0.4).epsilon(1e-3));
+  CHECK(params_on_bound(cf).empty());
+  calibration_result pinned = cf;
+  pinned.params.fault_bandwidth_scale = 4;
+  CHECK(params_on_bound(pinned) == std::vector<std::string>{"fault_bandwidth_scale"});
+
+  // A lanes cell fits β and keeps the β_f it was given.
+  const auto [lanes, ml] = measured(lab_config::exact);
+  REQUIRE(lanes.mapping.kind == lab_model_kind::lanes);
+  start = kernel_start();
+  start.fault_bandwidth_scale = 0.6;
+  const calibration_result cl = calibrate_lab(t, lab_config::exact, s, ml, start);
+  CHECK(cl.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(cl.params.fault_bandwidth_scale == 0.6);
+  // ... and with it predicts the fault cell as measured; with β_f = β it would not.
+  CHECK(predict_lab(t, lab_config::mmap, s, cl.params).summary.tok_per_s ==
+        doctest::Approx(faults.summary.tok_per_s).epsilon(1e-3));
+  timing_params one = cl.params;
+  one.fault_bandwidth_scale = one.bandwidth_scale;
+  CHECK(predict_lab(t, lab_config::mmap, s, one).summary.tok_per_s > 1.1 * faults.summary.tok_per_s);
 }

@@ -31,6 +31,7 @@ struct lab_args {
   std::size_t lanes = 2, spec_cap = 2;
   std::string free = "compute,bandwidth,kernel";
   double overlap = 0;
+  double bandwidth_scale = 1, fault_bandwidth_scale = 1;  // β and β_f where not fitted
   std::string manager_runs;   // BASELINE,EXACT,CACHE metrics (memlab's resident-all, manager-exact, manager-cache)
   double manager_budget = 0;  // the manager-cache run's budget, MiB
 };
@@ -106,6 +107,9 @@ void run(const lab_args& a) {
   start.curve = storage_curve::parse_list(a.curve);
   start.lanes = a.lanes;
   start.overlap = a.overlap;
+  start.bandwidth_scale = a.bandwidth_scale;
+  start.fault_bandwidth_scale = a.fault_bandwidth_scale;
+  start.validate();
   unsigned free = 0;
   std::stringstream fl(a.free);
   for (std::string p; std::getline(fl, p, ',');) {
@@ -204,6 +208,13 @@ const moe_residency_cli::command_registrar reg{
           ->capture_default_str();
       sub.add_option("--overlap", a->overlap,
                      "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")
+          ->capture_default_str();
+      sub.add_option("--bandwidth-scale", a->bandwidth_scale,
+                     "β when not fitted (a fault cell calibrates β_f): the lanes curve's share the manager's reads get")
+          ->capture_default_str();
+      sub.add_option("--fault-bandwidth-scale", a->fault_bandwidth_scale,
+                     "β_f when not fitted (a lanes cell calibrates β): the curve top's share the page faults' "
+                     "read-around gets (1: as measured)")
           ->capture_default_str();
       sub.add_option("--manager-runs", a->manager_runs,
                      "BASELINE,EXACT,CACHE: metrics of runs without a limit, page cache warm (memlab's resident-all, "

@@ -219,6 +219,11 @@ struct timing_params {
   double read_cpu_ms_per_mib = 0.0;   ///< κ: the engine thread's CPU per MiB read (page-cache work), serial
   double mgmt_ms_per_request = 0.0;   ///< ν_q: the manager's cost per expert it requests, resident or not
   double mgmt_ms_per_pin = 0.0;       ///< ν_p: the manager's cost per pinned-cache miss (lock and eviction)
+  /// β_f: β for the memory lab's fault-driven configurations (timing/lab.hpp),
+  /// whose page faults read through the kernel's read-around, not the
+  /// manager's lanes; predict_lab uses it in place of β there. Unused by
+  /// simulate_timing itself.
+  double fault_bandwidth_scale = 1.0;
 
   /// Throws `error` naming the field and value when one is out of range.
   void validate() const {
@@ -230,6 +235,8 @@ struct timing_params {
     if (lanes < 1 || lanes > 64) bad("lanes", static_cast<double>(lanes), "1 to 64");
     if (!(read_latency_ms >= 0) || !std::isfinite(read_latency_ms)) bad("read_latency_ms", read_latency_ms, "a finite value >= 0");
     if (!(bandwidth_scale > 0 && bandwidth_scale <= 4)) bad("bandwidth_scale", bandwidth_scale, "a factor in (0, 4]");
+    if (!(fault_bandwidth_scale > 0 && fault_bandwidth_scale <= 4))
+      bad("fault_bandwidth_scale", fault_bandwidth_scale, "a factor in (0, 4]");
     if (!(compute_ms_per_token >= 0) || !std::isfinite(compute_ms_per_token))
       bad("compute_ms_per_token", compute_ms_per_token, "a finite value >= 0");
     if (!(expert_compute_share >= 0 && expert_compute_share <= 1))
@@ -269,7 +276,8 @@ struct timing_params {
 
 /// Parses `key = value` lines ('#' comments): lanes, curve (lanes:MiB/s
 /// list), curve_file (a CSV like flash-lanes.csv, relative to the working
-/// directory), read_latency_ms, compute_ms_per_token, expert_compute_share,
+/// directory), read_latency_ms, bandwidth_scale, fault_bandwidth_scale,
+/// compute_ms_per_token, expert_compute_share,
 /// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib,
 /// mgmt_ms_per_request, mgmt_ms_per_pin. Unlisted keys keep
 /// `defaults`. Throws `error` naming the line on an unknown key or bad value.
@@ -315,6 +323,8 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.read_latency_ms = number();
       } else if (key == "bandwidth_scale") {
         p.bandwidth_scale = number();
+      } else if (key == "fault_bandwidth_scale") {
+        p.fault_bandwidth_scale = number();
       } else if (key == "compute_ms_per_token") {
         p.compute_ms_per_token = number();
       } else if (key == "expert_compute_share") {
@@ -333,7 +343,8 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.mgmt_ms_per_pin = number();
       } else {
         throw error("unknown key '" + key +
-                    "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, compute_ms_per_token, "
+                    "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, fault_bandwidth_scale, "
+                    "compute_ms_per_token, "
                     "expert_compute_share, overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib, "
                     "mgmt_ms_per_request or mgmt_ms_per_pin");
       }
@@ -357,10 +368,11 @@ inline std::string format_timing_config(const timing_params& p) {
   std::snprintf(buf, sizeof buf,
                 "read_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
                 "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n"
-                "read_cpu_ms_per_mib = %.6g\nmgmt_ms_per_request = %.6g\nmgmt_ms_per_pin = %.6g\n",
+                "read_cpu_ms_per_mib = %.6g\nmgmt_ms_per_request = %.6g\nmgmt_ms_per_pin = %.6g\n"
+                "fault_bandwidth_scale = %.6g\n",
                 p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token, p.expert_compute_share, p.overlap,
                 p.mgmt_ms_per_read, p.mgmt_ms_per_eviction, p.read_cpu_ms_per_mib, p.mgmt_ms_per_request,
-                p.mgmt_ms_per_pin);
+                p.mgmt_ms_per_pin, p.fault_bandwidth_scale);
   return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf;
 }
 

@@ -373,7 +373,7 @@ struct lab_prediction {
 
 /// Predicts one configuration. `p` holds the device (curve) and the fitted
 /// parameters; its `lanes` is replaced by the mapping's (and, for faults, its
-/// curve by the curve's top bandwidth).
+/// curve by the curve's top bandwidth and β by fault_bandwidth_scale).
 inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const lab_setup& s, timing_params p) {
   lab_prediction out;
   out.mapping = map_lab_config(c, s);
@@ -387,6 +387,9 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     double top = 0;
     for (const auto& q : p.curve.points()) top = std::max(top, q.second);
     p.curve = storage_curve({{1.0, top}});
+    // What the device delivers to read-around is not what it delivers to the
+    // manager's lanes (docs/wall-clock.md, "The fault path's own bandwidth").
+    p.bandwidth_scale = p.fault_bandwidth_scale;
     // predicted: its reads share the device with the faults (equation 7);
     // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).
     timing_simulator sim(trace.shape(), p);

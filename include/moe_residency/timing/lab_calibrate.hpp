@@ -32,7 +32,16 @@
 /// model's management, and its part off the CPU is added to the kernel-time
 /// target, so κ is what the reads cost.
 ///
-/// The default free parameters are C, β and κ. Metrics without cpu_ms and
+/// - **The fault path has its own bandwidth scale.** β is what the device
+///   delivers to the manager's lanes (`MADV_POPULATE_READ` of an expert's
+///   slices, two at a time); the fault-driven configurations read 16 MiB
+///   read-around windows one fault at a time, and their time off the CPU per
+///   MiB is not β's (docs/wall-clock.md, "The fault path's own bandwidth").
+///   Calibrated on a fault cell, the bandwidth fitted is β_f
+///   (fault_bandwidth_scale) and β stays `start`'s; on any other cell β is
+///   fitted and β_f stays `start`'s (1: the curve's top as measured).
+///
+/// The default free parameters are C, β (or β_f) and κ. Metrics without cpu_ms and
 /// sys_ms (a probe older than its sys_ms column) fit C and β on the wall
 /// alone, κ staying 0 and β absorbing the kernel's time: tokens that read
 /// more or fewer bytes then separate C from β, and a run whose tokens all read
@@ -72,6 +81,7 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
     double top = 0;
     for (const auto& q : start.curve.points()) top = std::max(top, q.second);
     start.curve = storage_curve({{1.0, top}});
+    start.bandwidth_scale = start.fault_bandwidth_scale;  // fitted as β_f (see the header)
   }
   for (double& x : m.stall_ms) x = std::numeric_limits<double>::quiet_NaN();  // not the model's stall (see the header)
   calibration_options co;
@@ -102,6 +112,12 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
   calibration_result r = calibrate_timing(trace.shape(), fp.loads, m, start, co);
   r.params.curve = given.curve;  // the device's, for the other cells (predict_lab maps each)
   r.params.lanes = given.lanes;
+  if (fp.mapping.kind == lab_model_kind::faults) {
+    r.params.fault_bandwidth_scale = r.params.bandwidth_scale;
+    r.params.bandwidth_scale = given.bandwidth_scale;
+    for (std::string& name : r.free)
+      if (name == "bandwidth_scale") name = "fault_bandwidth_scale";
+  }
   return r;
 }
 
@@ -112,6 +128,12 @@ inline std::vector<std::string> params_on_bound(const calibration_result& r) {
   for (const auto& p : detail::calib_params())
     for (const std::string& name : r.free)
       if (name == p.name && (r.params.*(p.field) <= p.lo || r.params.*(p.field) >= p.hi)) out.push_back(name);
+  // β_f is fitted in β's place, within β's range (calibrate_lab on a fault cell).
+  for (const auto& p : detail::calib_params())
+    if (p.id == timing_param::bandwidth_scale)
+      for (const std::string& name : r.free)
+        if (name == "fault_bandwidth_scale" && (r.params.fault_bandwidth_scale <= p.lo || r.params.fault_bandwidth_scale >= p.hi))
+          out.push_back(name);
   return out;
 }
 
