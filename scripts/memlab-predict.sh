@@ -37,9 +37,10 @@
 #                      then how many cells are within 15% of their mean, and how many within their
 #                      own spread: a prediction cannot be judged closer than the lab repeats
 #   --fault-bandwidth-scale X
-#                      β_f, the bandwidth scale of the fault-driven cells when the calibration cell
-#                      is a manager's one (default 1: the disk curve's top as measured; a fault cell
-#                      fits β_f itself and keeps β at 1)
+#                      untie the fault-driven cells' bandwidth scale β_f from the manager's β: a
+#                      manager's calibration cell fits β and the fault cells get X (1: the disk
+#                      curve's top as measured); a fault calibration cell fits β_f and the
+#                      manager's cells get β = 1. Default: tied, one β fitted on the --fit cell
 #   --no-manager-cost  leave the manager's own cost out. By default, when the calibration run has
 #                      memlab's resident-all, manager-exact and manager-cache runs (no limit, every
 #                      expert resident), lab-predict gets them (--manager-runs): the manager's cost

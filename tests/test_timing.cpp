@@ -252,9 +252,11 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
   CHECK(q.read_latency_ms == 1.25);
   CHECK(q.overlap == doctest::Approx(0.3));
   CHECK(q.fault_bandwidth_scale == 0.75);
-  CHECK_THROWS_WITH_AS(parse_timing_config("fault_bandwidth_scale = 0", "dev.cfg"),
-                       doctest::Contains("dev.cfg: timing_params: fault_bandwidth_scale = 0; expected a factor in (0, 4]"),
+  CHECK_THROWS_WITH_AS(parse_timing_config("fault_bandwidth_scale = -1", "dev.cfg"),
+                       doctest::Contains("dev.cfg: timing_params: fault_bandwidth_scale = -1; expected a factor in (0, 4], or 0"),
                        error);
+  CHECK(timing_params{}.fault_bandwidth_scale == 0);  // tied to β by default
+  CHECK(parse_timing_config("bandwidth_scale = 2\n", "dev.cfg").fault_scale() == 2);
   CHECK(q.curve.to_list() == "1:1809.9,2:2459.8,4:2457.9,8:2420,12:2360.1,16:2243.9,24:2308.6,32:2254.8");
   CHECK_THROWS_WITH_AS(parse_timing_config("lanes = 2\nspeed = 3\n", "dev.cfg"),
                        doctest::Contains("dev.cfg: line 2: unknown key 'speed'"), error);

@@ -237,6 +237,9 @@ TEST_CASE("fault-driven loads of a route trace, by hand") {
   q.fault_bandwidth_scale = 0.5;
   const lab_prediction lq = predict_lab(t, lab_config::mmap, s, q);
   CHECK(lq.tokens[0].wall_ms == doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / (0.5 * 400.0))));
+  q.fault_bandwidth_scale = 0;  // tied: β
+  CHECK(predict_lab(t, lab_config::mmap, s, q).tokens[0].wall_ms ==
+        doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / (4 * 400.0))));
   lab_mapping lanes = m;
   lanes.kind = lab_model_kind::lanes;
   CHECK_THROWS_AS(readaround_loads(t, lanes, 1.0), error);
@@ -611,6 +614,33 @@ TEST_CASE("the manager's counts: exact requests every routed expert, the pinned 
     CHECK(cache.tokens[i].wall_ms - cache0.tokens[i].wall_ms == doctest::Approx(1.5 * pins[i]));
     CHECK(exact.tokens[i].wall_ms - exact0.tokens[i].wall_ms == doctest::Approx(0.25 * 2));
   }
+  // With exact reads (`all`) the misses are locked on the two lanes, in
+  // parallel: each pin costs the eval thread's wall half its inline price,
+  // and none of it is the eval thread's kernel time; the cache alone locks inline.
+  CHECK_FALSE(map_lab_config(lab_config::cache, s).pins_on_lanes);
+  CHECK_FALSE(map_lab_config(lab_config::exact, s).pins_on_lanes);
+  s.pin_sys_ms = 1.0;
+  for (lab_config c : {lab_config::all, lab_config::degraded}) {
+    const lab_mapping m = map_lab_config(c, s);
+    CHECK(m.pins_on_lanes);
+    CHECK(m.lanes == 2);
+    CHECK(m.pin_ms(s) == doctest::Approx(0.75));
+    CHECK(m.pin_off_cpu_ms(s) == doctest::Approx(0.75));
+  }
+  CHECK(map_lab_config(lab_config::cache, s).pin_ms(s) == doctest::Approx(1.5));
+  CHECK(map_lab_config(lab_config::cache, s).pin_off_cpu_ms(s) == doctest::Approx(0.5));
+  lab_setup nospec = s;
+  nospec.stale_gate_pct = 0;  // `all` speculates nothing right: its pins are the cache's
+  const lab_prediction all = predict_lab(t, lab_config::all, nospec, p);
+  lab_setup nospec0 = nospec;
+  nospec0.request_ms = nospec0.pin_ms = 0;
+  const lab_prediction all0 = predict_lab(t, lab_config::all, nospec0, p);
+  REQUIRE(all.loads.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(all.loads[i].pinned == pins[i]);
+    CHECK(all.tokens[i].wall_ms - all0.tokens[i].wall_ms ==
+          doctest::Approx(0.75 * pins[i] + 0.25 * all.loads[i].requested));
+  }
   // The fault-driven and resident cells request nothing of the manager.
   for (lab_config c : {lab_config::mmap, lab_config::dense, lab_config::resident}) {
     lab_setup f = s;
@@ -685,7 +715,7 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
   CHECK(std::abs(w.params.read_cpu_ms_per_mib - 0.4) > 1e-2);
 }
 
-TEST_CASE("the fault path's own bandwidth scale: a fault cell fits β_f and hands β back, a lanes cell the other way round") {
+TEST_CASE("the fault path's own bandwidth scale: untied, a fault cell fits β_f and hands β back, a lanes cell the other way round") {
   // Metrics made by the model on the drift trace with β = 1.5 for the
   // manager's lanes and β_f = 0.6 for the faults, κ = 0.4 ms per MiB, C = 30.
   const route_trace t = drift_trace();
@@ -712,7 +742,16 @@ TEST_CASE("the fault path's own bandwidth scale: a fault cell fits β_f and hand
   REQUIRE(faults.mapping.kind == lab_model_kind::faults);
   REQUIRE(faults.summary.stall_ms_per_token > 1);  // the faults' reads matter
   timing_params start = kernel_start();
-  start.bandwidth_scale = 2.0;  // β as a lanes cell would have fitted it: kept
+  // Tied (the default): the one β is fitted on the fault cell, and β_f stays tied to it.
+  REQUIRE(start.fault_bandwidth_scale == 0);
+  const calibration_result ct = calibrate_lab(t, lab_config::mmap, s, mf, start);
+  CHECK(ct.free == std::vector<std::string>{"compute_ms_per_token", "bandwidth_scale", "read_cpu_ms_per_mib"});
+  CHECK(ct.params.bandwidth_scale == doctest::Approx(0.6).epsilon(1e-3));
+  CHECK(ct.params.fault_bandwidth_scale == 0);
+  CHECK(ct.params.fault_scale() == ct.params.bandwidth_scale);
+  // Untied: β_f fitted, β kept.
+  start.bandwidth_scale = 2.0;  // β as a lanes cell would have fitted it
+  start.fault_bandwidth_scale = 1.0;
   const calibration_result cf = calibrate_lab(t, lab_config::mmap, s, mf, start);
   CHECK(cf.free == std::vector<std::string>{"compute_ms_per_token", "fault_bandwidth_scale", "read_cpu_ms_per_mib"});
   CHECK(cf.params.fault_bandwidth_scale == doctest::Approx(0.6).epsilon(1e-3));
@@ -732,10 +771,12 @@ TEST_CASE("the fault path's own bandwidth scale: a fault cell fits β_f and hand
   const calibration_result cl = calibrate_lab(t, lab_config::exact, s, ml, start);
   CHECK(cl.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
   CHECK(cl.params.fault_bandwidth_scale == 0.6);
-  // ... and with it predicts the fault cell as measured; with β_f = β it would not.
+  // ... and with it predicts the fault cell as measured; tied to β it would not.
   CHECK(predict_lab(t, lab_config::mmap, s, cl.params).summary.tok_per_s ==
         doctest::Approx(faults.summary.tok_per_s).epsilon(1e-3));
-  timing_params one = cl.params;
-  one.fault_bandwidth_scale = one.bandwidth_scale;
-  CHECK(predict_lab(t, lab_config::mmap, s, one).summary.tok_per_s > 1.1 * faults.summary.tok_per_s);
+  start.fault_bandwidth_scale = 0;
+  const calibration_result tied = calibrate_lab(t, lab_config::exact, s, ml, start);
+  CHECK(tied.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(tied.params.fault_scale() == tied.params.bandwidth_scale);
+  CHECK(predict_lab(t, lab_config::mmap, s, tied.params).summary.tok_per_s > 1.1 * faults.summary.tok_per_s);
 }

@@ -31,7 +31,8 @@ struct lab_args {
   std::size_t lanes = 2, spec_cap = 2;
   std::string free = "compute,bandwidth,kernel";
   double overlap = 0;
-  double bandwidth_scale = 1, fault_bandwidth_scale = 1;  // β and β_f where not fitted
+  double bandwidth_scale = 1;             // β where not fitted
+  double fault_bandwidth_scale = 0;      // β_f where not fitted; 0: tied to β
   std::string manager_runs;   // BASELINE,EXACT,CACHE metrics (memlab's resident-all, manager-exact, manager-cache)
   double manager_budget = 0;  // the manager-cache run's budget, MiB
 };
@@ -213,8 +214,9 @@ const moe_residency_cli::command_registrar reg{
                      "β when not fitted (a fault cell calibrates β_f): the lanes curve's share the manager's reads get")
           ->capture_default_str();
       sub.add_option("--fault-bandwidth-scale", a->fault_bandwidth_scale,
-                     "β_f when not fitted (a lanes cell calibrates β): the curve top's share the page faults' "
-                     "read-around gets (1: as measured)")
+                     "β_f when not fitted (a lanes cell calibrates β, a fault cell β_f): the curve top's share the "
+                     "page faults' read-around gets (1: as measured); 0: tied to β, one scale for both paths, "
+                     "whichever cell calibrates")
           ->capture_default_str();
       sub.add_option("--manager-runs", a->manager_runs,
                      "BASELINE,EXACT,CACHE: metrics of runs without a limit, page cache warm (memlab's resident-all, "

@@ -20,7 +20,9 @@
 // file's pages dropped first (POSIX_FADV_DONTNEED), until --path-read-mib MiB
 // were read (/proc/self/io read_bytes). Run it inside the memory limit being
 // studied: reclaim in the cgroup is part of the cost. Prints CSV:
-// path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib.
+// path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib,wall_ms,off_cpu_ms_per_mib
+// (off the CPU: wall − the thread's CPU, the time waiting for the device; its
+// inverse is the bandwidth that path got, one request at a time).
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +31,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -104,7 +107,7 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
   if (map.at == MAP_FAILED) throw std::runtime_error("mmap of '" + file + "' failed: " + std::strerror(errno));
   auto* bytes = static_cast<unsigned char*>(map.at);
   const auto* touch = static_cast<const volatile unsigned char*>(map.at);
-  std::printf("path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib\n");
+  std::printf("path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib,wall_ms,off_cpu_ms_per_mib\n");
   for (const bool faults : {false, true}) {
     // posix_fadvise returns its error; madvise sets errno.
     int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -115,6 +118,7 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
     std::uniform_int_distribution<std::size_t> pick(0, (size - slice) / page);
     const std::uint64_t r0 = proc_read_bytes();
     const double c0 = thread_cpu_ms();
+    const auto w0 = std::chrono::steady_clock::now();
     const auto target = static_cast<std::uint64_t>(read_mib * 1048576.0);
     std::size_t requests = 0;
     std::uint64_t read = 0;
@@ -131,10 +135,11 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
       if (requests % 16 == 15) read = proc_read_bytes() - r0;
     }
     const double cpu = thread_cpu_ms() - c0;
+    const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
     read = proc_read_bytes() - r0;
     const double mib = static_cast<double>(read) / 1048576.0;
-    std::printf("%s,%zu,%zu,%.1f,%.1f,%.4f\n", faults ? "faults" : "manager", slice_kib, requests, mib, cpu,
-                mib > 0 ? cpu / mib : 0.0);
+    std::printf("%s,%zu,%zu,%.1f,%.1f,%.4f,%.1f,%.4f\n", faults ? "faults" : "manager", slice_kib, requests, mib, cpu,
+                mib > 0 ? cpu / mib : 0.0, wall, mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0);
     std::fflush(stdout);
   }
 }

@@ -18,7 +18,8 @@
 ///                    λ = read_latency_ms (paid once per wave), B(m) = curve bandwidth at m
 ///                    lanes (MiB/s, piecewise linear in m between measured points),
 ///                    β = bandwidth_scale (what the device delivers while the model computes,
-///                    against the cold curve). Its I/O time (the engine's io_ms: read
+///                    against the cold curve; the memory lab's page faults may have their
+///                    own, β_f = fault_bandwidth_scale, timing/lab.hpp). Its I/O time (the engine's io_ms: read
 ///                    durations summed over lanes) is m × w(m).
 ///   (3) demanded     T_l   = (⌈d/n⌉ − 1) × w(n) + w(d − (⌈d/n⌉ − 1) × n),   0 when d = 0
 ///                    d = the layer's demanded misses, n = lanes.
@@ -221,9 +222,11 @@ struct timing_params {
   double mgmt_ms_per_pin = 0.0;       ///< ν_p: the manager's cost per pinned-cache miss (lock and eviction)
   /// β_f: β for the memory lab's fault-driven configurations (timing/lab.hpp),
   /// whose page faults read through the kernel's read-around, not the
-  /// manager's lanes; predict_lab uses it in place of β there. Unused by
-  /// simulate_timing itself.
-  double fault_bandwidth_scale = 1.0;
+  /// manager's lanes; predict_lab uses it in place of β there. 0: tied, the
+  /// same as β. Unused by simulate_timing itself.
+  double fault_bandwidth_scale = 0.0;
+  /// β_f as predict_lab applies it: fault_bandwidth_scale, or β when tied.
+  double fault_scale() const noexcept { return fault_bandwidth_scale > 0 ? fault_bandwidth_scale : bandwidth_scale; }
 
   /// Throws `error` naming the field and value when one is out of range.
   void validate() const {
@@ -235,8 +238,8 @@ struct timing_params {
     if (lanes < 1 || lanes > 64) bad("lanes", static_cast<double>(lanes), "1 to 64");
     if (!(read_latency_ms >= 0) || !std::isfinite(read_latency_ms)) bad("read_latency_ms", read_latency_ms, "a finite value >= 0");
     if (!(bandwidth_scale > 0 && bandwidth_scale <= 4)) bad("bandwidth_scale", bandwidth_scale, "a factor in (0, 4]");
-    if (!(fault_bandwidth_scale > 0 && fault_bandwidth_scale <= 4))
-      bad("fault_bandwidth_scale", fault_bandwidth_scale, "a factor in (0, 4]");
+    if (!(fault_bandwidth_scale == 0 || (fault_bandwidth_scale > 0 && fault_bandwidth_scale <= 4)))
+      bad("fault_bandwidth_scale", fault_bandwidth_scale, "a factor in (0, 4], or 0 for the same as bandwidth_scale");
     if (!(compute_ms_per_token >= 0) || !std::isfinite(compute_ms_per_token))
       bad("compute_ms_per_token", compute_ms_per_token, "a finite value >= 0");
     if (!(expert_compute_share >= 0 && expert_compute_share <= 1))

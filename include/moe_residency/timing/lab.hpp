@@ -100,6 +100,19 @@ struct lab_mapping {
   /// without the pinned cache), or only the pinned cache's misses.
   bool requests_routed = false;
   double pinned_mib = 0;  ///< lanes: the pinned cache's budget (0: none)
+  /// lanes: the pinned cache's misses are locked on the manager's lanes
+  /// (with exact reads: `all`, `degraded`), not inline on the eval thread
+  /// (`cache` alone); the pins' cost ν_p is then shared by `lanes` in parallel.
+  bool pins_on_lanes = false;
+  /// ν_p as the eval thread waits for it: the measured per-pin cost (inline,
+  /// memlab's manager-cache), divided by the lanes that share it.
+  double pin_ms(const lab_setup& s) const noexcept {
+    return pins_on_lanes ? s.pin_ms / static_cast<double>(lanes) : s.pin_ms;
+  }
+  /// The part of pin_ms off the eval thread's CPU: all of it on lanes.
+  double pin_off_cpu_ms(const lab_setup& s) const noexcept {
+    return pins_on_lanes ? pin_ms(s) : s.pin_ms - s.pin_sys_ms;
+  }
 };
 
 /// The mapping of docs/wall-clock.md ("Against this machine"). Throws `error`
@@ -149,6 +162,9 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       // on a lane); with the pinned cache, only the cache's misses (locked).
       m.requests_routed = c == lab_config::exact;
       m.pinned_mib = c == lab_config::exact ? 0.0 : s.budget_mib;
+      // With exact reads the cache's misses are read and locked on the lanes
+      // (mmap_residency::read_on_lanes); the cache alone locks them inline.
+      m.pins_on_lanes = m.pinned_mib > 0 && c != lab_config::cache;
       if (c == lab_config::all || c == lab_config::degraded) {
         m.speculation.source = speculation_source::oracle;
         m.speculation.oracle_p = std::min(1.0, (c == lab_config::all ? s.stale_gate_pct : s.degraded_pct) / 100.0);
@@ -373,13 +389,13 @@ struct lab_prediction {
 
 /// Predicts one configuration. `p` holds the device (curve) and the fitted
 /// parameters; its `lanes` is replaced by the mapping's (and, for faults, its
-/// curve by the curve's top bandwidth and β by fault_bandwidth_scale).
+/// curve by the curve's top bandwidth and β by β_f, timing_params::fault_scale).
 inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const lab_setup& s, timing_params p) {
   lab_prediction out;
   out.mapping = map_lab_config(c, s);
   p.lanes = out.mapping.lanes;
   p.mgmt_ms_per_request = s.request_ms;  // measured with every expert resident (lab_setup)
-  p.mgmt_ms_per_pin = s.pin_ms;
+  p.mgmt_ms_per_pin = out.mapping.pin_ms(s);
   if (out.mapping.kind == lab_model_kind::faults) {
     // A read-around window is one large request that the block layer splits
     // into many in flight: the device's bandwidth at its deepest measured
@@ -389,7 +405,7 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     p.curve = storage_curve({{1.0, top}});
     // What the device delivers to read-around is not what it delivers to the
     // manager's lanes (docs/wall-clock.md, "The fault path's own bandwidth").
-    p.bandwidth_scale = p.fault_bandwidth_scale;
+    p.bandwidth_scale = p.fault_scale();
     // predicted: its reads share the device with the faults (equation 7);
     // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).
     timing_simulator sim(trace.shape(), p);

@@ -37,9 +37,10 @@
 ///   slices, two at a time); the fault-driven configurations read 16 MiB
 ///   read-around windows one fault at a time, and their time off the CPU per
 ///   MiB is not β's (docs/wall-clock.md, "The fault path's own bandwidth").
-///   Calibrated on a fault cell, the bandwidth fitted is β_f
-///   (fault_bandwidth_scale) and β stays `start`'s; on any other cell β is
-///   fitted and β_f stays `start`'s (1: the curve's top as measured).
+///   By default the two are tied (`start.fault_bandwidth_scale` 0): one β,
+///   fitted on whichever cell calibrates. Untied (β_f > 0 in `start`), a
+///   fault cell fits β_f and keeps `start`'s β, and any other cell fits β and
+///   keeps `start`'s β_f (1: the curve's top as measured).
 ///
 /// The default free parameters are C, β (or β_f) and κ. Metrics without cpu_ms and
 /// sys_ms (a probe older than its sys_ms column) fit C and β on the wall
@@ -75,13 +76,13 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
   const lab_prediction fp = predict_lab(trace, c, s, start);
   start.lanes = fp.mapping.lanes;
   start.mgmt_ms_per_request = s.request_ms;  // measured, not fitted (lab_setup)
-  start.mgmt_ms_per_pin = s.pin_ms;
+  start.mgmt_ms_per_pin = fp.mapping.pin_ms(s);
   if (fp.mapping.kind == lab_model_kind::faults) {
     // predict_lab replays faults at the curve's top bandwidth, one at a time.
     double top = 0;
     for (const auto& q : start.curve.points()) top = std::max(top, q.second);
     start.curve = storage_curve({{1.0, top}});
-    start.bandwidth_scale = start.fault_bandwidth_scale;  // fitted as β_f (see the header)
+    start.bandwidth_scale = start.fault_scale();  // fitted as β_f when untied (see the header)
   }
   for (double& x : m.stall_ms) x = std::numeric_limits<double>::quiet_NaN();  // not the model's stall (see the header)
   calibration_options co;
@@ -103,7 +104,7 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
     // reads cost and nothing else.
     for (const load_event& e : fp.loads)
       if (e.token < m.size())
-        m.mgmt_ms[e.token] += (s.request_ms - s.request_sys_ms) * e.requested + (s.pin_ms - s.pin_sys_ms) * e.pinned;
+        m.mgmt_ms[e.token] += (s.request_ms - s.request_sys_ms) * e.requested + fp.mapping.pin_off_cpu_ms(s) * e.pinned;
     co.fit_compute = true;
   } else {
     co.free &= ~static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);  // nothing measures it
@@ -112,7 +113,7 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
   calibration_result r = calibrate_timing(trace.shape(), fp.loads, m, start, co);
   r.params.curve = given.curve;  // the device's, for the other cells (predict_lab maps each)
   r.params.lanes = given.lanes;
-  if (fp.mapping.kind == lab_model_kind::faults) {
+  if (fp.mapping.kind == lab_model_kind::faults && given.fault_bandwidth_scale > 0) {
     r.params.fault_bandwidth_scale = r.params.bandwidth_scale;
     r.params.bandwidth_scale = given.bandwidth_scale;
     for (std::string& name : r.free)
