@@ -403,8 +403,8 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     double top = 0;
     for (const auto& q : p.curve.points()) top = std::max(top, q.second);
     p.curve = storage_curve({{1.0, top}});
-    // What the device delivers to read-around is not what it delivers to the
-    // manager's lanes (docs/wall-clock.md, "The fault path's own bandwidth").
+    // What the device delivers to read-around need not be what it delivers to
+    // the manager's lanes (docs/wall-clock.md, "The fault path's own bandwidth").
     p.bandwidth_scale = p.fault_scale();
     // predicted: its reads share the device with the faults (equation 7);
     // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).

@@ -30,13 +30,16 @@
 /// The manager's own cost per request and per pin (lab_setup's request_ms and
 /// pin_ms, measured with every expert resident) is not fitted: it is in the
 /// model's management, and its part off the CPU is added to the kernel-time
-/// target, so κ is what the reads cost.
+/// target, so κ is what the reads cost. A pin made on the lanes (`all`,
+/// `degraded`: lab_mapping::pins_on_lanes) costs the eval thread ν_p / lanes
+/// of wall and none of its kernel time.
 ///
 /// - **The fault path has its own bandwidth scale.** β is what the device
 ///   delivers to the manager's lanes (`MADV_POPULATE_READ` of an expert's
 ///   slices, two at a time); the fault-driven configurations read 16 MiB
 ///   read-around windows one fault at a time, and their time off the CPU per
-///   MiB is not β's (docs/wall-clock.md, "The fault path's own bandwidth").
+///   MiB need not be β's: on one VM it was about the cold curve's, on another
+///   about β's (docs/wall-clock.md, "The fault path's own bandwidth").
 ///   By default the two are tied (`start.fault_bandwidth_scale` 0): one β,
 ///   fitted on whichever cell calibrates. Untied (β_f > 0 in `start`), a
 ///   fault cell fits β_f and keeps `start`'s β, and any other cell fits β and
