@@ -24,9 +24,11 @@
 #                      and smoke runs, else 25% as well; the model does not use it, see the docs)
 #   --free LIST        the parameters fitted (default compute,bandwidth,kernel; kernel only when
 #                      the metrics record sys_ms; see lab-predict --help)
-#   --fit-run DIR      calibrate on the --fit cell of ANOTHER run of the same preset (its metrics,
-#                      route trace and disk curve) and predict RUNS_DIR's cells: a prediction
-#                      across runs, as a user would make one for a run not yet made
+#   --fit-run DIR[,DIR...]
+#                      calibrate on the --fit cell of OTHER runs of the same preset (their metrics and
+#                      manager runs, the mean of their disk curves; the first one's route trace) and
+#                      predict RUNS_DIR's cells (with --pool's): a prediction across runs, as a user
+#                      would make one for a run not yet made
 #   --sweep            calibrate on every finished cell in turn (the --fit cell's trace is used
 #                      for all) and print, per calibration cell, how many of the other cells are
 #                      predicted within 15% and their median |error|: which cell to calibrate on
@@ -36,6 +38,14 @@
 #                      and spread ((max - min) / mean), and the prediction's error against the mean;
 #                      then how many cells are within 15% of their mean, and how many within their
 #                      own spread: a prediction cannot be judged closer than the lab repeats
+#   --pool LIST        comma list of other runs of the same preset, pooled with RUNS_DIR: every cell's
+#                      metrics are all the runs' (lab-predict --cells FILE;FILE;...), so the calibration
+#                      cell is fitted on its tokens of every run and each other cell's measured tok/s is
+#                      over all its runs (1000 x tokens / sum of wall_ms); the disk curve is the mean of
+#                      the runs' curves (disk-lanes.csv, measured before each run) and the manager's cost
+#                      the mean of their resident-all/manager-* runs (unless --fit-run gives the
+#                      calibration runs). One configuration at one ratio still calibrates; what
+#                      pooling removes is a single run's drift
 #   --fault-bandwidth-scale X
 #                      untie the fault-driven cells' bandwidth scale β_f from the manager's β: a
 #                      manager's calibration cell fits β and the fault cells get X (1: the disk
@@ -52,7 +62,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
 dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run="" repeats=""
-manager=1 fault_scale=""
+manager=1 fault_scale="" pool=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -66,6 +76,7 @@ while [[ $# -gt 0 ]]; do
     --sweep) sweep=1 ;;
     --fit-run) fit_run="${2:?--fit-run needs a run directory}"; shift ;;
     --repeats) repeats="${2:?--repeats needs a comma list of run directories}"; shift ;;
+    --pool) pool="${2:?--pool needs a comma list of run directories}"; shift ;;
     --no-manager-cost) manager=0 ;;
     --fault-bandwidth-scale) fault_scale="${2:?--fault-bandwidth-scale needs a factor}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -79,6 +90,10 @@ reps=()
 [[ -z "$repeats" ]] || IFS=, read -r -a reps <<< "$repeats"
 for d in "${reps[@]}"; do [[ -d "$d" ]] || die "--repeats: '$d' is not a directory (a run of scripts/memlab.sh)"; done
 [[ -z "$repeats" || $sweep == 0 ]] || die "--repeats and --sweep together are not supported; give one"
+pools=()
+[[ -z "$pool" ]] || IFS=, read -r -a pools <<< "$pool"
+for d in "${pools[@]}"; do [[ -d "$d" ]] || die "--pool: '$d' is not a directory (a run of scripts/memlab.sh)"; done
+[[ -z "$pool" || -z "$repeats" ]] || die "--pool with --repeats is not supported: --pool already measures every cell over all the runs"
 if [[ -z "$tool" ]]; then
   for t in "$repo"/build/{llama-cpp,release,debug}/bin/moe-residency; do [[ -x "$t" ]] && { tool="$t"; break; }; done
 fi
@@ -92,17 +107,39 @@ model="$lab/$name"
 [[ -f "$model" ]] || die "the lab's model $model is missing"
 size=$(stat -c %s "$model")
 
-# The calibration run: RUNS_DIR, or --fit-run's.
-src="$dir"
+# The calibration runs: RUNS_DIR and the --pool runs, or --fit-run's list. The first of them
+# (src) gives the route trace and the stale-gate accuracy (routing is the same in every run);
+# the disk curve is the mean of theirs, the manager's cost and the calibration cell are
+# measured over all of them. The predicted cells are measured over RUNS_DIR and the --pool runs.
+preds=("$dir" "${pools[@]}")
+fits=("${preds[@]}")
 if [[ -n "$fit_run" ]]; then
-  [[ -d "$fit_run" ]] || die "--fit-run: '$fit_run' is not a directory (a run of scripts/memlab.sh)"
   [[ $sweep == 0 ]] || die "--fit-run and --sweep together are not supported; give one"
-  src="$fit_run"
+  IFS=, read -r -a fits <<< "$fit_run"
+  for d in "${fits[@]}"; do [[ -d "$d" ]] || die "--fit-run: '$d' is not a directory (a run of scripts/memlab.sh)"; done
 fi
+src="${fits[0]}"
 
-# The storage model: the lanes curve memlab measured at the start of the calibration run.
-[[ -f "$src/disk-lanes.csv" ]] || die "$src/disk-lanes.csv missing (memlab ran with --no-disk?)"
-curve="$(awk -F, 'NR > 1 && $1 != "" { printf "%s%s:%s", (n++ ? "," : ""), $1, $5 }' "$src/disk-lanes.csv")"
+# The storage model: the lanes curve memlab measured at the start of each calibration run,
+# their mean reader count by reader count (one run: its curve).
+curves=()
+for d in "${fits[@]}"; do
+  [[ -f "$d/disk-lanes.csv" ]] || die "$d/disk-lanes.csv missing (memlab ran with --no-disk?)"
+  curves+=("$d/disk-lanes.csv")
+done
+curve="$(awk -F, 'FNR > 1 && $1 != "" { if (!($1 in n)) o[k++] = $1; s[$1] += $5; n[$1]++ }
+                  END { for (i = 0; i < k; ++i) printf "%s%s:%.1f", (i ? "," : ""), o[i], s[o[i]] / n[o[i]] }' "${curves[@]}")"
+# join NAME RUN...: the metrics file NAME of every RUN that finished it, ';'-separated in order;
+# empty when none did.
+join() {
+  local name="$1" out="" d
+  shift
+  for d in "$@"; do
+    [[ "$(cat "$d/$name.status" 2>/dev/null)" == ok && -f "$d/$name.metrics.csv" ]] || continue
+    out+="${out:+;}$d/$name.metrics.csv"
+  done
+  echo "$out"
+}
 
 if [[ -z "$readaround" ]]; then
   dev="$(df --output=source "$model" | tail -1)"; dev="${dev#/dev/}"; base="$dev"
@@ -118,7 +155,7 @@ if [[ $manager == 1 ]]; then
   if ok_run resident-all && ok_run manager-exact && ok_run manager-cache; then
     mb="$(sed -n 's/^residency: .*cache [a-z]* \([0-9.]*\) MiB.*/\1/p' "$src/manager-cache.log" | head -1)"
     [[ -n "$mb" ]] || die "$src/manager-cache.log: no 'cache <policy> N MiB' in its residency line (did it act?)"
-    mgr=(--manager-runs "$src/resident-all.metrics.csv,$src/manager-exact.metrics.csv,$src/manager-cache.metrics.csv"
+    mgr=(--manager-runs "$(join resident-all "${fits[@]}"),$(join manager-exact "${fits[@]}"),$(join manager-cache "${fits[@]}")"
          --manager-budget "$mb")
   fi
 fi
@@ -142,11 +179,10 @@ for r in $ratios; do
   [[ -n "$acc" ]] || acc=100
   for c in mmap observer dense exact predicted cache all degraded resident; do
     [[ -f "$dir/r$r-$c.status" ]] || continue
-    m="$dir/r$r-$c.metrics.csv"
-    [[ "$(cat "$dir/r$r-$c.status")" == ok && -f "$m" ]] || m=""
-    if [[ -n "$fit_run" && "$c@$r" == "$fit" ]]; then  # the calibration cell is the other run's
-      m="$src/r$r-$c.metrics.csv"
-      [[ "$(cat "$src/r$r-$c.status" 2>/dev/null)" == ok && -f "$m" ]] || die "--fit-run: $src has no finished $fit"
+    m="$(join "r$r-$c" "${preds[@]}")"
+    if [[ -n "$fit_run" && "$c@$r" == "$fit" ]]; then  # the calibration cell is the other runs'
+      m="$(join "r$r-$c" "${fits[@]}")"
+      [[ -n "$m" ]] || die "--fit-run: no finished $fit in $fit_run"
     fi
     lim=$limit
     if [[ $c == resident ]]; then  # one run without a limit, listed once
@@ -171,7 +207,7 @@ if [[ $sweep == 1 ]]; then
   done
   exit 0
 fi
-echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround ${mgr[*]}${fit_run:+ (calibrated on $fit_run, predicting $dir)}" >&2
+echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround ${mgr[*]}${fit_run:+ (calibrated on $fit_run, predicting $dir)}${pool:+ (pooled with $pool: every cell over all the runs)}" >&2
 predict() {
   "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
     --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}"

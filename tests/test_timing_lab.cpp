@@ -665,12 +665,30 @@ TEST_CASE("the manager's cost measured with every expert resident: per request a
   CHECK(c.request_sys_ms == doctest::Approx(0.125));
   CHECK(c.pin_ms == doctest::Approx(2));
   CHECK(c.pin_sys_ms == doctest::Approx(0.5));
+  // flat_metrics' cpu_ms is its wall: user time 19.5 (base), 20.25 and 21.75 ms a token,
+  // i.e. 0.75 / 2 requests and 2.25 / 1.5 pins, all of what the kernel leaves of each.
+  CHECK(c.request_user_ms == doctest::Approx(0.375));
+  CHECK(c.pin_user_ms == doctest::Approx(1.5));
+  {
+    // A manager run that waits for its lanes: of 1 ms a token more, 0.25 in the kernel
+    // and 0.25 in user time; the rest (0.5) off the CPU. Without cpu_ms, no user part.
+    token_metrics waits = flat_metrics(4, 21, 0.75);
+    waits.cpu_ms.assign(4, 20.5);
+    const lab_manager_cost w = measure_manager_cost(t, base, waits, base, budget);
+    CHECK(w.request_ms == doctest::Approx(0.5));
+    CHECK(w.request_sys_ms == doctest::Approx(0.125));
+    CHECK(w.request_user_ms == doctest::Approx(0.125));
+    waits.cpu_ms.clear();
+    CHECK(measure_manager_cost(t, base, waits, base, budget).request_user_ms == 0);
+  }
   // A manager run no slower than the baseline costs nothing; the kernel part never exceeds the whole.
   c = measure_manager_cost(t, base, flat_metrics(4, 19, 0.5), flat_metrics(4, 20.5, 3), budget);
   CHECK(c.request_ms == 0);
   CHECK(c.request_sys_ms == 0);
   CHECK(c.pin_ms == doctest::Approx(1.0 / 3));
   CHECK(c.pin_sys_ms == doctest::Approx(1.0 / 3));
+  CHECK(c.request_user_ms == 0);
+  CHECK(c.pin_user_ms == 0);
   CHECK_THROWS_WITH_AS(measure_manager_cost(t, token_metrics{}, base, base, budget),
                        doctest::Contains("the resident-all run has no decode token"), error);
 }
@@ -713,6 +731,124 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
   all_sys.request_sys_ms = s.request_ms;
   const calibration_result w = calibrate_lab(t, lab_config::exact, all_sys, m, start);
   CHECK(std::abs(w.params.read_cpu_ms_per_mib - 0.4) > 1e-2);
+}
+
+TEST_CASE("the manager's user time leaves the compute target: C is the engine's compute, the manager's calls are not counted twice") {
+  // Metrics made by the model with ν_q = 0.2 ms per request: 0.05 in the
+  // kernel, 0.1 in the eval thread's user time, 0.05 off the CPU. The eval
+  // thread's user time is then C + 0.1 × requests; the fit must take that
+  // 0.1 × requests off its compute target, or C absorbs it.
+  const route_trace t = drift_trace();
+  lab_setup s = drift_setup();
+  s.request_ms = 0.2;
+  s.request_sys_ms = 0.05;
+  s.request_user_ms = 0.1;
+  const timing_params truth = kernel_truth();
+  const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
+  std::vector<double> requested(p.tokens.size(), 0);
+  for (const load_event& e : p.loads) requested[e.token] += e.requested;
+  token_metrics m;
+  for (std::size_t i = 0; i < p.tokens.size(); ++i) {
+    const token_timing& x = p.tokens[i];
+    const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
+    const double user = x.compute_ms + s.request_user_ms * requested[i];
+    m.wall_ms.push_back(x.wall_ms);
+    m.stall_ms.push_back(x.wall_ms - user - sys);
+    m.mgmt_ms.push_back(std::nan(""));
+    m.compute_ms.push_back(user + sys);
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(std::nan(""));
+    m.cpu_ms.push_back(user + sys);
+    m.sys_ms.push_back(sys);
+  }
+  const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, kernel_start());
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(c.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
+  CHECK(c.params.read_cpu_ms_per_mib == doctest::Approx(0.4).epsilon(1e-3));
+  // Read as if none of the request were user time, C takes the manager's calls.
+  lab_setup no_user = s;
+  no_user.request_user_ms = 0;
+  const calibration_result w = calibrate_lab(t, lab_config::exact, no_user, m, kernel_start());
+  CHECK(w.params.compute_ms_per_token > 30.5);
+  // A pin's user time is the eval thread's only where it pins inline (cache alone).
+  lab_setup pins = s;
+  pins.budget_mib = 1;
+  pins.pin_ms = 0.3;
+  pins.pin_sys_ms = 0.1;
+  pins.pin_user_ms = 0.15;
+  CHECK(map_lab_config(lab_config::cache, pins).pin_user_ms(pins) == doctest::Approx(0.15));
+  CHECK(map_lab_config(lab_config::cache, pins).pin_off_cpu_ms(pins) == doctest::Approx(0.05));
+  CHECK(map_lab_config(lab_config::all, pins).pin_user_ms(pins) == 0);
+}
+
+TEST_CASE("a cell measured in several runs is fitted whole: its loads repeated once per run") {
+  // The manager's requests cost 0.2 ms, 0.05 of it in the kernel: each run's
+  // rows get their own tokens' requests added to the kernel-time target.
+  const route_trace t = drift_trace();
+  lab_setup s = drift_setup();
+  s.request_ms = 0.2;
+  s.request_sys_ms = 0.05;
+  const timing_params truth = kernel_truth();
+  const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
+  std::vector<double> requested(p.tokens.size(), 0);
+  for (const load_event& e : p.loads) requested[e.token] += e.requested;
+  const auto made = [&](double slow) {  // the model's metrics, every time slow× the truth's
+    token_metrics m;
+    for (std::size_t i = 0; i < p.tokens.size(); ++i) {
+      const token_timing& x = p.tokens[i];
+      const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
+      m.wall_ms.push_back(slow * x.wall_ms);
+      m.stall_ms.push_back(slow * (x.wall_ms - x.compute_ms - sys));
+      m.mgmt_ms.push_back(std::nan(""));
+      m.compute_ms.push_back(slow * (x.compute_ms + sys));
+      m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+      m.io_ms.push_back(std::nan(""));
+      m.cpu_ms.push_back(slow * (x.compute_ms + sys));
+      m.sys_ms.push_back(slow * sys);
+    }
+    return m;
+  };
+  const token_metrics one = made(1.0);
+  token_metrics twice = one;
+  append_token_metrics(twice, one);
+  REQUIRE(twice.size() == 2 * one.size());
+  CHECK(twice.wall_ms[one.size() + 3] == one.wall_ms[3]);
+  CHECK(twice.sys_ms[one.size() + 3] == one.sys_ms[3]);
+  const calibration_result a = calibrate_lab(t, lab_config::exact, s, one, kernel_start());
+  const calibration_result b = calibrate_lab(t, lab_config::exact, s, twice, kernel_start());
+  CHECK(b.params.compute_ms_per_token == doctest::Approx(a.params.compute_ms_per_token).epsilon(1e-6));
+  CHECK(b.params.bandwidth_scale == doctest::Approx(a.params.bandwidth_scale).epsilon(1e-6));
+  CHECK(b.params.read_cpu_ms_per_mib == doctest::Approx(a.params.read_cpu_ms_per_mib).epsilon(1e-6));
+  CHECK(b.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  // A run 20% slower and one 20% faster, every time scaled: C and κ are linear in
+  // them, so the pooled fit recovers the truth's (each run alone would not).
+  token_metrics spread = made(1.2);
+  append_token_metrics(spread, made(0.8));
+  const calibration_result c = calibrate_lab(t, lab_config::exact, s, spread, kernel_start());
+  CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
+  CHECK(c.params.read_cpu_ms_per_mib == doctest::Approx(0.4).epsilon(1e-3));
+  const calibration_result slow = calibrate_lab(t, lab_config::exact, s, made(1.2), kernel_start());
+  CHECK(slow.params.compute_ms_per_token == doctest::Approx(36).epsilon(1e-3));
+  // Rows that are not a whole number of runs.
+  token_metrics ragged = one;
+  ragged.wall_ms.pop_back();
+  for (auto* v : {&ragged.stall_ms, &ragged.mgmt_ms, &ragged.compute_ms, &ragged.read_bytes, &ragged.io_ms,
+                  &ragged.cpu_ms, &ragged.sys_ms})
+    v->pop_back();
+  append_token_metrics(ragged, one);
+  CHECK_THROWS_WITH_AS(calibrate_lab(t, lab_config::exact, s, ragged, kernel_start()),
+                       doctest::Contains("decode rows but the replay has 40 decode tokens"), error);
+}
+
+TEST_CASE("append_token_metrics: a column one run lacks is NaN for its rows") {
+  token_metrics a = parse_token_metrics("step,wall_ms,cpu_ms,sys_ms\n1,5,4,1\n", "a.csv");
+  append_token_metrics(a, parse_token_metrics("step,wall_ms\n1,6\n2,7\n", "b.csv"));
+  REQUIRE(a.size() == 3);
+  CHECK(a.wall_ms[2] == 7);
+  REQUIRE(a.cpu_ms.size() == 3);
+  CHECK(a.cpu_ms[0] == 4);
+  CHECK(std::isnan(a.cpu_ms[1]));
+  CHECK(std::isnan(a.sys_ms[2]));
 }
 
 TEST_CASE("the fault path's own bandwidth scale: untied, a fault cell fits β_f and hands β back, a lanes cell the other way round") {

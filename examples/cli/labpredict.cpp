@@ -4,7 +4,9 @@
 // other cell from what is known before that cell runs (timing/lab.hpp): the
 // route trace, the memory limit, the budget, the configuration's levers and
 // the disk's lanes curve. The other cells' metrics are read only to print the
-// measured tok/s next to the prediction.
+// measured tok/s next to the prediction. A cell measured in several runs
+// lists their metrics files separated by ';': the fit sees every run's tokens,
+// and the measured tok/s is over all of them.
 
 #include <cmath>
 #include <iostream>
@@ -41,8 +43,25 @@ struct cell {
   std::string ratio;
   lab_config config;
   lab_setup setup;
-  std::string metrics;  // may be empty: a run that did not finish
+  std::string metrics;  // may be empty: a run that did not finish; ';' between the runs of a cell measured again
 };
+
+/// The metrics of one cell: one file, or several runs of it separated by ';'
+/// and appended in that order (calibrate_lab fits them whole). `runs` gets
+/// how many.
+token_metrics read_metrics_list(const std::string& list, const char* what, std::size_t* runs = nullptr) {
+  token_metrics m;
+  std::size_t k = 0;
+  std::stringstream ls(list);
+  for (std::string path; std::getline(ls, path, ';');) {
+    if (path.empty()) throw error(std::string(what) + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
+    append_token_metrics(m, parse_token_metrics(moe_residency_cli::read_whole_file(path, what), path));
+    ++k;
+  }
+  if (k == 0) throw error(std::string(what) + ": no metrics file; expected FILE or FILE;FILE;...");
+  if (runs) *runs = k;
+  return m;
+}
 
 /// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`
 /// (timing/lab_cells.hpp parses it); the levers every cell shares come from the options.
@@ -92,15 +111,15 @@ void run(const lab_args& a) {
     if (!(a.manager_budget > 0) || !std::isfinite(a.manager_budget))
       throw error("--manager-budget: " + std::to_string(a.manager_budget) +
                   "; expected the manager-cache run's budget in MiB (> 0) with --manager-runs");
-    const auto metrics = [](const std::string& path) {
-      return parse_token_metrics(moe_residency_cli::read_whole_file(path, "--manager-runs"), path);
-    };
+    const auto metrics = [](const std::string& path) { return read_metrics_list(path, "--manager-runs"); };
     mc = measure_manager_cost(trace, metrics(f[0]), metrics(f[1]), metrics(f[2]), a.manager_budget);
     for (cell& c : cells) {
       c.setup.request_ms = mc.request_ms;
       c.setup.request_sys_ms = mc.request_sys_ms;
       c.setup.pin_ms = mc.pin_ms;
       c.setup.pin_sys_ms = mc.pin_sys_ms;
+      c.setup.request_user_ms = mc.request_user_ms;
+      c.setup.pin_user_ms = mc.pin_user_ms;
     }
   }
 
@@ -128,7 +147,8 @@ void run(const lab_args& a) {
     if (c.config == fit_config && c.ratio == fit_ratio) fit = &c;
   if (!fit) throw error("--fit: no cell " + a.fit + " in " + a.cells);
   if (fit->metrics.empty()) throw error("--fit: the cell " + a.fit + " has no metrics (the run did not finish)");
-  const token_metrics fm = parse_token_metrics(moe_residency_cli::read_whole_file(fit->metrics, "--cells metrics"), fit->metrics);
+  std::size_t fit_runs = 1;
+  const token_metrics fm = read_metrics_list(fit->metrics, "--cells metrics", &fit_runs);
 
   // Calibrate on the fit cell's loads, its wall times only (timing/lab_calibrate.hpp).
   const calibration_result cr = calibrate_lab(trace, fit->config, fit->setup, fm, start, free);
@@ -139,7 +159,8 @@ void run(const lab_args& a) {
     std::cout << "ratio,config,model,measured_tok_s,predicted_tok_s,err_pct,within_15,predicted_mib_per_token,"
                  "measured_mib_per_token,fit\n";
   else {
-    std::cout << "lab-predict: calibrated on " << a.fit << " (" << fm.size() << " decode tokens, all fitted; "
+    std::cout << "lab-predict: calibrated on " << a.fit << " (" << fm.size() << " decode tokens"
+              << (fit_runs > 1 ? " of " + std::to_string(fit_runs) + " runs" : std::string()) << ", all fitted; "
               << cr.iterations << " iterations, rms " << cr.rms_ms << " ms); fitted:\n"
               << format_timing_config(cr.params);
     for (const std::string& b : params_on_bound(cr))
@@ -151,10 +172,10 @@ void run(const lab_args& a) {
     if (have_mc) {
       std::snprintf(buf, sizeof buf,
                     "the manager's own cost, every expert resident: exact +%.1f ms/token over %.1f requests "
-                    "(%.3f ms each, %.3f in the kernel), cache +%.1f ms/token over %.1f pins at %.0f MiB (%.3f ms each, "
-                    "%.3f in the kernel)\n",
-                    mc.exact_extra_ms, mc.requests_per_token, mc.request_ms, mc.request_sys_ms, mc.cache_extra_ms,
-                    mc.pins_per_token, a.manager_budget, mc.pin_ms, mc.pin_sys_ms);
+                    "(%.3f ms each, %.3f in the kernel, %.3f in user time), cache +%.1f ms/token over %.1f pins at %.0f MiB "
+                    "(%.3f ms each, %.3f in the kernel, %.3f in user time)\n",
+                    mc.exact_extra_ms, mc.requests_per_token, mc.request_ms, mc.request_sys_ms, mc.request_user_ms,
+                    mc.cache_extra_ms, mc.pins_per_token, a.manager_budget, mc.pin_ms, mc.pin_sys_ms, mc.pin_user_ms);
       std::cout << buf;
     }
     std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9s %9s %8s %4s %10s %10s\n", "ratio", "config", "model",
@@ -165,7 +186,7 @@ void run(const lab_args& a) {
     const lab_prediction p = predict_lab(trace, c.config, c.setup, fitted);
     double meas = NAN, meas_mib = NAN;
     if (!c.metrics.empty()) {
-      const token_metrics m = parse_token_metrics(moe_residency_cli::read_whole_file(c.metrics, "--cells metrics"), c.metrics);
+      const token_metrics m = read_metrics_list(c.metrics, "--cells metrics");
       meas = metrics_tok_per_s(m);
       double rb = 0;
       for (double b : m.read_bytes) rb += b;
@@ -197,7 +218,8 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--trace", a->trace, "route trace of a lab run with the observer (routing is the same in every run)")
           ->required();
       sub.add_option("--curve", a->curve, "the disk's lanes curve, lanes:MiB/s list (moe-disk-lanes)")->required();
-      sub.add_option("--cells", a->cells, "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics")->required();
+      sub.add_option("--cells", a->cells, "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (metrics: FILE, or "
+                     "FILE;FILE;... for a cell measured in several runs)")->required();
       sub.add_option("--fit", a->fit, "the calibration cell, CONFIG@RATIO (e.g. exact@2.5)")->required();
       sub.add_option("--overhead-mib", a->overhead_mib, "the cgroup's memory besides the model's pages (assumed)")
           ->capture_default_str();
@@ -221,7 +243,8 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--manager-runs", a->manager_runs,
                      "BASELINE,EXACT,CACHE: metrics of runs without a limit, page cache warm (memlab's resident-all, "
                      "manager-exact, manager-cache): the manager's own cost per requested expert and per pin, "
-                     "equation (6)'s ν_q and ν_p (default: none, both 0)");
+                     "equation (6)'s ν_q and ν_p (default: none, both 0); each may be FILE;FILE;... (repeated runs, "
+                     "means over all)");
       sub.add_option("--manager-budget", a->manager_budget, "the manager-cache run's cache budget, MiB");
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.callback([a] { run(*a); });

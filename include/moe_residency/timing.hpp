@@ -615,4 +615,22 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   return m;
 }
 
+/// Appends `more`'s rows to `into`: one cell measured again (the lab's
+/// repeated runs), for a fit or a mean over every run. A column one of the
+/// two lacks is NaN for its rows.
+inline void append_token_metrics(token_metrics& into, const token_metrics& more) {
+  const std::size_t n = into.size();
+  std::vector<double> token_metrics::*cols[] = {&token_metrics::wall_ms,    &token_metrics::stall_ms,
+                                                &token_metrics::mgmt_ms,    &token_metrics::compute_ms,
+                                                &token_metrics::read_bytes, &token_metrics::io_ms,
+                                                &token_metrics::cpu_ms,     &token_metrics::sys_ms};
+  for (auto c : cols) {
+    std::vector<double>& a = into.*c;
+    const std::vector<double>& b = more.*c;
+    a.resize(n, std::numeric_limits<double>::quiet_NaN());
+    if (b.size() == more.size()) a.insert(a.end(), b.begin(), b.end());
+    else a.resize(n + more.size(), std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
 }  // namespace moe_residency

@@ -71,10 +71,11 @@ struct lab_setup {
   /// The manager's own cost with every expert resident (memlab's manager-exact
   /// and manager-cache runs against resident-all; measure_manager_cost): ν_q and ν_p of
   /// equation (6), ms of wall per requested expert and per pinned-cache miss,
-  /// and the part of each in the eval thread's kernel time (for calibrate_lab;
-  /// timing/lab_manager.hpp measures them).
-  double request_ms = 0, request_sys_ms = 0;
-  double pin_ms = 0, pin_sys_ms = 0;
+  /// the part of each in the eval thread's kernel time, and the part in its
+  /// user time (for calibrate_lab; timing/lab_manager.hpp measures them). The
+  /// rest of each is off the eval thread's CPU (waiting for a lane).
+  double request_ms = 0, request_sys_ms = 0, request_user_ms = 0;
+  double pin_ms = 0, pin_sys_ms = 0, pin_user_ms = 0;
 };
 
 /// How a configuration is modelled.
@@ -111,8 +112,10 @@ struct lab_mapping {
   }
   /// The part of pin_ms off the eval thread's CPU: all of it on lanes.
   double pin_off_cpu_ms(const lab_setup& s) const noexcept {
-    return pins_on_lanes ? pin_ms(s) : s.pin_ms - s.pin_sys_ms;
+    return pins_on_lanes ? pin_ms(s) : std::max(0.0, s.pin_ms - s.pin_sys_ms - s.pin_user_ms);
   }
+  /// The part of pin_ms in the eval thread's user time: none on lanes.
+  double pin_user_ms(const lab_setup& s) const noexcept { return pins_on_lanes ? 0.0 : s.pin_user_ms; }
 };
 
 /// The mapping of docs/wall-clock.md ("Against this machine"). Throws `error`

@@ -29,8 +29,10 @@
 ///
 /// The manager's own cost per request and per pin (lab_setup's request_ms and
 /// pin_ms, measured with every expert resident) is not fitted: it is in the
-/// model's management, and its part off the CPU is added to the kernel-time
-/// target, so κ is what the reads cost. A pin made on the lanes (`all`,
+/// model's management, and its part outside the kernel is added to the
+/// kernel-time target, so κ is what the reads cost; its part in the eval
+/// thread's user time (request_user_ms, pin_user_ms) is taken off the compute
+/// target, so C is the engine's compute alone. A pin made on the lanes (`all`,
 /// `degraded`: lab_mapping::pins_on_lanes) costs the eval thread ν_p / lanes
 /// of wall and none of its kernel time.
 ///
@@ -45,6 +47,12 @@
 ///   fault cell fits β_f and keeps `start`'s β, and any other cell fits β and
 ///   keeps `start`'s β_f (1: the curve's top as measured).
 ///
+/// - **A cell measured more than once is fitted whole.** `m` may hold k ≥ 2
+///   runs of the same cell one after the other (append_token_metrics): k
+///   times the replay's decode tokens. The replay's loads are then repeated
+///   k times, token t of run j paired with row j·n + t, so that one fit sees
+///   every repeat and no single run's drift decides the parameters.
+///
 /// The default free parameters are C, β (or β_f) and κ. Metrics without cpu_ms and
 /// sys_ms (a probe older than its sys_ms column) fit C and β on the wall
 /// alone, κ staying 0 and β absorbing the kernel's time: tokens that read
@@ -57,8 +65,11 @@
 #include "moe_residency/timing/lab.hpp"
 
 #include <cmath>
+#include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace moe_residency {
@@ -71,12 +82,30 @@ inline constexpr unsigned lab_default_free = static_cast<unsigned>(timing_param:
 /// of configuration `c` whose per-token metrics are `m`, from the start
 /// parameters `start` (its curve is the device's; its overlap is kept unless
 /// fitted — pass 0, see above). read_cpu_ms_per_mib is fitted only when `m`
-/// records cpu_ms and sys_ms. The result's curve and lanes are `start`'s.
-/// Throws like predict_lab and calibrate_timing, and when nothing is left free.
+/// records cpu_ms and sys_ms. `m` may also be k whole runs of the cell
+/// appended (see above). The result's curve and lanes are `start`'s.
+/// Throws like predict_lab and calibrate_timing, when nothing is left free,
+/// and when `m`'s rows are not a whole number of runs.
 inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, const lab_setup& s, token_metrics m,
                                         timing_params start, unsigned free = lab_default_free) {
   const timing_params given = start;
-  const lab_prediction fp = predict_lab(trace, c, s, start);
+  lab_prediction fp = predict_lab(trace, c, s, start);
+  const std::size_t n = fp.tokens.size();
+  if (n > 0 && m.size() > n && m.size() % n == 0) {  // k runs of the cell, one after the other
+    const std::size_t k = m.size() / n;
+    std::vector<load_event> all;
+    all.reserve(fp.loads.size() * k);
+    for (std::size_t j = 0; j < k; ++j)
+      for (load_event e : fp.loads) {
+        e.token += static_cast<std::uint32_t>(j * n);
+        all.push_back(e);
+      }
+    fp.loads = std::move(all);
+  } else if (n > 0 && m.size() != n) {
+    throw error("calibrate_lab: the metrics have " + std::to_string(m.size()) + " decode rows but the replay has " +
+                std::to_string(n) + " decode tokens; expected one row per decode token of the run, or of each of " +
+                "several runs of the same cell appended");
+  }
   start.lanes = fp.mapping.lanes;
   start.mgmt_ms_per_request = s.request_ms;  // measured, not fitted (lab_setup)
   start.mgmt_ms_per_pin = fp.mapping.pin_ms(s);
@@ -103,11 +132,18 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
     }
     // The manager's measured cost (ν_q, ν_p) is management in the model but
     // only partly kernel time: its part off the eval thread's CPU (waiting for
-    // a lane) joins the target, so that κ is fitted to the kernel time the
-    // reads cost and nothing else.
+    // a lane) and its part in the eval thread's user time join the management
+    // target, so that κ is fitted to the kernel time the reads cost and
+    // nothing else, and the user-time part leaves the compute target, so that
+    // C is the engine's compute (what the resident run has) and the manager's
+    // calls are not counted twice.
     for (const load_event& e : fp.loads)
-      if (e.token < m.size())
-        m.mgmt_ms[e.token] += (s.request_ms - s.request_sys_ms) * e.requested + fp.mapping.pin_off_cpu_ms(s) * e.pinned;
+      if (e.token < m.size()) {
+        const double user = s.request_user_ms * e.requested + fp.mapping.pin_user_ms(s) * e.pinned;
+        m.mgmt_ms[e.token] += std::max(0.0, s.request_ms - s.request_sys_ms - s.request_user_ms) * e.requested +
+                              fp.mapping.pin_off_cpu_ms(s) * e.pinned + user;
+        m.compute_ms[e.token] = std::max(0.0, m.compute_ms[e.token] - user);
+      }
     co.fit_compute = true;
   } else {
     co.free &= ~static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);  // nothing measures it

@@ -7,7 +7,9 @@
 ///   2.5,exact,563,141,87.1,/runs/r2.5-exact.metrics.csv
 ///
 /// A header line (`ratio,...`), '#' comments and empty lines are skipped; the
-/// metrics field may be empty or missing (a run that did not finish). Carriage
+/// metrics field may be empty or missing (a run that did not finish), or list
+/// several runs of the same cell separated by ';' (lab-predict appends them:
+/// append_token_metrics). Carriage
 /// returns at the end of a line are dropped ("\r\n" files). Standard library only.
 
 #include <cmath>

@@ -33,8 +33,13 @@ namespace moe_residency {
 /// the cache pins its misses at `cache_budget_mib`). Clamped at 0: a run no
 /// slower than the baseline costs nothing measurable. Throws `error` when a run
 /// has no decode token or the trace none.
+///
+/// The user-time part (request_user_ms, pin_user_ms) is the same difference of
+/// the eval thread's cpu_ms − sys_ms, clamped to what the kernel part leaves of
+/// the whole: 0 when the metrics do not record cpu_ms and sys_ms.
 struct lab_manager_cost {
   double request_ms = 0, request_sys_ms = 0, pin_ms = 0, pin_sys_ms = 0;
+  double request_user_ms = 0, pin_user_ms = 0;
   double requests_per_token = 0, pins_per_token = 0;
   double exact_extra_ms = 0, cache_extra_ms = 0;  ///< mean wall per token beyond the baseline's
 };
@@ -50,6 +55,13 @@ inline lab_manager_cost measure_manager_cost(const route_trace& trace, const tok
   };
   const auto sys = [&](const token_metrics& m, const char* what) {
     return m.sys_ms.size() == m.size() ? mean(m.sys_ms, what, "sys_ms") : 0.0;
+  };
+  // The eval thread's user time (cpu_ms − sys_ms); NaN when a run does not record both.
+  const auto user = [&](const token_metrics& m, const char* what) {
+    if (m.cpu_ms.size() != m.size() || m.sys_ms.size() != m.size()) return std::nan("");
+    for (std::size_t t = 0; t < m.size(); ++t)
+      if (!std::isfinite(m.cpu_ms[t]) || !std::isfinite(m.sys_ms[t])) return std::nan("");
+    return mean(m.cpu_ms, what, "cpu_ms") - mean(m.sys_ms, what, "sys_ms");
   };
   const load_batches lb = group_load_batches(trace);
   double routed = 0;
@@ -82,6 +94,13 @@ inline lab_manager_cost measure_manager_cost(const route_trace& trace, const tok
   c.request_sys_ms = std::min(c.request_ms, per(sys(exact, "manager-exact") - r_sys, c.requests_per_token));
   c.pin_ms = per(c.cache_extra_ms, c.pins_per_token);
   c.pin_sys_ms = std::min(c.pin_ms, per(sys(cache, "manager-cache") - r_sys, c.pins_per_token));
+  const double r_user = user(baseline, "resident-all");
+  const auto user_part = [&](const token_metrics& m, const char* what, double n, double whole, double kernel) {
+    const double u = user(m, what) - r_user;
+    return std::isfinite(u) ? std::min(whole - kernel, per(u, n)) : 0.0;
+  };
+  c.request_user_ms = user_part(exact, "manager-exact", c.requests_per_token, c.request_ms, c.request_sys_ms);
+  c.pin_user_ms = user_part(cache, "manager-cache", c.pins_per_token, c.pin_ms, c.pin_sys_ms);
   return c;
 }
 
