@@ -115,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             close6(q->mgmt_ms_per_read, p->mgmt_ms_per_read) && close6(q->mgmt_ms_per_eviction, p->mgmt_ms_per_eviction) &&
             close6(q->read_cpu_ms_per_mib, p->read_cpu_ms_per_mib) &&
             close6(q->mgmt_ms_per_request, p->mgmt_ms_per_request) && close6(q->mgmt_ms_per_pin, p->mgmt_ms_per_pin) &&
-            close6(q->fault_bandwidth_scale, p->fault_bandwidth_scale),
+            close6(q->fault_bandwidth_scale, p->fault_bandwidth_scale) && close6(q->kernel_overlap, p->kernel_overlap),
         "a parameter moved by more than its 6 printed digits", written);
   return 0;
 }

@@ -104,6 +104,38 @@ TEST_CASE("the read CPU per MiB: paid for demanded and speculative MiB, never hi
                        doctest::Contains("read_cpu_ms_per_mib = -1; expected a finite value >= 0"), error);
 }
 
+TEST_CASE("the engine thread's own read work hides the reads' device time by ψ (kernel_overlap), and is still paid") {
+  const model_shape shape("one", 16, 4, {2 * mib});
+  timing_params p = one_lane();
+  p.overlap = 0;
+  p.read_cpu_ms_per_mib = 0.5;
+  p.mgmt_ms_per_pin = 0.25;
+  // 3 misses of 2 MiB at 1000 MiB/s: 6 ms of device time. κ × 6 MiB = 3 ms and
+  // 2 pins × 0.25 = 0.5 ms of the engine thread's own work: 3.5 ms of management.
+  load_event e = load(0, 0, 3, 2 * mib);
+  e.pinned = 2;
+  CHECK(simulate_timing(shape, p, {e})[0].stall_ms == doctest::Approx(6.0));  // ψ = 0: waits for all of it
+  p.kernel_overlap = 1;
+  auto ts = simulate_timing(shape, p, {e});
+  CHECK(ts[0].stall_ms == doctest::Approx(2.5));  // 6 − 3.5
+  CHECK(ts[0].mgmt_ms == doctest::Approx(3.5));   // still paid in full
+  CHECK(ts[0].wall_ms == doctest::Approx(1 + 3.5 + 2.5));
+  p.kernel_overlap = 0.5;
+  CHECK(simulate_timing(shape, p, {e})[0].stall_ms == doctest::Approx(6.0 - 1.75));
+  // More own work than device time: no stall, never a negative one.
+  p.kernel_overlap = 1;
+  p.read_cpu_ms_per_mib = 2;
+  ts = simulate_timing(shape, p, {e});
+  CHECK(ts[0].stall_ms == 0);
+  CHECK(ts[0].wall_ms == doctest::Approx(1 + 12.5));
+  // The config file carries it, and refuses a share outside [0, 1] naming it.
+  p.kernel_overlap = 0.75;
+  CHECK(parse_timing_config(format_timing_config(p), "psi.cfg").kernel_overlap == doctest::Approx(0.75));
+  CHECK(timing_params{}.kernel_overlap == 0);
+  CHECK_THROWS_WITH_AS(parse_timing_config("kernel_overlap = 1.5\n", "psi.cfg"),
+                       doctest::Contains("psi.cfg: timing_params: kernel_overlap = 1.5; expected a share in [0, 1]"), error);
+}
+
 TEST_CASE("the manager's own cost: per requested expert and per pinned-cache miss, resident or not") {
   const model_shape shape("one", 16, 4, {2 * mib});
   timing_params p = one_lane();

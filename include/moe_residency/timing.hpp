@@ -26,9 +26,15 @@
 ///   (4) wait         q_l   = max(0, S_prev − t_l)
 ///                    t_l = the layer's start; S_prev = when the speculative reads issued
 ///                    after the previous load finish (a started read is waited for; see 7).
-///   (5) stall        s_l   = max(0, q_l + T_l − ω × c_l)
+///   (5) stall        s_l   = max(0, q_l + T_l − ω × c_l − ψ × (κ × D_l + ν_p × p_l))
 ///                    ω = overlap: the share of the layer's compute the demanded reads hide
-///                    behind (the engine computes resident experts while misses load).
+///                    behind (the engine computes resident experts while misses load);
+///                    ψ = kernel_overlap: the share of the engine thread's own work for
+///                    these reads (6's κ and ν_p terms) that their device time hides behind
+///                    — 0 when another thread reads them (the lanes) and the engine only
+///                    waits; in the memory lab, 1 where the engine thread locks the misses
+///                    itself (the kernel's readahead is in flight while it allocates and
+///                    inserts the pages: timing/lab.hpp). Default 0.
 ///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + I_l) + ν_q × a_l + ν_p × p_l
 ///                    μ_r = mgmt_ms_per_read, i_l = speculative reads made resident at this
 ///                    load, μ_e = mgmt_ms_per_eviction, v_l = evictions at this load,
@@ -220,6 +226,7 @@ struct timing_params {
   double read_cpu_ms_per_mib = 0.0;   ///< κ: the engine thread's CPU per MiB read (page-cache work), serial
   double mgmt_ms_per_request = 0.0;   ///< ν_q: the manager's cost per expert it requests, resident or not
   double mgmt_ms_per_pin = 0.0;       ///< ν_p: the manager's cost per pinned-cache miss (lock and eviction)
+  double kernel_overlap = 0.0;        ///< ψ: share of the κ and ν_p work the demanded reads hide behind, [0, 1]
   /// β_f: β for the memory lab's fault-driven configurations (timing/lab.hpp),
   /// whose page faults read through the kernel's read-around, not the
   /// manager's lanes; predict_lab uses it in place of β there. 0: tied, the
@@ -245,6 +252,7 @@ struct timing_params {
     if (!(expert_compute_share >= 0 && expert_compute_share <= 1))
       bad("expert_compute_share", expert_compute_share, "a share in [0, 1]");
     if (!(overlap >= 0 && overlap <= 1)) bad("overlap", overlap, "a share in [0, 1]");
+    if (!(kernel_overlap >= 0 && kernel_overlap <= 1)) bad("kernel_overlap", kernel_overlap, "a share in [0, 1]");
     if (!(mgmt_ms_per_read >= 0) || !std::isfinite(mgmt_ms_per_read)) bad("mgmt_ms_per_read", mgmt_ms_per_read, "a finite value >= 0");
     if (!(mgmt_ms_per_eviction >= 0) || !std::isfinite(mgmt_ms_per_eviction))
       bad("mgmt_ms_per_eviction", mgmt_ms_per_eviction, "a finite value >= 0");
@@ -282,7 +290,7 @@ struct timing_params {
 /// directory), read_latency_ms, bandwidth_scale, fault_bandwidth_scale,
 /// compute_ms_per_token, expert_compute_share,
 /// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib,
-/// mgmt_ms_per_request, mgmt_ms_per_pin. Unlisted keys keep
+/// mgmt_ms_per_request, mgmt_ms_per_pin, kernel_overlap. Unlisted keys keep
 /// `defaults`. Throws `error` naming the line on an unknown key or bad value.
 inline timing_params parse_timing_config(const std::string& text, const std::string& source,
                                          timing_params defaults = {}) {
@@ -334,6 +342,8 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.expert_compute_share = number();
       } else if (key == "overlap") {
         p.overlap = number();
+      } else if (key == "kernel_overlap") {
+        p.kernel_overlap = number();
       } else if (key == "mgmt_ms_per_read") {
         p.mgmt_ms_per_read = number();
       } else if (key == "mgmt_ms_per_eviction") {
@@ -349,7 +359,7 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
                     "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, fault_bandwidth_scale, "
                     "compute_ms_per_token, "
                     "expert_compute_share, overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib, "
-                    "mgmt_ms_per_request or mgmt_ms_per_pin");
+                    "mgmt_ms_per_request, mgmt_ms_per_pin or kernel_overlap");
       }
     } catch (const error& e) {
       const std::string m = e.what();
@@ -372,10 +382,10 @@ inline std::string format_timing_config(const timing_params& p) {
                 "read_latency_ms = %.6g\nbandwidth_scale = %.6g\ncompute_ms_per_token = %.6g\n"
                 "expert_compute_share = %.6g\noverlap = %.6g\nmgmt_ms_per_read = %.6g\nmgmt_ms_per_eviction = %.6g\n"
                 "read_cpu_ms_per_mib = %.6g\nmgmt_ms_per_request = %.6g\nmgmt_ms_per_pin = %.6g\n"
-                "fault_bandwidth_scale = %.6g\n",
+                "fault_bandwidth_scale = %.6g\nkernel_overlap = %.6g\n",
                 p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token, p.expert_compute_share, p.overlap,
                 p.mgmt_ms_per_read, p.mgmt_ms_per_eviction, p.read_cpu_ms_per_mib, p.mgmt_ms_per_request,
-                p.mgmt_ms_per_pin, p.fault_bandwidth_scale);
+                p.mgmt_ms_per_pin, p.fault_bandwidth_scale, p.kernel_overlap);
   return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf;
 }
 
@@ -413,7 +423,8 @@ class timing_simulator {
     const double c = p.compute_ms_per_token / n_moe_ * ((1.0 - p.expert_compute_share) + p.expert_compute_share * executed);
     const double wait = std::max(0.0, spec_end_ - now_);
     const double demanded = p.read_ms(e.misses, e.expert_bytes);
-    const double stall = std::max(0.0, wait + demanded - p.overlap * c);
+    const double own = p.read_cpu_ms_per_mib * to_mib(e.demanded_bytes) + p.mgmt_ms_per_pin * static_cast<double>(e.pinned);
+    const double stall = std::max(0.0, wait + demanded - p.overlap * c - p.kernel_overlap * own);
     const double mgmt = p.mgmt_ms_per_read * static_cast<double>(e.misses + e.speculative_inserted) +
                         p.mgmt_ms_per_eviction * static_cast<double>(e.evictions) +
                         p.read_cpu_ms_per_mib * (to_mib(e.demanded_bytes) + to_mib(e.speculative_inserted_bytes)) +

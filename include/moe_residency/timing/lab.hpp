@@ -110,6 +110,12 @@ struct lab_mapping {
   double pin_ms(const lab_setup& s) const noexcept {
     return pins_on_lanes ? s.pin_ms / static_cast<double>(lanes) : s.pin_ms;
   }
+  /// lanes: the eval thread reads and locks the misses itself (`cache` alone,
+  /// one lane): the device time of those reads overlaps its own kernel work
+  /// for them, which the model says with ψ = 1 (timing_params::kernel_overlap;
+  /// docs/wall-clock.md, "Misses locked inline"). On the lanes, the eval
+  /// thread only waits for another thread's reads (ψ = 0).
+  bool reads_inline = false;
   /// The part of pin_ms off the eval thread's CPU: all of it on lanes.
   double pin_off_cpu_ms(const lab_setup& s) const noexcept {
     return pins_on_lanes ? pin_ms(s) : std::max(0.0, s.pin_ms - s.pin_sys_ms - s.pin_user_ms);
@@ -168,6 +174,7 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       // With exact reads the cache's misses are read and locked on the lanes
       // (mmap_residency::read_on_lanes); the cache alone locks them inline.
       m.pins_on_lanes = m.pinned_mib > 0 && c != lab_config::cache;
+      m.reads_inline = c == lab_config::cache;
       if (c == lab_config::all || c == lab_config::degraded) {
         m.speculation.source = speculation_source::oracle;
         m.speculation.oracle_p = std::min(1.0, (c == lab_config::all ? s.stale_gate_pct : s.degraded_pct) / 100.0);
@@ -391,14 +398,16 @@ struct lab_prediction {
 };
 
 /// Predicts one configuration. `p` holds the device (curve) and the fitted
-/// parameters; its `lanes` is replaced by the mapping's (and, for faults, its
-/// curve by the curve's top bandwidth and β by β_f, timing_params::fault_scale).
+/// parameters; its `lanes` and ψ (kernel_overlap) are replaced by the
+/// mapping's (and, for faults, its curve by the curve's top bandwidth and β
+/// by β_f, timing_params::fault_scale).
 inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const lab_setup& s, timing_params p) {
   lab_prediction out;
   out.mapping = map_lab_config(c, s);
   p.lanes = out.mapping.lanes;
   p.mgmt_ms_per_request = s.request_ms;  // measured with every expert resident (lab_setup)
   p.mgmt_ms_per_pin = out.mapping.pin_ms(s);
+  p.kernel_overlap = out.mapping.reads_inline ? 1.0 : 0.0;
   if (out.mapping.kind == lab_model_kind::faults) {
     // A read-around window is one large request that the block layer splits
     // into many in flight: the device's bandwidth at its deepest measured

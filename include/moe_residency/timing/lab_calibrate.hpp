@@ -109,6 +109,7 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
   start.lanes = fp.mapping.lanes;
   start.mgmt_ms_per_request = s.request_ms;  // measured, not fitted (lab_setup)
   start.mgmt_ms_per_pin = fp.mapping.pin_ms(s);
+  start.kernel_overlap = fp.mapping.reads_inline ? 1.0 : 0.0;  // as predict_lab maps it
   if (fp.mapping.kind == lab_model_kind::faults) {
     // predict_lab replays faults at the curve's top bandwidth, one at a time.
     double top = 0;
@@ -152,6 +153,7 @@ inline calibration_result calibrate_lab(const route_trace& trace, lab_config c, 
   calibration_result r = calibrate_timing(trace.shape(), fp.loads, m, start, co);
   r.params.curve = given.curve;  // the device's, for the other cells (predict_lab maps each)
   r.params.lanes = given.lanes;
+  r.params.kernel_overlap = given.kernel_overlap;
   if (fp.mapping.kind == lab_model_kind::faults && given.fault_bandwidth_scale > 0) {
     r.params.fault_bandwidth_scale = r.params.bandwidth_scale;
     r.params.bandwidth_scale = given.bandwidth_scale;
