@@ -448,6 +448,14 @@ void tune_kernel(const mr::matrix_view& w, const float* x, float* y) {
       w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
 }
 
+template <class Tune, bool Fused>
+void tuned_kernel(const mr::matrix_view& w, const float* x, float* y) {
+  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, Tune>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
+                                                              x, y, mr::activation_rounding::engine);
+}
+using wide4_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 4>;
+using wide3_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 3>;
+
 // Shapes of the kernel and the read on one fixture (args {type, routers}: 0
 // routers is a token's 48, from the last-level cache or DRAM; 1 is one router,
 // in cache), each iteration running all of them in turn, so every ratio is
@@ -466,7 +474,14 @@ void BM_token_tunes(benchmark::State& st) {
        {"u_default", tune_kernel<3, 3, 2, 1, false, 0>},
        {"u_f16_head16", tune_kernel<3, 3, 2, 1, false, 16>},
        {"f16_6x2", tune_kernel<3, 6, 2, 1, true, 0, false, 3, 2>},
-       {"u_f16_6x2", tune_kernel<3, 6, 2, 1, false, 0, false, 3, 2>}});
+       {"u_f16_6x2", tune_kernel<3, 6, 2, 1, false, 0, false, 3, 2>},
+       // `gemv` takes the 512-bit kernel for f16/bf16 on an AVX-512F CPU (4 rows a pass);
+       // the same shape on the 256-bit kernel only, and the 512-bit one with 6 rows.
+       {"narrow", tuned_kernel<mr::detail::x86_tune_narrow, true>},
+       {"u_narrow", tuned_kernel<mr::detail::x86_tune_narrow, false>},
+       {"u_wide", tuned_kernel<mr::detail::x86_tune_default, false>},
+       {"wide4", tuned_kernel<wide4_tune, true>},
+       {"wide3", tuned_kernel<wide3_tune, true>}});
 }
 #endif
 

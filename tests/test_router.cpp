@@ -568,7 +568,13 @@ TEST_CASE("gemv reports the path it takes") {
   (void)cpu;
   CHECK_FALSE(gemv_dispatched());
 #endif
-  if (gemv_dispatched()) CHECK(name == compiled + "+avx2-fma-f16c-dispatch");
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL
+  const std::string wide = detail::x86_has_avx512f() ? "+avx512f-16bit" : "";
+  MESSAGE("CPU has AVX-512F (f16 and bf16 on the 512-bit kernel): " << std::string(wide.empty() ? "no" : "yes"));
+#else
+  const std::string wide;
+#endif
+  if (gemv_dispatched()) CHECK(name == compiled + "+avx2-fma-f16c-dispatch" + wide);
   else CHECK(name == compiled);
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH)
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -621,19 +627,68 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
         const test_matrix m(t, s[0], s[1], s[2], seed++);
         const auto x = random_activation(s[1], seed++);
         const auto w = m.view();
-        std::vector<float> want(s[0]), got(s[0], -1.0f), via_gemv(s[0], -1.0f);
+        std::vector<float> want(s[0]), got(s[0], -1.0f), via_gemv(s[0], -1.0f), narrow(s[0], -1.0f);
         gemv_scalar(w, x.data(), want.data(), r);
         detail::gemv_x86_impl<detail::gemv_default_tag, (MOE_RESIDENCY_FUSED_MADD != 0)>(
             w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(), got.data(), r);
+        // The 256-bit kernel alone (the default takes the 512-bit one for 16-bit weights on AVX-512F).
+        detail::gemv_x86_impl<detail::gemv_default_tag, (MOE_RESIDENCY_FUSED_MADD != 0), detail::x86_tune_narrow>(
+            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(), narrow.data(), r);
         gemv(w, x.data(), via_gemv.data(), r);
         for (std::size_t i = 0; i < s[0]; ++i) {
           INFO(to_string(t) << " " << s[0] << "x" << s[1] << " pad " << s[2] << " row " << i);
           REQUIRE(bits(got[i]) == bits(want[i]));
+          REQUIRE(bits(narrow[i]) == bits(want[i]));
           REQUIRE(bits(via_gemv[i]) == bits(want[i]));
         }
         rows_checked += s[0];
       }
   CHECK(rows_checked > 3000);
+}
+
+TEST_CASE("the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar, fused and unfused, every pass shape") {
+  if (skip_without_avx2_fma_f16c()) return;
+  if (!detail::x86_has_avx512f()) {
+    MESSAGE("SKIPPED: this CPU lacks AVX-512F; the 512-bit kernel cannot run here (the 256-bit one is tested above)");
+    return;
+  }
+  constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
+  using tag = detail::gemv_default_tag;
+  using kernel = void (*)(const void*, std::size_t, std::size_t, std::size_t, const float*, float*,
+                          activation_rounding);
+  using detail::gemv_x86z_impl;
+  constexpr element_type f16 = element_type::f16, bf16 = element_type::bf16;
+  // Rows per pass 4 (the default), 6, 3 and 1, prefetching or not; and the other
+  // multiply-add, whose twin is the 256-bit kernel's (per-lane loop below).
+  const kernel k16[] = {gemv_x86z_impl<tag, fused, f16, 4, 1>, gemv_x86z_impl<tag, fused, f16, 6, 1>,
+                        gemv_x86z_impl<tag, fused, f16, 3, 0>, gemv_x86z_impl<tag, fused, f16, 1, 1>,
+                        gemv_x86z_impl<tag, !fused, f16, 4, 1>};
+  const kernel kb16[] = {gemv_x86z_impl<tag, fused, bf16, 4, 1>, gemv_x86z_impl<tag, fused, bf16, 6, 1>,
+                         gemv_x86z_impl<tag, fused, bf16, 3, 0>, gemv_x86z_impl<tag, fused, bf16, 1, 1>,
+                         gemv_x86z_impl<tag, !fused, bf16, 4, 1>};
+  std::uint32_t seed = 2600;
+  std::size_t compared = 0;
+  for (const element_type t : {f16, bf16})
+    for (std::size_t k = 0; k < 5; ++k)
+      for (const auto& s : dispatch_shapes)
+        for (const activation_rounding r : {activation_rounding::engine, activation_rounding::none}) {
+          const test_matrix m(t, s[0], s[1], s[2], seed++);
+          const auto x = random_activation(s[1], seed++);
+          const auto w = m.view();
+          std::vector<float> want(s[0]), got(s[0], -1.0f);
+          if (k == 4)
+            detail::gemv_x86_impl<tag, !fused, detail::x86_tune_narrow>(w.data, w.type, w.rows, w.cols,
+                                                                         w.row_stride_bytes, x.data(), want.data(), r);
+          else
+            gemv_scalar(w, x.data(), want.data(), r);
+          (t == f16 ? k16 : kb16)[k](w.data, w.rows, w.cols, w.row_stride_bytes, x.data(), got.data(), r);
+          for (std::size_t i = 0; i < s[0]; ++i) {
+            INFO(to_string(t) << " kernel " << k << " " << s[0] << "x" << s[1] << " pad " << s[2] << " row " << i);
+            REQUIRE(bits(got[i]) == bits(want[i]));
+          }
+          compared += s[0];
+        }
+  CHECK(compared > 10000);
 }
 
 TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scalar") {

@@ -25,7 +25,8 @@
 ///
 /// Why this header is long: it holds one accumulation order, written out
 /// for three element types (f32, f16, bf16), for the generic xsimd batch,
-/// for the hand-interleaved x86 rows and for NEON, beside the scalar
+/// for the hand-interleaved x86 rows (256-bit, and 512-bit for 16-bit
+/// weights) and for NEON, beside the scalar
 /// reference every one of them must equal bit for bit. Kept together so a
 /// change to the order is made, and reviewed, in every kernel at once.
 
@@ -577,29 +578,34 @@ inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL
 #define MOE_RESIDENCY_DETAIL_X86_TARGET __attribute__((target("avx2,fma,f16c")))
 
+/// CPUID leaf/subleaf into r (EAX, EBX, ECX, EDX), and XCR0's low half (the
+/// state the OS saves; call only when CPUID reports OSXSAVE).
+inline void x86_cpuid(std::uint32_t leaf, std::uint32_t sub, std::uint32_t (&r)[4]) noexcept {
+  __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3]) : "a"(leaf), "c"(sub));
+}
+inline std::uint32_t x86_xcr0() noexcept {
+  std::uint32_t lo, hi;
+  __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0u));
+  (void)hi;
+  return lo;
+}
+
 /// True when the CPU and OS support AVX2, FMA and F16C (CPUID + XGETBV,
 /// checked once). Written with cpuid/xgetbv directly: clang 14's
 /// __builtin_cpu_supports does not know "f16c", and this also works before
 /// static constructors have run.
 inline bool x86_has_avx2_fma_f16c() noexcept {
   static const bool ok = [] {
-    auto cpuid = [](std::uint32_t leaf, std::uint32_t sub, std::uint32_t (&r)[4]) {
-      __asm__ __volatile__("cpuid" : "=a"(r[0]), "=b"(r[1]), "=c"(r[2]), "=d"(r[3])
-                           : "a"(leaf), "c"(sub));
-    };
     std::uint32_t r[4];
-    cpuid(0, 0, r);
+    x86_cpuid(0, 0, r);
     if (r[0] < 7) return false;
-    cpuid(1, 0, r);
+    x86_cpuid(1, 0, r);
     const std::uint32_t ecx1 = r[2];
     const bool fma = (ecx1 >> 12) & 1u, osxsave = (ecx1 >> 27) & 1u, avx = (ecx1 >> 28) & 1u,
                f16c = (ecx1 >> 29) & 1u;
     if (!(fma && osxsave && avx && f16c)) return false;
-    std::uint32_t xcr0_lo, xcr0_hi;
-    __asm__ __volatile__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0u));
-    (void)xcr0_hi;
-    if ((xcr0_lo & 0x6u) != 0x6u) return false;  // OS saves XMM and YMM state
-    cpuid(7, 0, r);
+    if ((x86_xcr0() & 0x6u) != 0x6u) return false;  // OS saves XMM and YMM state
+    x86_cpuid(7, 0, r);
     return ((r[1] >> 5) & 1u) != 0;  // AVX2
   }();
   return ok;
@@ -868,8 +874,11 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::s
 /// in two sweeps (G16 = 2) measured no faster (docs/benchmarks.md, 2026-12-01).
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
           std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
-          bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4>
+          bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4, std::size_t Z = 0>
 struct x86_tune {
+  /// Rows per pass of the 512-bit kernel for f16 and bf16 when the CPU has
+  /// AVX-512F (x86z_pass); 0: never, the 256-bit kernel on every CPU.
+  static constexpr std::size_t wide_rows = Z;
   template <element_type T>
   static constexpr std::size_t groups() noexcept {
     return T == element_type::f16 ? G16 : 4;
@@ -896,10 +905,15 @@ struct x86_tune {
 // per token and in cache; docs/benchmarks.md, 2026-12-01). f16 keeps 3 rows:
 // 4 or 5 no longer fit the prefetch budget, and per token that costs more
 // than it gains in cache.
-using x86_tune_default = x86_tune<4, 3, 3, 1, 0, 0>;
+using x86_tune_default = x86_tune<4, 3, 3, 1, 0, 0, false, false, 3, 4, 2>;
+using x86_tune_narrow = x86_tune<4, 3, 3, 1, 0, 0>;
 #else
-using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0>;
+using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2>;
+using x86_tune_narrow = x86_tune<3, 3, 2, 1, 0, 0>;
 #endif
+// x86_tune_default takes the 512-bit kernel for f16 and bf16 where the CPU
+// has AVX-512F, 4 rows a pass (x86z_pass); x86_tune_narrow is the same shape
+// on the 256-bit kernel only (for comparison, and the tests of that kernel).
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
@@ -968,13 +982,197 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t
     for (std::size_t rr = 0; rr < nr; ++rr) x86_unsplit_lanes(acc[rr]);
 }
 
+// ---- The 512-bit kernel for 16-bit weights (x86-64 with AVX-512F) ----------
+//
+// The same 32 lanes per row as every kernel here, held in two 16-float zmm
+// accumulators instead of four 8-float ones: lane l of the first is ggml's
+// lane l (elements c + l of each 32-column step), of the second lane 16 + l,
+// so each lane sums its own elements in element order and the result is the
+// same bits. Half the instructions per weight of the 256-bit kernel: one
+// 16-wide conversion (f16) or one shift and one mask per 32 weights (bf16),
+// and one multiply-add per 16. Compiled with a target attribute like the
+// 256-bit kernel, so a default build dispatches to it at run time; taken for
+// f16 and bf16 when x86_tune::wide_rows > 0 and the CPU (and OS) have
+// AVX-512F. f32 stays on the 256-bit kernel, whose 32-byte loads never split
+// a cache line on 32-byte aligned rows (see gemv_simd_impl).
+
+#define MOE_RESIDENCY_DETAIL_X86Z_TARGET __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/// True when the CPU and OS support AVX-512F besides AVX2, FMA and F16C
+/// (CPUID leaf 7 EBX bit 16; XCR0 saving opmask and the upper ZMM state).
+/// Checked once.
+inline bool x86_has_avx512f() noexcept {
+  static const bool ok = [] {
+    if (!x86_has_avx2_fma_f16c()) return false;
+    std::uint32_t r[4];
+    x86_cpuid(7, 0, r);
+    if (((r[1] >> 16) & 1u) == 0) return false;
+    return (x86_xcr0() & 0xe6u) == 0xe6u;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
+  }();
+  return ok;
+}
+
+template <bool Fused>
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline __m512 x86z_madd(__m512 a, __m512 b, __m512 c) noexcept {
+  if constexpr (Fused) {
+    return _mm512_fmadd_ps(a, b, c);
+  } else {
+    __m512 p = _mm512_mul_ps(a, b);
+    __asm__("" : "+v"(p));  // p is rounded: no contraction into an FMA (see x86_madd)
+    return _mm512_add_ps(p, c);
+  }
+}
+
+/// bf16 in the 512-bit kernel: 32 weights from one 64-byte load, the even
+/// elements shifted into the upper half of each 32-bit lane and the odd ones
+/// masked in place, so the first accumulator holds lanes {0, 2, ..., 30} and
+/// the second {1, 3, ..., 31}. x is permuted alike (each 32 floats: the even
+/// ones, then the odd ones), and x86z_unsplit_lanes restores ggml's order.
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_split_x(const float* x, float* out,
+                                                          std::size_t n) noexcept {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  for (std::size_t i = 0; i < n; i += gemv_lanes) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    const __m512 e = _mm512_permutex2var_ps(a, even, b), o = _mm512_permutex2var_ps(a, odd, b);
+    _mm512_storeu_ps(out + i, e);
+    _mm512_storeu_ps(out + i + 16, o);
+  }
+}
+
+inline void x86z_unsplit_lanes(float* lane) noexcept {
+  float t[gemv_lanes];
+  for (std::size_t k = 0; k < 16; ++k) {
+    t[2 * k] = lane[k];
+    t[2 * k + 1] = lane[16 + k];
+  }
+  std::memcpy(lane, t, sizeof t);
+}
+
+/// R rows (p, p + stride, ...) of 16-bit weights over columns [c0, c0 + cn),
+/// cn a multiple of 32: acc[r] (bf16: in split order) += w * xs, element
+/// order per lane, 2R independent multiply-add chains. The next D passes'
+/// rows are prefetched one line per row per step, as the 256-bit kernel does
+/// (x86_prefetch_fits).
+template <element_type T, bool Fused, std::size_t R, std::size_t D>
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_t stride,
+                                                       std::size_t c0, std::size_t cn,
+                                                       const float* xs,
+                                                       float (*acc)[gemv_lanes]) noexcept {
+  static_assert(T != element_type::f32, "the 512-bit kernel is for 16-bit weights");
+  __m512 a[R][2];
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    a[r][0] = _mm512_loadu_ps(acc[r]);
+    a[r][1] = _mm512_loadu_ps(acc[r] + 16);
+  }
+  const bool prefetch = x86_prefetch_fits<T, R, D, 0>(cn);
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (std::size_t e = 0; e < cn; e += gemv_lanes) {
+    const std::size_t c = c0 + e;
+    if (prefetch) x86_prefetch_next<T, R, D>(p, stride, c);
+    __m512 x0 = _mm512_loadu_ps(xs + e), x1 = _mm512_loadu_ps(xs + e + 16);
+    __asm__("" : "+v"(x0), "+v"(x1));  // one load for the R rows (see x86_pass)
+    MOE_RESIDENCY_DETAIL_UNROLL
+    for (std::size_t r = 0; r < R; ++r) {
+      const auto* q = reinterpret_cast<const std::uint16_t*>(p + r * stride) + c;
+      __m512 w0, w1;
+      if constexpr (T == element_type::f16) {
+        w0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+        w1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+      } else {
+        __m512i v = _mm512_loadu_si512(q);
+        __asm__("" : "+v"(v));  // loaded once, used twice
+        w0 = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        w1 = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+      }
+      a[r][0] = x86z_madd<Fused>(w0, x0, a[r][0]);
+      a[r][1] = x86z_madd<Fused>(w1, x1, a[r][1]);
+    }
+  }
+  MOE_RESIDENCY_DETAIL_UNROLL
+  for (std::size_t r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc[r], a[r][0]);
+    _mm512_storeu_ps(acc[r] + 16, a[r][1]);
+  }
+}
+
+/// x86z_pass over nr rows: passes of R rows, then 2 and 1.
+template <element_type T, bool Fused, std::size_t R, std::size_t D>
+MOE_RESIDENCY_DETAIL_X86Z_TARGET void x86z_rows_chunk(const char* data, std::size_t nr,
+                                                       std::size_t stride, std::size_t c0,
+                                                       std::size_t cn, const float* xs,
+                                                       float (*acc)[gemv_lanes]) noexcept {
+  std::size_t rr = 0;
+  for (; rr + R <= nr; rr += R) x86z_pass<T, Fused, R, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  if constexpr (R > 2) {
+    if (rr + 2 <= nr) {
+      x86z_pass<T, Fused, 2, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      rr += 2;
+    }
+  }
+  for (; rr < nr; ++rr) x86z_pass<T, Fused, 1, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+}
+
+/// x's chunk [c0, c0 + cn) as the 512-bit kernel reads it: rounded when
+/// `round`, split-ordered for bf16 (x86z_split_x).
+template <element_type T>
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline const float* x86z_prepare_x(const float* x, std::size_t c0,
+                                                                    std::size_t cn, bool round,
+                                                                    float* buf) noexcept {
+  if (round) x86_round_block(x + c0, buf, cn, T);
+  if (T == element_type::bf16) x86z_split_x(round ? buf : x + c0, buf, cn);
+  return round || T == element_type::bf16 ? buf : x + c0;
+}
+
+/// The 16-bit GEMV on the 512-bit kernel, R rows a pass, the next pass
+/// prefetched when D > 0. Call only when x86_has_avx512f(). Reduction and
+/// tail as gemv_x86_impl's (lanes back in natural order first).
+template <class Tag, bool Fused, element_type T, std::size_t R, std::size_t D>
+inline void gemv_x86z_impl(const void* data, std::size_t rows, std::size_t cols, std::size_t stride,
+                           const float* x, float* y, activation_rounding r) noexcept {
+  const bool round = r == activation_rounding::engine;
+  const std::size_t np = cols - cols % gemv_lanes;
+  alignas(64) float acc[gemv_row_block][gemv_lanes];
+  alignas(64) float xbuf[gemv_col_block];
+  const bool once = np <= gemv_col_block;  // x prepared once for every row block
+  const float* xs = nullptr;
+  for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
+    const std::size_t nr = std::min(gemv_row_block, rows - r0);
+    const char* block = static_cast<const char*>(data) + r0 * stride;
+    std::memset(acc, 0, sizeof acc);
+    for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
+      const std::size_t cn = std::min(gemv_col_block, np - c0);
+      if (!once || xs == nullptr) xs = x86z_prepare_x<T>(x, c0, cn, round, xbuf);
+      x86z_rows_chunk<T, Fused, R, D>(block, nr, stride, c0, cn, xs, acc);
+    }
+    for (std::size_t rr = 0; rr < nr; ++rr) {
+      if (T == element_type::bf16) x86z_unsplit_lanes(acc[rr]);
+      const float red = x86_reduce_lanes(acc[rr], T, false);
+      y[r0 + rr] = np == cols ? red : finish_dot<Tag, Fused>(red, block + rr * stride, x, np, cols, T, r);
+    }
+  }
+}
+
 /// The AVX2+FMA+F16C GEMV. Call only when x86_has_avx2_fma_f16c(). The
 /// reduction and tail run here, in the caller's target: Tag names it (`gemv`
-/// passes xsimd::default_arch) so each target keeps its own copy.
+/// passes xsimd::default_arch) so each target keeps its own copy. With
+/// Tune::wide_rows > 0, f16 and bf16 take the 512-bit kernel when the CPU has
+/// AVX-512F (gemv_x86z_impl; same bits).
 template <class Tag, bool Fused, class Tune = x86_tune_default>
 inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                           std::size_t stride, const float* x, float* y,
                           activation_rounding r) noexcept {
+  if constexpr (Tune::wide_rows > 0) {
+    if (t != element_type::f32 && x86_has_avx512f()) {
+      constexpr std::size_t D = Tune::prefetch;
+      if (t == element_type::f16)
+        gemv_x86z_impl<Tag, Fused, element_type::f16, Tune::wide_rows, D>(data, rows, cols, stride, x, y, r);
+      else
+        gemv_x86z_impl<Tag, Fused, element_type::bf16, Tune::wide_rows, D>(data, rows, cols, stride, x, y, r);
+      return;
+    }
+  }
   const bool round = r == activation_rounding::engine && t != element_type::f32;
   const std::size_t np = cols - cols % gemv_lanes;
   alignas(32) float acc[gemv_row_block][gemv_lanes];
@@ -1039,9 +1237,11 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
 /// kernel does not (bf16 per token 1.21-1.69x the read's time with xsimd's
 /// 16-wide kernel, 0.98-1.07x with this one), and for f32 its 32-byte loads
 /// never split a cache line where xsimd's 64-byte ones split two whenever the
-/// rows start 32 bytes past a line (ggml aligns tensor data to 32 bytes). The
-/// cost: with one 16-bit router in cache, xsimd's 16-wide conversions are
-/// ~20% faster (docs/benchmarks.md, 2026-12-01). Every other architecture,
+/// rows start 32 bytes past a line (ggml aligns tensor data to 32 bytes).
+/// With one 16-bit router in cache xsimd's 16-wide conversions were ~20%
+/// faster (docs/benchmarks.md, 2026-12-01); the 512-bit kernel for 16-bit
+/// weights (gemv_x86z_impl, taken by x86_tune_default on AVX-512F CPUs) now
+/// is faster still, and prefetches. Every other architecture,
 /// and every other compiler, takes the xsimd kernel (gemv_simd_generic). Same
 /// bits.
 template <class Arch, bool Fused>
