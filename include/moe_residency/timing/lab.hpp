@@ -113,8 +113,9 @@ struct lab_mapping {
   /// lanes: the eval thread reads and locks the misses itself (`cache` alone,
   /// one lane): the device time of those reads overlaps its own kernel work
   /// for them, which the model says with ψ = 1 (timing_params::kernel_overlap;
-  /// docs/wall-clock.md, "Misses locked inline"). On the lanes, the eval
-  /// thread only waits for another thread's reads (ψ = 0).
+  /// docs/wall-clock.md, "Pooled runs, the manager's user time, and misses
+  /// locked inline"). On the lanes, the eval thread only waits for another
+  /// thread's reads (ψ = 0).
   bool reads_inline = false;
   /// The part of pin_ms off the eval thread's CPU: all of it on lanes.
   double pin_off_cpu_ms(const lab_setup& s) const noexcept {
