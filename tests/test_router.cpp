@@ -128,6 +128,34 @@ std::vector<float> edge_floats() {
 
 }  // namespace
 
+TEST_CASE("an f16 weight times an f16 activation is exact in float: fused and unfused multiply-add agree") {
+  // The premise on which an unfused build's x86 kernel fuses its f16 rows
+  // (gemv_x86_impl): for every finite f16 weight w, f16-valued x and float c,
+  // fmaf(w, x, c) and (w * x) + c (the product rounded first) are one float.
+  std::vector<float> xs = {1.0f, -1.0f, 65504.0f, -65504.0f, 0x1p-24f, -0x1p-24f, 0x1p-14f, 0.0f, -0.0f, 3.140625f};
+  std::mt19937 rng(77);
+  std::uniform_int_distribution<int> h16(0, 0x7bff);
+  while (xs.size() < 24) xs.push_back(detail::f16_to_f32(static_cast<std::uint16_t>(h16(rng) | (xs.size() % 2 ? 0x8000 : 0))));
+  const float cs[] = {0.0f, -0.0f, 1e-30f, -3.5f, 1e10f, 0x1.fffffep-1f};
+  std::size_t checked = 0;
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    if (((h >> 10) & 0x1f) == 0x1f) continue;  // inf and NaN
+    const float w = detail::f16_to_f32(static_cast<std::uint16_t>(h));
+    for (const float x : xs)
+      for (const float c : cs) {
+        volatile float p = w * x;  // rounded (exactly, as claimed)
+        const float unfused = p + c;
+        const float fused = ::fmaf(w, x, c);
+        if (bits(fused) != bits(unfused)) {
+          INFO("w " << w << " x " << x << " c " << c);
+          REQUIRE(bits(fused) == bits(unfused));
+        }
+        ++checked;
+      }
+  }
+  CHECK(checked == 63488u * xs.size() * 6);
+}
+
 TEST_CASE("f16 -> f32 is exact for all 65536 bit patterns") {
   for (std::uint32_t h = 0; h < 65536; ++h) {
     const auto hb = static_cast<std::uint16_t>(h);

@@ -1163,6 +1163,19 @@ template <class Tag, bool Fused, class Tune = x86_tune_default>
 inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
                           std::size_t stride, const float* x, float* y,
                           activation_rounding r) noexcept {
+  if constexpr (!Fused) {
+    // f16 weights times f16-rounded activations: each product has at most 22
+    // significant bits and is never below 2^-48, so it is exact in float, and
+    // a*b + c rounded once (fused) or twice (a*b, then + c) is the same float.
+    // The unfused build's f16 kernel therefore fuses: half the floating-point
+    // instructions, the same bits (tests/test_router.cpp checks the premise
+    // for every f16 value). Not bf16 (a product can fall below 2^-126 and
+    // round) and not unrounded activations.
+    if (t == element_type::f16 && r == activation_rounding::engine) {
+      gemv_x86_impl<Tag, true, Tune>(data, t, rows, cols, stride, x, y, r);
+      return;
+    }
+  }
   if constexpr (Tune::wide_rows > 0) {
     if (t != element_type::f32 && x86_has_avx512f()) {
       constexpr std::size_t D = Tune::prefetch;
