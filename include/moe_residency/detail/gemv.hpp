@@ -912,8 +912,10 @@ using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2>;
 using x86_tune_narrow = x86_tune<3, 3, 2, 1, 0, 0>;
 #endif
 // x86_tune_default takes the 512-bit kernel for f16 and bf16 where the CPU
-// has AVX-512F, 4 rows a pass (x86z_pass); x86_tune_narrow is the same shape
-// on the 256-bit kernel only (for comparison, and the tests of that kernel).
+// has AVX-512F, 2 rows a pass (x86z_pass; 4 measured as fast in cache but
+// exceed x86_prefetch_fits's budget, unprefetched per token they took twice
+// the read's time); x86_tune_narrow is the same shape on the 256-bit kernel
+// only (for comparison, and the tests of that kernel).
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
