@@ -686,8 +686,9 @@ TEST_CASE("the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar
                           activation_rounding);
   using detail::gemv_x86z_impl;
   constexpr element_type f16 = element_type::f16, bf16 = element_type::bf16;
-  // Rows per pass 4 (the default), 6, 3 and 1, prefetching or not; and the other
-  // multiply-add, whose twin is the 256-bit kernel's (per-lane loop below).
+  // Rows per pass 4, 6, 3 and 1, prefetching or not (the default, 2, runs in the
+  // test above through gemv_x86_impl); and the other multiply-add, whose twin is
+  // the 256-bit kernel's (per-lane loop below).
   const kernel k16[] = {gemv_x86z_impl<tag, fused, f16, 4, 1>, gemv_x86z_impl<tag, fused, f16, 6, 1>,
                         gemv_x86z_impl<tag, fused, f16, 3, 0>, gemv_x86z_impl<tag, fused, f16, 1, 1>,
                         gemv_x86z_impl<tag, !fused, f16, 4, 1>};
