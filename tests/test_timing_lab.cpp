@@ -389,6 +389,31 @@ lab_setup drift_setup() {
   return s;
 }
 
+/// The per-token metrics the probe would record for the model's own
+/// prediction `p` of setup `s`: the eval thread's kernel time is the model's
+/// management less the manager's request cost outside the kernel, its user
+/// time the model's compute plus the requests' user part (request_user_ms),
+/// and every time is `slow` times the model's (a run that went slower).
+token_metrics manager_metrics(const lab_prediction& p, const lab_setup& s, double slow = 1.0) {
+  std::vector<double> requested(p.tokens.size(), 0);
+  for (const load_event& e : p.loads) requested[e.token] += e.requested;
+  token_metrics m;
+  for (std::size_t i = 0; i < p.tokens.size(); ++i) {
+    const token_timing& x = p.tokens[i];
+    const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
+    const double user = x.compute_ms + s.request_user_ms * requested[i];
+    m.wall_ms.push_back(slow * x.wall_ms);
+    m.stall_ms.push_back(slow * (x.wall_ms - user - sys));
+    m.mgmt_ms.push_back(std::nan(""));
+    m.compute_ms.push_back(slow * (user + sys));
+    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
+    m.io_ms.push_back(std::nan(""));
+    m.cpu_ms.push_back(slow * (user + sys));
+    m.sys_ms.push_back(slow * sys);
+  }
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers its parameters") {
@@ -714,19 +739,7 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
   std::vector<double> requested(p.tokens.size(), 0);
   for (const load_event& e : p.loads) requested[e.token] += e.requested;
   REQUIRE(requested[0] > 0);
-  token_metrics m;
-  for (std::size_t i = 0; i < p.tokens.size(); ++i) {
-    const token_timing& x = p.tokens[i];
-    const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
-    m.wall_ms.push_back(x.wall_ms);
-    m.stall_ms.push_back(x.wall_ms - x.compute_ms - sys);
-    m.mgmt_ms.push_back(std::nan(""));
-    m.compute_ms.push_back(x.compute_ms + sys);
-    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
-    m.io_ms.push_back(std::nan(""));
-    m.cpu_ms.push_back(x.compute_ms + sys);
-    m.sys_ms.push_back(sys);
-  }
+  const token_metrics m = manager_metrics(p, s);
   const timing_params start = kernel_start();
   const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start);
   CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
@@ -752,22 +765,7 @@ TEST_CASE("the manager's user time leaves the compute target: C is the engine's 
   s.request_user_ms = 0.1;
   const timing_params truth = kernel_truth();
   const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
-  std::vector<double> requested(p.tokens.size(), 0);
-  for (const load_event& e : p.loads) requested[e.token] += e.requested;
-  token_metrics m;
-  for (std::size_t i = 0; i < p.tokens.size(); ++i) {
-    const token_timing& x = p.tokens[i];
-    const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
-    const double user = x.compute_ms + s.request_user_ms * requested[i];
-    m.wall_ms.push_back(x.wall_ms);
-    m.stall_ms.push_back(x.wall_ms - user - sys);
-    m.mgmt_ms.push_back(std::nan(""));
-    m.compute_ms.push_back(user + sys);
-    m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
-    m.io_ms.push_back(std::nan(""));
-    m.cpu_ms.push_back(user + sys);
-    m.sys_ms.push_back(sys);
-  }
+  const token_metrics m = manager_metrics(p, s);
   const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, kernel_start());
   CHECK(c.params.compute_ms_per_token == doctest::Approx(30).epsilon(1e-3));
   CHECK(c.params.bandwidth_scale == doctest::Approx(1.5).epsilon(1e-3));
@@ -797,24 +795,7 @@ TEST_CASE("a cell measured in several runs is fitted whole: its loads repeated o
   s.request_sys_ms = 0.05;
   const timing_params truth = kernel_truth();
   const lab_prediction p = predict_lab(t, lab_config::exact, s, truth);
-  std::vector<double> requested(p.tokens.size(), 0);
-  for (const load_event& e : p.loads) requested[e.token] += e.requested;
-  const auto made = [&](double slow) {  // the model's metrics, every time slow× the truth's
-    token_metrics m;
-    for (std::size_t i = 0; i < p.tokens.size(); ++i) {
-      const token_timing& x = p.tokens[i];
-      const double sys = x.mgmt_ms - (s.request_ms - s.request_sys_ms) * requested[i];
-      m.wall_ms.push_back(slow * x.wall_ms);
-      m.stall_ms.push_back(slow * (x.wall_ms - x.compute_ms - sys));
-      m.mgmt_ms.push_back(std::nan(""));
-      m.compute_ms.push_back(slow * (x.compute_ms + sys));
-      m.read_bytes.push_back(static_cast<double>(x.demanded_bytes));
-      m.io_ms.push_back(std::nan(""));
-      m.cpu_ms.push_back(slow * (x.compute_ms + sys));
-      m.sys_ms.push_back(slow * sys);
-    }
-    return m;
-  };
+  const auto made = [&](double slow) { return manager_metrics(p, s, slow); };  // every time slow× the truth's
   const token_metrics one = made(1.0);
   token_metrics twice = one;
   append_token_metrics(twice, one);
