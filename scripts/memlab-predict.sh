@@ -5,7 +5,9 @@
 #                             [--overhead-mib N] [--readaround-mib N] [--trace FILE]
 #
 # RUNS_DIR is one run of scripts/memlab.sh (~/.cache/moe-residency/memlab/runs/<time>-<preset>)
-# made with a moe-llama-probe that writes --metrics-csv and --trace-out. It calibrates the
+# made with a moe-llama-probe that writes --metrics-csv and --trace-out. A run made with
+# --rounds N is its N rounds pooled (as --pool would pool them), its disk curve the mean of the
+# rounds' and of the one measured after the last round. It calibrates the
 # timing model on ONE configuration at ONE ratio (--fit, default exact@2.5: all its decode
 # tokens), then predicts every other configuration x ratio from what is known before that run:
 # the route trace (of the fit run, or of the observer run at the fit ratio: routing is the same
@@ -86,13 +88,33 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ -n "$dir" && -d "$dir" ]] || die "RUNS_DIR: '${dir}' is not a directory (a run of scripts/memlab.sh)"
+# A run made with memlab --rounds N is its rounds pooled: round-1, round-2, ... each a whole run.
+# rounds_of DIR: those directories in order, or DIR itself; after_curves collects the curve
+# measured after the last round (disk-lanes-after.csv), which with the rounds' own curves
+# centres the mean curve on the middle of the run, as the rounds centre every cell.
+rounds_of() {
+  local k=1
+  if [[ ! -d "$1/round-1" ]]; then echo "$1"; return 0; fi
+  while [[ -d "$1/round-$k" ]]; do echo "$1/round-$k"; k=$((k + 1)); done
+}
+after_curves() { local d; for d in "$@"; do [[ -d "$d/round-1" && -f "$d/disk-lanes-after.csv" ]] && echo "$d/disk-lanes-after.csv"; done; return 0; }
 reps=()
 [[ -z "$repeats" ]] || IFS=, read -r -a reps <<< "$repeats"
-for d in "${reps[@]}"; do [[ -d "$d" ]] || die "--repeats: '$d' is not a directory (a run of scripts/memlab.sh)"; done
+for d in "${reps[@]}"; do
+  [[ -d "$d" ]] || die "--repeats: '$d' is not a directory (a run of scripts/memlab.sh)"
+  [[ ! -d "$d/round-1" ]] || die "--repeats: '$d' was made in rounds; give its round-K directories"
+done
 [[ -z "$repeats" || $sweep == 0 ]] || die "--repeats and --sweep together are not supported; give one"
+[[ ! -d "$dir/round-1" || -z "$repeats" ]] || die "--repeats: RUNS_DIR '$dir' was made in rounds; give its round-1 directory and the others to --repeats"
 pools=()
 [[ -z "$pool" ]] || IFS=, read -r -a pools <<< "$pool"
 for d in "${pools[@]}"; do [[ -d "$d" ]] || die "--pool: '$d' is not a directory (a run of scripts/memlab.sh)"; done
+mapfile -t after_pred < <(after_curves "$dir" "${pools[@]}")
+mapfile -t expanded < <(for d in "$dir" "${pools[@]}"; do rounds_of "$d"; done)
+[[ "${expanded[0]}" == "$dir" ]] || echo "memlab-predict: $dir was made in rounds: pooling ${expanded[*]}" >&2
+run_dir="$dir"
+dir="${expanded[0]}"
+pools=("${expanded[@]:1}")
 [[ -z "$pool" || -z "$repeats" ]] || die "--pool with --repeats is not supported: --pool already measures every cell over all the runs"
 if [[ -z "$tool" ]]; then
   for t in "$repo"/build/{llama-cpp,release,debug}/bin/moe-residency; do [[ -x "$t" ]] && { tool="$t"; break; }; done
@@ -102,7 +124,9 @@ fi
 # The model (named in table.txt), its size and the limits memlab set: round(size / ratio) MiB.
 name="$(sed -n '1s/^memlab ([a-z]*): \([^,]*\),.*/\1/p' "$dir/table.txt" 2>/dev/null)"
 [[ -n "$name" ]] || die "$dir/table.txt: no model name on its first line (did memlab finish?)"
-lab="$(dirname "$(dirname "$dir")")"
+run_top="$run_dir"
+[[ "$(basename "$run_top")" != round-[0-9]* ]] || run_top="$(dirname "$run_top")"  # a round given itself
+lab="$(dirname "$(dirname "$run_top")")"  # <lab>/runs/<time>-<preset>
 model="$lab/$name"
 [[ -f "$model" ]] || die "the lab's model $model is missing"
 size=$(stat -c %s "$model")
@@ -113,10 +137,13 @@ size=$(stat -c %s "$model")
 # measured over all of them. The predicted cells are measured over RUNS_DIR and the --pool runs.
 preds=("$dir" "${pools[@]}")
 fits=("${preds[@]}")
+after=("${after_pred[@]}")
 if [[ -n "$fit_run" ]]; then
   [[ $sweep == 0 ]] || die "--fit-run and --sweep together are not supported; give one"
   IFS=, read -r -a fits <<< "$fit_run"
   for d in "${fits[@]}"; do [[ -d "$d" ]] || die "--fit-run: '$d' is not a directory (a run of scripts/memlab.sh)"; done
+  mapfile -t after < <(after_curves "${fits[@]}")
+  mapfile -t fits < <(for d in "${fits[@]}"; do rounds_of "$d"; done)
 fi
 src="${fits[0]}"
 
@@ -127,6 +154,7 @@ for d in "${fits[@]}"; do
   [[ -f "$d/disk-lanes.csv" ]] || die "$d/disk-lanes.csv missing (memlab ran with --no-disk?)"
   curves+=("$d/disk-lanes.csv")
 done
+curves+=("${after[@]}")
 curve="$(awk -F, 'FNR > 1 && $1 != "" { if (!($1 in n)) o[k++] = $1; s[$1] += $5; n[$1]++ }
                   END { for (i = 0; i < k; ++i) printf "%s%s:%.1f", (i ? "," : ""), o[i], s[o[i]] / n[o[i]] }' "${curves[@]}")"
 # join NAME RUN...: the metrics file NAME of every RUN that finished it, ';'-separated in order;

@@ -30,6 +30,10 @@
 #   --no-plot          no gnuplot
 #   --no-disk          skip the disk bandwidth measurements (before the runs, and
 #                      again after them: disk-lanes-after.csv)
+#   --rounds N         run every cell N times, in rounds (round-1 ... round-N, each a whole run
+#                      with its own disk curve), every even round in the reverse order, so that
+#                      the machine's drift over the run falls on every cell alike; the table is
+#                      pooled over the rounds, and scripts/memlab-predict.sh pools them
 #
 # What it does: builds the tools once (build/memlab, Release, against the
 # llama.cpp of scripts/fetch-llama-cpp.sh --install); builds once and caches a
@@ -81,6 +85,7 @@ extended=0
 decode_override=""
 plot=1
 disk=1
+rounds=1
 die() { echo "memlab: $*" >&2; exit 2; }
 log() { echo "memlab: $*" >&2; }
 
@@ -99,7 +104,8 @@ while [[ $# -gt 0 ]]; do
     --csv-extended) extended=1 ;;
     --no-plot) plot=0 ;;
     --no-disk) disk=0 ;;
-    -h|--help) sed -n '2,60p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --rounds) rounds="${2:?--rounds needs a number}"; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -118,6 +124,7 @@ case "$preset" in
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
          : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
 esac
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds: '$rounds'; expected a whole number of rounds, at least 1"
 if [[ -n "$decode_override" ]]; then
   [[ "$decode_override" =~ ^[1-9][0-9]*$ ]] || die "--decode: '$decode_override'; expected a whole number of decode tokens, at least 1"
   decode=$decode_override
@@ -216,16 +223,20 @@ log "model $model ($size_mib MiB); results in $out"
 log "machine: $machine"
 
 # ---- the disk ---------------------------------------------------------------
-if [[ $disk == 1 && -x "$lanes_tool" ]]; then
-  log "disk: cold random 4 MiB O_DIRECT reads of the model file against concurrent readers"
-  "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" | tee "$out/disk-lanes.csv" >&2
-fi
+disk_probe() {  # DIR: the lanes curve, measured at the start of every round
+  if [[ $disk == 1 && -x "$lanes_tool" ]]; then
+    log "disk: cold random 4 MiB O_DIRECT reads of the model file against concurrent readers"
+    "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" | tee "$1/disk-lanes.csv" >&2
+  fi
+}
 
 # ---- runs -------------------------------------------------------------------
 mkdir "$cg"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 
-# run NAME LIMIT ARGS... : one probe run in the cgroup; its log and per-token CSV in $out.
+# run NAME LIMIT ARGS... : one probe run in the cgroup; its log and per-token CSV in $rdir
+# (the round's directory: $out itself when there is one round).
+rdir="$out"
 run() {
   local name="$1" limit="$2"; shift 2
   cg_limit "$limit"
@@ -234,27 +245,27 @@ run() {
   # every run, and the route trace of every run that has the observer.
   local extra=()
   if [[ $has_metrics == 1 ]]; then
-    extra+=(--metrics-csv "$out/$name.metrics.csv")
-    [[ " $* " == *" --no-observer "* ]] || extra+=(--trace-out "$out/$name.route.csv")
+    extra+=(--metrics-csv "$rdir/$name.metrics.csv")
+    [[ " $* " == *" --no-observer "* ]] || extra+=(--trace-out "$rdir/$name.route.csv")
   fi
   timeout -s TERM "$run_timeout" \
     sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
     "$probe" --model "$model" --tokens "$tokens" --decode "$decode" --threads "$threads" \
-    --per-token-csv "$out/$name.csv" "${extra[@]}" "$@" > "$out/$name.log" 2>&1 &
+    --per-token-csv "$rdir/$name.csv" "${extra[@]}" "$@" > "$rdir/$name.log" 2>&1 &
   child=$!
   wait "$child" || rc=$?
   child=""
-  echo "$(cg_peak_mib)" > "$out/$name.peak"
+  echo "$(cg_peak_mib)" > "$rdir/$name.peak"
   if [[ $rc -ne 0 ]]; then
     local status=failed
     [[ $rc == 124 ]] && status=timeout
     [[ $rc == 137 ]] && status=killed  # SIGKILL: the cgroup's OOM killer (see dmesg)
-    echo "$status" > "$out/$name.status"
-    log "$name: exited with $rc ($status) — see $out/$name.log"
-    tail -n 3 "$out/$name.log" >&2 || true
-    rm -f "$out/$name.csv"
+    echo "$status" > "$rdir/$name.status"
+    log "$name: exited with $rc ($status) — see $rdir/$name.log"
+    tail -n 3 "$rdir/$name.log" >&2 || true
+    rm -f "$rdir/$name.csv"
   else
-    echo ok > "$out/$name.status"
+    echo ok > "$rdir/$name.status"
   fi
   return 0
 }
@@ -270,72 +281,73 @@ config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuratio
     degraded) echo "--residency all --residency-budget $b --degrade $2" ;;
   esac
 }
+limit_of() { awk -v s="$size" -v r="$1" 'BEGIN{printf "%.0f", s / r / 1048576}'; }  # RATIO -> MiB
+no_limit() { [[ $1 == resident || $1 == resident-all || $1 == manager-* ]]; }
 
-resident_done=""
+# The schedule: every run of a round once, in round 1's order. The limited cells ratio by
+# ratio; the runs without a limit once each (not per ratio), where the first ratio's list
+# names them; their rows repeat under each ratio.
+schedule=()
 for ratio in ${ratios//,/ }; do
-  limit=$(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}')
-  limit_bytes=$(( limit * 1048576 ))
-  degrade=0
   for config in ${configs//,/ }; do
-    name="r$ratio-$config"
     case "$config" in
       dense|exact|predicted|cache|all|degraded)
         if [[ $has_residency == 0 ]]; then
-          log "$name: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
+          log "r$ratio-$config: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
           continue
         fi ;;
     esac
-    if [[ $config == degraded ]]; then
-      # Replace a share P of predicted slots so that acc * (1 - P) ~ 88.6%,
-      # acc being the stale-gate's slot accuracy the observer run measured.
-      acc=$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$out/r$ratio-observer.log" 2>/dev/null | head -1)
-      [[ -n "$acc" ]] || acc=$(sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$out"/r*-all.log 2>/dev/null | head -1)
-      [[ -n "$acc" ]] || { log "$name: skipped — no stale-gate accuracy measured (run observer or all first)"; continue; }
-      degrade=$(awk -v a="$acc" 'BEGIN{p = 1 - 88.6 / a; if (p < 0) p = 0; printf "%.4f", p}')
-      log "$name: stale-gate measured $acc% of slots; --degrade $degrade"
-    fi
     if [[ $config == manager-* && $has_when_fits == 0 ]]; then
-      log "$name: skipped — this moe-llama-probe has no --residency-when-fits (a manager that acts on a model that fits)"
+      log "r$ratio-$config: skipped — this moe-llama-probe has no --residency-when-fits (a manager that acts on a model that fits)"
       continue
     fi
-    if [[ $config == resident || $config == resident-all || $config == manager-* ]]; then
-      # One run per configuration, not per ratio (no limit); its row repeats under each ratio.
-      if [[ " $resident_done " != *" $config "* ]]; then
-        log "$config: no limit, page cache warm"
-        cat "$model" > /dev/null
-        case "$config" in
-          resident) run "$config" none --no-observer ;;
-          resident-all) run "$config" none --residency all --residency-budget auto ;;
-          # The manager acting with every expert resident: its own cost per token.
-          # config_args gives the first ratio's budget (this is the first ratio).
-          # shellcheck disable=SC2046
-          manager-*) run "$config" none $(config_args "${config#manager-}" 0 "$limit") --residency-when-fits act ;;
-        esac
-        resident_done+=" $config"
-      fi
-      for ext in csv log peak status metrics.csv route.csv; do
-        if [[ -f "$out/$config.$ext" ]]; then cp "$out/$config.$ext" "$out/$name.$ext"; fi
-      done
-      continue
+    if no_limit "$config"; then
+      [[ " ${schedule[*]} " == *" -:$config "* ]] || schedule+=("-:$config")
+    else
+      schedule+=("$ratio:$config")
     fi
-    log "$name: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
-    drop_caches
-    # shellcheck disable=SC2046
-    run "$name" "$limit_bytes" $(config_args "$config" "$degrade" "$limit")
   done
 done
+first_ratio="${ratios%%,*}"
 
-# ---- the disk again -------------------------------------------------------------
-# The same measurement after the runs: whether the device still reads as it did
-# before them (a long fault-driven run reads tens of GiB; docs/wall-clock.md,
-# "Longer runs", saw it slow down within a cell). The model uses the curve
-# measured before (disk-lanes.csv); this one is for the reader. Other blocks
-# (--seed 2), so that no cache below the VM answers from the first measurement.
-if [[ $disk == 1 && -x "$lanes_tool" && -f "$out/disk-lanes.csv" ]]; then
-  "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" --seed 2 > "$out/disk-lanes-after.csv"
-  curve_of() { awk -F, 'NR > 1 { printf "%s%.0f", (n++ ? " / " : ""), $5 }' "$1"; }
-  log "disk, MiB/s at 1 / 2 / 4 / 8 readers: before the runs $(curve_of "$out/disk-lanes.csv"), after $(curve_of "$out/disk-lanes-after.csv") (disk-lanes-after.csv)"
-fi
+stale_gate_of() {  # RATIO: the stale-gate accuracy an observer (or all) run measured, this round or an earlier one
+  local f
+  for f in "$rdir/r$1-observer.log" "$out"/round-*/"r$1-observer.log" "$rdir"/r*-all.log "$out"/round-*/r*-all.log; do
+    [[ -f "$f" ]] || continue
+    sed -n 's/^moe-predict: stale-gate \([0-9.]*\)% of routed slots.*/\1/p' "$f" | head -1 | grep . && return 0
+  done
+  return 0
+}
+
+run_entry() {  # RATIO:CONFIG of the schedule, in $rdir
+  local ratio="${1%%:*}" config="${1#*:}" limit degrade=0 acc
+  if [[ $ratio == - ]]; then
+    log "$config: no limit, page cache warm"
+    cat "$model" > /dev/null
+    # manager-*: the manager acting with every expert resident, its own cost per token, at
+    # the first ratio's budget.
+    # shellcheck disable=SC2046
+    case "$config" in
+      resident) run "$config" none --no-observer ;;
+      resident-all) run "$config" none --residency all --residency-budget auto ;;
+      manager-*) run "$config" none $(config_args "${config#manager-}" 0 "$(limit_of "$first_ratio")") --residency-when-fits act ;;
+    esac
+    return 0
+  fi
+  limit=$(limit_of "$ratio")
+  if [[ $config == degraded ]]; then
+    # Replace a share P of predicted slots so that acc * (1 - P) ~ 88.6%,
+    # acc being the stale-gate's slot accuracy the observer run measured.
+    acc="$(stale_gate_of "$ratio")"
+    [[ -n "$acc" ]] || { log "r$ratio-$config: skipped — no stale-gate accuracy measured (run observer or all first)"; return 0; }
+    degrade=$(awk -v a="$acc" 'BEGIN{p = 1 - 88.6 / a; if (p < 0) p = 0; printf "%.4f", p}')
+    log "r$ratio-$config: stale-gate measured $acc% of slots; --degrade $degrade"
+  fi
+  log "r$ratio-$config: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
+  drop_caches
+  # shellcheck disable=SC2046
+  run "r$ratio-$config" $(( limit * 1048576 )) $(config_args "$config" "$degrade" "$limit")
+}
 
 # ---- the table ----------------------------------------------------------------
 summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engine_majflt
@@ -350,75 +362,166 @@ summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engi
 }
 digest() { sed -n 's/^logits: fnv1a64 \([0-9a-f]*\) over.*/\1/p' "$1" 2>/dev/null | head -1; }
 
-reference=""
-for ratio in ${ratios//,/ }; do
-  for config in ${configs//,/ }; do
-    [[ -f "$out/r$ratio-$config.csv" ]] || continue
-    reference="$(digest "$out/r$ratio-$config.log")"
-    [[ -n "$reference" ]] && break 2
+make_table() {  # DIR CSV|"" TITLE_SUFFIX: DIR/table.txt (and the CSV) from DIR's runs; prints it
+  local d="$1" csvf="$2" reference="" table="$1/table.txt" ratio config f status lim peak same dg limit
+  for ratio in ${ratios//,/ }; do
+    for config in ${configs//,/ }; do
+      [[ -f "$d/r$ratio-$config.csv" ]] || continue
+      reference="$(digest "$d/r$ratio-$config.log")"
+      [[ -n "$reference" ]] && break 2
+    done
   done
-done
-
-table="$out/table.txt"
-{
-  echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine"
-  printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
-         MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits
-} > "$table"
-if [[ -n "$csv" ]]; then
-  echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical$([[ $extended == 1 ]] && echo ",engine_majflt_per_token,status")" > "$csv"
-fi
-for ratio in ${ratios//,/ }; do
-  limit=$(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}')
-  for config in ${configs//,/ }; do
-    f="$out/r$ratio-$config.csv"
-    status="$(cat "$out/r$ratio-$config.status" 2>/dev/null || true)"
-    [[ -n "$status" ]] || continue  # not run (skipped)
-    lim=$([[ $config == resident* || $config == manager-* ]] && echo none || echo "$limit")
-    peak="$(cat "$out/r$ratio-$config.peak" 2>/dev/null || echo -)"
-    if [[ "$status" != ok || ! -f "$f" ]]; then
-      # A run that did not finish: a row saying so, no figures.
-      printf '%-6s %-6s %-12s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
-      [[ -n "$csv" ]] && echo "$ratio,$config,,,,,,,,no$([[ $extended == 1 ]] && echo ",,$status")" >> "$csv"
-      continue
-    fi
-    read -r tok p50 p90 rd mf hit pin emf <<< "$(summarize "$f")"
-    d="$(digest "$out/r$ratio-$config.log")"
-    same=$([[ -n "$d" && "$d" == "$reference" ]] && echo yes || echo no)
-    printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
-           "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" >> "$table"
-    [[ -n "$csv" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same$([[ $extended == 1 ]] && echo ",$emf,ok")" >> "$csv"
+  {
+    echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine$3"
+    printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
+           MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits
+  } > "$table"
+  if [[ -n "$csvf" ]]; then
+    echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical$([[ $extended == 1 ]] && echo ",engine_majflt_per_token,status")" > "$csvf"
+  fi
+  for ratio in ${ratios//,/ }; do
+    limit=$(limit_of "$ratio")
+    for config in ${configs//,/ }; do
+      f="$d/r$ratio-$config.csv"
+      status="$(cat "$d/r$ratio-$config.status" 2>/dev/null || true)"
+      [[ -n "$status" ]] || continue  # not run (skipped)
+      lim=$(no_limit "$config" && echo none || echo "$limit")
+      peak="$(cat "$d/r$ratio-$config.peak" 2>/dev/null || echo -)"
+      if [[ "$status" != ok || ! -f "$f" ]]; then
+        # A run that did not finish: a row saying so, no figures.
+        printf '%-6s %-6s %-12s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
+        [[ -n "$csvf" ]] && echo "$ratio,$config,,,,,,,,no$([[ $extended == 1 ]] && echo ",,$status")" >> "$csvf"
+        continue
+      fi
+      read -r tok p50 p90 rd mf hit pin emf <<< "$(summarize "$f")"
+      if [[ -s "$d/r$ratio-$config.hit" ]]; then hit="$(cat "$d/r$ratio-$config.hit")"; fi  # pooled rounds
+      dg="$(digest "$d/r$ratio-$config.log")"
+      same=$([[ -n "$dg" && "$dg" == "$reference" ]] && echo yes || echo no)
+      printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
+             "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" >> "$table"
+      [[ -n "$csvf" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same$([[ $extended == 1 ]] && echo ",$emf,ok")" >> "$csvf"
+    done
   done
-done
-cat "$table"
-[[ -n "$csv" ]] && cp "$csv" "$out/table.csv" 2>/dev/null || true
+  cat "$table"
+}
 
 # ---- plots --------------------------------------------------------------------
-if [[ $plot == 1 ]] && command -v gnuplot > /dev/null; then
+make_plots() {  # DIR: decode token time per configuration, one plot per ratio
+  local d="$1" ratio config f series term ext
+  [[ $plot == 1 ]] && command -v gnuplot > /dev/null || return 0
   for ratio in ${ratios//,/ }; do
     series=""
     for config in ${configs//,/ }; do
-      f="$out/r$ratio-$config.csv"
+      f="$d/r$ratio-$config.csv"
       [[ -f "$f" ]] || continue
       series+="${series:+, }'$f' using 1:(strcol(2) eq \"decode\" ? \$3 : 1/0) with linespoints title '$config'"
     done
     [[ -n "$series" ]] || continue
     for term in "pngcairo size 1000,600" "svg size 1000,600"; do
       ext=${term%% *}; ext=${ext#png}; ext=${ext:-png}; [[ $term == pngcairo* ]] && ext=png
-      gnuplot <<EOF
+      gnuplot <<GNUPLOT
 set datafile separator ","
 set terminal $term
-set output "$out/tokens-r$ratio.$ext"
-set title "memlab ($preset): decode token time, model $size_mib MiB at ratio $ratio (limit $(awk -v s="$size" -v r="$ratio" 'BEGIN{printf "%.0f", s / r / 1048576}') MiB)"
+set output "$d/tokens-r$ratio.$ext"
+set title "memlab ($preset): decode token time, model $size_mib MiB at ratio $ratio (limit $(limit_of "$ratio") MiB)"
 set xlabel "decode token"
 set ylabel "ms per token"
 set logscale y
 set key outside right
 set grid
 plot $series
-EOF
+GNUPLOT
     done
-    log "plot: $out/tokens-r$ratio.png, .svg"
+    log "plot: $d/tokens-r$ratio.png, .svg"
+  done
+}
+
+# ---- the rounds ---------------------------------------------------------------
+# One round: the disk curve, then every run of the schedule. With --rounds N, each round is a
+# whole run in $out/round-K (its own disk-lanes.csv and table.txt), round 1 in the schedule's
+# order and every even round in the reverse order, so that a drift of the machine over the
+# rounds falls on every cell alike: pooled over rounds 1 and 2, each cell's mean time is the
+# middle of the run (scripts/memlab-predict.sh pools the rounds).
+for ((k = 1; k <= rounds; ++k)); do
+  if [[ $rounds -gt 1 ]]; then
+    rdir="$out/round-$k"
+    mkdir -p "$rdir"
+    log "round $k of $rounds$( ((k % 2 == 0)) && echo ", in reverse order")"
+  fi
+  disk_probe "$rdir"
+  order=("${schedule[@]}")
+  if ((k % 2 == 0)); then
+    order=()
+    for ((i = ${#schedule[@]} - 1; i >= 0; --i)); do order+=("${schedule[i]}"); done
+  fi
+  for e in "${order[@]}"; do run_entry "$e"; done
+  # The runs without a limit under every ratio's name.
+  for ratio in ${ratios//,/ }; do
+    for config in ${configs//,/ }; do
+      no_limit "$config" || continue
+      for ext in csv log peak status metrics.csv route.csv; do
+        if [[ -f "$rdir/$config.$ext" ]]; then cp "$rdir/$config.$ext" "$rdir/r$ratio-$config.$ext"; fi
+      done
+    done
+  done
+  if [[ $rounds -gt 1 ]]; then
+    make_table "$rdir" "" "; round $k of $rounds" > /dev/null
+    make_plots "$rdir"
+  fi
+done
+
+# ---- the disk again -------------------------------------------------------------
+# The same measurement after the runs: whether the device still reads as it did
+# before them (a long fault-driven run reads tens of GiB; docs/wall-clock.md,
+# "Longer runs", saw it slow down within a cell). The model uses the curves
+# measured before each round (disk-lanes.csv) and, with rounds, this one too; for one
+# round it is for the reader. Other blocks (--seed 2), so that no cache below the VM
+# answers from the first measurement.
+first_curve="$out/disk-lanes.csv"
+[[ $rounds -gt 1 ]] && first_curve="$out/round-1/disk-lanes.csv"
+if [[ $disk == 1 && -x "$lanes_tool" && -f "$first_curve" ]]; then
+  "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" --seed 2 > "$out/disk-lanes-after.csv"
+  curve_of() { awk -F, 'NR > 1 { printf "%s%.0f", (n++ ? " / " : ""), $5 }' "$1"; }
+  log "disk, MiB/s at 1 / 2 / 4 / 8 readers: before the runs $(curve_of "$first_curve"), after $(curve_of "$out/disk-lanes-after.csv") (disk-lanes-after.csv)"
+fi
+
+# ---- pooled over the rounds -----------------------------------------------------
+# Each cell's files in $out: the rounds' per-token CSVs one after another (tok/s over every
+# round's tokens), finished only if every round finished it, the largest peak, and the logits'
+# digest only if every round's was the same (else the table says no).
+if [[ $rounds -gt 1 ]]; then
+  for ratio in ${ratios//,/ }; do
+    for config in ${configs//,/ }; do
+      name="r$ratio-$config"
+      [[ -f "$out/round-1/$name.status" ]] || continue
+      status=ok peak=0 dg="" dgs_same=1
+      : > "$out/$name.csv.tmp"
+      for ((k = 1; k <= rounds; ++k)); do
+        s="$(cat "$out/round-$k/$name.status" 2>/dev/null || echo missing)"
+        if [[ $status == ok && $s != ok ]]; then status="$s"; fi  # the first round that did not finish
+        p="$(cat "$out/round-$k/$name.peak" 2>/dev/null || echo 0)"
+        if [[ $p =~ ^[0-9]+$ ]] && ((p > peak)); then peak=$p; fi
+        d="$(digest "$out/round-$k/$name.log")"
+        if [[ $k == 1 ]]; then dg="$d"; fi
+        if [[ -z "$d" || "$d" != "$dg" ]]; then dgs_same=0; fi
+        if [[ -f "$out/round-$k/$name.csv" ]]; then
+          awk -v k="$k" 'NR > 1 || k == 1' "$out/round-$k/$name.csv" >> "$out/$name.csv.tmp"
+        fi
+      done
+      echo "$status" > "$out/$name.status"
+      echo "$peak" > "$out/$name.peak"
+      # The hit rate: the mean of the rounds' (each the run's own at its last token).
+      for ((k = 1; k <= rounds; ++k)); do
+        if [[ -f "$out/round-$k/$name.csv" ]]; then summarize "$out/round-$k/$name.csv"; fi
+      done | awk '$6 != "-" { s += $6; n++ } END { if (n) printf "%.2f\n", s / n }' > "$out/$name.hit"
+      echo "pooled over $rounds rounds: round-*/$name.log" > "$out/$name.log"
+      if [[ $dgs_same == 1 ]]; then grep -m1 '^logits: fnv1a64 ' "$out/round-1/$name.log" >> "$out/$name.log" || true; fi
+      if [[ $status == ok ]]; then mv "$out/$name.csv.tmp" "$out/$name.csv"; else rm -f "$out/$name.csv.tmp"; fi
+    done
   done
 fi
-log "done: $table"
+
+make_table "$out" "$csv" "$([[ $rounds -gt 1 ]] && echo "; pooled over $rounds rounds (round-1 ... round-$rounds)")"
+[[ -n "$csv" ]] && cp "$csv" "$out/table.csv" 2>/dev/null || true
+[[ $rounds -gt 1 ]] || make_plots "$out"
+log "done: $out/table.txt"

@@ -13,6 +13,10 @@
 #
 #   memlab_smoke.sh PROBE WORKDIR
 #
+# It runs in two rounds (--rounds 2), the second in the reverse order: each
+# round's directory must hold both runs, and the table's row must be the
+# rounds pooled (tok/s over both rounds' decode tokens, recomputed here).
+#
 # Needs root and a memory cgroup. Without them it is SKIPPED (exit 77) with a
 # loud message. Where they are available it must run: with CI=true, a probe
 # without the residency manager is a failure, not a skip.
@@ -46,9 +50,23 @@ fi
 mkdir -p "$work"
 csv="$work/memlab-smoke.csv"
 rm -f "$csv"
-bash "$memlab" --smoke --probe "$probe" --csv "$csv" --csv-extended --no-plot || fail "scripts/memlab.sh --smoke exited with $?"
+bash "$memlab" --smoke --rounds 2 --probe "$probe" --csv "$csv" --csv-extended --no-plot 2> "$work/memlab.err" ||
+  { cat "$work/memlab.err"; fail "scripts/memlab.sh --smoke --rounds 2 exited with $?"; }
+cat "$work/memlab.err"
 [[ -f "$csv" ]] || fail "no CSV written"
 cat "$csv"
+# The rounds: where they are, their order, and the pooled row.
+run="$(sed -n 's/^memlab: done: \(.*\)\/table.txt$/\1/p' "$work/memlab.err")"
+[[ -d "$run/round-1" && -d "$run/round-2" && ! -e "$run/round-3" ]] || fail "no round-1 and round-2 (only) under '$run'"
+order="$(sed -n '/^memlab: round 2 of 2, in reverse order$/,$ s/^memlab: r2-\([a-z]*\): limit.*/\1/p' "$work/memlab.err" | tr '\n' ' ')"
+[[ "$order" == "all mmap " ]] || fail "round 2 ran '$order', expected 'all mmap ' (round 1's order reversed)"
+for c in mmap all; do
+  for k in 1 2; do [[ -f "$run/round-$k/r2-$c.csv" ]] || fail "round $k has no r2-$c.csv"; done
+  pooled="$(awk -F, 'FNR > 1 && $2 == "decode" { n++; ms += $3 } END { printf "%.3f", n / (ms / 1000) }' \
+            "$run/round-1/r2-$c.csv" "$run/round-2/r2-$c.csv")"
+  [[ "$(awk -F, -v c="$c" 'NR > 1 && $2 == c { print $3 }' "$csv")" == "$pooled" ]] ||
+    fail "$c: the table's tok/s is not the rounds pooled ($pooled from round-1 and round-2)"
+done
 header="ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,engine_majflt_per_token,status"
 [[ "$(head -1 "$csv")" == "$header" ]] || fail "CSV header is '$(head -1 "$csv")', expected '$header'"
 row() { awk -F, -v c="$1" 'NR > 1 && $2 == c' "$csv"; }
