@@ -49,6 +49,8 @@ using namespace moe_residency;
 namespace mrl = moe_residency::llama_cpp;
 namespace mre = moe_residency::llama_cpp::examples;
 using mre::proc_read_bytes;
+using mre::mapping_kib;
+using mre::proc_mapping;
 using mre::thread_cpu_ms;
 
 using probe_session = session<predictor_set<stale_gate_predictor, prev_token_predictor,
@@ -233,6 +235,7 @@ struct run_result {
   std::vector<token_record> rows;
   std::uint64_t digest = 1469598103934665603ull;  // FNV-1a 64 of every decode token's logits
   std::size_t digested = 0;
+  mapping_kib mapping;  // at the end of the decode
 };
 
 void fnv1a_bytes(std::uint64_t& h, const void* p, std::size_t n) {
@@ -347,6 +350,7 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
   const float* lg = llama_get_logits_ith(ctx, -1);
   fnv1a_bytes(r.digest, lg, sizeof(float) * static_cast<std::size_t>(n_vocab));
   ++r.digested;
+  r.mapping = proc_mapping();
   return r;
 }
 
@@ -365,6 +369,10 @@ double percentile(std::vector<double> v, double q) {
 /// summary says so.
 void report_run(const probe_args& a, const run_result& r) {
   std::printf("logits: fnv1a64 %016llx over %zu tokens\n", static_cast<unsigned long long>(r.digest), r.digested);
+  if (r.mapping.rss != 0)
+    std::printf("mapping: %.1f MiB of the process's %.1f MiB resident mapped by 2 MiB pages (FilePmdMapped), "
+                "at the end of the decode\n",
+                static_cast<double>(r.mapping.file_pmd_mapped) / 1024.0, static_cast<double>(r.mapping.rss) / 1024.0);
   if (r.rows.empty()) return;
   std::uint64_t proc = 0, cg = 0;
   for (const auto& t : r.rows) {

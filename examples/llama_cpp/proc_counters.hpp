@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -26,6 +27,27 @@ inline std::uint64_t proc_read_bytes() {
   while (in >> key >> v)
     if (key == "read_bytes:") return v;
   return 0;
+}
+
+/// How much of this process's memory is mapped by 2 MiB pages: /proc/self/smaps_rollup's
+/// Rss and FilePmdMapped (a file's page cache held in 2 MiB folios, as a sequential read of
+/// the whole file leaves it, is mapped by PMD entries; pages read in pieces are mapped 4 KiB
+/// at a time, and the same weights then cost more to compute over: docs/wall-clock.md, "The
+/// weights' page size"). Zeros if unknown.
+struct mapping_kib {
+  std::uint64_t rss = 0;
+  std::uint64_t file_pmd_mapped = 0;
+};
+inline mapping_kib proc_mapping() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  mapping_kib m;
+  std::string line;
+  while (std::getline(in, line)) {  // the first line names the range: "<from>-<to> ---p ... [rollup]"
+    unsigned long long v = 0;
+    if (std::sscanf(line.c_str(), "Rss: %llu kB", &v) == 1) m.rss = v;
+    if (std::sscanf(line.c_str(), "FilePmdMapped: %llu kB", &v) == 1) m.file_pmd_mapped = v;
+  }
+  return m;
 }
 
 }  // namespace moe_residency::llama_cpp::examples
