@@ -157,6 +157,30 @@ void BM_cache_pair(benchmark::State& st) {
   run_token_pair(st, read_compiled, kernel, mr::gemv_arch_name(), 1);
 }
 
+#if BENCH_X86_GNU && MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+// The dispatched kernel's shapes in turn with the best read on one fixture
+// (args {type, routers}: 0 routers is a token's 48, 1 one router in cache):
+// `gemv` (on an AVX-512VL CPU, f32 4 rows a pass on 32 registers; f16 and bf16
+// on the 512-bit kernel with AVX-512F) and `narrow`, the 256-bit kernel alone
+// (x86_tune_narrow: 3 f32 rows on the 16 AVX2 registers). Counters: each
+// one's CPU time over the read's.
+void BM_token_kernels(benchmark::State& st) {
+  if (!check_flags(st)) return;
+  if (!cpu_has_avx2()) {
+    st.SkipWithError("the CPU lacks AVX2+FMA+F16C: nothing is dispatched");
+    return;
+  }
+  constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
+  run_token_kernels(
+      st, read_avx2,
+      {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
+       {"narrow", [](const mr::matrix_view& w, const float* x, float* y) {
+          mr::detail::gemv_x86_impl<mr::detail::gemv_default_tag, fused, mr::detail::x86_tune_narrow>(
+              w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
+        }}});
+}
+#endif
+
 void BM_gemv_naive_f16_call(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv_naive_f16_call(st, "naive call per element");
@@ -174,3 +198,6 @@ BENCHMARK(BM_gemv_token)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_token_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_cache_pair)->Arg(0)->Arg(1)->Arg(2);
 BENCHMARK(BM_gemv_naive_f16_call)->Args({1, 128})->Args({1, 256});
+#if BENCH_X86_GNU && MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+BENCHMARK(BM_token_kernels)->Args({0, 0})->Args({0, 1})->Args({2, 0});
+#endif
