@@ -74,16 +74,14 @@ inline bool gemv_dispatched() noexcept {
 /// xsimd architecture's name (e.g. "sse2", "avx512bw"), or, when dispatched,
 /// that name + "+avx2-fma-f16c-dispatch" (e.g. "sse2+avx2-fma-f16c-dispatch"),
 /// + "+avx512f-16bit" when the CPU also has AVX-512F (f16 and bf16 then run
-/// the 512-bit kernel, detail/gemv.hpp), + "+avx512vl-f32" when it has
-/// AVX-512VL (f32 then runs 4 rows a pass on 32 registers).
+/// the 512-bit kernel, detail/gemv.hpp).
 inline const char* gemv_arch_name() noexcept {
 #if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
   if (gemv_dispatched()) {
     static char name[80] = {};
-    static const bool once = (std::snprintf(name, sizeof name, "%s+avx2-fma-f16c-dispatch%s%s",
+    static const bool once = (std::snprintf(name, sizeof name, "%s+avx2-fma-f16c-dispatch%s",
                                             xsimd::default_arch::name(),
-                                            detail::x86_has_avx512f() ? "+avx512f-16bit" : "",
-                                            detail::x86_has_avx512vl() ? "+avx512vl-f32" : ""),
+                                            detail::x86_has_avx512f() ? "+avx512f-16bit" : ""),
                               true);
     (void)once;
     return name;

@@ -1014,50 +1014,6 @@ inline bool x86_has_avx512f() noexcept {
   return ok;
 }
 
-/// True when the CPU and OS support AVX-512F and AVX-512VL (CPUID leaf 7 EBX
-/// bit 31): 256-bit instructions in the EVEX encoding, which reach 32 vector
-/// registers. Checked once.
-inline bool x86_has_avx512vl() noexcept {
-  static const bool ok = [] {
-    if (!x86_has_avx512f()) return false;
-    std::uint32_t r[4];
-    x86_cpuid(7, 0, r);
-    return ((r[1] >> 31) & 1u) != 0;
-  }();
-  return ok;
-}
-
-#if !defined(__AVX512F__)
-// ---- The 256-bit f32 kernel with 32 registers (a default build on AVX-512VL) ---
-//
-// The same x86_pass, compiled where AVX-512VL lets 256-bit instructions use
-// ymm16-ymm31: 4 f32 rows a pass (16 accumulators) fit, as in a TU built for
-// AVX-512 (x86_tune_default there), where the 16 AVX2 registers hold 3. The
-// same instructions in the same order per row, so the same bits. `flatten`
-// inlines the kernel's calls (all of a subset target) into this function and
-// so compiles them for its target; the reduction and the tail stay in
-// gemv_x86_impl, in the caller's target. A TU built for AVX-512 already has
-// the 4-row kernel and does not get this copy.
-#define MOE_RESIDENCY_DETAIL_X86V_TARGET __attribute__((target("avx512f,avx512vl,avx2,fma,f16c"), flatten))
-using x86_tune_vl = x86_tune<4, 3, 2, 1, 0, 0>;
-
-/// The 32-lane part of nr rows of f32 for columns [0, np), np > 0, into acc
-/// (zeroed here): gemv_x86_impl's f32 case on x86_tune_vl. Call only when
-/// x86_has_avx512vl().
-template <bool Fused>
-MOE_RESIDENCY_DETAIL_X86V_TARGET void x86v_rows_f32(const char* block, std::size_t nr, std::size_t np,
-                                                    std::size_t stride, const float* x,
-                                                    float (*acc)[gemv_lanes]) noexcept {
-  if (np <= gemv_col_block) {
-    for (std::size_t rr = 0; rr < nr; ++rr)
-      for (std::size_t j = 0; j < gemv_lanes; j += 8) _mm256_store_ps(acc[rr] + j, _mm256_setzero_ps());
-    x86_rows_chunk<element_type::f32, Fused, x86_tune_vl>(block, nr, stride, 0, np, x, acc);
-  } else {
-    x86_gemv_rows<element_type::f32, Fused, x86_tune_vl>(block, nr, np, stride, x, false, acc);
-  }
-}
-#endif
-
 template <bool Fused>
 MOE_RESIDENCY_DETAIL_X86Z_TARGET inline __m512 x86z_madd(__m512 a, __m512 b, __m512 c) noexcept {
   if constexpr (Fused) {
@@ -1237,19 +1193,9 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
   alignas(32) float acc[gemv_row_block][gemv_lanes];
   alignas(32) float xbuf[gemv_col_block];
   const float* xs = nullptr;  // x prepared once, when one chunk holds it
-#if !defined(__AVX512F__)
-  // f32 on 32 registers where the CPU has AVX-512VL (x86v_rows_f32); as the
-  // 512-bit kernel, only for a tune that takes the wider kernels.
-  const bool vl32 = Tune::wide_rows > 0 && t == element_type::f32 && np > 0 && x86_has_avx512vl();
-#endif
   for (std::size_t r0 = 0; r0 < rows; r0 += gemv_row_block) {
     const std::size_t nr = std::min(gemv_row_block, rows - r0);
     const char* block = static_cast<const char*>(data) + r0 * stride;
-#if !defined(__AVX512F__)
-    if (vl32) {
-      x86v_rows_f32<Fused>(block, nr, np, stride, x, acc);
-    } else
-#endif
     if (np <= gemv_col_block && np > 0) {
       if (xs == nullptr) {
         switch (t) {
