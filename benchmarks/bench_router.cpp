@@ -455,6 +455,13 @@ void tuned_kernel(const mr::matrix_view& w, const float* x, float* y) {
 }
 using wide4_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 4>;
 using wide3_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 3>;
+#if defined(__AVX512F__)
+using l1_next_tune = mr::detail::x86_tune<4, 3, 3, 1, 0, 0, false, false, 3, 4, 2>;
+using l2_next_tune = mr::detail::x86_tune<1, 3, 3, 1, 0, 0, false, false, 1, 4, 2>;
+#else
+using l1_next_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2>;
+using l2_next_tune = mr::detail::x86_tune<1, 3, 2, 1, 0, 0, false, false, 1, 4, 2>;
+#endif
 
 // Shapes of the kernel and the read on one fixture (args {type, routers}: 0
 // routers is a token's 48, from the last-level cache or DRAM; 1 is one router,
@@ -481,7 +488,12 @@ void BM_token_tunes(benchmark::State& st) {
        {"u_narrow", tuned_kernel<mr::detail::x86_tune_narrow, false>},
        {"u_wide", tuned_kernel<mr::detail::x86_tune_default, false>},
        {"wide4", tuned_kernel<wide4_tune, true>},
-       {"wide3", tuned_kernel<wide3_tune, true>}});
+       {"wide3", tuned_kernel<wide3_tune, true>},
+       // The default before (this TU's): f32 4 rows a pass (3 without AVX-512),
+       // the 16-bit rows one pass ahead into L1; and the default's shape with
+       // the 16-bit rows only one pass ahead, into L2.
+       {"l1_next", tuned_kernel<l1_next_tune, true>},
+       {"l2_next", tuned_kernel<l2_next_tune, true>}});
 }
 #endif
 
@@ -557,7 +569,7 @@ BENCHMARK(BM_gemv_tune<3, 3, 2, 1, false, 0>)->Apply(tune_shapes);
 BENCHMARK(BM_gemv_tune<2, 3, 2, 1, false, 0>)->Args({0, 128});
 BENCHMARK(BM_gemv_tune<4, 3, 2, 1, false, 0>)->Args({0, 128});
 BENCHMARK(BM_gemv_token_tune<3, 3, 2, 1, true, 32>)->Arg(1);
-BENCHMARK(BM_token_tunes)->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
+BENCHMARK(BM_token_tunes)->Args({0, 0})->Args({0, 1})->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1});
 #endif
 
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

@@ -51,6 +51,7 @@ std::string run(const moe_residency::matrix_view& w, const float* x, float* simd
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -686,13 +687,13 @@ TEST_CASE("the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar
                           activation_rounding);
   using detail::gemv_x86z_impl;
   constexpr element_type f16 = element_type::f16, bf16 = element_type::bf16;
-  // Rows per pass 4, 6, 3 and 1, prefetching or not (the default, 2, runs in the
+  // Rows per pass 4, 6 (two passes ahead, into L2), 3 and 1, prefetching or not (the default, 2, runs in the
   // test above through gemv_x86_impl); and the other multiply-add, whose twin is
   // the 256-bit kernel's (per-lane loop below).
-  const kernel k16[] = {gemv_x86z_impl<tag, fused, f16, 4, 1>, gemv_x86z_impl<tag, fused, f16, 6, 1>,
+  const kernel k16[] = {gemv_x86z_impl<tag, fused, f16, 4, 1>, gemv_x86z_impl<tag, fused, f16, 6, 2, 1>,
                         gemv_x86z_impl<tag, fused, f16, 3, 0>, gemv_x86z_impl<tag, fused, f16, 1, 1>,
                         gemv_x86z_impl<tag, !fused, f16, 4, 1>};
-  const kernel kb16[] = {gemv_x86z_impl<tag, fused, bf16, 4, 1>, gemv_x86z_impl<tag, fused, bf16, 6, 1>,
+  const kernel kb16[] = {gemv_x86z_impl<tag, fused, bf16, 4, 1>, gemv_x86z_impl<tag, fused, bf16, 6, 2, 1>,
                          gemv_x86z_impl<tag, fused, bf16, 3, 0>, gemv_x86z_impl<tag, fused, bf16, 1, 1>,
                          gemv_x86z_impl<tag, !fused, bf16, 4, 1>};
   std::uint32_t seed = 2600;
@@ -733,6 +734,9 @@ TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scal
   const kernel kernels[] = {
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 2, 3, 0>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 3, 1>>,
+      // the defaults before: f32 4 and 3 rows, 16-bit rows one pass ahead into L1
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 3, 3, 1, 0, 0, false, false, 3, 4, 2>>,
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 4, 4, 1, 4, 4>>,
       detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 32, 16>>,
       detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1>>,
@@ -747,14 +751,14 @@ TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scal
   std::uint32_t seed = 1700;
   std::size_t compared = 0;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
-    for (const std::size_t k : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+    for (std::size_t k = 0; k < std::size(kernels); ++k)
       for (const auto& s : {dispatch_shapes[5], dispatch_shapes[10], dispatch_shapes[11],
                             dispatch_shapes[13]}) {
         const test_matrix m(t, s[0], s[1], s[2], seed++);
         const auto x = random_activation(s[1], seed++);
         const auto w = m.view();
         std::vector<float> want(s[0]), got(s[0], -1.0f);
-        if (k == 4 || k == 10) {  // the other multiply-add: the per-lane loop of the next test is its twin
+        if (k == 3 || k == 6 || k == 12) {  // the other multiply-add: the per-lane loop of the next test is its twin
           detail::gemv_x86_impl<tag, !fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
                                              x.data(), want.data(), activation_rounding::engine);
         } else {

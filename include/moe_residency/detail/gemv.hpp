@@ -722,16 +722,17 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane,
 /// locality: 3 = prefetcht0 ... 0 = prefetchnta). Each row is a short stream
 /// (4 KiB of f16 for 2048 columns) that the hardware prefetcher only catches
 /// after it has started, and the interleaved rows would otherwise each pay
-/// that start from memory. Only for 16-bit weights and when the next pass's
-/// rows fit next to this pass's in three quarters of a 32 KiB L1
-/// (x86_prefetch_fits): further ahead, the prefetched lines are evicted before
-/// use and the kernel only loses load slots (f32 routers stream at the
-/// roofline without it). A prefetch never faults, so past the matrix's end it
-/// is only wasted. x86_tune_default prefetches the whole next rows, one line
-/// per row per step, for f16 and bf16 alike: per token from memory that is
-/// 0.1-0.15 of the read's time faster for f16 than prefetching only each next
-/// row's first 16 lines (the f16 default before), and it costs the in-cache
-/// case a few per cent (bench_router BM_token_tunes, docs/benchmarks.md).
+/// that start from memory. Only for 16-bit weights (f32 routers run one row a
+/// pass, one stream the hardware prefetcher follows; prefetching their next
+/// rows measured 15-20% slower in cache) and when the prefetched rows fit
+/// (x86_prefetch_fits): into L1 (Loc 3) next to this pass's rows in three
+/// quarters of a 32 KiB L1, into L2 (Loc < 3) in 64 KiB. A prefetch never
+/// faults, so past the matrix's end it is only wasted. x86_tune_default
+/// prefetches the whole rows two passes ahead, one line per row per step, with
+/// prefetcht2: into L1, the next rows and x fill a 32 KiB L1 and evict each
+/// other (Zen 4: a token's f16 routers at 1.9-2.2x the read's time, against
+/// 1.1 into L2; docs/benchmarks.md, "Prefetching into L2, and f32 one row a
+/// pass").
 template <element_type T, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
                                                               std::size_t c) noexcept {
@@ -744,10 +745,11 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std
 /// during the pass's last Head steps; with InRow, the steps before also
 /// prefetch this pass's rows Head lines ahead (one stream per row, Head lines
 /// ahead throughout).
-template <element_type T, std::size_t R, std::size_t D, std::size_t Head>
+template <element_type T, std::size_t R, std::size_t D, std::size_t Head, int Loc = 3>
 inline bool x86_prefetch_fits(std::size_t cn) noexcept {
   const std::size_t ahead = Head == 0 ? cn * 2 : std::min(cn * 2, Head * 64);
-  return D > 0 && T != element_type::f32 && R * cn * 2 + D * R * ahead <= 24576;
+  const bool fits = Loc < 3 ? D * R * ahead <= 65536 : R * cn * 2 + D * R * ahead <= 24576;
+  return D > 0 && T != element_type::f32 && fits;
 }
 
 /// R rows (p, p + stride, ...) over columns [c0, c0 + cn), cn a multiple of
@@ -769,7 +771,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
   }
   if constexpr (T == element_type::bf16) {
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    const bool prefetch = x86_prefetch_fits<T, R, D, Head>(cn);
+    const bool prefetch = x86_prefetch_fits<T, R, D, Head, Loc>(cn);
     const std::size_t pf_from = Head == 0 || cn <= gemv_lanes * Head ? 0 : cn - gemv_lanes * Head;
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
@@ -794,7 +796,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
       }
     }
   } else {
-    const bool prefetch = x86_prefetch_fits<T, R, D, Head>(cn);
+    const bool prefetch = x86_prefetch_fits<T, R, D, Head, Loc>(cn);
     const std::size_t pf_from = Head == 0 || cn <= gemv_lanes * Head ? 0 : cn - gemv_lanes * Head;
     for (std::size_t e = 0; e < cn; e += gemv_lanes) {
       const std::size_t c = c0 + e;
@@ -872,6 +874,10 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::s
 /// x86_tune_default. 3 rows are 12 accumulators of the 16 AVX2 registers;
 /// bf16 also keeps 4 x vectors, a mask and 2 loads live, so 2 rows. 6 f16 rows
 /// in two sweeps (G16 = 2) measured no faster (docs/benchmarks.md, 2026-12-01).
+/// f32 takes one row a pass: interleaved f32 rows are R streams of 8 KiB that
+/// the hardware prefetcher keeps losing (Zen 4, a token's routers: 1 row 0.93-0.97
+/// of the read's time, 2 rows 1.5, 4 rows 1.26-1.32), and in cache all
+/// measured within 10% of each other (the 1 MiB router streams from L2).
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
           std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
           bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4, std::size_t Z = 0>
@@ -900,22 +906,23 @@ struct x86_tune {
 };
 #if defined(__AVX512F__)
 // A TU built for AVX-512 (e.g. -march=native on such a host) compiles the
-// kernel with 32 vector registers: 4 f32 rows (16 accumulators) and 3 bf16
-// rows fit without spilling, and measured faster there (f32 per token, bf16
-// per token and in cache; docs/benchmarks.md, 2026-12-01). f16 keeps 3 rows:
-// 4 or 5 no longer fit the prefetch budget, and per token that costs more
-// than it gains in cache.
-using x86_tune_default = x86_tune<4, 3, 3, 1, 0, 0, false, false, 3, 4, 2>;
-using x86_tune_narrow = x86_tune<4, 3, 3, 1, 0, 0>;
+// kernel with 32 vector registers: 3 bf16 rows fit without spilling, and
+// measured faster there (bf16 per token and in cache; docs/benchmarks.md,
+// 2026-12-01). f16 keeps 3 rows: 4 or 5 per token cost more than they gain in
+// cache.
+using x86_tune_default = x86_tune<1, 3, 3, 2, 0, 0, false, false, 1, 4, 2>;
+using x86_tune_narrow = x86_tune<1, 3, 3, 2, 0, 0, false, false, 1>;
 #else
-using x86_tune_default = x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2>;
-using x86_tune_narrow = x86_tune<3, 3, 2, 1, 0, 0>;
+using x86_tune_default = x86_tune<1, 3, 2, 2, 0, 0, false, false, 1, 4, 2>;
+using x86_tune_narrow = x86_tune<1, 3, 2, 2, 0, 0, false, false, 1>;
 #endif
 // x86_tune_default takes the 512-bit kernel for f16 and bf16 where the CPU
 // has AVX-512F, 2 rows a pass (x86z_pass; 4 measured as fast in cache but
-// exceed x86_prefetch_fits's budget, unprefetched per token they took twice
-// the read's time); x86_tune_narrow is the same shape on the 256-bit kernel
-// only (for comparison, and the tests of that kernel).
+// unprefetched per token took twice the read's time), two passes prefetched
+// into L2 (Zen 4, a token's routers: 1.09-1.13 of the read's time, against
+// 1.25-1.35 one pass ahead and 1.9-2.2 into L1); x86_tune_narrow is the same
+// shape on the 256-bit kernel only (for comparison, and the tests of that
+// kernel).
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
@@ -1056,7 +1063,7 @@ inline void x86z_unsplit_lanes(float* lane) noexcept {
 /// order per lane, 2R independent multiply-add chains. The next D passes'
 /// rows are prefetched one line per row per step, as the 256-bit kernel does
 /// (x86_prefetch_fits).
-template <element_type T, bool Fused, std::size_t R, std::size_t D>
+template <element_type T, bool Fused, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_t stride,
                                                        std::size_t c0, std::size_t cn,
                                                        const float* xs,
@@ -1068,11 +1075,11 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_
     a[r][0] = _mm512_loadu_ps(acc[r]);
     a[r][1] = _mm512_loadu_ps(acc[r] + 16);
   }
-  const bool prefetch = x86_prefetch_fits<T, R, D, 0>(cn);
+  const bool prefetch = x86_prefetch_fits<T, R, D, 0, Loc>(cn);
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (std::size_t e = 0; e < cn; e += gemv_lanes) {
     const std::size_t c = c0 + e;
-    if (prefetch) x86_prefetch_next<T, R, D>(p, stride, c);
+    if (prefetch) x86_prefetch_next<T, R, D, Loc>(p, stride, c);
     __m512 x0 = _mm512_loadu_ps(xs + e), x1 = _mm512_loadu_ps(xs + e + 16);
     __asm__("" : "+v"(x0), "+v"(x1));  // one load for the R rows (see x86_pass)
     MOE_RESIDENCY_DETAIL_UNROLL
@@ -1100,20 +1107,20 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_
 }
 
 /// x86z_pass over nr rows: passes of R rows, then 2 and 1.
-template <element_type T, bool Fused, std::size_t R, std::size_t D>
+template <element_type T, bool Fused, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86Z_TARGET void x86z_rows_chunk(const char* data, std::size_t nr,
                                                        std::size_t stride, std::size_t c0,
                                                        std::size_t cn, const float* xs,
                                                        float (*acc)[gemv_lanes]) noexcept {
   std::size_t rr = 0;
-  for (; rr + R <= nr; rr += R) x86z_pass<T, Fused, R, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr + R <= nr; rr += R) x86z_pass<T, Fused, R, D, Loc>(data + rr * stride, stride, c0, cn, xs, acc + rr);
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
-      x86z_pass<T, Fused, 2, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+      x86z_pass<T, Fused, 2, D, Loc>(data + rr * stride, stride, c0, cn, xs, acc + rr);
       rr += 2;
     }
   }
-  for (; rr < nr; ++rr) x86z_pass<T, Fused, 1, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr < nr; ++rr) x86z_pass<T, Fused, 1, D, Loc>(data + rr * stride, stride, c0, cn, xs, acc + rr);
 }
 
 /// x's chunk [c0, c0 + cn) as the 512-bit kernel reads it: rounded when
@@ -1130,7 +1137,7 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET inline const float* x86z_prepare_x(const float*
 /// The 16-bit GEMV on the 512-bit kernel, R rows a pass, the next pass
 /// prefetched when D > 0. Call only when x86_has_avx512f(). Reduction and
 /// tail as gemv_x86_impl's (lanes back in natural order first).
-template <class Tag, bool Fused, element_type T, std::size_t R, std::size_t D>
+template <class Tag, bool Fused, element_type T, std::size_t R, std::size_t D, int Loc = 3>
 inline void gemv_x86z_impl(const void* data, std::size_t rows, std::size_t cols, std::size_t stride,
                            const float* x, float* y, activation_rounding r) noexcept {
   const bool round = r == activation_rounding::engine;
@@ -1146,7 +1153,7 @@ inline void gemv_x86z_impl(const void* data, std::size_t rows, std::size_t cols,
     for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
       const std::size_t cn = std::min(gemv_col_block, np - c0);
       if (!once || xs == nullptr) xs = x86z_prepare_x<T>(x, c0, cn, round, xbuf);
-      x86z_rows_chunk<T, Fused, R, D>(block, nr, stride, c0, cn, xs, acc);
+      x86z_rows_chunk<T, Fused, R, D, Loc>(block, nr, stride, c0, cn, xs, acc);
     }
     for (std::size_t rr = 0; rr < nr; ++rr) {
       if (T == element_type::bf16) x86z_unsplit_lanes(acc[rr]);
@@ -1182,9 +1189,11 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
     if (t != element_type::f32 && x86_has_avx512f()) {
       constexpr std::size_t D = Tune::prefetch;
       if (t == element_type::f16)
-        gemv_x86z_impl<Tag, Fused, element_type::f16, Tune::wide_rows, D>(data, rows, cols, stride, x, y, r);
+        gemv_x86z_impl<Tag, Fused, element_type::f16, Tune::wide_rows, D, Tune::locality>(data, rows, cols, stride,
+                                                                                          x, y, r);
       else
-        gemv_x86z_impl<Tag, Fused, element_type::bf16, Tune::wide_rows, D>(data, rows, cols, stride, x, y, r);
+        gemv_x86z_impl<Tag, Fused, element_type::bf16, Tune::wide_rows, D, Tune::locality>(data, rows, cols, stride,
+                                                                                           x, y, r);
       return;
     }
   }
