@@ -876,7 +876,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::s
 /// in two sweeps (G16 = 2) measured no faster (docs/benchmarks.md, 2026-12-01).
 /// f32 takes one row a pass: interleaved f32 rows are R streams of 8 KiB that
 /// the hardware prefetcher keeps losing (Zen 4, a token's routers: 1 row 0.93-0.97
-/// of the read's time, 2 rows 1.5, 4 rows 1.26-1.32), and in cache all
+/// of the read's time, 2 rows 1.5, 4 rows 1.26-1.37), and in cache all
 /// measured within 10% of each other (the 1 MiB router streams from L2).
 template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
           std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
