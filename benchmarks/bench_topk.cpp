@@ -1,7 +1,8 @@
 // Top-k selection of a router's scores (k = 2, 4, 6, 8 of 128 and 256
-// experts): the library's one-pass insertion buffer (detail::top_k_indices,
-// what route_token/select_experts run) against std::partial_sort of an index
-// array and a full index sort (what ggml's argsort does before taking the
+// experts, and 16 and 32 in BM_topk_pair): the library's selection
+// (detail::top_k_indices, what route_token/select_experts run: a one-pass
+// insertion buffer, or from 16k >= n rank keys selected and sorted) against
+// std::partial_sort of an index array and a full index sort (what ggml's argsort does before taking the
 // first k), all with the same order (higher score first, ties to the lower
 // index). Each benchmark checks once that its answer equals the full sort.
 // Scores are logits (routers' logits are roughly normal) from a pool of 64
@@ -152,4 +153,6 @@ void BM_topk_full_sort(benchmark::State& st) { run(st, full_sort); }
 BENCHMARK(BM_topk_library)->Apply(args);
 BENCHMARK(BM_topk_partial_sort)->Apply(args);
 BENCHMARK(BM_topk_full_sort)->Apply(args);
-BENCHMARK(BM_topk_pair)->Apply(args);
+// k = 16 and 32 as well: a predictor ranks 32 experts (gate_predictor's default
+// depth), two rankings per layer in the standard session.
+BENCHMARK(BM_topk_pair)->Apply(args)->Args({128, 16})->Args({128, 32})->Args({256, 16})->Args({256, 32});
