@@ -12,7 +12,8 @@
 // Before timing, every benchmark checks that ggml's logits and gemv's are the
 // same bits (ggml built with FMA: gemv in this -march=native TU fuses too) and
 // refuses to report otherwise; the counter bit_identical_rows says how many
-// rows were compared.
+// rows were compared. BM_pair runs the two in turn on one setup (the ratio
+// scripts/bench.sh reports).
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
@@ -26,6 +27,7 @@
 #include <ggml.h>
 
 #include "moe_residency/router.hpp"
+#include "router_fixture.hpp"
 
 namespace {
 
@@ -152,6 +154,40 @@ void BM_gemv_same_router(benchmark::State& st) {
   st.SetLabel(label(s.t, s.n) + " " + mr::gemv_arch_name());
 }
 
+// The two in turn within each iteration (which goes first alternating), each
+// timed with the thread's CPU clock, 32 calls a turn for one router: the two
+// benchmarks above run seconds apart, and on a shared VM the ratio of their
+// times moved by 20% between runs. Counters: ours_over_ggml (the ratio
+// scripts/bench.sh reports), each one's mean µs per call.
+void BM_pair(benchmark::State& st) {
+  setup s(type_of(st.range(0)), static_cast<std::size_t>(st.range(1)));
+  const std::size_t same = s.identical_rows();
+  if (same != s.n * rows) return st.SkipWithError("ggml and gemv logits differ");
+  std::vector<float> out(s.n * rows);
+  const std::size_t reps = s.n < 4 ? 32 : 1;
+  double spent[2] = {0, 0};
+  std::size_t first = 0;
+  for (auto _ : st) {
+    for (std::size_t j = 0; j < 2; ++j) {
+      const std::size_t which = (first + j) % 2;
+      const double t0 = router_bench::thread_seconds();
+      for (std::size_t r = 0; r < reps; ++r) {
+        if (which == 0) s.run_ggml();
+        else s.run_ours(out.data());
+        benchmark::ClobberMemory();
+      }
+      spent[which] += router_bench::thread_seconds() - t0;
+    }
+    first ^= 1;
+  }
+  const double calls = static_cast<double>(st.iterations()) * static_cast<double>(reps);
+  st.counters["bit_identical_rows"] = static_cast<double>(same);
+  st.counters["ggml_us"] = 1e6 * spent[0] / calls;
+  st.counters["ours_us"] = 1e6 * spent[1] / calls;
+  st.counters["ours_over_ggml"] = spent[0] > 0 ? spent[1] / spent[0] : 0.0;
+  st.SetLabel(label(s.t, s.n) + " " + mr::gemv_arch_name() + " and ggml in turn");
+}
+
 void args(benchmark::internal::Benchmark* b) {
   for (const std::int64_t t : {0, 1, 2})
     for (const std::int64_t n : {1, 48}) b->Args({t, n});
@@ -161,3 +197,4 @@ void args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_ggml_mul_mat)->Apply(args)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_gemv_same_router)->Apply(args)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_pair)->Apply(args)->Unit(benchmark::kMicrosecond);
