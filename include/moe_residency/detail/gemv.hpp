@@ -731,8 +731,8 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane,
 /// prefetches the whole rows two passes ahead, one line per row per step, with
 /// prefetcht2: into L1, the next rows and x fill a 32 KiB L1 and evict each
 /// other (Zen 4: a token's f16 routers at 1.9-2.2x the read's time, against
-/// 1.1 into L2; docs/benchmarks.md, "Prefetching into L2, and f32 one row a
-/// pass").
+/// 1.1 into L2; docs/benchmarks.md, "On Zen 4: prefetching into L2, and f32
+/// one row a pass").
 template <element_type T, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
                                                               std::size_t c) noexcept {

@@ -36,9 +36,9 @@ inline std::uint64_t rank_key(float s, std::size_t i) noexcept {
 constexpr std::size_t top_k_keys_max = 512;
 
 /// top_k_indices for a k that is a large share of n: the n rank keys, the k
-/// largest by selection, those k sorted. O(n + k log k) with no data-dependent
-/// inner loop; the insertion buffer's O(k) shifts per entry cost more from
-/// k ~ 16 (bench_topk BM_topk_pair). n <= top_k_keys_max and n < 2^32.
+/// largest by selection, those k sorted: O(n) expected plus O(k log k), where
+/// the insertion buffer's O(k) shifts per entry cost more from k ~ 16
+/// (bench_topk BM_topk_pair). n <= top_k_keys_max and n < 2^32.
 template <class Index>
 inline void top_k_by_keys(const float* scores, std::size_t n, std::size_t k, Index* out) noexcept {
   std::uint64_t key[top_k_keys_max];
