@@ -97,6 +97,17 @@ std::uint64_t stream_read(const void* p, std::size_t bytes) noexcept {
   return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
 }
 
+// One streaming read of every router matrix of the model, in layer order: the
+// roofline every per-token ratio here is taken against.
+std::uint64_t stream_routers(const synthetic_model& m) noexcept {
+  std::uint64_t x = 0;
+  for (std::size_t l = 0; l < m.shape().n_layers(); ++l) {
+    const matrix_view v = m.router(layer_id(static_cast<std::uint16_t>(l)));
+    x ^= stream_read(v.data, v.bytes());
+  }
+  return x;
+}
+
 // The roofline reference: one streaming read of every router matrix of the
 // model (where the observer's GEMVs find them: cache or DRAM), per token.
 void BM_stream_routers(benchmark::State& state) {
@@ -105,12 +116,7 @@ void BM_stream_routers(benchmark::State& state) {
   const double t0 = thread_seconds();
   std::int64_t iters = 0;
   for (auto _ : state) {
-    std::uint64_t x = 0;
-    for (std::size_t l = 0; l < m.shape().n_layers(); ++l) {
-      const matrix_view v = m.router(layer_id(static_cast<std::uint16_t>(l)));
-      x ^= stream_read(v.data, v.bytes());
-    }
-    benchmark::DoNotOptimize(x);
+    benchmark::DoNotOptimize(stream_routers(m));
     ++iters;
   }
   const double secs = thread_seconds() - t0;
@@ -174,10 +180,7 @@ void run_session(benchmark::State& state, const std::string& key) {
       s.layer_loaded(lid);
     }
     const double t1 = thread_seconds();
-    for (std::size_t l = 0; l < L; ++l) {
-      const matrix_view v = m.router(layer_id(static_cast<std::uint16_t>(l)));
-      sink ^= stream_read(v.data, v.bytes());
-    }
+    sink ^= stream_routers(m);
     benchmark::DoNotOptimize(sink);
     stream_secs += thread_seconds() - t1;
     session_secs += t1 - t0;
@@ -231,10 +234,7 @@ void BM_engine_then_session(benchmark::State& state) {
       benchmark::DoNotOptimize(r);
     }
     const double t2 = thread_seconds();
-    for (std::size_t l = 0; l < L; ++l) {
-      const matrix_view v = m.router(layer_id(static_cast<std::uint16_t>(l)));
-      sink ^= stream_read(v.data, v.bytes());
-    }
+    sink ^= stream_routers(m);
     benchmark::DoNotOptimize(sink);
     stream_secs += thread_seconds() - t2;
     engine_secs += t2 - t1;

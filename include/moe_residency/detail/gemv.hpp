@@ -730,8 +730,8 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane,
 /// faults, so past the matrix's end it is only wasted. x86_tune_default
 /// prefetches the whole rows two passes ahead, one line per row per step, with
 /// prefetcht2: into L1, the next rows and x fill a 32 KiB L1 and evict each
-/// other (Zen 4: a token's f16 routers at 1.9-2.2x the read's time, against
-/// 1.1 into L2; docs/benchmarks.md, "On Zen 4: prefetching into L2, and f32
+/// other (Zen 4: a token's f16 routers at 1.87-2.03x the read's time, against
+/// 0.98-1.12 into L2; docs/benchmarks.md, "On Zen 4: prefetching into L2, and f32
 /// one row a pass").
 template <element_type T, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
@@ -919,8 +919,8 @@ using x86_tune_narrow = x86_tune<1, 3, 2, 2, 0, 0, false, false, 1>;
 // x86_tune_default takes the 512-bit kernel for f16 and bf16 where the CPU
 // has AVX-512F, 2 rows a pass (x86z_pass; 4 measured as fast in cache but
 // unprefetched per token took twice the read's time), two passes prefetched
-// into L2 (Zen 4, a token's routers: 1.09-1.13 of the read's time, against
-// 1.25-1.35 one pass ahead and 1.9-2.2 into L1); x86_tune_narrow is the same
+// into L2 (Zen 4, a token's f16 routers: 0.98-1.12 of the read's time,
+// against 1.35-1.57 one pass ahead and 1.87-2.03 into L1); x86_tune_narrow is the same
 // shape on the 256-bit kernel only (for comparison, and the tests of that
 // kernel).
 
