@@ -23,11 +23,35 @@
 // path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib,wall_ms,off_cpu_ms_per_mib
 // (off the CPU: wall − the thread's CPU, the time waiting for the device; its
 // inverse is the bandwidth that path got, one request at a time).
+//
+//   moe-disk-lanes --file model.gguf --fault-walk [--walk-tokens 16] [--walk-gap-us 440]
+//                  [--walk-pin-dense]
+//
+// instead walks the file the way llama.cpp's decode faults it in through mmap,
+// with no llama.cpp: POSIX_FADV_SEQUENTIAL on the file; each token, layer by
+// layer in the file's order, every page of the layer's non-expert tensors, then
+// for each expert tensor of the layer (gate, up, down as the GGUF lists them)
+// every page of the layer's top-k distinct experts, drawn at random once a
+// layer (seeded; ascending, as ggml's MUL_MAT_ID visits them), each tensor
+// followed by --walk-gap-us of this thread's CPU (a stand-in for the matmul;
+// the lab's models compute for ~0.4 ms a tensor), and after the last layer the
+// non-layer tensors but the token embedding (one row a token). The layout (tensor offsets, experts, the
+// top-k: <arch>.expert_used_count) is the GGUF's. --walk-pin-dense first
+// locks the non-expert tensors' pages (mlock), as the lab's `dense`
+// configuration does. Run it inside the memory limit studied, page cache
+// dropped (the file's own pages are dropped first: POSIX_FADV_DONTNEED).
+// Prints CSV, the first --walk-skip tokens left out (they fill the cache):
+// pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,
+// cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault, per
+// token but the last three (walked: the pages touched; read: /proc/self/io) —
+// what the fault path costs a MiB read in that memory shape
+// (docs/wall-clock.md, "The fault path, measured").
 
 #include <CLI/CLI.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,6 +71,8 @@
 #include <thread>
 #include <vector>
 
+#include "gguf.h"
+#include "moe_residency/adapters/llama_cpp/gguf.hpp"
 #include "proc_counters.hpp"
 
 namespace {
@@ -59,6 +85,19 @@ struct fd_guard {
   ~fd_guard() {
     if (fd >= 0) ::close(fd);
   }
+};
+
+/// The whole file mapped read-only and shared; unmapped on scope exit.
+struct file_mapping {
+  void* at;
+  std::size_t size;
+  file_mapping(int fd, std::size_t n, const std::string& file)
+      : at(::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0)), size(n) {
+    if (at == MAP_FAILED) throw std::runtime_error("mmap of '" + file + "' failed: " + std::strerror(errno));
+  }
+  file_mapping(const file_mapping&) = delete;
+  file_mapping& operator=(const file_mapping&) = delete;
+  ~file_mapping() { ::munmap(at, size); }
 };
 
 std::vector<int> parse_list(const std::string& s) {
@@ -97,14 +136,7 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
   if (!(read_mib > 0)) throw std::invalid_argument("--path-read-mib: " + std::to_string(read_mib) + "; expected > 0");
   if (::access("/proc/self/io", R_OK) != 0)
     throw std::runtime_error("--path-cost needs /proc/self/io to count the bytes read");
-  struct mapping {
-    void* at;
-    std::size_t size;
-    ~mapping() {
-      if (at != MAP_FAILED) ::munmap(at, size);
-    }
-  } map{::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0), size};
-  if (map.at == MAP_FAILED) throw std::runtime_error("mmap of '" + file + "' failed: " + std::strerror(errno));
+  const file_mapping map(f.fd, size, file);
   auto* bytes = static_cast<unsigned char*>(map.at);
   const auto* touch = static_cast<const volatile unsigned char*>(map.at);
   std::printf("path,slice_kib,requests,read_mib,cpu_ms,cpu_ms_per_mib,wall_ms,off_cpu_ms_per_mib\n");
@@ -144,6 +176,179 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
   }
 }
 
+/// --fault-walk: llama.cpp's fault path through mmap, without llama.cpp (see
+/// the top of the file).
+struct walk_layout {
+  struct range {
+    std::uint64_t offset = 0, bytes = 0;
+  };
+  std::vector<std::vector<range>> dense;               ///< per layer: its non-expert tensors
+  std::vector<std::vector<moe_residency::llama_cpp::expert_file_range>> experts;  ///< per layer
+  std::vector<range> tail;                             ///< non-layer tensors but the token embedding
+  std::size_t top_k = 0;
+  std::uint64_t dense_bytes = 0;                       ///< every non-expert tensor of a layer, and the tail
+};
+
+walk_layout read_walk_layout(const std::string& file) {
+  namespace lc = moe_residency::llama_cpp;
+  const lc::gguf_expert_map map = lc::gguf_expert_map::by_name(file);
+  const lc::detail::gguf_ptr holder = lc::detail::open_gguf(file, "--fault-walk");
+  const gguf_context* ctx = holder.get();
+  walk_layout w;
+  w.experts.resize(map.n_layer());
+  w.dense.resize(map.n_layer());
+  for (std::size_t l = 0; l < map.n_layer(); ++l) {
+    w.experts[l] = map.ranges(moe_residency::layer_id(static_cast<std::uint16_t>(l)));
+    std::sort(w.experts[l].begin(), w.experts[l].end(),
+              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  }
+  const std::uint64_t data = gguf_get_data_offset(ctx);
+  for (std::int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i) {
+    const char* name = gguf_get_tensor_name(ctx, i);
+    const walk_layout::range r{data + gguf_get_tensor_offset(ctx, i), gguf_get_tensor_size(ctx, i)};
+    const int il = lc::detail::parse_blk_layer(name);
+    if (il < 0) {
+      if (std::strcmp(name, "token_embd.weight") != 0) w.tail.push_back(r);
+      continue;
+    }
+    const auto l = static_cast<std::size_t>(il);
+    bool expert = false;
+    if (l < w.experts.size())
+      for (const auto& e : w.experts[l]) expert = expert || e.tensor == name;
+    if (expert) continue;
+    if (l >= w.dense.size()) w.dense.resize(l + 1);
+    w.dense[l].push_back(r);
+    w.dense_bytes += r.bytes;
+  }
+  for (const auto& r : w.tail) w.dense_bytes += r.bytes;
+  for (auto& d : w.dense)
+    std::sort(d.begin(), d.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::sort(w.tail.begin(), w.tail.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  const std::int64_t arch = gguf_find_key(ctx, "general.architecture");
+  if (arch >= 0 && gguf_get_kv_type(ctx, arch) == GGUF_TYPE_STRING) {
+    const std::string key = std::string(gguf_get_val_str(ctx, arch)) + ".expert_used_count";
+    const std::int64_t k = gguf_find_key(ctx, key.c_str());
+    if (k >= 0 && gguf_get_kv_type(ctx, k) == GGUF_TYPE_UINT32) w.top_k = gguf_get_val_u32(ctx, k);
+  }
+  std::size_t n_expert = 0;
+  for (const auto& l : w.experts)
+    for (const auto& e : l) n_expert = std::max(n_expert, e.n_expert);
+  if (n_expert == 0) throw std::invalid_argument("--fault-walk: '" + file + "' has no expert tensors (blk.N.*_exps.*)");
+  if (w.top_k == 0 || w.top_k > n_expert)
+    throw std::invalid_argument("--fault-walk: '" + file + "': expert_used_count " + std::to_string(w.top_k) +
+                                "; expected 1 … " + std::to_string(n_expert) + " (the number of experts)");
+  return w;
+}
+
+double thread_sys_ms() {
+  rusage u{};
+  if (::getrusage(RUSAGE_THREAD, &u) != 0) return 0;
+  return 1e3 * static_cast<double>(u.ru_stime.tv_sec) + 1e-3 * static_cast<double>(u.ru_stime.tv_usec);
+}
+long thread_majflt() {
+  rusage u{};
+  return ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_majflt : 0;
+}
+
+void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bool pin_dense, std::uint64_t seed) {
+  if (tokens < 1) throw std::invalid_argument("--walk-tokens: " + std::to_string(tokens) + "; expected >= 1");
+  if (skip < 0 || skip >= tokens)
+    throw std::invalid_argument("--walk-skip: " + std::to_string(skip) + "; expected 0 … --walk-tokens − 1 (" +
+                                std::to_string(tokens - 1) + ")");
+  if (!(gap_us >= 0)) throw std::invalid_argument("--walk-gap-us: " + std::to_string(gap_us) + "; expected >= 0");
+  if (::access("/proc/self/io", R_OK) != 0)
+    throw std::runtime_error("--fault-walk needs /proc/self/io to count the bytes read");
+  const walk_layout w = read_walk_layout(file);
+  fd_guard f;
+  f.fd = ::open(file.c_str(), O_RDONLY);
+  if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
+  const auto size = static_cast<std::size_t>(st.st_size);
+  const file_mapping map(f.fd, size, file);
+  // The file's clean pages dropped first (what a cell's drop_caches does for it), then llama.cpp's advice.
+  int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (rc == 0) rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  if (rc != 0)
+    throw std::runtime_error("posix_fadvise (DONTNEED, SEQUENTIAL) on '" + file + "' failed: " + std::strerror(rc));
+  const auto* touch = static_cast<const volatile unsigned char*>(map.at);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // Every page of [offset, offset + bytes), inside the file: one volatile read each.
+  std::uint64_t touched = 0;  // pages, over the tokens counted
+  bool counting = false;
+  const auto touch_range = [&](std::uint64_t offset, std::uint64_t bytes) {
+    const std::uint64_t end = std::min<std::uint64_t>(offset + bytes, size);
+    for (std::uint64_t o = offset - offset % page; o < end; o += page) {
+      (void)touch[o];
+      touched += counting;
+    }
+  };
+  if (pin_dense) {
+    const auto lock = [&](const walk_layout::range& r) {
+      const std::uint64_t from = r.offset - r.offset % page;
+      if (::mlock(static_cast<const unsigned char*>(map.at) + from, r.offset + r.bytes - from) != 0)
+        throw std::runtime_error("--walk-pin-dense: mlock of " + std::to_string(r.bytes) + " bytes at " +
+                                 std::to_string(r.offset) + " failed: " + std::strerror(errno) +
+                                 " (run as root, or raise RLIMIT_MEMLOCK)");
+    };
+    for (const auto& d : w.dense)
+      for (const auto& r : d) lock(r);
+    for (const auto& r : w.tail) lock(r);
+  }
+  const auto spin = [&] {
+    const double until = thread_cpu_ms() + gap_us / 1000.0;
+    while (thread_cpu_ms() < until) {
+    }
+  };
+  std::mt19937_64 gen(seed);
+  double wall = 0, cpu = 0, sys = 0;
+  std::uint64_t read = 0;
+  long faults = 0;
+  std::vector<std::size_t> chosen;
+  for (int t = 0; t < tokens; ++t) {
+    counting = t >= skip;
+    const std::uint64_t r0 = proc_read_bytes();
+    const double c0 = thread_cpu_ms(), s0 = thread_sys_ms();
+    const long f0 = thread_majflt();
+    const auto w0 = std::chrono::steady_clock::now();
+    for (std::size_t l = 0; l < w.experts.size(); ++l) {
+      if (l < w.dense.size())
+        for (const auto& r : w.dense[l]) touch_range(r.offset, r.bytes);
+      if (w.experts[l].empty()) continue;
+      // One routing a layer, for all of its expert tensors (gate, up and down use the same experts).
+      const std::size_t n_expert = w.experts[l].front().n_expert;
+      std::uniform_int_distribution<std::size_t> pick(0, n_expert - 1);
+      chosen.clear();
+      while (chosen.size() < std::min(w.top_k, n_expert)) {
+        const std::size_t x = pick(gen);
+        if (std::find(chosen.begin(), chosen.end(), x) == chosen.end()) chosen.push_back(x);
+      }
+      std::sort(chosen.begin(), chosen.end());
+      for (const auto& e : w.experts[l]) {
+        for (const std::size_t x : chosen)
+          if (x < e.n_expert) touch_range(e.offset + x * e.bytes_per_expert, e.bytes_per_expert);
+        spin();
+      }
+    }
+    for (const auto& r : w.tail) touch_range(r.offset, r.bytes);
+    if (t < skip) continue;
+    wall += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+    cpu += thread_cpu_ms() - c0;
+    sys += thread_sys_ms() - s0;
+    faults += thread_majflt() - f0;
+    read += proc_read_bytes() - r0;
+  }
+  const double n = tokens - skip, mib = static_cast<double>(read) / 1048576.0;
+  std::printf("pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
+              "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n");
+  std::printf("%.1f,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%.1f,%.4f,%.4f,%.2f\n",
+              pin_dense ? static_cast<double>(w.dense_bytes) / 1048576.0 : 0.0, tokens - skip,
+              static_cast<double>(touched * page) / 1048576.0 / n, mib / n, wall / n,
+              cpu / n, sys / n, static_cast<double>(faults) / n, mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0,
+              mib > 0 ? sys / mib : 0.0, faults > 0 ? mib / static_cast<double>(faults) : 0.0);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,8 +369,24 @@ int main(int argc, char** argv) {
                  "this many KiB (run it inside the memory limit studied)");
   app.add_option("--path-read-mib", path_read_mib, "--path-cost: MiB to read from the device on each path")
       ->capture_default_str();
+  bool walk = false, walk_pin = false;
+  int walk_tokens = 16, walk_skip = 2;
+  double walk_gap_us = 440;
+  app.add_flag("--fault-walk", walk,
+               "Instead: llama.cpp's decode fault path through mmap, without llama.cpp (run it inside the "
+               "memory limit studied, page cache dropped)");
+  app.add_option("--walk-tokens", walk_tokens, "--fault-walk: tokens walked")->capture_default_str();
+  app.add_option("--walk-skip", walk_skip, "--fault-walk: first tokens left out of the figures")
+      ->capture_default_str();
+  app.add_option("--walk-gap-us", walk_gap_us, "--fault-walk: CPU spent after each expert tensor, us")
+      ->capture_default_str();
+  app.add_flag("--walk-pin-dense", walk_pin, "--fault-walk: mlock the non-expert tensors first");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (walk) {
+      fault_walk(file, walk_tokens, walk_skip, walk_gap_us, walk_pin, seed);
+      return 0;
+    }
     if (path_kib) {
       path_cost(file, path_kib, path_read_mib, seed);
       return 0;
