@@ -147,6 +147,17 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   put("fuzz_lab_cells", "memlab.csv", format_lab_cells(cells));
   put("fuzz_lab_cells", "short.csv", "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,exact,563,141,87.1,m.csv\n2.5,mmap,563,141,87.1\n");
 
+  // fuzz_fault_walk: what scripts/memlab.sh writes, two ratios, dense locked and not.
+  const std::string walk_header =
+      "limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
+      "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n";
+  put("fuzz_fault_walk", "memlab.csv",
+      walk_header + "939,0.0,22,310.1,1100.0,1067.14,521.62,513.76,101.0,0.4959,0.4670,10.89\n"
+                    "939,110.2,22,310.1,1101.9,1090.27,534.16,528.21,101.0,0.5047,0.4794,10.91\n"
+                    "563,0.0,22,310.1,1377.1,1408.25,569.83,560.78,83.1,0.6088,0.4072,16.58\n"
+                    "563,110.2,22,310.1,1245.1,1572.10,607.11,603.54,104.5,0.7750,0.4847,11.91\n");
+  put("fuzz_fault_walk", "short.csv", walk_header + "563,0,1,1,1,1,1,1,1,0.6\n");
+
   // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration).
   for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic"})
     put("fuzz_cli_specs", std::string("speculate-") + s, std::string(1, '\0') + s);

@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 targets_small=(fuzz_timing_config fuzz_token_metrics fuzz_storage_curve fuzz_oracle_profile fuzz_lab_cells
-               fuzz_cli_specs)
+               fuzz_fault_walk fuzz_cli_specs)
 targets_all=(fuzz_trace_csv fuzz_trace_binary fuzz_session)
 llama_prefix="${MOE_RESIDENCY_LLAMA_CPP_PREFIX:-}"
 llama_flags=(-DMOE_RESIDENCY_BUILD_LLAMA_CPP=OFF)

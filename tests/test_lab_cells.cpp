@@ -1,6 +1,7 @@
 // timing/lab_cells.hpp: the memory lab's cells file that `lab-predict --cells`
-// reads: what it accepts, and an error naming the file, the line, the value and
-// what was expected for each malformed line.
+// reads, and the fault walk's file (`lab-predict --fault-walk`): what each
+// accepts, and an error naming the file, the line, the value and what was
+// expected for each malformed line.
 
 #include <doctest/doctest.h>
 
@@ -103,4 +104,55 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
                          "cells.csv: no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics",
                          error);
   }
+}
+
+TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a malformed line named") {
+  // As scripts/memlab.sh writes it: the cell's limit, then moe-disk-lanes --fault-walk's row
+  // (two rounds of the same shapes appended, as memlab-predict.sh passes them).
+  const std::string header =
+      "limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
+      "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n";
+  const std::string text = header +
+                           "939,0.0,22,310.1,1100.0,1067.14,521.62,513.76,101.0,0.5000,0.4600,10.89\n"
+                           "939,110.2,22,310.1,1101.9,1090.27,534.16,528.21,101.0,0.5100,0.4800,10.91\n"
+                           "# round 2\n" + header +
+                           "563,0,22,310.1,1377.1,1408.25,569.83,560.78,83.1,0.6000,0.4000,16.58\r\n"
+                           "563,110.2,22,310.1,1245.1,1572.10,607.11,603.54,104.5,0.7700,0.4800,11.91\n"
+                           "563.4,0,22,310.1,1377.1,1240.12,509.47,504.29,83.1,0.5000,0.3600,16.58\n";
+  const std::vector<fault_walk_row> rows = parse_fault_walk(text, "fault-walk.csv");
+  REQUIRE(rows.size() == 5);
+  CHECK(rows[1].limit_mib == 939);
+  CHECK(rows[1].pinned_dense_mib == doctest::Approx(110.2));
+  CHECK(rows[1].off_cpu_ms_per_mib == doctest::Approx(0.51));
+  CHECK(rows[1].sys_ms_per_mib == doctest::Approx(0.48));
+  // A cell's shape: its limit (within 0.5 MiB) and whether its dense pages are locked;
+  // the mean of every matching row.
+  lab_setup s;
+  CHECK(apply_fault_walk(rows, 563, false, s));
+  CHECK(s.fault_walk_off_cpu_ms_per_mib == doctest::Approx(0.55));
+  CHECK(s.fault_walk_sys_ms_per_mib == doctest::Approx(0.38));
+  CHECK(apply_fault_walk(rows, 563, true, s));
+  CHECK(s.fault_walk_off_cpu_ms_per_mib == doctest::Approx(0.77));
+  CHECK(apply_fault_walk(rows, 939, false, s));
+  CHECK(s.fault_walk_off_cpu_ms_per_mib == doctest::Approx(0.50));
+  // No row for the shape: false, the setup unchanged.
+  lab_setup none;
+  CHECK_FALSE(apply_fault_walk(rows, 700, false, none));
+  CHECK(none.fault_walk_off_cpu_ms_per_mib == 0);
+  CHECK(none.fault_walk_sys_ms_per_mib == 0);
+
+  CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25\n", "w.csv"),
+                       "w.csv: line 2: 6 fields; expected 12: limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,"
+                       "read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault",
+                       error);
+  CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,0.6,0.4,16.58,9\n", "w.csv"),
+                       doctest::Contains("w.csv: line 2: 13 fields; expected 12"), error);
+  CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,nan,0.4,16.58\n", "w.csv"),
+                       "w.csv: line 2, off_cpu_ms_per_mib 'nan'; expected a finite number >= 0", error);
+  CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,0.6,-0.4,16.58\n", "w.csv"),
+                       "w.csv: line 2, sys_ms_per_mib '-0.4'; expected a finite number >= 0", error);
+  CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563MiB,0,22,310.1,1377.1,1408.25,1,1,1,0.6,0.4,16.58\n", "w.csv"),
+                       "w.csv: line 2, limit_mib '563MiB'; expected a finite number >= 0", error);
+  CHECK_THROWS_WITH_AS(parse_fault_walk(header, "w.csv"),
+                       "w.csv: no rows; expected lines of moe-disk-lanes --fault-walk, the limit first", error);
 }

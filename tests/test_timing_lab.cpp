@@ -245,6 +245,54 @@ TEST_CASE("fault-driven loads of a route trace, by hand") {
   CHECK_THROWS_AS(readaround_loads(t, lanes, 1.0), error);
 }
 
+TEST_CASE("the fault path measured in the cell's shape: a fault cell's reads at the walk's ms per MiB, by hand") {
+  // The toy of the case above: one layer, 4 experts, one-page slices, no read-around;
+  // decode token 0 faults expert 1's three slices, token 1 nothing, token 2 expert 2's.
+  const route_trace t = toy_trace(1, 4, 1, {0}, {{{1}}, {{1}}, {{2}}});
+  lab_setup s;
+  s.limit_mib = 1.0;
+  s.overhead_mib = 0;
+  s.readaround_mib = 4096.0 / 1048576.0;
+  s.fault_walk_off_cpu_ms_per_mib = 2.0;  // the walk: 2 ms off the CPU and 0.5 ms of kernel time per MiB
+  s.fault_walk_sys_ms_per_mib = 0.5;
+  timing_params p;
+  p.curve = storage_curve::parse_list("1:100,8:400");
+  p.compute_ms_per_token = 0;
+  p.read_latency_ms = 0.5;
+  p.overlap = 0;
+  p.read_cpu_ms_per_mib = 7;  // κ, the manager's: not the fault path's once it is measured
+  const double mib = 3 * 4096.0 / 1048576.0;
+  const lab_prediction lp = predict_lab(t, lab_config::mmap, s, p);
+  REQUIRE(lp.tokens.size() == 3);
+  CHECK(lp.tokens[0].wall_ms == doctest::Approx(mib * (2.0 + 0.5)));
+  CHECK(lp.tokens[0].stall_ms == doctest::Approx(mib * 2.0));
+  CHECK(lp.tokens[1].wall_ms == 0);
+  CHECK(lp.tokens[2].wall_ms == doctest::Approx(mib * (2.0 + 0.5)));
+  // β, β_f, λ and κ no longer move a fault cell's reads.
+  timing_params q = p;
+  q.bandwidth_scale = 4;
+  q.fault_bandwidth_scale = 0.5;
+  q.read_latency_ms = 3;
+  q.read_cpu_ms_per_mib = 0.1;
+  CHECK(predict_lab(t, lab_config::mmap, s, q).tokens[0].wall_ms == doctest::Approx(mib * 2.5));
+  // Compute is still the model's: C = 10 ms adds 10 ms a token.
+  q.compute_ms_per_token = 10;
+  CHECK(predict_lab(t, lab_config::mmap, s, q).tokens[0].wall_ms == doctest::Approx(10 + mib * 2.5));
+  // Without the walk, the same cell's reads are the curve's top x β_f plus λ and κ (the case above).
+  lab_setup plain = s;
+  plain.fault_walk_off_cpu_ms_per_mib = plain.fault_walk_sys_ms_per_mib = 0;
+  CHECK(predict_lab(t, lab_config::mmap, plain, p).tokens[0].wall_ms ==
+        doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / 400.0) + 7 * mib));
+  // A lanes cell ignores the walk: its reads are the manager's.
+  lab_setup lanes = quick_setup(563);
+  const lab_prediction a = predict_lab(t, lab_config::exact, lanes, p);
+  lanes.fault_walk_off_cpu_ms_per_mib = 2.0;
+  lanes.fault_walk_sys_ms_per_mib = 0.5;
+  const lab_prediction b = predict_lab(t, lab_config::exact, lanes, p);
+  REQUIRE(a.tokens.size() == b.tokens.size());
+  for (std::size_t i = 0; i < a.tokens.size(); ++i) CHECK(a.tokens[i].wall_ms == b.tokens[i].wall_ms);
+}
+
 TEST_CASE("predicted in the fault model: the next layer's experts read without read-around, by hand") {
   // Two layers of 4 experts, k = 1: per layer 1 dense page, then gate, up, down of one page
   // per expert (layer 0 pages 0-12, layer 1 pages 13-25). No read-around, nothing evicted.

@@ -37,6 +37,7 @@ struct lab_args {
   double fault_bandwidth_scale = 0;      // β_f where not fitted; 0: tied to β
   std::string manager_runs;   // BASELINE,EXACT,CACHE metrics (memlab's resident-all, manager-exact, manager-cache)
   double manager_budget = 0;  // the manager-cache run's budget, MiB
+  std::string fault_walk;     // fault-walk.csv files, ';' between them (memlab's moe-disk-lanes --fault-walk)
 };
 
 struct cell {
@@ -145,6 +146,26 @@ void run(const lab_args& a) {
   const cell* fit = nullptr;
   for (const cell& c : cells)
     if (c.config == fit_config && c.ratio == fit_ratio) fit = &c;
+  // The fault path measured in each fault cell's shape, before the runs. Not
+  // for a fault calibration cell: its fit is what would set the fault path.
+  std::size_t walked = 0, fault_cells = 0;
+  if (!a.fault_walk.empty()) {
+    std::vector<fault_walk_row> rows;
+    std::stringstream wl(a.fault_walk);
+    for (std::string path; std::getline(wl, path, ';');) {
+      if (path.empty())
+        throw error("--fault-walk: '" + a.fault_walk + "' has an empty file name; expected FILE or FILE;FILE;...");
+      const auto r =
+          parse_fault_walk(moe_residency_cli::read_whole_file(path, "--fault-walk"), "--fault-walk: " + path);
+      rows.insert(rows.end(), r.begin(), r.end());
+    }
+    for (cell& c : cells) {
+      const lab_mapping m = map_lab_config(c.config, c.setup);
+      if (m.kind != lab_model_kind::faults || &c == fit) continue;
+      ++fault_cells;
+      if (apply_fault_walk(rows, c.setup.limit_mib, m.dense_pinned, c.setup)) ++walked;
+    }
+  }
   if (!fit) throw error("--fit: no cell " + a.fit + " in " + a.cells);
   if (fit->metrics.empty()) throw error("--fit: the cell " + a.fit + " has no metrics (the run did not finish)");
   std::size_t fit_runs = 1;
@@ -169,6 +190,13 @@ void run(const lab_args& a) {
     std::snprintf(buf, sizeof buf, "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (from the trace)\n",
                   a.overhead_mib, a.readaround_mib, dense);
     std::cout << buf;
+    if (!a.fault_walk.empty()) {
+      std::snprintf(buf, sizeof buf,
+                    "the fault path measured before the runs (--fault-walk): %zu of %zu fault cells, their reads at "
+                    "the walk's off-CPU and kernel ms per MiB (not the curve's top x beta_f and kappa)\n",
+                    walked, fault_cells);
+      std::cout << buf;
+    }
     if (have_mc) {
       std::snprintf(buf, sizeof buf,
                     "the manager's own cost, every expert resident: exact +%.1f ms/token over %.1f requests "
@@ -246,6 +274,10 @@ const moe_residency_cli::command_registrar reg{
                      "equation (6)'s ν_q and ν_p (default: none, both 0); each may be FILE;FILE;... (repeated runs, "
                      "means over all)");
       sub.add_option("--manager-budget", a->manager_budget, "the manager-cache run's cache budget, MiB");
+      sub.add_option("--fault-walk", a->fault_walk,
+                     "fault-walk.csv (memlab's moe-disk-lanes --fault-walk in each ratio's limit; FILE;FILE;... "
+                     "for several runs, means over all): the fault cells' reads cost what the walk measured in "
+                     "their shape, in place of the curve's top x beta_f and kappa (default: none)");
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.callback([a] { run(*a); });
     }};

@@ -19,8 +19,10 @@
 ///                    lanes (MiB/s, piecewise linear in m between measured points),
 ///                    β = bandwidth_scale (what the device delivers while the model computes,
 ///                    against the cold curve; the memory lab's page faults may have their
-///                    own, β_f = fault_bandwidth_scale, timing/lab.hpp). Its I/O time (the
-///                    engine's io_ms: read durations summed over lanes) is m × w(m).
+///                    own, β_f = fault_bandwidth_scale, or a measured time per MiB in
+///                    place of the curve, κ and λ: lab_setup's fault walk, timing/lab.hpp).
+///                    Its I/O time (the engine's io_ms: read durations summed over lanes)
+///                    is m × w(m).
 ///   (3) demanded     T_l   = (⌈d/n⌉ − 1) × w(n) + w(d − (⌈d/n⌉ − 1) × n),   0 when d = 0
 ///                    d = the layer's demanded misses, n = lanes.
 ///   (4) wait         q_l   = max(0, S_prev − t_l)

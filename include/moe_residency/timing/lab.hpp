@@ -76,6 +76,9 @@ struct lab_setup {
   /// rest of each is off the eval thread's CPU (waiting for a lane).
   double request_ms = 0, request_sys_ms = 0, request_user_ms = 0;
   double pin_ms = 0, pin_sys_ms = 0, pin_user_ms = 0;
+  /// The fault walk (docs/wall-clock.md, "The fault path, measured"): ms off the CPU and in
+  /// the kernel per MiB; > 0: a fault cell's reads cost these, not the curve × β_f, λ, κ.
+  double fault_walk_off_cpu_ms_per_mib = 0, fault_walk_sys_ms_per_mib = 0;
 };
 
 /// How a configuration is modelled.
@@ -401,7 +404,7 @@ struct lab_prediction {
 /// Predicts one configuration. `p` holds the device (curve) and the fitted
 /// parameters; its `lanes` and ψ (kernel_overlap) are replaced by the
 /// mapping's (and, for faults, its curve by the curve's top bandwidth and β
-/// by β_f, timing_params::fault_scale).
+/// by β_f, timing_params::fault_scale; or the setup's fault walk, if any).
 inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const lab_setup& s, timing_params p) {
   lab_prediction out;
   out.mapping = map_lab_config(c, s);
@@ -419,6 +422,11 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     // What the device delivers to read-around need not be what it delivers to
     // the manager's lanes (docs/wall-clock.md, "The fault path's own bandwidth").
     p.bandwidth_scale = p.fault_scale();
+    if (s.fault_walk_off_cpu_ms_per_mib > 0) {  // measured for this shape (lab_setup)
+      p.curve = storage_curve({{1.0, 1000.0 / s.fault_walk_off_cpu_ms_per_mib}});
+      p.bandwidth_scale = 1;
+      p.read_latency_ms = 0, p.read_cpu_ms_per_mib = s.fault_walk_sys_ms_per_mib;
+    }
     // predicted: its reads share the device with the faults (equation 7);
     // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).
     timing_simulator sim(trace.shape(), p);

@@ -10,7 +10,8 @@
 /// metrics field may be empty or missing (a run that did not finish), or list
 /// several runs of the same cell separated by ';' (lab-predict appends them:
 /// append_token_metrics). Carriage
-/// returns at the end of a line are dropped ("\r\n" files). Standard library only.
+/// returns at the end of a line are dropped ("\r\n" files). Also the fault
+/// walk's file (parse_fault_walk). Standard library only.
 
 #include <cmath>
 #include <cstdio>
@@ -107,6 +108,83 @@ inline std::string format_lab_cells(const std::vector<lab_cell>& cells) {
     s += c.ratio + buf + c.metrics + "\n";
   }
   return s;
+}
+
+/// One measurement of the fault path (`moe-disk-lanes --fault-walk`, which
+/// scripts/memlab.sh runs in each ratio's limit before the cells and writes to
+/// fault-walk.csv, the cell's limit first):
+///
+///   limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault
+///   563,110.2,14,309.4,1245.1,1572.10,607.11,603.54,104.5,0.7750,0.4847,11.91
+struct fault_walk_row {
+  double limit_mib = 0;         ///< the cell's cgroup limit the walk stands for (walked at it less the overhead)
+  double pinned_dense_mib = 0;  ///< > 0: the dense pages were locked (the `dense` configuration's shape)
+  double off_cpu_ms_per_mib = 0, sys_ms_per_mib = 0;
+};
+
+/// Parses fault-walk.csv text: a header line (`limit_mib,...`), '#' comments
+/// and empty lines are skipped. Throws `error` starting with `source` and
+/// naming the line, the field and its value and what was expected: a line
+/// without 12 fields, or a field that is not a finite number >= 0, or a file
+/// with no rows.
+inline std::vector<fault_walk_row> parse_fault_walk(const std::string& text, const std::string& source) {
+  static const char* const cols[] = {"limit_mib",      "pinned_dense_mib",   "tokens",        "walked_mib_per_token",
+                                     "read_mib_per_token", "wall_ms",       "cpu_ms",        "sys_ms",
+                                     "majflt",         "off_cpu_ms_per_mib", "sys_ms_per_mib", "mib_per_fault"};
+  std::vector<fault_walk_row> out;
+  std::size_t n = 0, pos = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++n;
+    while (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#' || line.rfind("limit_mib,", 0) == 0) continue;
+    const std::string where = source + ": line " + std::to_string(n);
+    std::vector<double> v;
+    for (std::size_t a = 0;;) {
+      const std::size_t comma = line.find(',', a);
+      const std::string f = line.substr(a, comma == std::string::npos ? std::string::npos : comma - a);
+      if (v.size() < 12) {
+        char* end = nullptr;
+        const double x = std::strtod(f.c_str(), &end);
+        if (f.empty() || end != f.c_str() + f.size() || !(x >= 0) || !std::isfinite(x))
+          throw error(where + ", " + cols[v.size()] + " '" + f + "'; expected a finite number >= 0");
+        v.push_back(x);
+      } else {
+        v.push_back(0);  // counted, for the message below
+      }
+      if (comma == std::string::npos) break;
+      a = comma + 1;
+    }
+    if (v.size() != 12)
+      throw error(where + ": " + std::to_string(v.size()) + " fields; expected 12: limit_mib,pinned_dense_mib,tokens,"
+                  "walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,"
+                  "sys_ms_per_mib,mib_per_fault");
+    out.push_back(fault_walk_row{v[0], v[1], v[9], v[10]});
+  }
+  if (out.empty()) throw error(source + ": no rows; expected lines of moe-disk-lanes --fault-walk, the limit first");
+  return out;
+}
+
+/// The fault path's cost for a cell of limit `limit_mib` (within 0.5 MiB),
+/// dense pinned or not: the mean of every matching row (rounds, pooled runs),
+/// written into `s`. False, and `s` unchanged, when no row matches.
+inline bool apply_fault_walk(const std::vector<fault_walk_row>& rows, double limit_mib, bool dense_pinned,
+                             lab_setup& s) {
+  double off = 0, sys = 0;  // running means: no sum to overflow
+  std::size_t k = 0;
+  for (const fault_walk_row& r : rows)
+    if (std::abs(r.limit_mib - limit_mib) <= 0.5 && (r.pinned_dense_mib > 0) == dense_pinned) {
+      ++k;
+      off += (r.off_cpu_ms_per_mib - off) / static_cast<double>(k);
+      sys += (r.sys_ms_per_mib - sys) / static_cast<double>(k);
+    }
+  if (k == 0) return false;
+  s.fault_walk_off_cpu_ms_per_mib = off;
+  s.fault_walk_sys_ms_per_mib = sys;
+  return true;
 }
 
 }  // namespace moe_residency
