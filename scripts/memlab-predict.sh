@@ -53,6 +53,11 @@
 #                      manager's calibration cell fits β and the fault cells get X (1: the disk
 #                      curve's top as measured); a fault calibration cell fits β_f and the
 #                      manager's cells get β = 1. Default: tied, one β fitted on the --fit cell
+#   --fault-walk LIST  comma list of fault-walk.csv files (moe-disk-lanes --fault-walk in each ratio's
+#                      limit) for the fault cells' reads, their rows averaged per shape; default: the
+#                      fault-walk.csv of every calibration run that has one (memlab measures it before
+#                      each round) and, for runs in rounds, their fault-walk-after.csv (after the last)
+#   --no-fault-walk    leave the fault walk out: the fault cells' reads at the curve's top x β_f and κ
 #   --no-manager-cost  leave the manager's own cost out. By default, when the calibration run has
 #                      memlab's resident-all, manager-exact and manager-cache runs (no limit, every
 #                      expert resident), lab-predict gets them (--manager-runs): the manager's cost
@@ -64,7 +69,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
 dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run="" repeats=""
-manager=1 fault_scale="" pool=""
+manager=1 fault_scale="" pool="" walk="" walk_on=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -80,6 +85,8 @@ while [[ $# -gt 0 ]]; do
     --repeats) repeats="${2:?--repeats needs a comma list of run directories}"; shift ;;
     --pool) pool="${2:?--pool needs a comma list of run directories}"; shift ;;
     --no-manager-cost) manager=0 ;;
+    --fault-walk) walk="${2:?--fault-walk needs a comma list of files}"; shift ;;
+    --no-fault-walk) walk_on=0 ;;
     --fault-bandwidth-scale) fault_scale="${2:?--fault-bandwidth-scale needs a factor}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
@@ -98,6 +105,7 @@ rounds_of() {
   while [[ -d "$1/round-$k" ]]; do echo "$1/round-$k"; k=$((k + 1)); done
 }
 after_curves() { local d; for d in "$@"; do [[ -d "$d/round-1" && -f "$d/disk-lanes-after.csv" ]] && echo "$d/disk-lanes-after.csv"; done; return 0; }
+after_walks() { local d; for d in "$@"; do [[ -d "$d/round-1" && -f "$d/fault-walk-after.csv" ]] && echo "$d/fault-walk-after.csv"; done; return 0; }
 reps=()
 [[ -z "$repeats" ]] || IFS=, read -r -a reps <<< "$repeats"
 for d in "${reps[@]}"; do
@@ -110,6 +118,7 @@ pools=()
 [[ -z "$pool" ]] || IFS=, read -r -a pools <<< "$pool"
 for d in "${pools[@]}"; do [[ -d "$d" ]] || die "--pool: '$d' is not a directory (a run of scripts/memlab.sh)"; done
 mapfile -t after_pred < <(after_curves "$dir" "${pools[@]}")
+mapfile -t after_walk_pred < <(after_walks "$dir" "${pools[@]}")
 mapfile -t expanded < <(for d in "$dir" "${pools[@]}"; do rounds_of "$d"; done)
 [[ "${expanded[0]}" == "$dir" ]] || echo "memlab-predict: $dir was made in rounds: pooling ${expanded[*]}" >&2
 run_dir="$dir"
@@ -138,11 +147,13 @@ size=$(stat -c %s "$model")
 preds=("$dir" "${pools[@]}")
 fits=("${preds[@]}")
 after=("${after_pred[@]}")
+after_walk=("${after_walk_pred[@]}")
 if [[ -n "$fit_run" ]]; then
   [[ $sweep == 0 ]] || die "--fit-run and --sweep together are not supported; give one"
   IFS=, read -r -a fits <<< "$fit_run"
   for d in "${fits[@]}"; do [[ -d "$d" ]] || die "--fit-run: '$d' is not a directory (a run of scripts/memlab.sh)"; done
   mapfile -t after < <(after_curves "${fits[@]}")
+  mapfile -t after_walk < <(after_walks "${fits[@]}")
   mapfile -t fits < <(for d in "${fits[@]}"; do rounds_of "$d"; done)
 fi
 src="${fits[0]}"
@@ -188,6 +199,21 @@ if [[ $manager == 1 ]]; then
   fi
 fi
 
+# The fault path measured before the runs (memlab's fault-walk.csv of each calibration run,
+# as the disk curve is), or --fault-walk's files.
+walks=()
+if [[ $walk_on == 1 ]]; then
+  if [[ -n "$walk" ]]; then
+    IFS=, read -r -a walks <<< "$walk"
+    for f in "${walks[@]}"; do [[ -f "$f" ]] || die "--fault-walk: '$f' is not a file (memlab's fault-walk.csv)"; done
+  else
+    for d in "${fits[@]}"; do [[ -f "$d/fault-walk.csv" ]] && walks+=("$d/fault-walk.csv"); done
+    walks+=("${after_walk[@]}")  # a run in rounds: its walk after the last round too, as its curve
+  fi
+fi
+fw=()
+[[ ${#walks[@]} -eq 0 ]] || fw=(--fault-walk "$(IFS=';'; echo "${walks[*]}")")
+
 fit_ratio="${fit#*@}"
 if [[ -z "$trace" ]]; then
   for t in "$src/r${fit_ratio}-${fit%@*}.route.csv" "$src/r${fit_ratio}-observer.route.csv" "$src"/r*-observer.route.csv; do
@@ -226,7 +252,7 @@ if [[ $sweep == 1 ]]; then
     [[ -n "$m" ]] || continue
     f="$c@$r"
     errs="$("$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$f" \
-      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}" |
+      --overhead-mib "$overhead" --readaround-mib "$readaround" --format csv ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}" "${fw[@]}" |
       awk -F, 'NR > 1 && $10 == "no" && $7 != "-" { print ($6 < 0 ? -$6 : $6) }' | sort -g)"
     n=$(grep -c . <<< "$errs" || true)
     y=$(awk '$1 <= 15' <<< "$errs" | grep -c . || true)
@@ -235,10 +261,10 @@ if [[ $sweep == 1 ]]; then
   done
   exit 0
 fi
-echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround ${mgr[*]}${fit_run:+ (calibrated on $fit_run, predicting $dir)}${pool:+ (pooled with $pool: every cell over all the runs)}" >&2
+echo "memlab-predict: $tool lab-predict --trace $trace --curve $curve --fit $fit --overhead-mib $overhead --readaround-mib $readaround ${mgr[*]} ${fw[*]}${fit_run:+ (calibrated on $fit_run, predicting $dir)}${pool:+ (pooled with $pool: every cell over all the runs)}" >&2
 predict() {
   "$tool" lab-predict --trace "$trace" --curve "$curve" --cells "$cells" --fit "$fit" \
-    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}"
+    --overhead-mib "$overhead" --readaround-mib "$readaround" --format "$1" ${free:+--free "$free"} ${fault_scale:+--fault-bandwidth-scale "$fault_scale"} "${mgr[@]}" "${fw[@]}"
 }
 if [[ -z "$repeats" ]]; then
   predict "$format"

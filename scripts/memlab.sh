@@ -29,7 +29,8 @@
 #                      pages on purpose) and status to every CSV row
 #   --no-plot          no gnuplot
 #   --no-disk          skip the disk bandwidth measurements (before the runs, and
-#                      again after them: disk-lanes-after.csv)
+#                      again after them: disk-lanes-after.csv) and the fault walk
+#                      (fault-walk.csv, before each round)
 #   --rounds N         run every cell N times, in rounds (round-1 ... round-N, each a whole run
 #                      with its own disk curve), every even round in the reverse order, so that
 #                      the machine's drift over the run falls on every cell alike; the table is
@@ -204,6 +205,8 @@ has_when_fits=0
 "$probe" --help 2>/dev/null | grep -q -- '--residency-when-fits' && has_when_fits=1
 has_metrics=0
 "$probe" --help 2>/dev/null | grep -q -- '--metrics-csv' && has_metrics=1
+has_walk=0
+[[ -x "$lanes_tool" ]] && "$lanes_tool" --help 2>/dev/null | grep -q -- '--fault-walk' && has_walk=1
 
 # ---- the model --------------------------------------------------------------
 mkdir -p "$lab"
@@ -233,6 +236,37 @@ disk_probe() {  # DIR: the lanes curve, measured at the start of every round
 # ---- runs -------------------------------------------------------------------
 mkdir "$cg"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# The fault path in each ratio's limit, before the cells (moe-disk-lanes --fault-walk: the
+# model's pages faulted in as llama.cpp's decode faults them, no llama.cpp), with the dense
+# pages locked too when `dense` runs: DIR/fault-walk.csv, one row per ratio and shape, the
+# cell's limit first. Walked at the limit less the timing model's assumed overhead
+# (lab-predict --overhead-mib, 64 MiB: llama.cpp's buffers, which the walk does not have),
+# so that its pages have the room a cell's have. scripts/memlab-predict.sh uses it for the
+# fault cells (docs/wall-clock.md, "The fault path, measured").
+walk_overhead_mib=64
+fault_walk_probe() {  # DIR [FILE]: DIR/FILE, default fault-walk.csv
+  [[ $disk == 1 && $has_walk == 1 ]] || return 0
+  local d="$1" name="${2:-fault-walk.csv}" ratio limit pin header=1
+  [[ ",$configs," == *,mmap,* || ",$configs," == *,observer,* || ",$configs," == *,dense,* || ",$configs," == *,predicted,* ]] || return 0
+  for ratio in ${ratios//,/ }; do
+    limit=$(limit_of "$ratio")
+    for pin in "" --walk-pin-dense; do
+      [[ -z "$pin" || ",$configs," == *,dense,* ]] || continue
+      log "fault walk: limit $((limit - walk_overhead_mib)) MiB (r$ratio less $walk_overhead_mib)${pin:+, dense pages locked}, page cache dropped"
+      cg_limit $(( (limit - walk_overhead_mib) * 1048576 ))
+      drop_caches
+      local row
+      row="$(sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+               "$lanes_tool" --file "$model" --fault-walk --walk-tokens 24 $pin)" ||
+        { log "fault walk: moe-disk-lanes --fault-walk failed; no $name"; rm -f "$d/$name"; return 0; }
+      if [[ $header == 1 ]]; then echo "limit_mib,$(head -1 <<< "$row")" > "$d/$name"; header=0; fi
+      echo "$limit,$(tail -1 <<< "$row")" >> "$d/$name"
+    done
+  done
+  cg_limit none
+  awk -F, 'NR > 1 { printf "memlab: fault walk, limit %s MiB%s: %.3f ms off the CPU and %.3f in the kernel per MiB read, %.1f MiB a fault\n", $1, ($2 > 0 ? " (dense locked)" : ""), $10, $11, $12 }' "$d/$name" >&2
+}
 
 # run NAME LIMIT ARGS... : one probe run in the cgroup; its log and per-token CSV in $rdir
 # (the round's directory: $out itself when there is one round).
@@ -449,6 +483,7 @@ for ((k = 1; k <= rounds; ++k)); do
     log "round $k of $rounds$( ((k % 2 == 0)) && echo ", in reverse order")"
   fi
   disk_probe "$rdir"
+  fault_walk_probe "$rdir"
   order=("${schedule[@]}")
   if ((k % 2 == 0)); then
     order=()
@@ -484,6 +519,9 @@ if [[ $disk == 1 && -x "$lanes_tool" && -f "$first_curve" ]]; then
   curve_of() { awk -F, 'NR > 1 { printf "%s%.0f", (n++ ? " / " : ""), $5 }' "$1"; }
   log "disk, MiB/s at 1 / 2 / 4 / 8 readers: before the runs $(curve_of "$first_curve"), after $(curve_of "$out/disk-lanes-after.csv") (disk-lanes-after.csv)"
 fi
+# The fault walk again, for the same reason: with it, the rounds' walks centre on the middle
+# of the run, as the curves do (scripts/memlab-predict.sh pools them).
+fault_walk_probe "$out" fault-walk-after.csv
 
 # ---- pooled over the rounds -----------------------------------------------------
 # Each cell's files in $out: the rounds' per-token CSVs one after another (tok/s over every
