@@ -24,6 +24,34 @@
 
 namespace moe_residency {
 
+namespace detail {
+/// Calls f(line number, fields) for each data line of a small CSV text: the
+/// fields split at ',', trailing '\r's dropped ("\r\n" files); empty lines,
+/// '#' comments and lines starting with `header` (the header line) skipped.
+template <class F>
+void for_each_csv_row(const std::string& text, const char* header, F&& f) {
+  std::size_t n = 0, pos = 0;
+  std::vector<std::string> fields;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    std::string line = text.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++n;
+    while (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#' || line.rfind(header, 0) == 0) continue;
+    fields.clear();
+    for (std::size_t a = 0;;) {
+      const std::size_t comma = line.find(',', a);
+      fields.push_back(line.substr(a, comma == std::string::npos ? std::string::npos : comma - a));
+      if (comma == std::string::npos) break;
+      a = comma + 1;
+    }
+    f(n, fields);
+  }
+}
+}  // namespace detail
+
 /// One run of the lab as the cells file lists it.
 struct lab_cell {
   std::string ratio;        ///< the memory ratio as written (model size / limit, e.g. "2.5"); --fit names it
@@ -42,23 +70,8 @@ struct lab_cell {
 inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std::string& source) {
   std::vector<lab_cell> out;
   std::vector<std::size_t> first_line;  // of each cell, for the duplicate message
-  std::size_t n = 0, pos = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string line = text.substr(pos, eol - pos);
-    pos = eol + 1;
-    ++n;
-    while (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line[0] == '#' || line.rfind("ratio,", 0) == 0) continue;
+  detail::for_each_csv_row(text, "ratio,", [&](std::size_t n, std::vector<std::string>& f) {
     const std::string where = source + ": line " + std::to_string(n);
-    std::vector<std::string> f;
-    for (std::size_t a = 0;;) {
-      const std::size_t comma = line.find(',', a);
-      f.push_back(line.substr(a, comma == std::string::npos ? std::string::npos : comma - a));
-      if (comma == std::string::npos) break;
-      a = comma + 1;
-    }
     if (f.size() == 5) f.emplace_back();
     if (f.size() != 6)
       throw error(where + ": " + std::to_string(f.size()) +
@@ -92,7 +105,7 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
                     std::to_string(first_line[i]) + "); expected each configuration once per ratio");
     out.push_back(std::move(c));
     first_line.push_back(n);
-  }
+  });
   if (out.empty()) throw error(source + ": no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
   return out;
 }
@@ -132,38 +145,21 @@ inline std::vector<fault_walk_row> parse_fault_walk(const std::string& text, con
                                      "read_mib_per_token", "wall_ms",       "cpu_ms",        "sys_ms",
                                      "majflt",         "off_cpu_ms_per_mib", "sys_ms_per_mib", "mib_per_fault"};
   std::vector<fault_walk_row> out;
-  std::size_t n = 0, pos = 0;
-  while (pos < text.size()) {
-    std::size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string line = text.substr(pos, eol - pos);
-    pos = eol + 1;
-    ++n;
-    while (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || line[0] == '#' || line.rfind("limit_mib,", 0) == 0) continue;
+  detail::for_each_csv_row(text, "limit_mib,", [&](std::size_t n, std::vector<std::string>& f) {
     const std::string where = source + ": line " + std::to_string(n);
-    std::vector<double> v;
-    for (std::size_t a = 0;;) {
-      const std::size_t comma = line.find(',', a);
-      const std::string f = line.substr(a, comma == std::string::npos ? std::string::npos : comma - a);
-      if (v.size() < 12) {
-        char* end = nullptr;
-        const double x = std::strtod(f.c_str(), &end);
-        if (f.empty() || end != f.c_str() + f.size() || !(x >= 0) || !std::isfinite(x))
-          throw error(where + ", " + cols[v.size()] + " '" + f + "'; expected a finite number >= 0");
-        v.push_back(x);
-      } else {
-        v.push_back(0);  // counted, for the message below
-      }
-      if (comma == std::string::npos) break;
-      a = comma + 1;
-    }
-    if (v.size() != 12)
-      throw error(where + ": " + std::to_string(v.size()) + " fields; expected 12: limit_mib,pinned_dense_mib,tokens,"
+    if (f.size() != 12)
+      throw error(where + ": " + std::to_string(f.size()) + " fields; expected 12: limit_mib,pinned_dense_mib,tokens,"
                   "walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,"
                   "sys_ms_per_mib,mib_per_fault");
+    double v[12];
+    for (std::size_t k = 0; k < 12; ++k) {
+      char* end = nullptr;
+      v[k] = std::strtod(f[k].c_str(), &end);
+      if (f[k].empty() || end != f[k].c_str() + f[k].size() || !(v[k] >= 0) || !std::isfinite(v[k]))
+        throw error(where + ", " + cols[k] + " '" + f[k] + "'; expected a finite number >= 0");
+    }
     out.push_back(fault_walk_row{v[0], v[1], v[9], v[10]});
-  }
+  });
   if (out.empty()) throw error(source + ": no rows; expected lines of moe-disk-lanes --fault-walk, the limit first");
   return out;
 }
