@@ -46,6 +46,25 @@
 // token but the last three (walked: the pages touched; read: /proc/self/io) —
 // what the fault path costs a MiB read in that memory shape
 // (docs/wall-clock.md, "The fault path, measured").
+//
+//   moe-disk-lanes --file model.gguf --inline-walk --walk-budget-mib 141 [--walk-tokens 16]
+//                  [--walk-gap-us 440]
+//
+// instead walks the residency manager's `cache` path, where the eval thread
+// reads and locks the pinned cache's misses itself: llama.cpp's
+// POSIX_FADV_SEQUENTIAL on the file and the manager's MADV_RANDOM on the expert
+// ranges; each token, layer by layer, every page of the layer's non-expert
+// tensors, then the layer's top-k distinct experts (drawn as --fault-walk draws
+// them) looked up in an LRU pinned cache of --walk-budget-mib (an expert is its
+// slice of every expert tensor of the layer); MADV_WILLNEED on every slice of
+// the layer's misses, then mlock on each, then the evicted unlocked and advised
+// MADV_COLD (the manager's release), then --walk-gap-us of CPU for each expert
+// tensor. Run it inside the memory limit studied, page cache dropped. Prints
+// CSV, the first --walk-skip tokens left out: budget_mib,tokens,
+// pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,
+// sys_ms_per_mib, per token but the last two — what the inline path costs a
+// MiB read, device and kernel, pins included (docs/wall-clock.md, "The inline
+// path, measured").
 
 #include <CLI/CLI.hpp>
 
@@ -115,6 +134,9 @@ std::vector<int> parse_list(const std::string& s) {
   return out;
 }
 
+#ifndef MADV_COLD
+#define MADV_COLD 20  // Linux >= 5.4
+#endif
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux >= 5.14
 #endif
@@ -189,10 +211,10 @@ struct walk_layout {
   std::uint64_t dense_bytes = 0;                       ///< every non-expert tensor of a layer, and the tail
 };
 
-walk_layout read_walk_layout(const std::string& file) {
+walk_layout read_walk_layout(const std::string& file, const std::string& flag) {
   namespace lc = moe_residency::llama_cpp;
   const lc::gguf_expert_map map = lc::gguf_expert_map::by_name(file);
-  const lc::detail::gguf_ptr holder = lc::detail::open_gguf(file, "--fault-walk");
+  const lc::detail::gguf_ptr holder = lc::detail::open_gguf(file, flag.c_str());
   const gguf_context* ctx = holder.get();
   walk_layout w;
   w.experts.resize(map.n_layer());
@@ -233,9 +255,9 @@ walk_layout read_walk_layout(const std::string& file) {
   std::size_t n_expert = 0;
   for (const auto& l : w.experts)
     for (const auto& e : l) n_expert = std::max(n_expert, e.n_expert);
-  if (n_expert == 0) throw std::invalid_argument("--fault-walk: '" + file + "' has no expert tensors (blk.N.*_exps.*)");
+  if (n_expert == 0) throw std::invalid_argument(flag + ": '" + file + "' has no expert tensors (blk.N.*_exps.*)");
   if (w.top_k == 0 || w.top_k > n_expert)
-    throw std::invalid_argument("--fault-walk: '" + file + "': expert_used_count " + std::to_string(w.top_k) +
+    throw std::invalid_argument(flag + ": '" + file + "': expert_used_count " + std::to_string(w.top_k) +
                                 "; expected 1 … " + std::to_string(n_expert) + " (the number of experts)");
   return w;
 }
@@ -258,7 +280,7 @@ void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bo
   if (!(gap_us >= 0)) throw std::invalid_argument("--walk-gap-us: " + std::to_string(gap_us) + "; expected >= 0");
   if (::access("/proc/self/io", R_OK) != 0)
     throw std::runtime_error("--fault-walk needs /proc/self/io to count the bytes read");
-  const walk_layout w = read_walk_layout(file);
+  const walk_layout w = read_walk_layout(file, "--fault-walk");
   fd_guard f;
   f.fd = ::open(file.c_str(), O_RDONLY);
   if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
@@ -349,6 +371,155 @@ void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bo
   std::fflush(stdout);
 }
 
+/// --inline-walk: the residency manager's `cache` path, read inline by the
+/// eval thread, without llama.cpp (see the top of the file).
+void inline_walk(const std::string& file, int tokens, int skip, double gap_us, double budget_mib,
+                 std::uint64_t seed) {
+  if (tokens < 1) throw std::invalid_argument("--walk-tokens: " + std::to_string(tokens) + "; expected >= 1");
+  if (skip < 0 || skip >= tokens)
+    throw std::invalid_argument("--walk-skip: " + std::to_string(skip) + "; expected 0 … --walk-tokens − 1 (" +
+                                std::to_string(tokens - 1) + ")");
+  if (!(gap_us >= 0)) throw std::invalid_argument("--walk-gap-us: " + std::to_string(gap_us) + "; expected >= 0");
+  if (::access("/proc/self/io", R_OK) != 0)
+    throw std::runtime_error("--inline-walk needs /proc/self/io to count the bytes read");
+  const walk_layout w = read_walk_layout(file, "--inline-walk");
+  // One expert of a layer: its slice of every expert tensor (gate, up, down), as the cache pins it.
+  std::uint64_t most = 0;
+  std::vector<std::uint64_t> expert_bytes(w.experts.size(), 0);
+  std::size_t n_expert = 0;
+  for (std::size_t l = 0; l < w.experts.size(); ++l)
+    for (const auto& e : w.experts[l]) {
+      expert_bytes[l] += e.bytes_per_expert;
+      most = std::max(most, expert_bytes[l]);
+      n_expert = std::max(n_expert, e.n_expert);
+    }
+  const auto budget = static_cast<std::uint64_t>(budget_mib * 1048576.0);
+  if (!(budget_mib > 0) || budget < most)
+    throw std::invalid_argument("--walk-budget-mib: " + std::to_string(budget_mib) + "; expected at least one " +
+                                "expert's slices, " + std::to_string(static_cast<double>(most) / 1048576.0) + " MiB");
+  fd_guard f;
+  f.fd = ::open(file.c_str(), O_RDONLY);
+  if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
+  const auto size = static_cast<std::size_t>(st.st_size);
+  const file_mapping map(f.fd, size, file);
+  auto* base = static_cast<unsigned char*>(map.at);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // [offset, offset + bytes) widened to whole pages, inside the file.
+  const auto pages = [&](std::uint64_t offset, std::uint64_t bytes) {
+    const std::uint64_t from = offset - offset % page, end = std::min<std::uint64_t>(offset + bytes, size);
+    return std::make_pair(base + from, static_cast<std::size_t>(end > from ? end - from : 0));
+  };
+  // The file's clean pages dropped, llama.cpp's advice for the file, then the
+  // manager's for the expert ranges (MADV_RANDOM: a stray fault reads a page).
+  int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+  if (rc == 0) rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  if (rc != 0)
+    throw std::runtime_error("posix_fadvise (DONTNEED, SEQUENTIAL) on '" + file + "' failed: " + std::strerror(rc));
+  for (const auto& l : w.experts)
+    for (const auto& e : l) {
+      const auto r = pages(e.offset, e.bytes_per_expert * e.n_expert);
+      if (::madvise(r.first, r.second, MADV_RANDOM) != 0)
+        throw std::runtime_error("madvise(MADV_RANDOM) on " + e.tensor + " failed: " + std::strerror(errno));
+    }
+  const auto* touch = static_cast<const volatile unsigned char*>(map.at);
+  const auto touch_range = [&](std::uint64_t offset, std::uint64_t bytes) {
+    const std::uint64_t end = std::min<std::uint64_t>(offset + bytes, size);
+    for (std::uint64_t o = offset - offset % page; o < end; o += page) (void)touch[o];
+  };
+  // The stand-in for the matmul spins on the monotonic clock, read in user
+  // space (vDSO): the thread's CPU clock is a system call, whose kernel time
+  // would count as the path's (a third of it, at these few MiB a token).
+  const auto spin = [&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(gap_us);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  };
+  // The pinned cache: LRU over (layer, expert), byte-budgeted, as the manager's default policy.
+  std::vector<std::uint64_t> last(w.experts.size() * n_expert, 0);  // 0: not pinned
+  std::uint64_t clock = 0, pinned = 0, pins = 0;
+  const auto slot = [&](std::size_t l, std::size_t x) { return l * n_expert + x; };
+  std::mt19937_64 gen(seed);
+  double wall = 0, cpu = 0, sys = 0;
+  std::uint64_t read = 0;
+  std::vector<std::size_t> chosen, misses, evicted;
+  for (int t = 0; t < tokens; ++t) {
+    const bool counting = t >= skip;
+    const std::uint64_t r0 = proc_read_bytes();
+    const double c0 = thread_cpu_ms(), s0 = thread_sys_ms();
+    const auto w0 = std::chrono::steady_clock::now();
+    for (std::size_t l = 0; l < w.experts.size(); ++l) {
+      if (l < w.dense.size())
+        for (const auto& r : w.dense[l]) touch_range(r.offset, r.bytes);
+      if (w.experts[l].empty()) continue;
+      const std::size_t n = w.experts[l].front().n_expert;
+      std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+      chosen.clear();
+      while (chosen.size() < std::min(w.top_k, n)) {
+        const std::size_t x = pick(gen);
+        if (std::find(chosen.begin(), chosen.end(), x) == chosen.end()) chosen.push_back(x);
+      }
+      std::sort(chosen.begin(), chosen.end());
+      // The cache's lookups: hits refreshed, misses admitted, the least recently used evicted.
+      misses.clear();
+      evicted.clear();
+      for (const std::size_t x : chosen) {
+        if (last[slot(l, x)] != 0) {
+          last[slot(l, x)] = ++clock;
+          continue;
+        }
+        while (pinned + expert_bytes[l] > budget) {
+          std::size_t victim = last.size();
+          for (std::size_t s = 0; s < last.size(); ++s)
+            if (last[s] != 0 && (victim == last.size() || last[s] < last[victim])) victim = s;
+          last[victim] = 0;
+          pinned -= expert_bytes[victim / n_expert];
+          evicted.push_back(victim);
+        }
+        last[slot(l, x)] = ++clock;
+        pinned += expert_bytes[l];
+        misses.push_back(x);
+      }
+      // The manager's inline path: WILLNEED on every slice of the layer's misses, then each locked.
+      for (const std::size_t x : misses)
+        for (const auto& e : w.experts[l]) {
+          const auto r = pages(e.offset + x * e.bytes_per_expert, e.bytes_per_expert);
+          (void)::madvise(r.first, r.second, MADV_WILLNEED);
+        }
+      for (const std::size_t x : misses)
+        for (const auto& e : w.experts[l]) {
+          const auto r = pages(e.offset + x * e.bytes_per_expert, e.bytes_per_expert);
+          if (::mlock(r.first, r.second) != 0)
+            throw std::runtime_error("--inline-walk: mlock of " + e.tensor + " expert " + std::to_string(x) +
+                                     " failed: " + std::strerror(errno) + " (run as root, or raise RLIMIT_MEMLOCK)");
+        }
+      pins += counting ? misses.size() : 0;
+      // The batch closed: the evicted unlocked and advised cold (release = cold).
+      for (const std::size_t v : evicted)
+        for (const auto& e : w.experts[v / n_expert]) {
+          const auto r = pages(e.offset + (v % n_expert) * e.bytes_per_expert, e.bytes_per_expert);
+          (void)::munlock(r.first, r.second);
+          (void)::madvise(r.first, r.second, MADV_COLD);
+        }
+      for (std::size_t k = 0; k < w.experts[l].size(); ++k) spin();
+    }
+    for (const auto& r : w.tail) touch_range(r.offset, r.bytes);
+    if (!counting) continue;
+    wall += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
+    cpu += thread_cpu_ms() - c0;
+    sys += thread_sys_ms() - s0;
+    read += proc_read_bytes() - r0;
+  }
+  const double n = tokens - skip, mib = static_cast<double>(read) / 1048576.0;
+  std::printf("budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
+              "sys_ms_per_mib\n");
+  std::printf("%.1f,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%.4f,%.4f\n", budget_mib, tokens - skip,
+              static_cast<double>(pins) / n, mib / n, wall / n, cpu / n, sys / n,
+              mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0, mib > 0 ? sys / mib : 0.0);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -381,8 +552,20 @@ int main(int argc, char** argv) {
   app.add_option("--walk-gap-us", walk_gap_us, "--fault-walk: CPU spent after each expert tensor, us")
       ->capture_default_str();
   app.add_flag("--walk-pin-dense", walk_pin, "--fault-walk: mlock the non-expert tensors first");
+  bool inline_on = false;
+  double walk_budget = 0;
+  app.add_flag("--inline-walk", inline_on,
+               "Instead: the residency manager's inline `cache` path (WILLNEED a layer's misses, then mlock each; "
+               "an LRU pinned cache of --walk-budget-mib), without llama.cpp (run it inside the memory limit "
+               "studied, page cache dropped)");
+  app.add_option("--walk-budget-mib", walk_budget, "--inline-walk: the pinned cache's budget, MiB");
   CLI11_PARSE(app, argc, argv);
   try {
+    if (walk && inline_on) throw std::invalid_argument("--fault-walk and --inline-walk: expected one of them");
+    if (inline_on) {
+      inline_walk(file, walk_tokens, walk_skip, walk_gap_us, walk_budget, seed);
+      return 0;
+    }
     if (walk) {
       fault_walk(file, walk_tokens, walk_skip, walk_gap_us, walk_pin, seed);
       return 0;
