@@ -157,6 +157,13 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
                     "563,0.0,22,310.1,1377.1,1408.25,569.83,560.78,83.1,0.6088,0.4072,16.58\n"
                     "563,110.2,22,310.1,1245.1,1572.10,607.11,603.54,104.5,0.7750,0.4847,11.91\n");
   put("fuzz_fault_walk", "short.csv", walk_header + "563,0,1,1,1,1,1,1,1,0.6\n");
+  // ... and the inline walk's, which the same target parses too.
+  const std::string inline_header =
+      "limit_mib,budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
+      "sys_ms_per_mib\n";
+  put("fuzz_fault_walk", "inline.csv",
+      inline_header + "939,235.0,22,79.0,36.4,64.18,51.82,33.07,0.3400,0.9097\n"
+                      "563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097\n");
 
   // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration).
   for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic"})

@@ -156,3 +156,56 @@ TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a mal
   CHECK_THROWS_WITH_AS(parse_fault_walk(header, "w.csv"),
                        "w.csv: no rows; expected lines of moe-disk-lanes --fault-walk, the limit first", error);
 }
+
+TEST_CASE("inline walk: the file memlab writes, a cache cell's rows averaged, and a malformed line named") {
+  // As scripts/memlab.sh writes it: the cell's limit, then moe-disk-lanes --inline-walk's row
+  // (a round's file and the walk after the run, appended).
+  const std::string header =
+      "limit_mib,budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
+      "sys_ms_per_mib\n";
+  const std::string text = header +
+                           "939,235.0,22,79.0,36.4,64.18,51.82,33.07,0.3400,0.9097\n"
+                           "563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097\r\n"
+                           "# after the run\n" + header +
+                           "563.3,141.0,22,89.7,58.1,92.00,81.00,66.10,0.2319,1.1503\n";
+  const std::vector<inline_walk_row> rows = parse_inline_walk(text, "inline-walk.csv");
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].limit_mib == 939);
+  CHECK(rows[0].budget_mib == doctest::Approx(235));
+  CHECK(rows[1].off_cpu_ms_per_mib == doctest::Approx(0.1681));
+  CHECK(rows[1].sys_ms_per_mib == doctest::Approx(1.1097));
+  lab_setup s;
+  CHECK(apply_inline_walk(rows, 563, s));  // the median of both 563 rows (within 0.5 MiB): their mean
+  CHECK(s.inline_walk_off_cpu_ms_per_mib == doctest::Approx(0.2));
+  CHECK(s.inline_walk_sys_ms_per_mib == doctest::Approx(1.13));
+  // Three walks, one of them caught in a device stall (run L's, docs/wall-clock.md): the median of
+  // each column, which the stalled walk does not move, where the mean would be 0.54 off the CPU.
+  const std::vector<inline_walk_row> three = parse_inline_walk(
+      header + "563,141.0,22,89.7,58.4,91.59,80.77,62.70,0.1853,1.0738\n"
+               "563,141.0,22,89.7,58.4,169.05,104.46,89.36,1.1060,1.5304\n"
+               "563,141.0,22,89.7,58.4,107.22,88.56,71.47,0.3192,1.2230\n",
+      "three.csv");
+  lab_setup m;
+  CHECK(apply_inline_walk(three, 563, m));
+  CHECK(m.inline_walk_off_cpu_ms_per_mib == doctest::Approx(0.3192));
+  CHECK(m.inline_walk_sys_ms_per_mib == doctest::Approx(1.2230));
+  CHECK(s.fault_walk_off_cpu_ms_per_mib == 0);  // the fault cells' walk is another file
+  CHECK(apply_inline_walk(rows, 939, s));
+  CHECK(s.inline_walk_off_cpu_ms_per_mib == doctest::Approx(0.34));
+  lab_setup none;
+  CHECK_FALSE(apply_inline_walk(rows, 700, none));
+  CHECK(none.inline_walk_off_cpu_ms_per_mib == 0);
+  CHECK(none.inline_walk_sys_ms_per_mib == 0);
+
+  // A fault walk's file given for it: the field count says which tool's lines were expected.
+  CHECK_THROWS_WITH_AS(parse_inline_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,0.6,0.4,16.58\n", "w.csv"),
+                       "w.csv: line 2: 12 fields; expected 10: limit_mib,budget_mib,tokens,pins_per_token,"
+                       "read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,sys_ms_per_mib",
+                       error);
+  CHECK_THROWS_WITH_AS(parse_inline_walk(header + "563,141,22,89.7,58.4,90.71,80.89,64.80,inf,1.1\n", "w.csv"),
+                       "w.csv: line 2, off_cpu_ms_per_mib 'inf'; expected a finite number >= 0", error);
+  CHECK_THROWS_WITH_AS(parse_inline_walk(header + "563,141,22,89.7,58.4,90.71,80.89,64.80,0.2,-1\n", "w.csv"),
+                       "w.csv: line 2, sys_ms_per_mib '-1'; expected a finite number >= 0", error);
+  CHECK_THROWS_WITH_AS(parse_inline_walk("# nothing\n" + header, "w.csv"),
+                       "w.csv: no rows; expected lines of moe-disk-lanes --inline-walk, the limit first", error);
+}

@@ -732,6 +732,58 @@ TEST_CASE("the manager's counts: exact requests every routed expert, the pinned 
   }
 }
 
+TEST_CASE("cache's inline path measured in the cell's shape: its reads and pins at the walk's ms per MiB, by hand") {
+  // The pinned cache's misses of manager_trace (pins 2, 1, 1, 2 above), read inline. With the walk
+  // a token is C + MiB read x (off-CPU + kernel ms per MiB) + the pins' user time: the walk's
+  // wall holds the device time and the overlap there is, its kernel time the pins' own.
+  const route_trace t = manager_trace();
+  lab_setup s = manager_setup();
+  s.pin_ms = 1.5, s.pin_sys_ms = 1.0, s.pin_user_ms = 0.25;
+  s.inline_walk_off_cpu_ms_per_mib = 0.5;
+  s.inline_walk_sys_ms_per_mib = 1.25;
+  timing_params p;
+  p.curve = storage_curve::parse_list("1:100,2:200");
+  p.compute_ms_per_token = 10;
+  p.overlap = 0;
+  p.read_latency_ms = 0.5;
+  p.read_cpu_ms_per_mib = 7;  // κ, the lanes': not the inline path's once it is measured
+  const lab_prediction lp = predict_lab(t, lab_config::cache, s, p);
+  REQUIRE(lp.tokens.size() == 4);
+  REQUIRE(lp.loads.size() == 4);
+  double read = 0;
+  const std::vector<std::uint16_t> pins{2, 1, 1, 2};
+  for (std::size_t i = 0; i < 4; ++i) {
+    const double mib = to_mib(lp.loads[i].demanded_bytes);
+    read += mib;
+    CHECK(lp.loads[i].pinned == pins[i]);
+    CHECK(lp.tokens[i].stall_ms == doctest::Approx(0.5 * mib));
+    CHECK(lp.tokens[i].wall_ms == doctest::Approx(10 + mib * (0.5 + 1.25) + 0.25 * pins[i]));
+  }
+  REQUIRE(read > 0);  // the page cache's first misses: the walk's price is paid
+  // β, λ, κ and the pins' measured total no longer move the cell.
+  timing_params q = p;
+  q.bandwidth_scale = 3;
+  q.read_latency_ms = 4;
+  q.read_cpu_ms_per_mib = 0.1;
+  lab_setup dearer = s;
+  dearer.pin_ms = 9, dearer.pin_sys_ms = 8;
+  const lab_prediction lq = predict_lab(t, lab_config::cache, dearer, q);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(lq.tokens[i].wall_ms == doctest::Approx(lp.tokens[i].wall_ms));
+  // Without the walk: κ = 7 per MiB and ν_p = 1.5 per pin, which hide the reads (ψ = 1).
+  lab_setup plain = s;
+  plain.inline_walk_off_cpu_ms_per_mib = plain.inline_walk_sys_ms_per_mib = 0;
+  const lab_prediction l0 = predict_lab(t, lab_config::cache, plain, p);
+  for (std::size_t i = 0; i < 4; ++i)
+    CHECK(l0.tokens[i].wall_ms - l0.tokens[i].stall_ms ==
+          doctest::Approx(10 + 7 * to_mib(l0.loads[i].demanded_bytes) + 1.5 * pins[i]));
+  // The lanes' cells ignore it: their reads and pins are the manager's lanes'.
+  for (lab_config c : {lab_config::exact, lab_config::all, lab_config::degraded}) {
+    const lab_prediction a = predict_lab(t, c, s, p), b = predict_lab(t, c, plain, p);
+    REQUIRE(a.tokens.size() == b.tokens.size());
+    for (std::size_t i = 0; i < a.tokens.size(); ++i) CHECK(a.tokens[i].wall_ms == b.tokens[i].wall_ms);
+  }
+}
+
 TEST_CASE("the manager's cost measured with every expert resident: per request and per pin, by hand") {
   const route_trace t = manager_trace();
   const double budget = manager_setup().budget_mib;

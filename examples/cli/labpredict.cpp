@@ -38,6 +38,7 @@ struct lab_args {
   std::string manager_runs;   // BASELINE,EXACT,CACHE metrics (memlab's resident-all, manager-exact, manager-cache)
   double manager_budget = 0;  // the manager-cache run's budget, MiB
   std::string fault_walk;     // fault-walk.csv files, ';' between them (memlab's moe-disk-lanes --fault-walk)
+  std::string inline_walk;    // inline-walk.csv files, the same (moe-disk-lanes --inline-walk)
 };
 
 struct cell {
@@ -148,22 +149,36 @@ void run(const lab_args& a) {
     if (c.config == fit_config && c.ratio == fit_ratio) fit = &c;
   // The fault path measured in each fault cell's shape, before the runs. Not
   // for a fault calibration cell: its fit is what would set the fault path.
-  std::size_t walked = 0, fault_cells = 0;
-  if (!a.fault_walk.empty()) {
-    std::vector<fault_walk_row> rows;
-    std::stringstream wl(a.fault_walk);
+  // Every row of FILE;FILE;... (one walk's file per run), parsed by `parse`.
+  const auto walk_rows = [](const std::string& list, const char* flag, auto parse) {
+    decltype(parse(std::string(), std::string())) rows;
+    std::stringstream wl(list);
     for (std::string path; std::getline(wl, path, ';');) {
       if (path.empty())
-        throw error("--fault-walk: '" + a.fault_walk + "' has an empty file name; expected FILE or FILE;FILE;...");
-      const auto r =
-          parse_fault_walk(moe_residency_cli::read_whole_file(path, "--fault-walk"), "--fault-walk: " + path);
+        throw error(std::string(flag) + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
+      const auto r = parse(moe_residency_cli::read_whole_file(path, flag), std::string(flag) + ": " + path);
       rows.insert(rows.end(), r.begin(), r.end());
     }
+    return rows;
+  };
+  std::size_t walked = 0, fault_cells = 0;
+  if (!a.fault_walk.empty()) {
+    const std::vector<fault_walk_row> rows = walk_rows(a.fault_walk, "--fault-walk", parse_fault_walk);
     for (cell& c : cells) {
       const lab_mapping m = map_lab_config(c.config, c.setup);
       if (m.kind != lab_model_kind::faults || &c == fit) continue;
       ++fault_cells;
       if (apply_fault_walk(rows, c.setup.limit_mib, m.dense_pinned, c.setup)) ++walked;
+    }
+  }
+  // The same for `cache`'s inline path (not for a `cache` calibration cell).
+  std::size_t inline_walked = 0, inline_cells = 0;
+  if (!a.inline_walk.empty()) {
+    const std::vector<inline_walk_row> rows = walk_rows(a.inline_walk, "--inline-walk", parse_inline_walk);
+    for (cell& c : cells) {
+      if (!map_lab_config(c.config, c.setup).reads_inline || &c == fit) continue;
+      ++inline_cells;
+      if (apply_inline_walk(rows, c.setup.limit_mib, c.setup)) ++inline_walked;
     }
   }
   if (!fit) throw error("--fit: no cell " + a.fit + " in " + a.cells);
@@ -195,6 +210,14 @@ void run(const lab_args& a) {
                     "the fault path measured before the runs (--fault-walk): %zu of %zu fault cells, their reads at "
                     "the walk's off-CPU and kernel ms per MiB (not the curve's top x beta_f and kappa)\n",
                     walked, fault_cells);
+      std::cout << buf;
+    }
+    if (!a.inline_walk.empty()) {
+      std::snprintf(buf, sizeof buf,
+                    "cache's inline path measured before the runs (--inline-walk): %zu of %zu cache cells, their "
+                    "reads at the walk's off-CPU and kernel ms per MiB, pins included (not the curve x beta, kappa "
+                    "and psi = 1)\n",
+                    inline_walked, inline_cells);
       std::cout << buf;
     }
     if (have_mc) {
@@ -278,6 +301,11 @@ const moe_residency_cli::command_registrar reg{
                      "fault-walk.csv (memlab's moe-disk-lanes --fault-walk in each ratio's limit; FILE;FILE;... "
                      "for several runs, means over all): the fault cells' reads cost what the walk measured in "
                      "their shape, in place of the curve's top x beta_f and kappa (default: none)");
+      sub.add_option("--inline-walk", a->inline_walk,
+                     "inline-walk.csv (memlab's moe-disk-lanes --inline-walk in each ratio's limit at its budget; "
+                     "FILE;FILE;... for several runs, the median of each limit's rows): the cache cells' inline reads and pins cost "
+                     "what the walk measured in their shape, in place of the curve x beta, kappa, psi = 1 and the "
+                     "pins' kernel time (default: none)");
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.callback([a] { run(*a); });
     }};

@@ -628,6 +628,13 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   return m;
 }
 
+/// Decode tok/s of a metrics file as the memory lab counts it: tokens / Σ wall.
+inline double metrics_tok_per_s(const token_metrics& m) {
+  double wall = 0;
+  for (double w : m.wall_ms) wall += w;
+  return wall > 0 ? 1000.0 * static_cast<double>(m.size()) / wall : 0.0;
+}
+
 /// Appends `more`'s rows to `into`: one cell measured again (the lab's
 /// repeated runs), for a fit or a mean over every run. A column one of the
 /// two lacks is NaN for its rows.

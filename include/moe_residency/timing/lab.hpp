@@ -79,6 +79,9 @@ struct lab_setup {
   /// The fault walk (docs/wall-clock.md, "The fault path, measured"): ms off the CPU and in
   /// the kernel per MiB; > 0: a fault cell's reads cost these, not the curve × β_f, λ, κ.
   double fault_walk_off_cpu_ms_per_mib = 0, fault_walk_sys_ms_per_mib = 0;
+  /// The inline walk (docs/wall-clock.md, "The inline path, measured"): the same for `cache`'s
+  /// reads, locked by the eval thread; > 0: they cost these, not the curve × β, κ, ψ and ν_p's kernel part.
+  double inline_walk_off_cpu_ms_per_mib = 0, inline_walk_sys_ms_per_mib = 0;
 };
 
 /// How a configuration is modelled.
@@ -139,6 +142,12 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
   if (!(s.limit_mib > 0))
     throw error(std::string("lab configuration ") + to_string(c) + ": limit " + std::to_string(s.limit_mib) +
                 " MiB; expected a memory limit > 0 (only resident runs without one)");
+  // The stale-gate's reads, as a predictor of that slot accuracy (%): its first spec_cap, one layer ahead.
+  const auto oracle = [&s](double pct) {
+    replay_speculation r;
+    r.source = speculation_source::oracle, r.oracle_p = std::min(1.0, pct / 100.0), r.cap = s.spec_cap, r.horizon = 1;
+    return r;
+  };
   switch (c) {
     case lab_config::mmap:
     case lab_config::observer:
@@ -153,12 +162,7 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       m.dense_pinned = c == lab_config::dense;
       m.cache_mib = s.limit_mib - s.overhead_mib - (m.dense_pinned ? s.dense_mib : 0.0);
       m.lanes = 1;
-      if (c == lab_config::predicted) {
-        m.speculation.source = speculation_source::oracle;
-        m.speculation.oracle_p = std::min(1.0, s.stale_gate_pct / 100.0);
-        m.speculation.cap = s.spec_cap;
-        m.speculation.horizon = 1;
-      }
+      if (c == lab_config::predicted) m.speculation = oracle(s.stale_gate_pct);
       break;
     case lab_config::exact:
     case lab_config::cache:
@@ -179,12 +183,8 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       // (mmap_residency::read_on_lanes); the cache alone locks them inline.
       m.pins_on_lanes = m.pinned_mib > 0 && c != lab_config::cache;
       m.reads_inline = c == lab_config::cache;
-      if (c == lab_config::all || c == lab_config::degraded) {
-        m.speculation.source = speculation_source::oracle;
-        m.speculation.oracle_p = std::min(1.0, (c == lab_config::all ? s.stale_gate_pct : s.degraded_pct) / 100.0);
-        m.speculation.cap = s.spec_cap;
-        m.speculation.horizon = 1;
-      }
+      if (c == lab_config::all || c == lab_config::degraded)
+        m.speculation = oracle(c == lab_config::all ? s.stale_gate_pct : s.degraded_pct);
       break;
     case lab_config::resident: break;
   }
@@ -237,11 +237,7 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
   const speculation_planner planner(speculate ? sp.cap : 0);
   std::uint64_t rng = sp.seed;
   ranking rank;
-  struct spec_read {
-    layer_id layer;
-    expert_id expert;
-    std::uint64_t bytes;
-  };
+  struct spec_read { layer_id layer; expert_id expert; std::uint64_t bytes; };
   std::vector<spec_read> pending;  // made resident, for a later load of this token
 
   const load_batches lb = group_load_batches(trace);
@@ -401,17 +397,27 @@ struct lab_prediction {
   std::vector<load_event> loads;  ///< decode loads (for calibration)
 };
 
-/// Predicts one configuration. `p` holds the device (curve) and the fitted
-/// parameters; its `lanes` and ψ (kernel_overlap) are replaced by the
-/// mapping's (and, for faults, its curve by the curve's top bandwidth and β
-/// by β_f, timing_params::fault_scale; or the setup's fault walk, if any).
+/// Predicts one configuration. `p` holds the device (curve) and the fitted parameters; its `lanes` and
+/// ψ (kernel_overlap) are the mapping's; for faults, its curve is the curve's top and β is β_f
+/// (timing_params::fault_scale). A walk in `s` (the fault walk; for `cache`, the inline walk) replaces
+/// the curve, β, λ and κ; the inline walk also ψ and ν_p's kernel part, which its own wall and kernel time hold.
 inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const lab_setup& s, timing_params p) {
   lab_prediction out;
   out.mapping = map_lab_config(c, s);
   p.lanes = out.mapping.lanes;
   p.mgmt_ms_per_request = s.request_ms;  // measured with every expert resident (lab_setup)
   p.mgmt_ms_per_pin = out.mapping.pin_ms(s);
-  p.kernel_overlap = out.mapping.reads_inline ? 1.0 : 0.0;
+  p.kernel_overlap = out.mapping.reads_inline ? 1.0 : 0.0;  // ψ
+  // A walk of this shape (lab_setup): a MiB read costs what it cost the walk, off the CPU and in the kernel.
+  const auto walked = [&p](double off_cpu_ms_per_mib, double sys_ms_per_mib) {
+    p.curve = storage_curve({{1.0, 1000.0 / off_cpu_ms_per_mib}});
+    p.bandwidth_scale = 1, p.read_latency_ms = 0, p.read_cpu_ms_per_mib = sys_ms_per_mib;
+  };
+  if (out.mapping.reads_inline && s.inline_walk_off_cpu_ms_per_mib > 0) {
+    walked(s.inline_walk_off_cpu_ms_per_mib, s.inline_walk_sys_ms_per_mib);
+    // The walk's wall holds what overlap there is, its kernel time the pins' own.
+    p.kernel_overlap = 0, p.mgmt_ms_per_pin = out.mapping.pin_user_ms(s);
+  }
   if (out.mapping.kind == lab_model_kind::faults) {
     // A read-around window is one large request that the block layer splits
     // into many in flight: the device's bandwidth at its deepest measured
@@ -422,11 +428,7 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     // What the device delivers to read-around need not be what it delivers to
     // the manager's lanes (docs/wall-clock.md, "The fault path's own bandwidth").
     p.bandwidth_scale = p.fault_scale();
-    if (s.fault_walk_off_cpu_ms_per_mib > 0) {  // measured for this shape (lab_setup)
-      p.curve = storage_curve({{1.0, 1000.0 / s.fault_walk_off_cpu_ms_per_mib}});
-      p.bandwidth_scale = 1;
-      p.read_latency_ms = 0, p.read_cpu_ms_per_mib = s.fault_walk_sys_ms_per_mib;
-    }
+    if (s.fault_walk_off_cpu_ms_per_mib > 0) walked(s.fault_walk_off_cpu_ms_per_mib, s.fault_walk_sys_ms_per_mib);
     // predicted: its reads share the device with the faults (equation 7);
     // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).
     timing_simulator sim(trace.shape(), p);
@@ -488,13 +490,6 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
   }
   out.summary = summarize_timing(out.tokens);
   return out;
-}
-
-/// Decode tok/s of a metrics file as the lab counts it: tokens / Σ wall.
-inline double metrics_tok_per_s(const token_metrics& m) {
-  double wall = 0;
-  for (double w : m.wall_ms) wall += w;
-  return wall > 0 ? 1000.0 * static_cast<double>(m.size()) / wall : 0.0;
 }
 
 }  // namespace moe_residency

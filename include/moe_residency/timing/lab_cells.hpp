@@ -11,8 +11,11 @@
 /// several runs of the same cell separated by ';' (lab-predict appends them:
 /// append_token_metrics). Carriage
 /// returns at the end of a line are dropped ("\r\n" files). Also the fault
-/// walk's file (parse_fault_walk). Standard library only.
+/// walk's file (parse_fault_walk) and the inline walk's (parse_inline_walk).
+/// Standard library only.
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -135,6 +138,34 @@ struct fault_walk_row {
   double off_cpu_ms_per_mib = 0, sys_ms_per_mib = 0;
 };
 
+namespace detail {
+/// The numeric rows of a walk's CSV (fault-walk.csv, inline-walk.csv): every
+/// field a finite number >= 0, `cols` of them; else `error` naming the line,
+/// the field, its value and what was expected. `what` says whose lines they are.
+template <std::size_t N>
+std::vector<std::array<double, N>> parse_walk_rows(const std::string& text, const std::string& source,
+                                                   const char* const (&cols)[N], const char* what) {
+  std::string names;
+  for (const char* c : cols) names += (names.empty() ? "" : ",") + std::string(c);
+  std::vector<std::array<double, N>> out;
+  for_each_csv_row(text, "limit_mib,", [&](std::size_t n, std::vector<std::string>& f) {
+    const std::string where = source + ": line " + std::to_string(n);
+    if (f.size() != N)
+      throw error(where + ": " + std::to_string(f.size()) + " fields; expected " + std::to_string(N) + ": " + names);
+    std::array<double, N> v{};
+    for (std::size_t k = 0; k < N; ++k) {
+      char* end = nullptr;
+      v[k] = std::strtod(f[k].c_str(), &end);
+      if (f[k].empty() || end != f[k].c_str() + f[k].size() || !(v[k] >= 0) || !std::isfinite(v[k]))
+        throw error(where + ", " + cols[k] + " '" + f[k] + "'; expected a finite number >= 0");
+    }
+    out.push_back(v);
+  });
+  if (out.empty()) throw error(source + ": no rows; expected lines of " + what + ", the limit first");
+  return out;
+}
+}  // namespace detail
+
 /// Parses fault-walk.csv text: a header line (`limit_mib,...`), '#' comments
 /// and empty lines are skipped. Throws `error` starting with `source` and
 /// naming the line, the field and its value and what was expected: a line
@@ -145,22 +176,8 @@ inline std::vector<fault_walk_row> parse_fault_walk(const std::string& text, con
                                      "read_mib_per_token", "wall_ms",       "cpu_ms",        "sys_ms",
                                      "majflt",         "off_cpu_ms_per_mib", "sys_ms_per_mib", "mib_per_fault"};
   std::vector<fault_walk_row> out;
-  detail::for_each_csv_row(text, "limit_mib,", [&](std::size_t n, std::vector<std::string>& f) {
-    const std::string where = source + ": line " + std::to_string(n);
-    if (f.size() != 12)
-      throw error(where + ": " + std::to_string(f.size()) + " fields; expected 12: limit_mib,pinned_dense_mib,tokens,"
-                  "walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,"
-                  "sys_ms_per_mib,mib_per_fault");
-    double v[12];
-    for (std::size_t k = 0; k < 12; ++k) {
-      char* end = nullptr;
-      v[k] = std::strtod(f[k].c_str(), &end);
-      if (f[k].empty() || end != f[k].c_str() + f[k].size() || !(v[k] >= 0) || !std::isfinite(v[k]))
-        throw error(where + ", " + cols[k] + " '" + f[k] + "'; expected a finite number >= 0");
-    }
+  for (const auto& v : detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --fault-walk"))
     out.push_back(fault_walk_row{v[0], v[1], v[9], v[10]});
-  });
-  if (out.empty()) throw error(source + ": no rows; expected lines of moe-disk-lanes --fault-walk, the limit first");
   return out;
 }
 
@@ -180,6 +197,54 @@ inline bool apply_fault_walk(const std::vector<fault_walk_row>& rows, double lim
   if (k == 0) return false;
   s.fault_walk_off_cpu_ms_per_mib = off;
   s.fault_walk_sys_ms_per_mib = sys;
+  return true;
+}
+
+
+/// One measurement of `cache`'s inline path (`moe-disk-lanes --inline-walk`,
+/// which scripts/memlab.sh runs in each ratio's limit, at that ratio's budget,
+/// before the cells and writes to inline-walk.csv, the cell's limit first):
+///
+///   limit_mib,budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,sys_ms_per_mib
+///   563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097
+struct inline_walk_row {
+  double limit_mib = 0;   ///< the cell's cgroup limit the walk stands for
+  double budget_mib = 0;  ///< the pinned cache's budget walked
+  double off_cpu_ms_per_mib = 0, sys_ms_per_mib = 0;
+};
+
+/// Parses inline-walk.csv text as parse_fault_walk does fault-walk.csv: 10
+/// fields a line.
+inline std::vector<inline_walk_row> parse_inline_walk(const std::string& text, const std::string& source) {
+  static const char* const cols[] = {"limit_mib", "budget_mib", "tokens",  "pins_per_token",     "read_mib_per_token",
+                                     "wall_ms",   "cpu_ms",     "sys_ms",  "off_cpu_ms_per_mib", "sys_ms_per_mib"};
+  std::vector<inline_walk_row> out;
+  for (const auto& v : detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --inline-walk"))
+    out.push_back(inline_walk_row{v[0], v[1], v[8], v[9]});
+  return out;
+}
+
+/// The inline path's cost for a `cache` cell of limit `limit_mib` (within
+/// 0.5 MiB): the median of every matching row, each column on its own (the
+/// mean of the middle two for an even count), written into `s`. The median,
+/// not the mean: one walk of 24 tokens can catch the device in a stall that
+/// the cells do not see (docs/wall-clock.md, "The inline path, measured").
+/// False, and `s` unchanged, when no row matches.
+inline bool apply_inline_walk(const std::vector<inline_walk_row>& rows, double limit_mib, lab_setup& s) {
+  std::vector<double> off, sys;
+  for (const inline_walk_row& r : rows)
+    if (std::abs(r.limit_mib - limit_mib) <= 0.5) {
+      off.push_back(r.off_cpu_ms_per_mib);
+      sys.push_back(r.sys_ms_per_mib);
+    }
+  if (off.empty()) return false;
+  const auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : v[n / 2 - 1] + (v[n / 2] - v[n / 2 - 1]) / 2;
+  };
+  s.inline_walk_off_cpu_ms_per_mib = median(off);
+  s.inline_walk_sys_ms_per_mib = median(sys);
   return true;
 }
 
