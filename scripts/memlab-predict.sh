@@ -58,6 +58,12 @@
 #                      fault-walk.csv of every calibration run that has one (memlab measures it before
 #                      each round) and, for runs in rounds, their fault-walk-after.csv (after the last)
 #   --no-fault-walk    leave the fault walk out: the fault cells' reads at the curve's top x β_f and κ
+#   --inline-walk LIST comma list of inline-walk.csv files (moe-disk-lanes --inline-walk in each ratio's
+#                      limit at its budget) for the cache cells' inline reads and pins, the median of
+#                      each limit's rows; default, as for the fault walk: every calibration run's
+#                      inline-walk.csv and, for runs in rounds, inline-walk-after.csv
+#   --no-inline-walk   leave it out: the cache cells' reads on the curve x β, hidden behind κ and the
+#                      pins' cost (ψ = 1)
 #   --no-manager-cost  leave the manager's own cost out. By default, when the calibration run has
 #                      memlab's resident-all, manager-exact and manager-cache runs (no limit, every
 #                      expert resident), lab-predict gets them (--manager-runs): the manager's cost
@@ -69,7 +75,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 die() { echo "memlab-predict: $*" >&2; exit 2; }
 
 dir="" fit="exact@2.5" tool="" format=table overhead=64 readaround="" trace="" budget="25%" free="" sweep=0 fit_run="" repeats=""
-manager=1 fault_scale="" pool="" walk="" walk_on=1
+manager=1 fault_scale="" pool="" walk="" walk_on=1 iwalk="" inline_on=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --fit) fit="${2:?--fit needs CONFIG@RATIO}"; shift ;;
@@ -87,6 +93,8 @@ while [[ $# -gt 0 ]]; do
     --no-manager-cost) manager=0 ;;
     --fault-walk) walk="${2:?--fault-walk needs a comma list of files}"; shift ;;
     --no-fault-walk) walk_on=0 ;;
+    --inline-walk) iwalk="${2:?--inline-walk needs a comma list of files}"; shift ;;
+    --no-inline-walk) inline_on=0 ;;
     --fault-bandwidth-scale) fault_scale="${2:?--fault-bandwidth-scale needs a factor}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown argument '$1' (see --help)" ;;
@@ -105,7 +113,10 @@ rounds_of() {
   while [[ -d "$1/round-$k" ]]; do echo "$1/round-$k"; k=$((k + 1)); done
 }
 after_curves() { local d; for d in "$@"; do [[ -d "$d/round-1" && -f "$d/disk-lanes-after.csv" ]] && echo "$d/disk-lanes-after.csv"; done; return 0; }
-after_walks() { local d; for d in "$@"; do [[ -d "$d/round-1" && -f "$d/fault-walk-after.csv" ]] && echo "$d/fault-walk-after.csv"; done; return 0; }
+after_walks() {  # NAME DIR...: DIR/NAME-after.csv of each DIR made in rounds (NAME: fault-walk, inline-walk)
+  local n="$1" d; shift
+  for d in "$@"; do [[ -d "$d/round-1" && -f "$d/$n-after.csv" ]] && echo "$d/$n-after.csv"; done; return 0
+}
 reps=()
 [[ -z "$repeats" ]] || IFS=, read -r -a reps <<< "$repeats"
 for d in "${reps[@]}"; do
@@ -118,7 +129,8 @@ pools=()
 [[ -z "$pool" ]] || IFS=, read -r -a pools <<< "$pool"
 for d in "${pools[@]}"; do [[ -d "$d" ]] || die "--pool: '$d' is not a directory (a run of scripts/memlab.sh)"; done
 mapfile -t after_pred < <(after_curves "$dir" "${pools[@]}")
-mapfile -t after_walk_pred < <(after_walks "$dir" "${pools[@]}")
+mapfile -t after_walk_pred < <(after_walks fault-walk "$dir" "${pools[@]}")
+mapfile -t after_inline_pred < <(after_walks inline-walk "$dir" "${pools[@]}")
 mapfile -t expanded < <(for d in "$dir" "${pools[@]}"; do rounds_of "$d"; done)
 [[ "${expanded[0]}" == "$dir" ]] || echo "memlab-predict: $dir was made in rounds: pooling ${expanded[*]}" >&2
 run_dir="$dir"
@@ -148,12 +160,14 @@ preds=("$dir" "${pools[@]}")
 fits=("${preds[@]}")
 after=("${after_pred[@]}")
 after_walk=("${after_walk_pred[@]}")
+after_inline=("${after_inline_pred[@]}")
 if [[ -n "$fit_run" ]]; then
   [[ $sweep == 0 ]] || die "--fit-run and --sweep together are not supported; give one"
   IFS=, read -r -a fits <<< "$fit_run"
   for d in "${fits[@]}"; do [[ -d "$d" ]] || die "--fit-run: '$d' is not a directory (a run of scripts/memlab.sh)"; done
   mapfile -t after < <(after_curves "${fits[@]}")
-  mapfile -t after_walk < <(after_walks "${fits[@]}")
+  mapfile -t after_walk < <(after_walks fault-walk "${fits[@]}")
+  mapfile -t after_inline < <(after_walks inline-walk "${fits[@]}")
   mapfile -t fits < <(for d in "${fits[@]}"; do rounds_of "$d"; done)
 fi
 src="${fits[0]}"
@@ -201,7 +215,7 @@ fi
 
 # The fault path measured before the runs (memlab's fault-walk.csv of each calibration run,
 # as the disk curve is), or --fault-walk's files.
-walks=()
+walks=() fw=()
 if [[ $walk_on == 1 ]]; then
   if [[ -n "$walk" ]]; then
     IFS=, read -r -a walks <<< "$walk"
@@ -211,8 +225,19 @@ if [[ $walk_on == 1 ]]; then
     walks+=("${after_walk[@]}")  # a run in rounds: its walk after the last round too, as its curve
   fi
 fi
-fw=()
 [[ ${#walks[@]} -eq 0 ]] || fw=(--fault-walk "$(IFS=';'; echo "${walks[*]}")")
+# The same for cache's inline path (memlab's inline-walk.csv), or --inline-walk's files.
+iwalks=()
+if [[ $inline_on == 1 ]]; then
+  if [[ -n "$iwalk" ]]; then
+    IFS=, read -r -a iwalks <<< "$iwalk"
+    for f in "${iwalks[@]}"; do [[ -f "$f" ]] || die "--inline-walk: '$f' is not a file (memlab's inline-walk.csv)"; done
+  else
+    for d in "${fits[@]}"; do [[ -f "$d/inline-walk.csv" ]] && iwalks+=("$d/inline-walk.csv"); done
+    iwalks+=("${after_inline[@]}")
+  fi
+fi
+[[ ${#iwalks[@]} -eq 0 ]] || fw+=(--inline-walk "$(IFS=';'; echo "${iwalks[*]}")")
 
 fit_ratio="${fit#*@}"
 if [[ -z "$trace" ]]; then

@@ -29,8 +29,8 @@
 #                      pages on purpose) and status to every CSV row
 #   --no-plot          no gnuplot
 #   --no-disk          skip the disk bandwidth measurements (before the runs, and
-#                      again after them: disk-lanes-after.csv) and the fault walk
-#                      (fault-walk.csv, before each round)
+#                      again after them: disk-lanes-after.csv) and the walks
+#                      (fault-walk.csv and inline-walk.csv, before each round)
 #   --rounds N         run every cell N times, in rounds (round-1 ... round-N, each a whole run
 #                      with its own disk curve), every even round in the reverse order, so that
 #                      the machine's drift over the run falls on every cell alike; the table is
@@ -207,6 +207,8 @@ has_metrics=0
 "$probe" --help 2>/dev/null | grep -q -- '--metrics-csv' && has_metrics=1
 has_walk=0
 [[ -x "$lanes_tool" ]] && "$lanes_tool" --help 2>/dev/null | grep -q -- '--fault-walk' && has_walk=1
+has_inline_walk=0
+[[ -x "$lanes_tool" ]] && "$lanes_tool" --help 2>/dev/null | grep -q -- '--inline-walk' && has_inline_walk=1
 
 # ---- the model --------------------------------------------------------------
 mkdir -p "$lab"
@@ -266,6 +268,32 @@ fault_walk_probe() {  # DIR [FILE]: DIR/FILE, default fault-walk.csv
   done
   cg_limit none
   awk -F, 'NR > 1 { printf "memlab: fault walk, limit %s MiB%s: %.3f ms off the CPU and %.3f in the kernel per MiB read, %.1f MiB a fault\n", $1, ($2 > 0 ? " (dense locked)" : ""), $10, $11, $12 }' "$d/$name" >&2
+}
+
+# The `cache` configuration's inline path in each ratio's limit, at that ratio's budget
+# (moe-disk-lanes --inline-walk: the pinned cache's misses read and locked by the calling
+# thread as the manager's eval thread does, no llama.cpp): DIR/inline-walk.csv, one row per
+# ratio, the cell's limit first, walked at the limit less the same overhead as the fault walk.
+# scripts/memlab-predict.sh uses it for the cache cells (docs/wall-clock.md, "The inline
+# path, measured").
+inline_walk_probe() {  # DIR [FILE]: DIR/FILE, default inline-walk.csv
+  [[ $disk == 1 && $has_inline_walk == 1 && ",$configs," == *,cache,* ]] || return 0
+  local d="$1" name="${2:-inline-walk.csv}" ratio limit b header=1 row
+  for ratio in ${ratios//,/ }; do
+    limit=$(limit_of "$ratio")
+    b="$(config_args cache "" "$limit")"; b="${b##* }"  # --residency-budget's value
+    [[ $b =~ ^[0-9]+([.][0-9]+)?$ ]] || { log "inline walk: budget '$b' is not MiB (--budget auto); no $name"; cg_limit none; rm -f "$d/$name"; return 0; }
+    log "inline walk: limit $((limit - walk_overhead_mib)) MiB (r$ratio less $walk_overhead_mib), budget $b MiB, page cache dropped"
+    cg_limit $(( (limit - walk_overhead_mib) * 1048576 ))
+    drop_caches
+    row="$(sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+             "$lanes_tool" --file "$model" --inline-walk --walk-budget-mib "$b" --walk-tokens 24)" ||
+      { log "inline walk: moe-disk-lanes --inline-walk failed; no $name"; rm -f "$d/$name"; return 0; }
+    if [[ $header == 1 ]]; then echo "limit_mib,$(head -1 <<< "$row")" > "$d/$name"; header=0; fi
+    echo "$limit,$(tail -1 <<< "$row")" >> "$d/$name"
+  done
+  cg_limit none
+  awk -F, 'NR > 1 { printf "memlab: inline walk, limit %s MiB, budget %s MiB: %.3f ms off the CPU and %.3f in the kernel per MiB read, %.1f pins and %.1f MiB read a token\n", $1, $2, $9, $10, $4, $5 }' "$d/$name" >&2
 }
 
 # run NAME LIMIT ARGS... : one probe run in the cgroup; its log and per-token CSV in $rdir
@@ -484,6 +512,7 @@ for ((k = 1; k <= rounds; ++k)); do
   fi
   disk_probe "$rdir"
   fault_walk_probe "$rdir"
+  inline_walk_probe "$rdir"
   order=("${schedule[@]}")
   if ((k % 2 == 0)); then
     order=()
@@ -522,6 +551,7 @@ fi
 # The fault walk again, for the same reason: with it, the rounds' walks centre on the middle
 # of the run, as the curves do (scripts/memlab-predict.sh pools them).
 fault_walk_probe "$out" fault-walk-after.csv
+inline_walk_probe "$out" inline-walk-after.csv
 
 # ---- pooled over the rounds -----------------------------------------------------
 # Each cell's files in $out: the rounds' per-token CSVs one after another (tok/s over every
