@@ -430,7 +430,7 @@ void inline_walk(const std::string& file, int tokens, int skip, double gap_us, d
   };
   // The stand-in for the matmul spins on the monotonic clock, read in user
   // space (vDSO): the thread's CPU clock is a system call, whose kernel time
-  // would count as the path's (a third of it, at these few MiB a token).
+  // would count as the path's (about a fifth of it, at these few MiB a token).
   const auto spin = [&] {
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(gap_us);
     while (std::chrono::steady_clock::now() < until) {

@@ -200,7 +200,6 @@ inline bool apply_fault_walk(const std::vector<fault_walk_row>& rows, double lim
   return true;
 }
 
-
 /// One measurement of `cache`'s inline path (`moe-disk-lanes --inline-walk`,
 /// which scripts/memlab.sh runs in each ratio's limit, at that ratio's budget,
 /// before the cells and writes to inline-walk.csv, the cell's limit first):
