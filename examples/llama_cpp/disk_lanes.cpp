@@ -272,43 +272,115 @@ long thread_majflt() {
   return ::getrusage(RUSAGE_THREAD, &u) == 0 ? u.ru_majflt : 0;
 }
 
-void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bool pin_dense, std::uint64_t seed) {
-  if (tokens < 1) throw std::invalid_argument("--walk-tokens: " + std::to_string(tokens) + "; expected >= 1");
-  if (skip < 0 || skip >= tokens)
-    throw std::invalid_argument("--walk-skip: " + std::to_string(skip) + "; expected 0 … --walk-tokens − 1 (" +
-                                std::to_string(tokens - 1) + ")");
-  if (!(gap_us >= 0)) throw std::invalid_argument("--walk-gap-us: " + std::to_string(gap_us) + "; expected >= 0");
-  if (::access("/proc/self/io", R_OK) != 0)
-    throw std::runtime_error("--fault-walk needs /proc/self/io to count the bytes read");
-  const walk_layout w = read_walk_layout(file, "--fault-walk");
-  fd_guard f;
-  f.fd = ::open(file.c_str(), O_RDONLY);
-  if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
-  const auto size = static_cast<std::size_t>(st.st_size);
-  const file_mapping map(f.fd, size, file);
-  // The file's clean pages dropped first (what a cell's drop_caches does for it), then llama.cpp's advice.
-  int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
-  if (rc == 0) rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  if (rc != 0)
-    throw std::runtime_error("posix_fadvise (DONTNEED, SEQUENTIAL) on '" + file + "' failed: " + std::strerror(rc));
-  const auto* touch = static_cast<const volatile unsigned char*>(map.at);
+/// What both walks share: their checked arguments, the file's layout, the
+/// whole file mapped with its clean pages dropped first (what a cell's
+/// drop_caches does for it) and llama.cpp's advice, and one routing a layer.
+struct walk_frame {
+  const walk_layout w;
+  const fd_guard f;
+  const std::size_t size;
+  const file_mapping map;
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  // Every page of [offset, offset + bytes), inside the file: one volatile read each.
-  std::uint64_t touched = 0;  // pages, over the tokens counted
-  bool counting = false;
-  const auto touch_range = [&](std::uint64_t offset, std::uint64_t bytes) {
+
+  walk_frame(const std::string& file, int tokens, int skip, double gap_us, const std::string& flag)
+      : w(checked_layout(file, tokens, skip, gap_us, flag)),
+        f{open_file(file)},
+        size(file_size(f.fd)),
+        map(f.fd, size, file) {
+    int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
+    if (rc == 0) rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    if (rc != 0)
+      throw std::runtime_error("posix_fadvise (DONTNEED, SEQUENTIAL) on '" + file + "' failed: " + std::strerror(rc));
+  }
+
+  /// One volatile read of every page of [offset, offset + bytes) inside the
+  /// file; returns the pages read.
+  std::uint64_t touch(std::uint64_t offset, std::uint64_t bytes) const {
+    const auto* at = static_cast<const volatile unsigned char*>(map.at);
     const std::uint64_t end = std::min<std::uint64_t>(offset + bytes, size);
-    for (std::uint64_t o = offset - offset % page; o < end; o += page) {
-      (void)touch[o];
-      touched += counting;
+    std::uint64_t n = 0;
+    for (std::uint64_t o = offset - offset % page; o < end; o += page, ++n) (void)at[o];
+    return n;
+  }
+  /// touch() over layer l's non-expert tensors.
+  std::uint64_t touch_dense(std::size_t l) const { return l < w.dense.size() ? touch_all(w.dense[l]) : 0; }
+  /// touch() over the non-layer tensors but the token embedding (after the last layer).
+  std::uint64_t touch_tail() const { return touch_all(w.tail); }
+
+  /// Layer l's routing into `chosen`: top-k distinct experts drawn uniformly, sorted.
+  void draw(std::size_t l, std::mt19937_64& gen, std::vector<std::size_t>& chosen) const {
+    const std::size_t n = w.experts[l].front().n_expert;
+    std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+    chosen.clear();
+    while (chosen.size() < std::min(w.top_k, n)) {
+      const std::size_t x = pick(gen);
+      if (std::find(chosen.begin(), chosen.end(), x) == chosen.end()) chosen.push_back(x);
     }
+    std::sort(chosen.begin(), chosen.end());
+  }
+
+ private:
+  std::uint64_t touch_all(const std::vector<walk_layout::range>& rs) const {
+    std::uint64_t n = 0;
+    for (const auto& r : rs) n += touch(r.offset, r.bytes);
+    return n;
+  }
+  static walk_layout checked_layout(const std::string& file, int tokens, int skip, double gap_us,
+                                    const std::string& flag) {
+    if (tokens < 1) throw std::invalid_argument("--walk-tokens: " + std::to_string(tokens) + "; expected >= 1");
+    if (skip < 0 || skip >= tokens)
+      throw std::invalid_argument("--walk-skip: " + std::to_string(skip) + "; expected 0 … --walk-tokens − 1 (" +
+                                  std::to_string(tokens - 1) + ")");
+    if (!(gap_us >= 0)) throw std::invalid_argument("--walk-gap-us: " + std::to_string(gap_us) + "; expected >= 0");
+    if (::access("/proc/self/io", R_OK) != 0)
+      throw std::runtime_error(flag + " needs /proc/self/io to count the bytes read");
+    return read_walk_layout(file, flag);
+  }
+  static int open_file(const std::string& file) {
+    const int fd = ::open(file.c_str(), O_RDONLY);
+    if (fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
+    return fd;
+  }
+  static std::size_t file_size(int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
+    return static_cast<std::size_t>(st.st_size);
+  }
+};
+
+/// A walk's clocks and counters, summed over the tokens counted.
+struct walk_totals {
+  struct mark {
+    std::uint64_t read;
+    double cpu, sys;
+    long faults;
+    std::chrono::steady_clock::time_point wall;
   };
+  double wall = 0, cpu = 0, sys = 0;
+  std::uint64_t read = 0;
+  long faults = 0;
+
+  static mark start() {
+    return {proc_read_bytes(), thread_cpu_ms(), thread_sys_ms(), thread_majflt(), std::chrono::steady_clock::now()};
+  }
+  void add(const mark& m) {
+    wall += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - m.wall).count();
+    cpu += thread_cpu_ms() - m.cpu;
+    sys += thread_sys_ms() - m.sys;
+    faults += thread_majflt() - m.faults;
+    read += proc_read_bytes() - m.read;
+  }
+};
+
+void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bool pin_dense, std::uint64_t seed) {
+  const walk_frame fr(file, tokens, skip, gap_us, "--fault-walk");
+  const walk_layout& w = fr.w;
+  const std::size_t page = fr.page;
+  std::uint64_t touched = 0;  // pages, over the tokens counted
   if (pin_dense) {
     const auto lock = [&](const walk_layout::range& r) {
       const std::uint64_t from = r.offset - r.offset % page;
-      if (::mlock(static_cast<const unsigned char*>(map.at) + from, r.offset + r.bytes - from) != 0)
+      if (::mlock(static_cast<const unsigned char*>(fr.map.at) + from, r.offset + r.bytes - from) != 0)
         throw std::runtime_error("--walk-pin-dense: mlock of " + std::to_string(r.bytes) + " bytes at " +
                                  std::to_string(r.offset) + " failed: " + std::strerror(errno) +
                                  " (run as root, or raise RLIMIT_MEMLOCK)");
@@ -323,43 +395,30 @@ void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bo
     }
   };
   std::mt19937_64 gen(seed);
-  double wall = 0, cpu = 0, sys = 0;
-  std::uint64_t read = 0;
-  long faults = 0;
+  walk_totals sum;
   std::vector<std::size_t> chosen;
   for (int t = 0; t < tokens; ++t) {
-    counting = t >= skip;
-    const std::uint64_t r0 = proc_read_bytes();
-    const double c0 = thread_cpu_ms(), s0 = thread_sys_ms();
-    const long f0 = thread_majflt();
-    const auto w0 = std::chrono::steady_clock::now();
+    const walk_totals::mark m0 = walk_totals::start();
+    std::uint64_t pages = 0;
     for (std::size_t l = 0; l < w.experts.size(); ++l) {
-      if (l < w.dense.size())
-        for (const auto& r : w.dense[l]) touch_range(r.offset, r.bytes);
+      pages += fr.touch_dense(l);
       if (w.experts[l].empty()) continue;
       // One routing a layer, for all of its expert tensors (gate, up and down use the same experts).
-      const std::size_t n_expert = w.experts[l].front().n_expert;
-      std::uniform_int_distribution<std::size_t> pick(0, n_expert - 1);
-      chosen.clear();
-      while (chosen.size() < std::min(w.top_k, n_expert)) {
-        const std::size_t x = pick(gen);
-        if (std::find(chosen.begin(), chosen.end(), x) == chosen.end()) chosen.push_back(x);
-      }
-      std::sort(chosen.begin(), chosen.end());
+      fr.draw(l, gen, chosen);
       for (const auto& e : w.experts[l]) {
         for (const std::size_t x : chosen)
-          if (x < e.n_expert) touch_range(e.offset + x * e.bytes_per_expert, e.bytes_per_expert);
+          if (x < e.n_expert) pages += fr.touch(e.offset + x * e.bytes_per_expert, e.bytes_per_expert);
         spin();
       }
     }
-    for (const auto& r : w.tail) touch_range(r.offset, r.bytes);
+    pages += fr.touch_tail();
     if (t < skip) continue;
-    wall += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
-    cpu += thread_cpu_ms() - c0;
-    sys += thread_sys_ms() - s0;
-    faults += thread_majflt() - f0;
-    read += proc_read_bytes() - r0;
+    sum.add(m0);
+    touched += pages;
   }
+  const double wall = sum.wall, cpu = sum.cpu, sys = sum.sys;
+  const std::uint64_t read = sum.read;
+  const long faults = sum.faults;
   const double n = tokens - skip, mib = static_cast<double>(read) / 1048576.0;
   std::printf("pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
               "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n");
@@ -375,14 +434,9 @@ void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bo
 /// eval thread, without llama.cpp (see the top of the file).
 void inline_walk(const std::string& file, int tokens, int skip, double gap_us, double budget_mib,
                  std::uint64_t seed) {
-  if (tokens < 1) throw std::invalid_argument("--walk-tokens: " + std::to_string(tokens) + "; expected >= 1");
-  if (skip < 0 || skip >= tokens)
-    throw std::invalid_argument("--walk-skip: " + std::to_string(skip) + "; expected 0 … --walk-tokens − 1 (" +
-                                std::to_string(tokens - 1) + ")");
-  if (!(gap_us >= 0)) throw std::invalid_argument("--walk-gap-us: " + std::to_string(gap_us) + "; expected >= 0");
-  if (::access("/proc/self/io", R_OK) != 0)
-    throw std::runtime_error("--inline-walk needs /proc/self/io to count the bytes read");
-  const walk_layout w = read_walk_layout(file, "--inline-walk");
+  const walk_frame fr(file, tokens, skip, gap_us, "--inline-walk");
+  const walk_layout& w = fr.w;
+  const std::size_t size = fr.size, page = fr.page;
   // One expert of a layer: its slice of every expert tensor (gate, up, down), as the cache pins it.
   std::uint64_t most = 0;
   std::vector<std::uint64_t> expert_bytes(w.experts.size(), 0);
@@ -397,37 +451,20 @@ void inline_walk(const std::string& file, int tokens, int skip, double gap_us, d
   if (!(budget_mib > 0) || budget < most)
     throw std::invalid_argument("--walk-budget-mib: " + std::to_string(budget_mib) + "; expected at least one " +
                                 "expert's slices, " + std::to_string(static_cast<double>(most) / 1048576.0) + " MiB");
-  fd_guard f;
-  f.fd = ::open(file.c_str(), O_RDONLY);
-  if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "': " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
-  const auto size = static_cast<std::size_t>(st.st_size);
-  const file_mapping map(f.fd, size, file);
-  auto* base = static_cast<unsigned char*>(map.at);
-  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  auto* base = static_cast<unsigned char*>(fr.map.at);
   // [offset, offset + bytes) widened to whole pages, inside the file.
   const auto pages = [&](std::uint64_t offset, std::uint64_t bytes) {
     const std::uint64_t from = offset - offset % page, end = std::min<std::uint64_t>(offset + bytes, size);
     return std::make_pair(base + from, static_cast<std::size_t>(end > from ? end - from : 0));
   };
-  // The file's clean pages dropped, llama.cpp's advice for the file, then the
-  // manager's for the expert ranges (MADV_RANDOM: a stray fault reads a page).
-  int rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED);
-  if (rc == 0) rc = ::posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  if (rc != 0)
-    throw std::runtime_error("posix_fadvise (DONTNEED, SEQUENTIAL) on '" + file + "' failed: " + std::strerror(rc));
+  // After llama.cpp's advice for the file (walk_frame), the manager's for the
+  // expert ranges (MADV_RANDOM: a stray fault reads a page).
   for (const auto& l : w.experts)
     for (const auto& e : l) {
       const auto r = pages(e.offset, e.bytes_per_expert * e.n_expert);
       if (::madvise(r.first, r.second, MADV_RANDOM) != 0)
         throw std::runtime_error("madvise(MADV_RANDOM) on " + e.tensor + " failed: " + std::strerror(errno));
     }
-  const auto* touch = static_cast<const volatile unsigned char*>(map.at);
-  const auto touch_range = [&](std::uint64_t offset, std::uint64_t bytes) {
-    const std::uint64_t end = std::min<std::uint64_t>(offset + bytes, size);
-    for (std::uint64_t o = offset - offset % page; o < end; o += page) (void)touch[o];
-  };
   // The stand-in for the matmul spins on the monotonic clock, read in user
   // space (vDSO): the thread's CPU clock is a system call, whose kernel time
   // would count as the path's (about a fifth of it, at these few MiB a token).
@@ -441,26 +478,15 @@ void inline_walk(const std::string& file, int tokens, int skip, double gap_us, d
   std::uint64_t clock = 0, pinned = 0, pins = 0;
   const auto slot = [&](std::size_t l, std::size_t x) { return l * n_expert + x; };
   std::mt19937_64 gen(seed);
-  double wall = 0, cpu = 0, sys = 0;
-  std::uint64_t read = 0;
+  walk_totals sum;
   std::vector<std::size_t> chosen, misses, evicted;
   for (int t = 0; t < tokens; ++t) {
     const bool counting = t >= skip;
-    const std::uint64_t r0 = proc_read_bytes();
-    const double c0 = thread_cpu_ms(), s0 = thread_sys_ms();
-    const auto w0 = std::chrono::steady_clock::now();
+    const walk_totals::mark m0 = walk_totals::start();
     for (std::size_t l = 0; l < w.experts.size(); ++l) {
-      if (l < w.dense.size())
-        for (const auto& r : w.dense[l]) touch_range(r.offset, r.bytes);
+      fr.touch_dense(l);
       if (w.experts[l].empty()) continue;
-      const std::size_t n = w.experts[l].front().n_expert;
-      std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-      chosen.clear();
-      while (chosen.size() < std::min(w.top_k, n)) {
-        const std::size_t x = pick(gen);
-        if (std::find(chosen.begin(), chosen.end(), x) == chosen.end()) chosen.push_back(x);
-      }
-      std::sort(chosen.begin(), chosen.end());
+      fr.draw(l, gen, chosen);
       // The cache's lookups: hits refreshed, misses admitted, the least recently used evicted.
       misses.clear();
       evicted.clear();
@@ -504,13 +530,11 @@ void inline_walk(const std::string& file, int tokens, int skip, double gap_us, d
         }
       for (std::size_t k = 0; k < w.experts[l].size(); ++k) spin();
     }
-    for (const auto& r : w.tail) touch_range(r.offset, r.bytes);
-    if (!counting) continue;
-    wall += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - w0).count();
-    cpu += thread_cpu_ms() - c0;
-    sys += thread_sys_ms() - s0;
-    read += proc_read_bytes() - r0;
+    fr.touch_tail();
+    if (counting) sum.add(m0);
   }
+  const double wall = sum.wall, cpu = sum.cpu, sys = sum.sys;
+  const std::uint64_t read = sum.read;
   const double n = tokens - skip, mib = static_cast<double>(read) / 1048576.0;
   std::printf("budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
               "sys_ms_per_mib\n");
