@@ -7,6 +7,9 @@
 #   sudo scripts/memlab.sh --quick --csv FILE a smaller model, fewer tokens (minutes)
 #
 # Options:
+#   --shape NAME       a real model's shape at scale: qwen3-30b-a3b (a 16.0 GiB q4_K model;
+#                      ratios 2.0 (an 8 GiB limit), 1.5 and 3; 8 prompt + 16 decode tokens)
+#                      or qwen3-30b-a3b-half (its first 24 layers, 8.1 GiB)
 #   --quick            the quick preset (a ~1.4 GiB model, 8 prompt + 16 decode tokens)
 #   --smoke            the CTest preset (a ~1 GiB model, ratio 2, mmap and all only)
 #   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,
@@ -15,8 +18,7 @@
 #                      resident,resident-all,manager-exact,manager-cache
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
-#   --threads N        llama.cpp threads (default 1: on a loaded 2-core machine
-#                      ggml's spinning thread barrier makes 2 threads ~100x slower)
+#   --threads N        llama.cpp threads (default: every core, nproc)
 #   --budget MIB|auto|P%  the pinned expert cache's budget: MiB, auto (the manager
 #                      sizes it from the cgroup limit), or a share of the limit
 #                      (default: auto; quick and smoke: 25%, their limits being
@@ -79,7 +81,8 @@ csv=""
 configs=""
 ratios=""
 probe=""
-threads=1
+threads="$(nproc)"
+shape=""
 run_timeout=""
 budget=""
 extended=0
@@ -94,6 +97,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) preset=quick ;;
     --smoke) preset=smoke ;;
+    --shape) preset=shape; shape="${2:?--shape needs a name}"; shift ;;
     --csv) csv="${2:?--csv needs a file}"; shift ;;
     --configs) configs="${2:?--configs needs a list}"; shift ;;
     --ratios) ratios="${2:?--ratios needs a list}"; shift ;;
@@ -122,17 +126,24 @@ case "$preset" in
   quick) spec=(--layers 12 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=16
          : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all,manager-exact,manager-cache}"
          : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
+  shape) case "$shape" in qwen3-30b-a3b|qwen3-30b-a3b-half) ;; *) die "--shape: '$shape'; expected qwen3-30b-a3b or qwen3-30b-a3b-half" ;; esac
+         spec=(--shape "$shape"); tokens=8; decode=16
+         : "${ratios:=2.0,1.5,3}"; : "${configs:=mmap,mmap-128k,observer,dense,exact,predicted,cache,all,degraded,resident}"
+         : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
-         : "${ratios:=2}"; : "${configs:=mmap,all}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
+         : "${ratios:=2}"; : "${configs:=mmap,all,all-serial}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
 esac
+# One expert slice of one expert tensor, bytes (q4_K: 144 bytes per 256 weights): the
+# manager's request shape, at which the roofline's bandwidth is measured.
+if [[ $preset == shape ]]; then slice_bytes=$((2048 * 768 * 144 / 256)); else slice_bytes=$((spec[7] * spec[9] * 144 / 256)); fi
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds: '$rounds'; expected a whole number of rounds, at least 1"
 if [[ -n "$decode_override" ]]; then
   [[ "$decode_override" =~ ^[1-9][0-9]*$ ]] || die "--decode: '$decode_override'; expected a whole number of decode tokens, at least 1"
   decode=$decode_override
 fi
 for c in ${configs//,/ }; do
-  case "$c" in mmap|observer|dense|exact|predicted|cache|all|degraded|resident|resident-all|manager-exact|manager-cache) ;;
-    *) die "--configs: '$c'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident, resident-all, manager-exact or manager-cache" ;;
+  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|degraded|resident|resident-all|manager-exact|manager-cache) ;;
+    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, degraded, resident, resident-all, manager-exact or manager-cache" ;;
   esac
 done
 
@@ -154,8 +165,11 @@ fi
 
 cg="$cg_root/moe-residency-memlab-$$"
 child=""
+ra_file=""      # the model's block device's read_ahead_kb, while mmap-128k changed it
+ra_saved=""
 cleanup() {
   local rc=$?
+  if [[ -n "$ra_saved" && -w "$ra_file" ]]; then echo "$ra_saved" > "$ra_file" || true; fi
   if [[ -n "$child" ]] && kill -0 "$child" 2>/dev/null; then
     kill -TERM "$child" 2>/dev/null || true
     wait "$child" 2>/dev/null || true
@@ -212,10 +226,18 @@ has_inline_walk=0
 
 # ---- the model --------------------------------------------------------------
 mkdir -p "$lab"
-model="$lab/qwen3moe-L${spec[1]}-E${spec[3]}-k${spec[5]}-d${spec[7]}-ff${spec[9]}-q4_K.gguf"
-if [[ ! -f "$model" ]]; then
-  log "writing the lab model $model (random weights, q4_K experts from a pool of 32 per kind)"
-  "$probe" --random qwen3moe "${spec[@]}" --expert-type q4_K --save-model "$model" --save-only >&2
+if [[ $preset == shape ]]; then
+  model="$lab/$shape-q4_K.gguf"
+  if [[ ! -f "$model" ]]; then
+    log "writing the lab model $model (random weights in $shape's shape, q4_K experts from a pool of 32 per kind, q4_K dense rows from a pool)"
+    "$probe" --random qwen3moe "${spec[@]}" --save-model "$model" --save-only >&2
+  fi
+else
+  model="$lab/qwen3moe-L${spec[1]}-E${spec[3]}-k${spec[5]}-d${spec[7]}-ff${spec[9]}-q4_K.gguf"
+  if [[ ! -f "$model" ]]; then
+    log "writing the lab model $model (random weights, q4_K experts from a pool of 32 per kind)"
+    "$probe" --random qwen3moe "${spec[@]}" --expert-type q4_K --save-model "$model" --save-only >&2
+  fi
 fi
 size=$(stat -c %s "$model")
 size_mib=$(( size / 1048576 ))
@@ -232,6 +254,12 @@ disk_probe() {  # DIR: the lanes curve, measured at the start of every round
   if [[ $disk == 1 && -x "$lanes_tool" ]]; then
     log "disk: cold random 4 MiB O_DIRECT reads of the model file against concurrent readers"
     "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib 4 --reads "$disk_reads" | tee "$1/disk-lanes.csv" >&2
+    # The roofline's bandwidth: the manager's own request shape (one expert slice), the
+    # best of 1 to 8 concurrent readers (its lanes and the willneed queue between them).
+    local slice_mib
+    slice_mib=$(awk -v b="$slice_bytes" 'BEGIN { printf "%.6f", b / 1048576 }')
+    log "disk: cold random $((slice_bytes / 1024)) KiB O_DIRECT reads (one expert slice, the manager's request) against concurrent readers"
+    "$lanes_tool" --file "$model" --readers 1,2,4,8 --block-mib "$slice_mib" --reads $((disk_reads * 4)) | tee "$1/disk-expert.csv" >&2
   fi
 }
 
@@ -336,10 +364,13 @@ config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuratio
   local b="$budget"
   [[ $b == *% ]] && b=$(awk -v l="$3" -v p="${b%\%}" 'BEGIN{printf "%.0f", l * p / 100}')
   case "$1" in
-    mmap|resident) echo "--no-observer" ;;
+    mmap|mmap-128k|resident) echo "--no-observer" ;;
+    no-mmap) echo "--no-observer --load-mode no-mmap" ;;
+    mlock) echo "--no-observer --load-mode mlock" ;;
     observer) echo "" ;;
     dense|exact|predicted|cache) echo "--residency $1 --residency-budget $b" ;;
     all) echo "--residency all --residency-budget $b" ;;
+    all-serial) echo "--residency all --residency-budget $b --serial" ;;
     degraded) echo "--residency all --residency-budget $b --degrade $2" ;;
   esac
 }
@@ -353,7 +384,7 @@ schedule=()
 for ratio in ${ratios//,/ }; do
   for config in ${configs//,/ }; do
     case "$config" in
-      dense|exact|predicted|cache|all|degraded)
+      dense|exact|predicted|cache|all|all-serial|degraded)
         if [[ $has_residency == 0 ]]; then
           log "r$ratio-$config: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
           continue
@@ -407,20 +438,46 @@ run_entry() {  # RATIO:CONFIG of the schedule, in $rdir
   fi
   log "r$ratio-$config: limit $limit MiB (model $size_mib MiB / $ratio), page cache dropped"
   drop_caches
+  if [[ $config == mmap-128k ]]; then
+    # Plain mmap at the kernel's default read-ahead (what most NVMe drives have), the
+    # device's own setting restored right after the run (and by the exit trap).
+    ra_file="$(ra_file_of "$model")"
+    [[ -n "$ra_file" ]] || { log "r$ratio-$config: skipped — no read_ahead_kb found for the device of $model"; return 0; }
+    ra_saved="$(cat "$ra_file")"
+    echo 128 > "$ra_file"
+    log "r$ratio-$config: $ra_file $ra_saved -> 128 for this run"
+  fi
   # shellcheck disable=SC2046
   run "r$ratio-$config" $(( limit * 1048576 )) $(config_args "$config" "$degrade" "$limit")
+  if [[ $config == mmap-128k ]]; then echo "$ra_saved" > "$ra_file"; ra_saved=""; fi
+}
+# The read_ahead_kb of the block device (the whole disk, for a partition) holding FILE.
+ra_file_of() {
+  local src dev parent
+  src="$(df --output=source "$1" | tail -1)"
+  dev="$(basename "$(readlink -f "$src")")"
+  parent="$(lsblk -no pkname "/dev/$dev" 2>/dev/null | head -1)"
+  [[ -n "$parent" ]] && dev="$parent"
+  [[ -w "/sys/block/$dev/queue/read_ahead_kb" ]] && echo "/sys/block/$dev/queue/read_ahead_kb"
 }
 
 # ---- the table ----------------------------------------------------------------
-summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engine_majflt
-  awk -F, 'NR > 1 && $2 == "decode" { n++; ms += $3; rb += $6; mf += $4; emf += $12; t[n] = $3;
+summarize() {  # CSV of one run -> tok_s p50 p90 read_mib majflt hit pinned engine_majflt proc_cpu_ms read_wait_ms read_waits
+  awk -F, 'NR > 1 && $2 == "decode" { n++; ms += $3; rb += $6; mf += $4; emf += $12; pc += $13; rw += $15; rn += $16; t[n] = $3;
              if ($11 != "") { hit = $11; has = 1 } if ($10 + 0 > pin) pin = $10 + 0 }
            function pct(q,   pos, lo, hi) { pos = q * (n - 1); lo = int(pos) + 1; hi = lo < n ? lo + 1 : n;
              return t[lo] + (t[hi] - t[lo]) * (pos - int(pos)) }
-           END { if (n == 0) { print "- - - - - - - -"; exit }
+           END { if (n == 0) { print "- - - - - - - - - - -"; exit }
              for (i = 2; i <= n; i++) { v = t[i]; j = i - 1; while (j > 0 && t[j] > v) { t[j + 1] = t[j]; j-- } t[j + 1] = v }
-             printf "%.3f %.1f %.1f %.2f %.2f %s %.1f %.2f\n", n / (ms / 1000), pct(0.5), pct(0.9), rb / n / 1048576,
-                    mf / n, has ? hit : "-", pin, emf / n }' "$1"
+             printf "%.3f %.1f %.1f %.2f %.2f %s %.1f %.2f %.1f %.2f %.2f\n", n / (ms / 1000), pct(0.5), pct(0.9), rb / n / 1048576,
+                    mf / n, has ? hit : "-", pin, emf / n, pc / n, rw / n, rn / n }' "$1"
+}
+# The best MiB/s of the expert-shaped disk curves under DIR (its rounds' too); "" if none.
+expert_bw() {
+  local f files=()
+  for f in "$1/disk-expert.csv" "$1"/round-*/disk-expert.csv; do [[ -f "$f" ]] && files+=("$f"); done
+  [[ ${#files[@]} -gt 0 ]] || return 0
+  awk -F, 'FNR > 1 && $5 + 0 > b { b = $5 + 0 } END { if (b > 0) printf "%.1f", b }' "${files[@]}"
 }
 digest() { sed -n 's/^logits: fnv1a64 \([0-9a-f]*\) over.*/\1/p' "$1" 2>/dev/null | head -1; }
 
@@ -435,11 +492,24 @@ make_table() {  # DIR CSV|"" TITLE_SUFFIX: DIR/table.txt (and the CSV) from DIR'
   done
   {
     echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine$3"
-    printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
-           MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits
+    printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s %9s %7s %7s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
+           MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits roof_ms x_roof bw_frac cpu_use wait_ms
   } > "$table"
   if [[ -n "$csvf" ]]; then
-    echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical$([[ $extended == 1 ]] && echo ",engine_majflt_per_token,status")" > "$csvf"
+    echo "ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,roofline_ms,bw_fraction$([[ $extended == 1 ]] && echo ",engine_majflt_per_token,status,x_roofline,cpu_use,read_wait_ms_per_token,read_waits_per_token")" > "$csvf"
+  fi
+  # The roofline of each row: max(its MiB read a token / the expert-shaped bandwidth, the
+  # resident ms a token), both measured in this run; cpu_use: the process's CPU time (every
+  # thread) over cores x wall time.
+  local bw resident_ms cores
+  bw="$(expert_bw "$d")"
+  resident_ms=""
+  for ratio in ${ratios//,/ }; do
+    if [[ -f "$d/r$ratio-resident.csv" ]]; then read -r resident_ms _ <<< "$(summarize "$d/r$ratio-resident.csv" | awk '{ if ($1 > 0) printf "%.3f", 1000 / $1 }')"; break; fi
+  done
+  cores="$(nproc)"
+  if [[ -n "$bw" || -n "$resident_ms" ]]; then
+    echo "roofline: the disk's best cold bandwidth at the expert slice ($((slice_bytes / 1024)) KiB) ${bw:-unmeasured} MiB/s; resident ${resident_ms:-unmeasured} ms a token" >> "$table"
   fi
   for ratio in ${ratios//,/ }; do
     limit=$(limit_of "$ratio")
@@ -452,16 +522,22 @@ make_table() {  # DIR CSV|"" TITLE_SUFFIX: DIR/table.txt (and the CSV) from DIR'
       if [[ "$status" != ok || ! -f "$f" ]]; then
         # A run that did not finish: a row saying so, no figures.
         printf '%-6s %-6s %-12s %9s   (%s: see r%s-%s.log)\n' "$ratio" "$lim" "$config" "-" "$status" "$ratio" "$config" >> "$table"
-        [[ -n "$csvf" ]] && echo "$ratio,$config,,,,,,,,no$([[ $extended == 1 ]] && echo ",,$status")" >> "$csvf"
+        [[ -n "$csvf" ]] && echo "$ratio,$config,,,,,,,,no,,$([[ $extended == 1 ]] && echo ",,$status,,,,")" >> "$csvf"
         continue
       fi
-      read -r tok p50 p90 rd mf hit pin emf <<< "$(summarize "$f")"
+      read -r tok p50 p90 rd mf hit pin emf pcpu rwait rwaits <<< "$(summarize "$f")"
       if [[ -s "$d/r$ratio-$config.hit" ]]; then hit="$(cat "$d/r$ratio-$config.hit")"; fi  # pooled rounds
       dg="$(digest "$d/r$ratio-$config.log")"
       same=$([[ -n "$dg" && "$dg" == "$reference" ]] && echo yes || echo no)
-      printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
-             "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" >> "$table"
-      [[ -n "$csvf" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same$([[ $extended == 1 ]] && echo ",$emf,ok")" >> "$csvf"
+      local roof="" xroof="" bwf="" use=""
+      read -r roof xroof bwf use <<< "$(awk -v tok="$tok" -v rd="$rd" -v bw="$bw" -v res="$resident_ms" -v pc="$pcpu" -v c="$cores" 'BEGIN {
+          ms = tok > 0 ? 1000 / tok : 0; io = bw > 0 ? rd / bw * 1000 : -1
+          roof = io; if (res != "" && res + 0 > roof) roof = res + 0
+          printf "%s %s %s %s\n", (roof > 0 ? sprintf("%.1f", roof) : "-"), (roof > 0 && ms > 0 ? sprintf("%.2f", ms / roof) : "-"),
+                 (bw > 0 && ms > 0 ? sprintf("%.2f", rd / (ms / 1000) / bw) : "-"), (ms > 0 ? sprintf("%.2f", pc / (c * ms)) : "-") }')"
+      printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s %9s %7s %7s %7s %8s\n' "$ratio" "$lim" "$config" "$tok" "$p50" "$p90" \
+             "$rd" "$mf" "$emf" "$hit" "$pin" "$peak" "$same" "$roof" "$xroof" "$bwf" "$use" "$rwait" >> "$table"
+      [[ -n "$csvf" ]] && echo "$ratio,$config,$tok,$p50,$p90,$rd,$mf,$([[ $hit == - ]] || echo "$hit"),$pin,$same,${roof/-/},${bwf/-/}$([[ $extended == 1 ]] && echo ",$emf,ok,${xroof/-/},${use/-/},$rwait,$rwaits")" >> "$csvf"
     done
   done
   cat "$table"

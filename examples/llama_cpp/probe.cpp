@@ -20,6 +20,7 @@
 
 #include <dirent.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -61,6 +62,9 @@ struct probe_args {
   mre::random_model_spec spec;
   std::string router = "f32";
   std::string expert_type = "f32";
+  std::string dense_type = "f32";
+  std::string shape;  // a named real model's shape (random_model.hpp's named_shapes)
+  std::string load_mode = "mmap";  // llama.cpp's own load modes, for the lab's stock baselines
   bool save_only = false;
   bool no_observer = false;
   std::string per_token_csv;
@@ -70,6 +74,8 @@ struct probe_args {
   std::string residency_budget = "auto";
   std::size_t lanes = 2;
   std::size_t spec_cap = 2;
+  bool serial = false;       // overlap off: the eval thread waits for each layer's reads
+  bool owned_reads = false;  // lanes read themselves (advice::read) instead of willneed + populate_read
   double degrade = 0.0;
   bool no_hit_measure = false;
   std::string when_fits = "stand-down";  // act: manage a model that fits (the manager's own cost, no reads)
@@ -228,6 +234,9 @@ struct token_record {
   std::uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_late = 0;
   double pinned_mib = 0;
   double hit_pct = -1;  // < 0: not measured (no residency manager)
+  double proc_cpu_ms = 0, proc_sys_ms = 0;  ///< every thread of the process (RUSAGE_SELF): compute, lanes, kernel
+  double read_wait_ms = 0;      ///< the eval thread waiting for the manager's demanded reads
+  std::uint64_t read_waits = 0;  ///< layers whose reads it had to wait for
 };
 
 struct run_result {
@@ -249,9 +258,9 @@ void fnv1a_bytes(std::uint64_t& h, const void* p, std::size_t n) {
 struct rusage_split {
   std::int64_t total = 0, sys = 0;
 };
-rusage_split thread_rusage() {
+rusage_split thread_rusage(int who = RUSAGE_THREAD) {
   rusage ru{};
-  if (getrusage(RUSAGE_THREAD, &ru) != 0) return {};
+  if (getrusage(who, &ru) != 0) return {};
   auto us = [](const timeval& t) { return std::int64_t{t.tv_sec} * 1000000 + std::int64_t{t.tv_usec}; };
   return {us(ru.ru_utime) + us(ru.ru_stime), us(ru.ru_stime)};
 }
@@ -277,7 +286,7 @@ using residency_manager = mrl::mmap_residency<lru_policy>;
 
 run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
                std::size_t n_decode, std::uint64_t seed, bool record = false,
-               const residency_manager* res = nullptr, std::vector<std::string> engine = {}) {
+               residency_manager* res = nullptr, std::vector<std::string> engine = {}) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
   const std::string cg_file = record ? cgroup_io_file() : std::string();
   if (record && engine.empty()) engine = current_threads();
@@ -287,11 +296,16 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
     const mrl::residency_stats r0 = res ? res->stats() : mrl::residency_stats{};
     const double cpu0 = record ? thread_cpu_ms() : 0.0;
     const rusage_split sys0 = record ? thread_rusage() : rusage_split{};
+    const rusage_split proc0 = record ? thread_rusage(RUSAGE_SELF) : rusage_split{};
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = llama_decode(ctx, batch);
+    // The manager accounts the last layer's reads (still open with overlap) in
+    // the token that made them; waiting for any still on the lanes is its time.
+    if (res != nullptr) res->settle();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double cpu1 = record ? thread_cpu_ms() : 0.0;
     const rusage_split sys1 = record ? thread_rusage() : rusage_split{};
+    const rusage_split proc1 = record ? thread_rusage(RUSAGE_SELF) : rusage_split{};
     if (rc != 0) throw error(is_prompt ? "llama_decode failed on the prompt batch" : "llama_decode failed");
     if (record) {
       const counters c1 = sample(cg_file, engine);
@@ -301,6 +315,8 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
       t.wall_ms = 1e3 * s;
       t.cpu_ms = cpu1 - cpu0;
       t.sys_ms = kernel_share_ms(sys0, sys1, t.cpu_ms);
+      t.proc_cpu_ms = 1e-3 * static_cast<double>(proc1.total - proc0.total);
+      t.proc_sys_ms = 1e-3 * static_cast<double>(proc1.sys - proc0.sys);
       t.majflt = c1.majflt - c0.majflt;
       t.minflt = c1.minflt - c0.minflt;
       t.engine_majflt = c1.engine_majflt - c0.engine_majflt;
@@ -315,6 +331,8 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
         t.prefetch_useful = r1.predicted_useful - r0.predicted_useful;
         t.prefetch_late = r1.predicted_late - r0.predicted_late;
         t.pinned_mib = to_mib(r1.pinned_bytes + r1.dense_bytes);
+        t.read_wait_ms = 1e-6 * static_cast<double>(r1.read_wait_ns - r0.read_wait_ns);
+        t.read_waits = r1.read_waits - r0.read_waits;
         const std::uint64_t routed = r1.routed_experts - r0.routed_experts;
         if (routed)
           t.hit_pct = 100.0 * static_cast<double>(r1.routed_resident - r0.routed_resident) / static_cast<double>(routed);
@@ -424,18 +442,19 @@ void report_run(const probe_args& a, const run_result& r) {
   std::ofstream out(a.per_token_csv);
   if (!out) throw error("--per-token-csv: cannot write '" + a.per_token_csv + "'");
   out << "token,phase,wall_ms,majflt,minflt,read_bytes,prefetch_issued,prefetch_useful,prefetch_late,"
-         "pinned_mib,hit_pct,engine_majflt\n";
+         "pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,read_wait_ms,read_waits\n";
   char line[512];
   for (const auto& t : r.rows) {
     char hit[32] = "";
     if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
-    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu\n", t.token,
+    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu\n", t.token,
                   t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
                   static_cast<unsigned long long>(t.minflt),
                   static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes),
                   static_cast<unsigned long long>(t.prefetch_issued), static_cast<unsigned long long>(t.prefetch_useful),
                   static_cast<unsigned long long>(t.prefetch_late), t.pinned_mib, hit,
-                  static_cast<unsigned long long>(t.engine_majflt));
+                  static_cast<unsigned long long>(t.engine_majflt), t.proc_cpu_ms, t.proc_sys_ms, t.read_wait_ms,
+                  static_cast<unsigned long long>(t.read_waits));
     out << line;
   }
   if (!out) throw error("--per-token-csv: writing '" + a.per_token_csv + "' failed");
@@ -467,6 +486,8 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
     o.cache_budget_bytes = from_mib(mib);
   }
   o.lanes = a.lanes;
+  o.overlap = !a.serial;
+  o.owned_reads = a.owned_reads;
   o.spec_cap = a.spec_cap;
   o.degrade = a.degrade;
   o.seed = a.seed;
@@ -502,17 +523,39 @@ int probe(const probe_args& a) {
   std::string gguf_path = a.model_path;
   mre::random_model_spec spec = a.spec;
   if (!a.random_arch.empty()) {
+    if (!a.shape.empty()) {
+      // The shape's every field; the pool and the seed stay as given.
+      const std::uint32_t pool = spec.expert_pool;
+      const std::uint64_t seed = spec.seed;
+      spec = mre::shape_by_name(a.shape);
+      spec.expert_pool = pool;
+      spec.seed = seed;
+      if (a.random_arch != spec.arch)
+        throw std::invalid_argument("--shape " + a.shape + " is a " + spec.arch + " model; --random is " + a.random_arch);
+    } else {
+      spec.router_type = mre::parse_router_type(a.router);
+      spec.expert_type = mre::parse_expert_type(a.expert_type);
+      spec.dense_type = mre::parse_expert_type(a.dense_type);
+    }
     spec.arch = a.random_arch;
-    spec.router_type = mre::parse_router_type(a.router);
-    spec.expert_type = mre::parse_expert_type(a.expert_type);
     if (!a.save_model.empty() || !a.trace_out.empty() || !a.warm.empty() || a.save_only) {
       gguf_path = !a.save_model.empty() ? a.save_model : std::string("moe-llama-probe-random.gguf");
       const auto t0 = std::chrono::steady_clock::now();
-      int last_pct = -1;
+      int last = -1;
+      const bool tty = isatty(fileno(stderr)) != 0;
       mre::save_random_gguf(spec, gguf_path, [&](std::uint64_t done, std::uint64_t total) {
+        // A bar redrawn in place on a terminal (every 1%), a line every 10% otherwise.
         const int pct = total ? static_cast<int>(100 * done / total) : 100;
-        if (a.save_only && pct / 10 != last_pct / 10) std::fprintf(stderr, "moe-llama-probe: writing %s: %d%%\n", gguf_path.c_str(), pct);
-        last_pct = pct;
+        if (pct == last || (!tty && pct / 10 == last / 10 && pct != 100)) return;
+        last = pct;
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double rate = s > 0 ? to_mib(done) / s : 0.0;
+        char bar[41];
+        for (int i = 0; i < 40; ++i) bar[i] = i < pct * 40 / 100 ? '#' : '.';
+        bar[40] = '\0';
+        std::fprintf(stderr, "%smoe-llama-probe: writing %s [%s] %3d%% %.0f / %.0f MiB, %.0f MiB/s, %.0f s left%s",
+                     tty ? "\r" : "", gguf_path.c_str(), bar, pct, to_mib(done), to_mib(total), rate,
+                     rate > 0 ? (to_mib(total) - to_mib(done)) / rate : 0.0, tty && pct < 100 ? "" : "\n");
       });
       if (a.save_only) {
         std::ifstream f(gguf_path, std::ios::binary | std::ios::ate);
@@ -532,6 +575,11 @@ int probe(const probe_args& a) {
     // page in, prefetch or pin, and a model larger than memory could not load.
     mp.use_extra_bufts = false;
     mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    if (a.load_mode == "no-mmap") mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    if (a.load_mode == "mlock") mp.load_mode = LLAMA_LOAD_MODE_MMAP_MLOCK;
+    if (a.load_mode == "direct-io") mp.load_mode = LLAMA_LOAD_MODE_DIRECT_IO;
+    if (a.load_mode != "mmap" && (a.residency != "none" || !a.no_observer))
+      throw error("--load-mode " + a.load_mode + " is a stock baseline: it needs --no-observer and no --residency");
     model.reset(llama_model_load_from_file(gguf_path.c_str(), mp));
     if (!model) throw error("--model: llama.cpp could not load '" + gguf_path + "'");
   } else {
@@ -733,7 +781,24 @@ int main(int argc, char** argv) {
   app.add_option("--expert-type", a.expert_type,
                  "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see random_model.hpp)")
       ->capture_default_str();
+  app.add_option("--dense-type", a.dense_type,
+                 "Random model: 2-D dense weights (attention, embedding, output) f32, or quantised (rows from a pool)")
+      ->capture_default_str();
+  app.add_option("--heads", a.spec.n_head, "Random model: attention query heads (0: embedding / 64)")->capture_default_str();
+  app.add_option("--heads-kv", a.spec.n_head_kv, "Random model: attention key/value heads")->capture_default_str();
+  app.add_option("--head-dim", a.spec.head_dim, "Random model: width of one attention head")->capture_default_str();
+  app.add_option("--vocab", a.spec.n_vocab, "Random model: vocabulary size")->capture_default_str();
+  app.add_option("--shape", a.shape,
+                 "Random model: a real model's shape, every size above taken from it: qwen3-30b-a3b, qwen3-30b-a3b-half")
+      ->excludes("--layers")->excludes("--experts")->excludes("--k")->excludes("--embd")->excludes("--expert-ff")
+      ->excludes("--dense-type")->excludes("--expert-type")->excludes("--heads")->excludes("--heads-kv")
+      ->excludes("--head-dim")->excludes("--vocab")->excludes("--router");
   app.add_option("--expert-pool", a.spec.expert_pool, "Random model: distinct quantised experts per kind")
+      ->capture_default_str();
+  app.add_option("--load-mode", a.load_mode,
+                 "How llama.cpp loads --model: mmap (default), or a stock baseline: no-mmap (read into memory), "
+                 "mlock (mmap and lock it all), direct-io (O_DIRECT reads into memory)")
+      ->check(CLI::IsMember({"mmap", "no-mmap", "mlock", "direct-io"}))
       ->capture_default_str();
   app.add_flag("--no-observer", a.no_observer,
                "Plain llama.cpp: no observer, no report; only the run's digest, summary and --per-token-csv");
@@ -744,6 +809,11 @@ int main(int argc, char** argv) {
                  "Pinned expert cache budget in MiB, or auto (from the memory limit)")
       ->capture_default_str();
   app.add_option("--lanes", a.lanes, "Residency: read lanes")->capture_default_str();
+  app.add_flag("--serial", a.serial,
+               "Residency: the eval thread waits for every read of a layer before its matmuls (no overlap)");
+  app.add_flag("--owned-reads", a.owned_reads,
+               "Residency: the lanes read each miss themselves (sendfile into the page cache, exact ranges), "
+               "not the eval thread's willneed of every miss and populate_read on the lanes");
   app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")->capture_default_str();
   app.add_option("--degrade", a.degrade,
                  "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")
@@ -756,7 +826,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--per-token-csv", a.per_token_csv,
                  "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
-                 "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt");
+                 "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,"
+                 "read_wait_ms,read_waits (proc_*: every thread of the process; read_wait*: the eval thread waiting "
+                 "for the manager's demanded reads, and the layers it had to)");
   app.add_option("--metrics-csv", a.metrics_csv,
                  "Write one row per decode token in the phone's metrics format for moe-residency calibrate: "
                  "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms "

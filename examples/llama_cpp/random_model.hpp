@@ -72,7 +72,61 @@ struct random_model_spec {
   ggml_type expert_type = GGML_TYPE_F32;
   /// Quantised experts: distinct random experts per kind (see the file comment).
   std::uint32_t expert_pool = 32;
+  /// Attention (qwen3moe, gpt-oss): query heads (0: n_embd / 64), key/value
+  /// heads and the width of one head. A real model's attention sets the dense
+  /// bytes and the compute a token costs besides its experts.
+  std::uint32_t n_head = 0;
+  std::uint32_t n_head_kv = 1;
+  std::uint32_t head_dim = 64;
+  /// Type of the 2-D dense weights (attention, token embedding, output): f32,
+  /// or a quantised type whose rows are drawn from a seeded pool of
+  /// `expert_pool` x 8 random rows per tensor (their values do not matter to
+  /// bytes or time; a real model's Q4_K_M keeps these at 4-6 bits).
+  ggml_type dense_type = GGML_TYPE_F32;
 };
+
+/// A named shape of a real model, for the memory lab: its layers, experts,
+/// widths, attention and vocabulary, random weights in q4_K.
+struct named_shape {
+  const char* name;
+  const char* what;
+  random_model_spec spec;
+};
+
+/// The shapes `--shape` knows (docs/memlab.md has their sizes).
+inline std::vector<named_shape> named_shapes() {
+  std::vector<named_shape> v;
+  random_model_spec q;
+  q.arch = "qwen3moe";
+  q.n_layer = 48;
+  q.n_expert = 128;
+  q.n_expert_used = 8;
+  q.n_embd = 2048;
+  q.n_ff_exp = 768;
+  q.n_vocab = 151936;
+  q.n_ctx_train = 40960;
+  q.n_head = 32;
+  q.n_head_kv = 4;
+  q.head_dim = 128;
+  q.expert_type = GGML_TYPE_Q4_K;
+  q.dense_type = GGML_TYPE_Q4_K;
+  v.push_back({"qwen3-30b-a3b", "Qwen3-30B-A3B: 48 MoE layers x 128 experts, top-8, embedding 2048, expert ff 768, "
+                                "32/4 heads of 128, vocabulary 151936", q});
+  random_model_spec h = q;  // the same widths, half the layers: a 8.6 GB model for quicker runs
+  h.n_layer = 24;
+  v.push_back({"qwen3-30b-a3b-half", "Qwen3-30B-A3B's layers and widths, 24 of its 48 layers", h});
+  return v;
+}
+
+/// The named shape `name`; throws std::invalid_argument listing the names.
+inline random_model_spec shape_by_name(const std::string& name) {
+  std::string names;
+  for (const auto& s : named_shapes()) {
+    if (name == s.name) return s.spec;
+    names += (names.empty() ? "" : ", ") + std::string(s.name);
+  }
+  throw std::invalid_argument("shape '" + name + "'; expected one of " + names);
+}
 
 /// "f32", "f16", "bf16", "q8_0" or "q4_K" (also "q4_k").
 inline ggml_type parse_expert_type(const std::string& s) {
@@ -183,6 +237,24 @@ class weight_source {
       }
       return;
     }
+    if (!is_expert_weight(name) && ggml_is_quantized(type) && n_dims == 2) {
+      // A quantised dense matrix: each row a seeded pick from a pool of random rows.
+      const auto& pool = pool_for(name, type, ne[0], dense_pool_rows(), 1);
+      const std::size_t row = ggml_row_size(type, ne[0]);
+      const std::size_t per_chunk = std::max<std::size_t>(1, (1u << 20) / row);
+      buf_.resize(per_chunk * row);
+      std::size_t in_buf = 0;
+      for (std::int64_t r = 0; r < ne[1]; ++r) {
+        const std::uint64_t pick = splitmix64(spec_.seed ^ fnv1a(name.c_str()) ^ splitmix64(static_cast<std::uint64_t>(r)));
+        std::memcpy(buf_.data() + in_buf * row, pool[0].data() + (pick % dense_pool_rows()) * row, row);
+        if (++in_buf == per_chunk) {
+          sink(buf_.data(), in_buf * row);
+          in_buf = 0;
+        }
+      }
+      if (in_buf > 0) sink(buf_.data(), in_buf * row);
+      return;
+    }
     // Element by element from one seeded stream per tensor, one 2-D slice at a time.
     float mean = 0, stddev = 1;
     init_scale(name, n_dims == 1, ne[0], spec_, mean, stddev);
@@ -201,8 +273,12 @@ class weight_source {
  private:
   using pool_t = std::vector<std::vector<std::uint8_t>>;
 
-  /// The pool of one expert kind ("ffn_gate_exps.weight", …) in one type and shape.
-  const pool_t& pool_for(const std::string& name, ggml_type type, std::int64_t ne0, std::int64_t ne1) {
+  std::uint32_t dense_pool_rows() const noexcept { return std::max<std::uint32_t>(1, spec_.expert_pool) * 8; }
+
+  /// The pool of one expert kind ("ffn_gate_exps.weight", …) in one type and
+  /// shape; for a quantised dense matrix (`rows` given), one entry of `rows` rows.
+  const pool_t& pool_for(const std::string& name, ggml_type type, std::int64_t ne0, std::int64_t ne1,
+                         std::uint32_t rows = 0) {
     const std::size_t dot = name.find('.', name.find('.') + 1);  // after "blk.N."
     const std::string kind = name.compare(0, 4, "blk.") == 0 && dot != std::string::npos ? name.substr(dot + 1) : name;
     const std::string key = kind + "/" + ggml_type_name(type) + "/" + std::to_string(ne0) + "x" + std::to_string(ne1);
@@ -210,7 +286,7 @@ class weight_source {
     if (it != pools_.end()) return it->second;
     float mean = 0, stddev = 1;
     init_scale(kind, false, ne0, spec_, mean, stddev);
-    const std::uint32_t n = std::max<std::uint32_t>(1, std::min(spec_.expert_pool, spec_.n_expert));
+    const std::uint32_t n = rows != 0 ? 1 : std::max<std::uint32_t>(1, std::min(spec_.expert_pool, spec_.n_expert));
     pool_t pool(n);
     std::vector<float> f(static_cast<std::size_t>(ne0 * ne1));
     for (std::uint32_t p = 0; p < n; ++p) {
@@ -262,6 +338,22 @@ inline void validate(const random_model_spec& spec) {
     throw std::invalid_argument("random model: --embd " + std::to_string(spec.n_embd) +
                                 " must be a multiple of 64");
 
+  if (spec.head_dim == 0 || spec.n_head_kv == 0 || (spec.n_head != 0 && spec.n_head % spec.n_head_kv != 0))
+    throw std::invalid_argument("random model: heads " + std::to_string(spec.n_head) + "/" +
+                                std::to_string(spec.n_head_kv) + " of width " + std::to_string(spec.head_dim) +
+                                "; expected a head width > 0 and query heads a multiple of the key/value heads");
+  if (spec.dense_type != GGML_TYPE_F32 && a != "deepseek2") {
+    const std::int64_t blck = ggml_blck_size(spec.dense_type);
+    const std::uint32_t q_width = (spec.n_head != 0 ? spec.n_head : spec.n_embd / 64) * spec.head_dim;
+    for (auto [what, v] : {std::pair<const char*, std::uint32_t>{"--embd", spec.n_embd},
+                           std::pair<const char*, std::uint32_t>{"heads x head width", q_width}})
+      if (v % blck != 0)
+        throw std::invalid_argument(std::string("random model: ") + what + " " + std::to_string(v) +
+                                    " must be a multiple of " + std::to_string(blck) + " for " +
+                                    ggml_type_name(spec.dense_type) + " dense weights (its block size)");
+  } else if (spec.dense_type != GGML_TYPE_F32) {
+    throw std::invalid_argument("random model: a quantised dense type is for qwen3moe and gpt-oss, not " + a);
+  }
   if (spec.expert_type != GGML_TYPE_F32) {
     const std::int64_t blck = ggml_blck_size(spec.expert_type);
     for (auto [what, v] : {std::pair<const char*, std::uint32_t>{"--embd", spec.n_embd},
@@ -296,16 +388,17 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
   f32("attention.layer_norm_rms_epsilon", 1e-6f);
   f32("rope.freq_base", 10000.0f);
 
+  const std::uint32_t n_head = spec.n_head != 0 ? spec.n_head : spec.n_embd / 64;
   if (a == "qwen3moe") {
-    u32("attention.head_count", spec.n_embd / 64);
-    u32("attention.head_count_kv", 1);
-    u32("attention.key_length", 64);
-    u32("attention.value_length", 64);
+    u32("attention.head_count", n_head);
+    u32("attention.head_count_kv", spec.n_head_kv);
+    u32("attention.key_length", spec.head_dim);
+    u32("attention.value_length", spec.head_dim);
   } else if (a == "gpt-oss") {
-    u32("attention.head_count", spec.n_embd / 64);
-    u32("attention.head_count_kv", 1);
-    u32("attention.key_length", 64);
-    u32("attention.value_length", 64);
+    u32("attention.head_count", n_head);
+    u32("attention.head_count_kv", spec.n_head_kv);
+    u32("attention.key_length", spec.head_dim);
+    u32("attention.value_length", spec.head_dim);
     u32("attention.sliding_window", 128);
     f32("expert_weights_scale", 1.0f);
   } else {  // deepseek2, MLA attention as in DeepSeek-V3 but small
@@ -339,7 +432,14 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
     std::snprintf(t.name, sizeof t.name, fmt, il);
     gguf_add_tensor(g.get(), &t);
   };
+  if (spec.dense_type != GGML_TYPE_F32) {
+    entry(spec.dense_type, "token_embd.weight", 0);
+    entry(spec.dense_type, "output.weight", 0);
+  }
   for (std::uint32_t il = 0; il < spec.n_layer; ++il) {
+    if (spec.dense_type != GGML_TYPE_F32)
+      for (const char* fmt : {"blk.%u.attn_q.weight", "blk.%u.attn_k.weight", "blk.%u.attn_v.weight", "blk.%u.attn_output.weight"})
+        entry(spec.dense_type, fmt, il);
     if (spec.router_type != GGML_TYPE_F32) entry(spec.router_type, "blk.%u.ffn_gate_inp.weight", il);
     if (spec.expert_type != GGML_TYPE_F32 && !(a == "deepseek2" && il == 0)) {
       entry(spec.expert_type, "blk.%u.ffn_gate_exps.weight", il);

@@ -135,7 +135,11 @@ struct scheduler_stats {
   std::uint64_t quiesces = 0;
   // stall seen by the host, nanoseconds
   std::uint64_t quiesce_wait_ns = 0;  ///< inside quiesce(): waiting for in-flight speculation
-  std::uint64_t demand_ns = 0;        ///< inside demand(): the demanded reads themselves
+  std::uint64_t demand_ns = 0;        ///< the host waiting for demanded reads (demand(), end_demand())
+  /// begin_demand() to end_demand(): how long demanded reads were open, the
+  /// host computing meanwhile (equal to demand_ns when demand() is used).
+  std::uint64_t demand_open_ns = 0;
+  std::uint64_t demand_waits = 0;     ///< end_demand() calls that found reads still running and blocked
 
   std::uint64_t stall_ns() const noexcept { return quiesce_wait_ns + demand_ns; }
   bool balanced() const noexcept {
@@ -280,19 +284,35 @@ class read_scheduler {
   /// Call quiesce() first. Synchronous mode runs them inline. Returns how many
   /// were ok. Time spent here is stall.
   std::size_t demand(span<const read_request> reads, span<read_outcome> outcomes) noexcept {
+    begin_demand(reads, outcomes);
+    return end_demand();
+  }
+
+  /// Host thread: demand() in two halves, so that the host can go on (compute
+  /// the layer whose experts these are) while the lanes read. Hands the reads
+  /// to the lanes, ahead of any speculative read, in the order given, and
+  /// returns at once; `reads` and `outcomes` must live until end_demand().
+  /// Synchronous mode runs them here. At most one demanded load is open: a
+  /// second begin_demand() first ends the open one.
+  void begin_demand(span<const read_request> reads, span<read_outcome> outcomes) noexcept {
     MOE_RESIDENCY_ASSERT(outcomes.size() >= reads.size());
+    if (open_) end_demand();
     const std::size_t n = std::min(reads.size(), outcomes.size());
-    const auto t0 = clock::now();
+    open_ = true;
+    open_reads_ = reads;
+    open_outcomes_ = outcomes;
+    open_size_ = n;
+    open_t0_ = clock::now();
     std::unique_lock<std::mutex> lock(mu_);
+    open_inline_ = stopped_ || synchronous() || n == 0;
     if (stopped_) {
       for (std::size_t i = 0; i < n; ++i) outcomes[i] = read_outcome::not_run;
-      return finish_demand(reads, outcomes, n, t0);
+      return;
     }
-    if (synchronous() || n == 0) {
+    if (open_inline_) {
       lock.unlock();
       for (std::size_t i = 0; i < n; ++i) outcomes[i] = invoke(reads[i], read_reason::demanded);
-      lock.lock();
-      return finish_demand(reads, outcomes, n, t0);
+      return;
     }
     demand_reads_ = reads.data();
     demand_outcomes_ = outcomes.data();
@@ -301,13 +321,32 @@ class read_scheduler {
     demand_remaining_ = n;
     stats_.demanded_queued = n;
     work_cv_.notify_all();
-    done_cv_.wait(lock, [this] { return demand_remaining_ == 0; });
-    demand_reads_ = nullptr;
-    demand_outcomes_ = nullptr;
-    demand_size_ = 0;
-    demand_next_ = 0;
-    return finish_demand(reads, outcomes, n, t0);
   }
+
+  /// Host thread: waits until every read of the open demanded load returned
+  /// and accounts them; returns how many were ok (0 when none is open). The
+  /// time the host waits here is stall (demand_ns), and a wait that was not
+  /// over at once is counted in demand_waits.
+  std::size_t end_demand() noexcept {
+    if (!open_) return 0;
+    // Reads run inline (synchronous mode) were the host's own wait.
+    const auto t_wait = open_inline_ ? open_t0_ : clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (demand_size_ != 0) {
+      if (demand_remaining_ != 0) ++stats_.demand_waits;
+      done_cv_.wait(lock, [this] { return demand_remaining_ == 0; });
+      demand_reads_ = nullptr;
+      demand_outcomes_ = nullptr;
+      demand_size_ = 0;
+      demand_next_ = 0;
+    }
+    open_ = false;
+    stats_.demand_open_ns += elapsed_ns(open_t0_);
+    return finish_demand(open_reads_, open_outcomes_, open_size_, t_wait);
+  }
+
+  /// True between begin_demand() and end_demand().
+  bool demand_open() const noexcept { return open_; }
 
   /// A snapshot of the counters, consistent (taken under the lock; it always
   /// balances). Safe to call from any thread.
@@ -473,6 +512,14 @@ class read_scheduler {
   std::size_t demand_next_ = 0;
   std::size_t demand_remaining_ = 0;
   scheduler_stats stats_;
+
+  // The host's open demanded load (host thread only).
+  bool open_ = false;
+  bool open_inline_ = false;
+  span<const read_request> open_reads_{};
+  span<read_outcome> open_outcomes_{};
+  std::size_t open_size_ = 0;
+  clock::time_point open_t0_{};
 
   std::vector<std::thread> threads_;  // last: started after everything above exists
 };

@@ -13,7 +13,14 @@
 /// | pageout        | madvise(MADV_PAGEOUT)           | reclaims the pages now (Linux >= 5.4) |
 /// | random         | madvise(MADV_RANDOM)            | faults read one page, no read-around |
 /// | normal         | madvise(MADV_NORMAL)            | the default read-around on faults |
+/// | read           | sendfile(/dev/null, file, range)| an owned read: the range's file pages read into the page cache in large requests, waited for, copied nowhere and not mapped (needs attach_file) |
 ///
+/// `read` is the manager's own read: unlike willneed it is not cut to the
+/// device's read-ahead window, allocates the page cache's large folios (the
+/// kernel's buffered-read path, not its forced read-ahead: about a third of
+/// willneed's kernel time per MiB in the memory lab), and unlike
+/// populate_read it neither faults page by page nor maps what it reads, so a
+/// lane's cost per MiB is the device's.
 /// Other POSIX systems get what they have (posix_madvise WILLNEED/RANDOM/
 /// NORMAL, mlock/munlock) and `unsupported` (ENOSYS) for the rest; Windows
 /// gets `unsupported` for everything. Android is Linux: every call exists
@@ -22,13 +29,19 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/sendfile.h>
+#endif
 #define MOE_RESIDENCY_ADVICE_POSIX 1
 #else
 #define MOE_RESIDENCY_ADVICE_POSIX 0
@@ -37,8 +50,8 @@
 namespace moe_residency::llama_cpp {
 
 /// One kind of memory advice (see the table above).
-enum class advice : std::uint8_t { willneed, populate_read, lock, unlock, cold, pageout, random, normal };
-inline constexpr std::size_t advice_kinds = 8;
+enum class advice : std::uint8_t { willneed, populate_read, lock, unlock, cold, pageout, random, normal, read };
+inline constexpr std::size_t advice_kinds = 9;
 
 inline const char* to_string(advice a) noexcept {
   switch (a) {
@@ -50,6 +63,7 @@ inline const char* to_string(advice a) noexcept {
     case advice::pageout: return "pageout";
     case advice::random: return "random";
     case advice::normal: return "normal";
+    case advice::read: return "read";
   }
   return "?";
 }
@@ -68,6 +82,15 @@ class memory_advice {
   virtual long resident_pages(void* addr, std::size_t len) noexcept = 0;
   /// The page size every range is aligned to.
   virtual std::size_t page_size() const noexcept = 0;
+  /// advice::read needs the mapped file: `path`, and where its offset 0 is
+  /// mapped (`base`; `size` bytes of file). Returns 0, or the errno (ENOSYS:
+  /// this advice has no owned reads, and the manager populates instead).
+  virtual int attach_file(const std::string& path, const void* base, std::uint64_t size) noexcept {
+    (void)path;
+    (void)base;
+    (void)size;
+    return ENOSYS;
+  }
   /// Bytes the process may lock (RLIMIT_MEMLOCK); UINT64_MAX when unlimited
   /// or when the process holds CAP_IPC_LOCK (the kernel's implementation reads
   /// CapEff; root in a container may lack it).
@@ -77,8 +100,50 @@ class memory_advice {
 /// The kernel's advice (see the table in this header).
 class system_memory_advice final : public memory_advice {
  public:
+  system_memory_advice() = default;
+  system_memory_advice(const system_memory_advice&) = delete;
+  system_memory_advice& operator=(const system_memory_advice&) = delete;
+  ~system_memory_advice() override {
+#if MOE_RESIDENCY_ADVICE_POSIX
+    if (fd_ >= 0) ::close(fd_);
+    if (null_fd_ >= 0) ::close(null_fd_);
+#endif
+  }
+
+  int attach_file(const std::string& path, const void* base, std::uint64_t size) noexcept override {
+#if MOE_RESIDENCY_ADVICE_POSIX
+    if (fd_ >= 0) return EBUSY;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+#if defined(__linux__)
+    const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd < 0) {
+      const int e = errno;
+      ::close(fd);
+      return e;
+    }
+    null_fd_ = null_fd;
+    // Exactly the range asked for: the kernel's read-ahead would widen every
+    // read to its window (2x an expert slice at an 8 MiB read-ahead) and
+    // follow it with an asynchronous read of the next one, which the cache
+    // never asked for and which pushes out what it did.
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+#endif
+    fd_ = fd;
+    base_ = static_cast<const unsigned char*>(base);
+    size_ = size;
+    return 0;
+#else
+    (void)path;
+    (void)base;
+    (void)size;
+    return ENOSYS;
+#endif
+  }
+
   int apply(advice a, void* addr, std::size_t len) noexcept override {
 #if MOE_RESIDENCY_ADVICE_POSIX
+    if (a == advice::read) return read_range(addr, len);
     int rc = 0;
     switch (a) {
       case advice::lock: rc = ::mlock(addr, len); break;
@@ -96,6 +161,7 @@ class system_memory_advice final : public memory_advice {
       case advice::normal: return ::posix_madvise(addr, len, POSIX_MADV_NORMAL);
       default: return ENOSYS;
 #endif
+      case advice::read: break;  // above
     }
     return rc == 0 ? 0 : errno;
 #else
@@ -154,6 +220,44 @@ class system_memory_advice final : public memory_advice {
   }
 
  private:
+#if MOE_RESIDENCY_ADVICE_POSIX
+  // advice::read of [addr, addr + len) of the attached file's mapping, clipped to the file.
+  int read_range(const void* addr, std::size_t len) const noexcept {
+    if (fd_ < 0) return ENOSYS;
+    const auto* p = static_cast<const unsigned char*>(addr);
+    if (p < base_ || static_cast<std::uint64_t>(p - base_) >= size_) return EFAULT;
+    off_t off = static_cast<off_t>(p - base_);
+    std::uint64_t left = std::min<std::uint64_t>(len, size_ - static_cast<std::uint64_t>(off));
+#if defined(__linux__)
+    // sendfile to /dev/null: the buffered read path into the page cache, and
+    // nothing copied out of it (the pages pass through a pipe by reference).
+    while (left > 0) {
+      const ssize_t n = ::sendfile(null_fd_, fd_, &off, static_cast<std::size_t>(std::min<std::uint64_t>(left, 1u << 30)));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno;
+      if (n == 0) return EIO;  // the file is shorter than it was
+      left -= static_cast<std::uint64_t>(n);
+    }
+#else
+    // Elsewhere a pread into a scratch buffer: the same pages cached, one copy.
+    thread_local std::vector<unsigned char> buf(1u << 20);
+    while (left > 0) {
+      const ssize_t n = ::pread(fd_, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size())), off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno;
+      if (n == 0) return EIO;
+      off += n;
+      left -= static_cast<std::uint64_t>(n);
+    }
+#endif
+    return 0;
+  }
+#endif
+
+  int fd_ = -1, null_fd_ = -1;
+  const unsigned char* base_ = nullptr;
+  std::uint64_t size_ = 0;
+
   // CAP_IPC_LOCK (bit 14) in the effective set, from /proc/self/status.
   static bool has_ipc_lock() noexcept {
 #if defined(__linux__)

@@ -79,6 +79,8 @@ class expert_pages {
       }
     }
     if (base == nullptr) throw error("mmap_residency: the model has no MoE layer with expert tensors");
+    file_base_ = base;
+    file_bytes_ = file_end;
     base_ = reinterpret_cast<unsigned char*>(floor(base));
     const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(base) + file_end - floor(base);
     refs_.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
@@ -116,6 +118,10 @@ class expert_pages {
   std::uint64_t widest_expert_bytes() const noexcept { return widest_; }
   /// The page the first expert tensor starts on.
   unsigned char* base() const noexcept { return base_; }
+  /// Where the file's offset 0 is in the mapping (every expert tensor sits at it + its file offset).
+  const unsigned char* file_base() const noexcept { return file_base_; }
+  /// The file's bytes up to its last tensor's end.
+  std::uint64_t file_bytes() const noexcept { return file_bytes_; }
   /// Bytes of the mapping from the first expert tensor's page to the file's end.
   std::uint64_t mapped_bytes() const noexcept { return static_cast<std::uint64_t>(refs_.size()) * page_; }
 
@@ -171,6 +177,8 @@ class expert_pages {
   std::vector<std::pair<unsigned char*, std::uint64_t>> dense_;
   std::uint64_t dense_total_ = 0, widest_ = 0;
   unsigned char* base_ = nullptr;
+  const unsigned char* file_base_ = nullptr;
+  std::uint64_t file_bytes_ = 0;
   std::vector<std::uint8_t> refs_;  // locks held per page of the mapping
 };
 

@@ -137,6 +137,7 @@ class mmap_residency : public observer_sink {
 
   /// Stops the lanes and unlocks every page it locked.
   ~mmap_residency() override {
+    settle();
     scheduler_.reset();
     if (random_applied_) advise_expert_ranges(advice::normal);
     pages_.drop_all([this](std::uintptr_t a, std::size_t len) { call(advice::unlock, a, len); });
@@ -173,6 +174,8 @@ class mmap_residency : public observer_sink {
       cache_.reset();
       throw;
     }
+    if (options_.owned_reads && scheduler_)
+      owned_ = advice_->attach_file(path_, pages_.file_base(), pages_.file_bytes()) == 0;
     if (options_.pin_dense) pin_dense();
     // With exact or the cache, the manager reads every routed expert itself
     // (the cache's misses and, for a prompt, its WILLNEED below), so a fault
@@ -201,8 +204,26 @@ class mmap_residency : public observer_sink {
   const std::string& budget_note() const noexcept { return budget_note_; }
   const cache_type* cache() const noexcept { return cache_.get(); }
 
+  /// With overlap, the last layer's reads are accounted at the next routing
+  /// or batch: call this (between llama_decode calls) before reading stats()
+  /// to account them now. Waits for them if they are still on the lanes.
+  void settle() noexcept {
+    if (active_ && !standing_down_) settle_demand();
+  }
+  /// True when the lanes read with owned reads (advice::read), false when
+  /// they populate (options().owned_reads off, or the advice has none).
+  bool owned_reads() const noexcept { return owned_; }
+
   residency_stats stats() const noexcept {
     residency_stats s = stats_;
+    if (scheduler_) {
+      try {
+        const scheduler_stats ss = scheduler_->stats();
+        s.read_wait_ns = ss.demand_ns;
+        s.read_waits = ss.demand_waits;
+      } catch (...) {  // a mutex that cannot lock: the counters stay 0
+      }
+    }
     for (std::size_t i = 0; i < advice_kinds; ++i) {
       s.calls[i] = calls_[i].load(std::memory_order_relaxed);
       s.errors[i] = errors_[i].load(std::memory_order_relaxed);
@@ -244,6 +265,7 @@ class mmap_residency : public observer_sink {
   // ---- observer_sink -------------------------------------------------------
 
   void on_batch(const batch_info& b) override {
+    settle();  // a new graph: the previous one's matmuls are done
     if (next_ != nullptr) next_->on_batch(b);
   }
   bool wants_layers() const noexcept override { return next_ != nullptr && next_->wants_layers(); }
@@ -429,7 +451,18 @@ class mmap_residency : public observer_sink {
     const bool lock = why == read_reason::demanded && lock_demanded_;
     const detail::expert_pages::layer_ranges& lr = pages_.layers()[to_index(l)];
     bool ok = true;
-    if (why == read_reason::speculative) start_reads(l, e);
+    if (owned_) {
+      // Owned reads, in the order the layer's matmuls read the tensors; a lock
+      // then only maps and pins what is cached, and an unlocked read is done:
+      // the matmul's faults map the cached pages.
+      for (const auto& t : lr.tensors) {
+        const auto r = pages_.slice(t, to_index(e));
+        ok = call(advice::read, r.first, r.second - r.first) == 0 && ok;
+      }
+      if (!lock) return ok ? read_status::ok : read_status::failed;
+    } else if (why == read_reason::speculative) {
+      start_reads(l, e);
+    }
     for (const auto& t : lr.tensors) {
       const auto r = pages_.slice(t, to_index(e));
       if (lock) {
@@ -459,6 +492,7 @@ class mmap_residency : public observer_sink {
 
   void manage(const layer_batch& b) {
     ++stats_.routed_layers;
+    settle_demand();  // the previous layer's reads: its matmuls, which needed them, are done
     const layer_id l = b.layer;
     const std::size_t li = to_index(l);
     if (li >= pages_.layers().size() || pages_.layers()[li].tensors.empty()) return;
@@ -498,15 +532,26 @@ class mmap_residency : public observer_sink {
     }
 
     if (!to_read_.empty()) {
-      for (expert_id e : to_read_) start_reads(l, e);
-      if (options_.exact) read_on_lanes(l, cached);
-      else if (cached) read_inline(l);
+      // ggml's mul_mat_id multiplies a layer's experts in id order, tensor
+      // by tensor (the observer lists the tensors in the graph's order): the
+      // reads go to the device in that order, so the first matmul can start
+      // on the first expert while the later ones are still being read.
+      std::sort(to_read_.begin(), to_read_.end(), [](expert_id a, expert_id b) { return to_index(a) < to_index(b); });
+      const bool lanes_read = options_.exact && owned_;
+      if (!lanes_read) start_layer_reads(l);
+      if (options_.exact) {
+        begin_lane_reads(l, cached);
+        pending_cache_ = cached;
+        if (!options_.overlap) settle_demand();
+      } else if (cached) {
+        read_inline(l);
+      }
     } else if (cache_ != nullptr && !decode) {
       // The cache alone, a prompt batch: never pinned, but requested at once
       // (the expert ranges fault one page at a time under MADV_RANDOM).
       for (expert_id e : routed_) start_reads(l, e);
     }
-    if (cached) close_cache_batch();
+    if (cached && !pending_cache_) close_cache_batch();
     if (options_.predicted && decode && b.n_tokens > 0) {
       const cache_type* c = cache_.get();
       predictions_.issue(*scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_,
@@ -527,18 +572,46 @@ class mmap_residency : public observer_sink {
     }
   }
 
-  void read_on_lanes(layer_id l, bool lock) {
+  // WILLNEED on every miss of layer l from the eval thread, tensor by tensor
+  // in the matmuls' order: every read queued at the device before any lane waits.
+  void start_layer_reads(layer_id l) noexcept {
+    for (const auto& t : pages_.layers()[to_index(l)].tensors)
+      for (expert_id e : to_read_) {
+        const auto r = pages_.slice(t, to_index(e));
+        call(advice::willneed, r.first, r.second - r.first);
+      }
+  }
+
+  // Hands layer l's misses to the lanes and returns: settle_demand() (at the
+  // next routing, or at once without overlap) waits for them and accounts them.
+  void begin_lane_reads(layer_id l, bool lock) {
     lock_demanded_ = lock;
     requests_.clear();
     for (expert_id e : to_read_) requests_.push_back(read_request{l, e, pages_.layers()[to_index(l)].bytes});
     const std::size_t n = requests_.size();
-    scheduler_->demand(span<const read_request>(requests_.data(), n), span<read_outcome>(outcomes_.data(), n));
-    for (std::size_t i = 0; i < n; ++i) {
-      const bool ok = outcomes_[i] == read_outcome::ok;
-      ++stats_.exact_reads;
-      stats_.exact_bytes += requests_[i].bytes;
-      stats_.exact_failed += !ok;
-      if (lock) admitted(l, to_read_[i], ok);
+    pending_layer_ = l;
+    pending_lock_ = lock;
+    pending_demand_ = true;
+    scheduler_->begin_demand(span<const read_request>(requests_.data(), n), span<read_outcome>(outcomes_.data(), n));
+  }
+
+  // The open layer's reads: waited for (normally long done: its matmuls
+  // needed every page), accounted, admitted to the cache; then its batch closed.
+  void settle_demand() noexcept {
+    if (pending_demand_) {
+      pending_demand_ = false;
+      scheduler_->end_demand();
+      for (std::size_t i = 0; i < requests_.size(); ++i) {
+        const bool ok = outcomes_[i] == read_outcome::ok;
+        ++stats_.exact_reads;
+        stats_.exact_bytes += requests_[i].bytes;
+        stats_.exact_failed += !ok;
+        if (pending_lock_) admitted(pending_layer_, to_read_[i], ok);
+      }
+    }
+    if (pending_cache_) {
+      pending_cache_ = false;
+      close_cache_batch();
     }
   }
 
@@ -549,7 +622,7 @@ class mmap_residency : public observer_sink {
 
   // An admitted expert was locked (ok) or not: account it, or invalidate it
   // so the cache does not count as pinned what the kernel refused.
-  void admitted(layer_id l, expert_id e, bool ok) {
+  void admitted(layer_id l, expert_id e, bool ok) noexcept {
     const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
     if (!ok) {
       ++stats_.lock_failed;
@@ -573,7 +646,7 @@ class mmap_residency : public observer_sink {
     stats_.pinned_bytes += pages_.layers()[to_index(l)].bytes;
   }
 
-  void close_cache_batch() {
+  void close_cache_batch() noexcept {
     auto& log = cache_->policy().log();  // cleared after each use: it may hold a reopened batch's
     cache_->end_batch();
     for (std::uint32_t s : log) {
@@ -623,6 +696,10 @@ class mmap_residency : public observer_sink {
   std::string fit_note_;  // MADV_RANDOM on the expert ranges: restored by the destructor
   bool inspectable_ = true;      // mincore and pageout work on this file (see may_inspect_file)
   bool lock_demanded_ = false;  // demanded reads of this batch lock (cache admissions)
+  bool owned_ = false;          // lanes read with advice::read (attach_file succeeded)
+  // The layer whose demanded reads are on the lanes (overlap), and its cache batch.
+  bool pending_demand_ = false, pending_cache_ = false, pending_lock_ = false;
+  layer_id pending_layer_{};
 };
 
 }  // namespace moe_residency::llama_cpp

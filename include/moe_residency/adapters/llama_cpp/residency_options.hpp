@@ -37,7 +37,24 @@ struct residency_options {
   bool random_faults = true;
   /// What an evicted expert's pages are advised: cold or pageout.
   advice release = advice::cold;
-  std::size_t lanes = 2;     ///< read lanes (storage saturates at ~2; LAB.md)
+  /// Exact: let the layer's matmuls start while its reads are on the lanes
+  /// (a page still in flight is waited for by the fault itself); the reads
+  /// are settled at the next routing. false: the eval thread waits for every
+  /// read of the layer before its matmuls (the serial order).
+  bool overlap = true;
+  /// Lanes read with owned reads (advice::read: exactly the slice's file
+  /// pages into the page cache, not mapped, nothing copied) instead of the
+  /// eval thread's willneed of every miss, queued at the device at once, and
+  /// populate_read on the lanes. Off by default: in the memory lab the
+  /// matmuls, released early, overtook lanes that read one slice at a time
+  /// and faulted the rest page by page (docs/llama-cpp-residency.md); on for
+  /// a device whose read-ahead window cuts willneed short of an expert slice.
+  /// Falls back to willneed where the advice has no owned reads.
+  bool owned_reads = false;
+  /// Read lanes: they wait for (populate) or lock the reads the eval thread
+  /// queued, or read themselves (owned_reads: then they are the device's queue
+  /// depth). Storage saturates at ~2 readers (LAB.md).
+  std::size_t lanes = 2;
   std::size_t spec_cap = 2;  ///< predicted reads per layer at most
   std::size_t horizon = 1;   ///< 1: stale-gate (l -> l+1); 2: l -> l+2
   /// Share of predicted slots replaced by a wrong expert (seeded): lets a lab
@@ -70,6 +87,9 @@ struct residency_stats {
   std::uint64_t inactive_layers = 0;  ///< events before activation (the first graph)
   // exact
   std::uint64_t exact_reads = 0, exact_bytes = 0, exact_failed = 0;
+  /// The eval thread waiting for demanded reads (ns), and how often it had to
+  /// (with overlap: only when a layer's reads outlast its matmuls).
+  std::uint64_t read_wait_ns = 0, read_waits = 0;
   // predicted
   std::uint64_t predictions = 0;       ///< layers a prediction was made for
   std::uint64_t predicted_issued = 0;  ///< speculative reads queued
