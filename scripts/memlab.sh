@@ -13,12 +13,15 @@
 #   --quick            the quick preset (a ~1.4 GiB model, 8 prompt + 16 decode tokens)
 #   --smoke            the CTest preset (a ~1 GiB model, ratio 2, mmap and all only)
 #   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,
-#                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical)
-#   --configs LIST     comma list of mmap,observer,dense,exact,predicted,cache,all,degraded,
-#                      resident,resident-all,manager-exact,manager-cache
+#                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,
+#                      roofline_ms,bw_fraction: docs/memlab.md, "The columns")
+#   --configs LIST     comma list of mmap,mmap-128k,no-mmap,mlock,observer,dense,exact,
+#                      predicted,cache,all,all-serial,degraded,resident,resident-all,
+#                      manager-exact,manager-cache
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
-#   --threads N        llama.cpp threads (default: every core, nproc)
+#   --threads N        llama.cpp threads (default: every core, nproc); every run gets
+#                      OMP_WAIT_POLICY=PASSIVE unless the environment sets it
 #   --budget MIB|auto|P%  the pinned expert cache's budget: MiB, auto (the manager
 #                      sizes it from the cgroup limit), or a share of the limit
 #                      (default: auto; quick and smoke: 25%, their limits being
@@ -28,7 +31,11 @@
 #                      smoke 12): longer runs, to see whether a cell repeats better
 #   --csv-extended     append engine_majflt_per_token (major faults of llama.cpp's own
 #                      threads: getrusage also counts the manager's lanes populating
-#                      pages on purpose) and status to every CSV row
+#                      pages on purpose), status, x_roofline, cpu_use (the process's CPU
+#                      time / cores x wall), read_wait_ms_per_token and read_waits_per_token
+#                      (the eval thread waiting for the manager's reads) to every CSV row
+#   --table-only DIR   no runs: the table (and --csv) again from the run directory DIR
+#                      of an earlier invocation with the same preset, ratios and configs
 #   --no-plot          no gnuplot
 #   --no-disk          skip the disk bandwidth measurements (before the runs, and
 #                      again after them: disk-lanes-after.csv) and the walks
@@ -52,13 +59,18 @@
 #
 # Configurations (one moe-llama-probe run each, all on the same model file
 # through mmap, same prompt, seed and threads, so the logits must be identical):
-#   mmap      plain llama.cpp: no observer (--no-observer)
+#   mmap      plain llama.cpp: no observer (--no-observer), the device's read-ahead
+#   mmap-128k plain llama.cpp with the device's read_ahead_kb at 128 (the kernel's default)
+#             for the run, restored after it
+#   no-mmap   plain llama.cpp reading the model into memory (--load-mode no-mmap)
+#   mlock     plain llama.cpp, mmap locked whole (--load-mode mlock)
 #   observer  the observer and its session only (predictions scored, nothing acted on)
 #   dense     + dense weights pinned           (--residency dense)
 #   exact     + exact prefetch of the routed experts (--residency exact)
 #   predicted + predicted prefetch of the next layers (--residency predicted)
 #   cache     + the budgeted, pinned expert cache (--residency cache)
 #   all       every part (--residency all)
+#   all-serial every part, the eval thread waiting for each layer's reads (--serial)
 #   degraded  all, with a seeded share of predicted slots replaced so the
 #             stale-gate's slot accuracy falls to ~88.6% (the seed engine's on a
 #             real Qwen3-30B; random weights flatter it)
@@ -82,6 +94,7 @@ configs=""
 ratios=""
 probe=""
 threads="$(nproc)"
+omp_wait="${OMP_WAIT_POLICY:-PASSIVE}"
 shape=""
 run_timeout=""
 budget=""
@@ -90,6 +103,7 @@ decode_override=""
 plot=1
 disk=1
 rounds=1
+table_only=""
 die() { echo "memlab: $*" >&2; exit 2; }
 log() { echo "memlab: $*" >&2; }
 
@@ -110,6 +124,7 @@ while [[ $# -gt 0 ]]; do
     --no-plot) plot=0 ;;
     --no-disk) disk=0 ;;
     --rounds) rounds="${2:?--rounds needs a number}"; shift ;;
+    --table-only) table_only="${2:?--table-only needs a run directory}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -244,6 +259,11 @@ size_mib=$(( size / 1048576 ))
 
 stamp="$(date +%Y%m%d-%H%M%S)"
 out="$lab/runs/$stamp-$preset"
+if [[ -n "$table_only" ]]; then
+  [[ -d "$table_only" ]] || die "--table-only: '$table_only' is not a directory"
+  out="$(cd "$table_only" && pwd)"
+  [[ $rounds == 1 ]] || die "--table-only: one round only (the rounds' pooling is not redone)"
+fi
 mkdir -p "$out"
 machine="$(nproc) cores, $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr), cgroup v$cg_version"
 log "model $model ($size_mib MiB); results in $out"
@@ -338,7 +358,10 @@ run() {
     extra+=(--metrics-csv "$rdir/$name.metrics.csv")
     [[ " $* " == *" --no-observer "* ]] || extra+=(--trace-out "$rdir/$name.route.csv")
   fi
-  timeout -s TERM "$run_timeout" \
+  # OMP_WAIT_POLICY=PASSIVE for every configuration alike: ggml's OpenMP workers otherwise
+  # spin between graphs, here while the eval thread is in the observer's callback, taking a
+  # core from the lanes and the kernel's reads (docs/memlab.md, "Notes on this machine").
+  timeout -s TERM "$run_timeout" env OMP_WAIT_POLICY="$omp_wait" \
     sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
     "$probe" --model "$model" --tokens "$tokens" --decode "$decode" --threads "$threads" \
     --per-token-csv "$rdir/$name.csv" "${extra[@]}" "$@" > "$rdir/$name.log" 2>&1 &
@@ -491,7 +514,7 @@ make_table() {  # DIR CSV|"" TITLE_SUFFIX: DIR/table.txt (and the CSV) from DIR'
     done
   done
   {
-    echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads; $machine$3"
+    echo "memlab ($preset): $(basename "$model"), $size_mib MiB; $tokens prompt + $decode decode tokens, $threads threads (OMP_WAIT_POLICY=$omp_wait); $machine$3"
     printf '%-6s %-6s %-12s %9s %8s %8s %10s %10s %10s %6s %8s %7s %8s %9s %7s %7s %7s %8s\n' ratio limit config tok/s p50_ms p90_ms \
            MiB_rd/tok majflt/tok eng_mf/tok hit% pin_MiB peakMiB logits roof_ms x_roof bw_frac cpu_use wait_ms
   } > "$table"
@@ -573,6 +596,21 @@ GNUPLOT
     log "plot: $d/tokens-r$ratio.png, .svg"
   done
 }
+
+if [[ -n "$table_only" ]]; then
+  for ratio in ${ratios//,/ }; do
+    for config in ${configs//,/ }; do
+      no_limit "$config" || continue
+      for ext in csv log peak status metrics.csv route.csv; do
+        if [[ -f "$out/$config.$ext" && ! -f "$out/r$ratio-$config.$ext" ]]; then cp "$out/$config.$ext" "$out/r$ratio-$config.$ext"; fi
+      done
+    done
+  done
+  make_table "$out" "$csv" ""
+  [[ -n "$csv" ]] && cp "$csv" "$out/table.csv" 2>/dev/null || true
+  log "done: $out/table.txt"
+  exit 0
+fi
 
 # ---- the rounds ---------------------------------------------------------------
 # One round: the disk curve, then every run of the schedule. With --rounds N, each round is a

@@ -5,9 +5,9 @@
 ///
 /// Threading model. Every member function is called from ONE host thread
 /// (the engine's eval thread, or whoever drives the session), except
-/// `stats()`, which any thread may call; lanes only run the callback. The scheduler never touches a cache: completed speculative
-/// reads are handed back by `quiesce()` and the caller applies them to its
-/// cache on the host thread (see speculation.hpp).
+/// `stats()`, which any thread may call; lanes only run the callback. It never
+/// touches a cache: quiesce() hands completed speculative reads back for the
+/// caller to apply on the host thread (see speculation.hpp).
 
 #include <algorithm>
 #include <chrono>
@@ -95,8 +95,8 @@ enum class quiesce_mode : std::uint8_t {
 
 struct scheduler_options {
   /// Worker threads calling the callback. 0 = synchronous mode: no threads;
-  /// speculative reads run inline at `pump()`, demanded ones inside `demand()`.
-  /// Phone flash saturates at ~2 lanes (docs/speculation.md).
+  /// speculative reads run inline at `pump()`, demanded ones inside `demand()`
+  /// (begin_demand()). Phone flash saturates at ~2 lanes (docs/speculation.md).
   std::size_t lanes = 2;
   /// Bound on speculative reads owned by the scheduler at once: queued + in a
   /// lane + completed but not yet handed back. `speculate()` rejects beyond it.
@@ -111,35 +111,27 @@ struct scheduler_options {
 /// issued == completed + cancelled + failed + in_flight + queued.
 struct scheduler_stats {
   // speculative
-  std::uint64_t issued = 0;        ///< accepted by speculate()
-  std::uint64_t issued_bytes = 0;
+  std::uint64_t issued = 0, issued_bytes = 0;        ///< accepted by speculate()
   std::uint64_t rejected = 0;      ///< refused by speculate(): queue full or shut down (not issued)
   std::uint64_t cancelled = 0;     ///< dequeued by quiesce()/shutdown before a lane called the host
-  std::uint64_t completed = 0;     ///< callback returned ok (disowned ones included)
-  std::uint64_t completed_bytes = 0;
+  std::uint64_t completed = 0, completed_bytes = 0;  ///< callback returned ok (disowned ones included)
   std::uint64_t failed = 0;        ///< callback failed, timed out or threw
-  std::uint64_t timed_out = 0;     ///< of failed: returned read_status::timed_out
-  std::uint64_t threw = 0;         ///< of failed: threw
+  std::uint64_t timed_out = 0, threw = 0;  ///< of failed: returned read_status::timed_out; threw
   std::uint64_t in_flight = 0;     ///< in a lane right now (disowned ones included)
   std::uint64_t queued = 0;        ///< waiting for a lane right now
   std::uint64_t disowned = 0;      ///< in flight when a quiesce stopped waiting for them
-  std::uint64_t discarded = 0;     ///< disowned reads that completed ok; never handed back
-  std::uint64_t discarded_bytes = 0;
+  std::uint64_t discarded = 0, discarded_bytes = 0;  ///< disowned reads that completed ok; never handed back
   std::uint64_t delivered = 0;     ///< completed reads handed back by quiesce (ok or not)
   // demanded
-  std::uint64_t demanded = 0;      ///< demanded reads run
-  std::uint64_t demanded_bytes = 0;
+  std::uint64_t demanded = 0, demanded_bytes = 0;    ///< demanded reads run
   std::uint64_t demanded_failed = 0;  ///< of demanded: failed, timed out, threw or not run
   std::uint64_t demanded_queued = 0;  ///< demanded reads waiting for a lane right now
-  std::uint64_t demand_loads = 0;     ///< demand() calls
-  std::uint64_t quiesces = 0;
+  std::uint64_t demand_loads = 0, quiesces = 0;  ///< demand() / begin_demand() and quiesce() calls
   // stall seen by the host, nanoseconds
   std::uint64_t quiesce_wait_ns = 0;  ///< inside quiesce(): waiting for in-flight speculation
   std::uint64_t demand_ns = 0;        ///< the host waiting for demanded reads (demand(), end_demand())
-  /// begin_demand() to end_demand(): how long demanded reads were open, the
-  /// host computing meanwhile (equal to demand_ns when demand() is used).
-  std::uint64_t demand_open_ns = 0;
-  std::uint64_t demand_waits = 0;     ///< end_demand() calls that found reads still running and blocked
+  std::uint64_t demand_open_ns = 0;   ///< begin_demand() to end_demand(), the host working meanwhile
+  std::uint64_t demand_waits = 0;     ///< end_demand() calls that found reads running and blocked
 
   std::uint64_t stall_ns() const noexcept { return quiesce_wait_ns + demand_ns; }
   bool balanced() const noexcept {
@@ -278,71 +270,56 @@ class read_scheduler {
     return {handed_.data(), handed_size_};
   }
 
-  /// Host thread: runs a demanded load's reads on the lanes, ahead of any
-  /// speculative read, and blocks until all returned; `outcomes[i]` receives
-  /// the outcome of `reads[i]` (precondition: outcomes.size() >= reads.size()).
-  /// Call quiesce() first. Synchronous mode runs them inline. Returns how many
-  /// were ok. Time spent here is stall.
+  /// Host thread, after quiesce(): begin_demand() then end_demand(): a demanded
+  /// load's reads on the lanes, blocking until all returned (stall); outcomes[i]
+  /// is reads[i]'s (outcomes.size() >= reads.size()). Returns how many were ok.
   std::size_t demand(span<const read_request> reads, span<read_outcome> outcomes) noexcept {
     begin_demand(reads, outcomes);
     return end_demand();
   }
 
   /// Host thread: demand() in two halves, so that the host can go on (compute
-  /// the layer whose experts these are) while the lanes read. Hands the reads
-  /// to the lanes, ahead of any speculative read, in the order given, and
-  /// returns at once; `reads` and `outcomes` must live until end_demand().
-  /// Synchronous mode runs them here. At most one demanded load is open: a
-  /// second begin_demand() first ends the open one.
+  /// the layer these experts are for) while the lanes read: hands the reads
+  /// to the lanes, ahead of any speculative read, in order, and returns;
+  /// `reads` and `outcomes` must live until end_demand(). Synchronous mode
+  /// runs them here. A second begin_demand() first ends the open load.
   void begin_demand(span<const read_request> reads, span<read_outcome> outcomes) noexcept {
     MOE_RESIDENCY_ASSERT(outcomes.size() >= reads.size());
     if (open_) end_demand();
     const std::size_t n = std::min(reads.size(), outcomes.size());
     open_ = true;
-    open_reads_ = reads;
-    open_outcomes_ = outcomes;
-    open_size_ = n;
+    open_reads_ = {reads.data(), n};
+    open_outcomes_ = {outcomes.data(), n};
     open_t0_ = clock::now();
     std::unique_lock<std::mutex> lock(mu_);
-    open_inline_ = stopped_ || synchronous() || n == 0;
-    if (stopped_) {
-      for (std::size_t i = 0; i < n; ++i) outcomes[i] = read_outcome::not_run;
-      return;
-    }
+    const bool stopped = stopped_;
+    open_inline_ = stopped || synchronous() || n == 0;
     if (open_inline_) {
       lock.unlock();
-      for (std::size_t i = 0; i < n; ++i) outcomes[i] = invoke(reads[i], read_reason::demanded);
+      for (std::size_t i = 0; i < n; ++i)
+        outcomes[i] = stopped ? read_outcome::not_run : invoke(reads[i], read_reason::demanded);
       return;
     }
-    demand_reads_ = reads.data();
-    demand_outcomes_ = outcomes.data();
-    demand_size_ = n;
+    demand_size_ = demand_remaining_ = stats_.demanded_queued = n;
     demand_next_ = 0;
-    demand_remaining_ = n;
-    stats_.demanded_queued = n;
     work_cv_.notify_all();
   }
 
-  /// Host thread: waits until every read of the open demanded load returned
-  /// and accounts them; returns how many were ok (0 when none is open). The
-  /// time the host waits here is stall (demand_ns), and a wait that was not
-  /// over at once is counted in demand_waits.
+  /// Host thread: waits for every read of the open load, accounts them and
+  /// returns how many were ok (0 when none is open). The wait is stall
+  /// (demand_ns); one not over at once is counted in demand_waits.
   std::size_t end_demand() noexcept {
     if (!open_) return 0;
-    // Reads run inline (synchronous mode) were the host's own wait.
-    const auto t_wait = open_inline_ ? open_t0_ : clock::now();
+    const auto t_wait = open_inline_ ? open_t0_ : clock::now();  // inline reads were the host's wait
     std::unique_lock<std::mutex> lock(mu_);
     if (demand_size_ != 0) {
       if (demand_remaining_ != 0) ++stats_.demand_waits;
       done_cv_.wait(lock, [this] { return demand_remaining_ == 0; });
-      demand_reads_ = nullptr;
-      demand_outcomes_ = nullptr;
-      demand_size_ = 0;
-      demand_next_ = 0;
+      demand_size_ = demand_next_ = 0;
     }
     open_ = false;
     stats_.demand_open_ns += elapsed_ns(open_t0_);
-    return finish_demand(open_reads_, open_outcomes_, open_size_, t_wait);
+    return finish_demand(open_reads_, open_outcomes_, open_reads_.size(), t_wait);
   }
 
   /// True between begin_demand() and end_demand().
@@ -434,12 +411,12 @@ class read_scheduler {
       });
       if (demand_next_ < demand_size_) {  // demanded work always first
         const std::size_t i = demand_next_++;
-        const read_request r = demand_reads_[i];
+        const read_request r = open_reads_[i];
         --stats_.demanded_queued;
         lock.unlock();
         const read_outcome o = invoke(r, read_reason::demanded);
         lock.lock();
-        demand_outcomes_[i] = o;
+        open_outcomes_[i] = o;
         if (--demand_remaining_ == 0) done_cv_.notify_all();
         continue;
       }
@@ -505,20 +482,16 @@ class read_scheduler {
   std::uint64_t next_ticket_ = 0;
   bool stopping_ = false;
   bool stopped_ = false;
-  // The demanded batch being served (valid while the host waits in demand()).
-  const read_request* demand_reads_ = nullptr;
-  read_outcome* demand_outcomes_ = nullptr;
+  // The demanded load being served (open_reads_ below, between begin_ and end_demand).
   std::size_t demand_size_ = 0;
   std::size_t demand_next_ = 0;
   std::size_t demand_remaining_ = 0;
   scheduler_stats stats_;
 
-  // The host's open demanded load (host thread only).
-  bool open_ = false;
-  bool open_inline_ = false;
+  // The host's open demanded load (set by the host; lanes index it under mu_).
+  bool open_ = false, open_inline_ = false;
   span<const read_request> open_reads_{};
   span<read_outcome> open_outcomes_{};
-  std::size_t open_size_ = 0;
   clock::time_point open_t0_{};
 
   std::vector<std::thread> threads_;  // last: started after everything above exists
