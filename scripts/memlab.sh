@@ -9,7 +9,7 @@
 # Options:
 #   --shape NAME       a real model's shape at scale: qwen3-30b-a3b (a 16.0 GiB q4_K model;
 #                      ratios 2.0 (an 8 GiB limit), 1.5 and 3; 8 prompt + 16 decode tokens)
-#                      or qwen3-30b-a3b-half (its first 24 layers, 8.1 GiB)
+#                      or qwen3-30b-a3b-half (its first 24 layers, about half the file)
 #   --quick            the quick preset (a ~1.4 GiB model, 8 prompt + 16 decode tokens)
 #   --smoke            the CTest preset (a ~1 GiB model, ratio 2, mmap and all only)
 #   --csv FILE         also write the table as CSV (ratio,config,tok_s,p50_ms,p90_ms,

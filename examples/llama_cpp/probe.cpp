@@ -560,7 +560,7 @@ int probe(const probe_args& a) {
       if (a.save_only) {
         std::ifstream f(gguf_path, std::ios::binary | std::ios::ate);
         std::printf("saved: %s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
-                    to_mib(static_cast<std::uint64_t>(f.tellg())), a.expert_type.c_str(),
+                    to_mib(static_cast<std::uint64_t>(f.tellg())), ggml_type_name(spec.expert_type),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         return 0;
       }

@@ -112,7 +112,7 @@ inline std::vector<named_shape> named_shapes() {
   q.dense_type = GGML_TYPE_Q4_K;
   v.push_back({"qwen3-30b-a3b", "Qwen3-30B-A3B: 48 MoE layers x 128 experts, top-8, embedding 2048, expert ff 768, "
                                 "32/4 heads of 128, vocabulary 151936", q});
-  random_model_spec h = q;  // the same widths, half the layers: a 8.6 GB model for quicker runs
+  random_model_spec h = q;  // the same widths, half the layers: about half the file, for quicker runs
   h.n_layer = 24;
   v.push_back({"qwen3-30b-a3b-half", "Qwen3-30B-A3B's layers and widths, 24 of its 48 layers", h});
   return v;
@@ -239,7 +239,7 @@ class weight_source {
     }
     if (!is_expert_weight(name) && ggml_is_quantized(type) && n_dims == 2) {
       // A quantised dense matrix: each row a seeded pick from a pool of random rows.
-      const auto& pool = pool_for(name, type, ne[0], dense_pool_rows(), 1);
+      const auto& pool = pool_for(name, type, ne[0], dense_pool_rows(), true);
       const std::size_t row = ggml_row_size(type, ne[0]);
       const std::size_t per_chunk = std::max<std::size_t>(1, (1u << 20) / row);
       buf_.resize(per_chunk * row);
@@ -276,9 +276,9 @@ class weight_source {
   std::uint32_t dense_pool_rows() const noexcept { return std::max<std::uint32_t>(1, spec_.expert_pool) * 8; }
 
   /// The pool of one expert kind ("ffn_gate_exps.weight", …) in one type and
-  /// shape; for a quantised dense matrix (`rows` given), one entry of `rows` rows.
+  /// shape; `single`: one entry of ne1 rows (a quantised dense matrix's rows).
   const pool_t& pool_for(const std::string& name, ggml_type type, std::int64_t ne0, std::int64_t ne1,
-                         std::uint32_t rows = 0) {
+                         bool single = false) {
     const std::size_t dot = name.find('.', name.find('.') + 1);  // after "blk.N."
     const std::string kind = name.compare(0, 4, "blk.") == 0 && dot != std::string::npos ? name.substr(dot + 1) : name;
     const std::string key = kind + "/" + ggml_type_name(type) + "/" + std::to_string(ne0) + "x" + std::to_string(ne1);
@@ -286,7 +286,7 @@ class weight_source {
     if (it != pools_.end()) return it->second;
     float mean = 0, stddev = 1;
     init_scale(kind, false, ne0, spec_, mean, stddev);
-    const std::uint32_t n = rows != 0 ? 1 : std::max<std::uint32_t>(1, std::min(spec_.expert_pool, spec_.n_expert));
+    const std::uint32_t n = single ? 1 : std::max<std::uint32_t>(1, std::min(spec_.expert_pool, spec_.n_expert));
     pool_t pool(n);
     std::vector<float> f(static_cast<std::size_t>(ne0 * ne1));
     for (std::uint32_t p = 0; p < n; ++p) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <unistd.h>
 
@@ -35,14 +36,25 @@ mre::random_model_spec small_spec(const std::string& arch, ggml_type experts) {
 
 TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, byte for byte") {
   llama_init_once();
-  const std::pair<const char*, ggml_type> cases[] = {{"qwen3moe", GGML_TYPE_Q4_K},
-                                                     {"qwen3moe", GGML_TYPE_F32},
-                                                     {"deepseek2", GGML_TYPE_Q8_0},
-                                                     {"gpt-oss", GGML_TYPE_F16}};
-  for (const auto& [arch, experts] : cases) {
-    const std::string config = std::string(arch) + " experts " + ggml_type_name(experts);
+  struct case_t {
+    const char* arch;
+    ggml_type experts;
+    ggml_type dense = GGML_TYPE_F32;  // q4_K: the named shapes' dense rows from a pool, real attention heads
+  };
+  const case_t cases[] = {{"qwen3moe", GGML_TYPE_Q4_K}, {"qwen3moe", GGML_TYPE_F32}, {"deepseek2", GGML_TYPE_Q8_0},
+                          {"gpt-oss", GGML_TYPE_F16}, {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_Q4_K}};
+  for (const auto& [arch, experts, dense] : cases) {
+    const std::string config = std::string(arch) + " experts " + ggml_type_name(experts) + " dense " + ggml_type_name(dense);
     CAPTURE(config);
-    const mre::random_model_spec spec = small_spec(arch, experts);
+    mre::random_model_spec spec = small_spec(arch, experts);
+    if (dense != GGML_TYPE_F32) {
+      spec.dense_type = dense;
+      spec.n_embd = 256;  // q4_K rows: multiples of 256
+      spec.n_ff_exp = 256;
+      spec.n_head = 4;
+      spec.n_head_kv = 2;
+      spec.head_dim = 64;
+    }
     temp_file saved(std::string(arch) + "_saved"), streamed(std::string(arch) + "_streamed");
     auto built = mre::make_random_model(spec);
     llama_model_save_to_file(built.get(), saved.path.c_str());
@@ -66,6 +78,8 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
       if (tensor.find("_exps.weight") != std::string::npos) {
         ++experts_seen;
         CHECK(tb->type == experts);
+      } else if (ggml_n_dims(tb) == 2 && tensor.find("ffn_gate_inp") == std::string::npos) {
+        CHECK(tb->type == dense);  // attention, token embedding, output
       }
     }
     // deepseek2: layer 0 dense, gate and up fused (ffn_gate_up_exps) in the others.
@@ -81,6 +95,37 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
     REQUIRE(r1.logits.size() == r2.logits.size());
     CHECK(std::memcmp(r1.logits.data(), r2.logits.data(), r1.logits.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("random model: a named shape is the real model's sizes, and a wrong name lists the names") {
+  const mre::random_model_spec q = mre::shape_by_name("qwen3-30b-a3b");
+  CHECK(q.n_layer == 48);
+  CHECK(q.n_expert == 128);
+  CHECK(q.n_expert_used == 8);
+  CHECK(q.n_embd == 2048);
+  CHECK(q.n_ff_exp == 768);
+  CHECK(q.n_head == 32);
+  CHECK(q.n_head_kv == 4);
+  CHECK(q.head_dim == 128);
+  CHECK(q.n_vocab == 151936);
+  CHECK(q.expert_type == GGML_TYPE_Q4_K);
+  CHECK(q.dense_type == GGML_TYPE_Q4_K);
+  CHECK(mre::shape_by_name("qwen3-30b-a3b-half").n_layer == 24);
+  try {
+    mre::shape_by_name("qwen3-31b");
+    FAIL("no error");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()) == "shape 'qwen3-31b'; expected one of qwen3-30b-a3b, qwen3-30b-a3b-half");
+  }
+  // A quantised dense type needs rows of whole blocks.
+  mre::random_model_spec bad = q;
+  bad.n_layer = 2;
+  bad.n_head = 3;
+  bad.n_head_kv = 1;
+  bad.head_dim = 64;  // 3 x 64 = 192 columns of attn_output: not a q4_K row
+  CHECK_THROWS_WITH_AS(mre::random_model_tensors(bad),
+                       "random model: heads x head width 192 must be a multiple of 256 for q4_K dense weights (its block size)",
+                       std::invalid_argument);
 }
 
 TEST_CASE("random model: quantised experts are ggml's quantisation of a pool of random experts") {

@@ -11,12 +11,15 @@
 ///
 /// - dense: the non-expert tensors' pages locked once (mlock), so reclaim
 ///   never takes the weights every token needs;
-/// - exact: at layer l's routing, every routed expert's slices of every
-///   expert tensor of the layer are requested at once (MADV_WILLNEED from the
-///   eval thread: every miss queued at the device in large requests), then
-///   waited for on the read scheduler's lanes (MADV_POPULATE_READ, or mlock
-///   for the cache) while the eval thread waits: not fault by fault; with it, the expert ranges are advised MADV_RANDOM so a stray
-///   fault reads one page, not a read-around window;
+/// - exact: at layer l's routing, every routed miss's slices of every expert
+///   tensor of the layer are requested at once, in the order the matmuls
+///   read them (MADV_WILLNEED from the eval thread: every miss queued at the
+///   device in large requests), then waited for on the read scheduler's
+///   lanes (MADV_POPULATE_READ, or mlock for the cache) while the layer's
+///   matmuls already run (overlap; its pages in flight are waited for by
+///   their faults), settled at the next routing; not fault by fault. With
+///   it, the expert ranges are advised MADV_RANDOM so a stray fault reads
+///   one page, not a read-around window;
 /// - predicted: the stale-gate's ranking of the next MoE layer through the
 ///   speculation planner (cap, residents free) onto the same lanes, behind
 ///   the demanded reads; never waited for (disowned at the next layer), and
@@ -531,6 +534,7 @@ class mmap_residency : public observer_sink {
       to_read_ = routed_;
     }
 
+    bool settles_cache = false;  // the lanes' admissions close the batch (settle_demand)
     if (!to_read_.empty()) {
       // ggml's mul_mat_id multiplies a layer's experts in id order, tensor
       // by tensor (the observer lists the tensors in the graph's order): the
@@ -541,7 +545,7 @@ class mmap_residency : public observer_sink {
       if (!lanes_read) start_layer_reads(l);
       if (options_.exact) {
         begin_lane_reads(l, cached);
-        pending_cache_ = cached;
+        pending_cache_ = settles_cache = cached;
         if (!options_.overlap) settle_demand();
       } else if (cached) {
         read_inline(l);
@@ -551,7 +555,7 @@ class mmap_residency : public observer_sink {
       // (the expert ranges fault one page at a time under MADV_RANDOM).
       for (expert_id e : routed_) start_reads(l, e);
     }
-    if (cached && !pending_cache_) close_cache_batch();
+    if (cached && !settles_cache) close_cache_batch();
     if (options_.predicted && decode && b.n_tokens > 0) {
       const cache_type* c = cache_.get();
       predictions_.issue(*scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_,
