@@ -100,6 +100,29 @@ if(MOE_RESIDENCY_BUILD_TESTS AND NOT TARGET moe_residency_llama_cpp_headers)
   add_dependencies(moe_residency_llama_cpp_checks moe_residency_llama_cpp_headers)
 endif()
 
+# The C ABI (include/moe_residency/c/moe_residency.h): the residency manager for
+# engines that embed llama.cpp from C, Go, Rust, Swift. Static by default
+# (BUILD_SHARED_LIBS=ON: shared); links llama.
+if(NOT TARGET moe_residency_c)
+  enable_language(C)  # the C ABI's test is a .c file
+  add_library(moe_residency_c "${_mr_llama_repo}/src/c/moe_residency_c.cpp")
+  add_library(moe_residency::c ALIAS moe_residency_c)
+  target_include_directories(moe_residency_c PUBLIC "$<BUILD_INTERFACE:${_mr_llama_repo}/include>"
+                                                    "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>")
+  target_link_libraries(moe_residency_c PUBLIC llama PRIVATE moe_residency::llama_cpp)
+  if(TARGET moe_residency_warnings)
+    target_link_libraries(moe_residency_c PRIVATE moe_residency_warnings)
+  endif()
+  set_target_properties(moe_residency_c PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  add_dependencies(moe_residency_llama_cpp_checks moe_residency_c)
+  if(MOE_RESIDENCY_INSTALL)
+    install(TARGETS moe_residency_c ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+            LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+    install(FILES "${_mr_llama_repo}/include/moe_residency/c/moe_residency.h"
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/moe_residency/c)
+  endif()
+endif()
+
 if(MOE_RESIDENCY_BUILD_EXAMPLES)
   add_subdirectory("${_mr_llama_repo}/examples/llama_cpp" "${CMAKE_BINARY_DIR}/examples/llama_cpp")
 endif()

@@ -214,6 +214,9 @@ struct walk_layout {
 walk_layout read_walk_layout(const std::string& file, const std::string& flag) {
   namespace lc = moe_residency::llama_cpp;
   const lc::gguf_expert_map map = lc::gguf_expert_map::by_name(file);
+  if (map.paths().size() > 1)
+    throw std::runtime_error(flag + ": '" + file + "' is the first of " + std::to_string(map.paths().size()) +
+                             " splits; the walks read one file: give a single-file model");
   const lc::detail::gguf_ptr holder = lc::detail::open_gguf(file, flag.c_str());
   const gguf_context* ctx = holder.get();
   walk_layout w;

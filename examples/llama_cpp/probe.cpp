@@ -66,6 +66,7 @@ struct probe_args {
   std::string shape;  // a named real model's shape (random_model.hpp's named_shapes)
   std::string load_mode = "mmap";  // llama.cpp's own load modes, for the lab's stock baselines
   bool save_only = false;
+  int splits = 1;  // --save-model as this many splits (llama.cpp's names)
   bool no_observer = false;
   std::string per_token_csv;
   std::string metrics_csv;  // the phone's metrics format (timing.hpp's parse_token_metrics)
@@ -527,9 +528,11 @@ int probe(const probe_args& a) {
       // The shape's every field; the pool and the seed stay as given.
       const std::uint32_t pool = spec.expert_pool;
       const std::uint64_t seed = spec.seed;
+      const bool text_vocab = spec.text_vocab;
       spec = mre::shape_by_name(a.shape);
       spec.expert_pool = pool;
       spec.seed = seed;
+      spec.text_vocab = text_vocab;
       if (a.random_arch != spec.arch)
         throw std::invalid_argument("--shape " + a.shape + " is a " + spec.arch + " model; --random is " + a.random_arch);
     } else {
@@ -556,11 +559,17 @@ int probe(const probe_args& a) {
         std::fprintf(stderr, "%smoe-llama-probe: writing %s [%s] %3d%% %.0f / %.0f MiB, %.0f MiB/s, %.0f s left%s",
                      tty ? "\r" : "", gguf_path.c_str(), bar, pct, to_mib(done), to_mib(total), rate,
                      rate > 0 ? (to_mib(total) - to_mib(done)) / rate : 0.0, tty && pct < 100 ? "" : "\n");
-      });
+      }, a.splits);
       if (a.save_only) {
-        std::ifstream f(gguf_path, std::ios::binary | std::ios::ate);
-        std::printf("saved: %s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
-                    to_mib(static_cast<std::uint64_t>(f.tellg())), ggml_type_name(spec.expert_type),
+        std::uint64_t bytes = 0;
+        const mrl::gguf_expert_map saved = mrl::gguf_expert_map::by_name(gguf_path);
+        for (const std::string& p : saved.paths()) {
+          std::ifstream f(p, std::ios::binary | std::ios::ate);
+          bytes += static_cast<std::uint64_t>(f.tellg());
+        }
+        std::printf("saved: %s%s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
+                    a.splits > 1 ? (" and its other " + std::to_string(a.splits - 1) + " splits").c_str() : "",
+                    to_mib(bytes), ggml_type_name(spec.expert_type),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         return 0;
       }
@@ -778,6 +787,12 @@ int main(int argc, char** argv) {
   app.add_option("--save-model", a.save_model,
                  "Random model: stream it to this GGUF file (never held in memory) and run it from the file (mmap)");
   app.add_flag("--save-only", a.save_only, "Random model: write --save-model and exit");
+  app.add_option("--splits", a.splits,
+                 "Random model: write --save-model as N splits, as llama.cpp's gguf-split names them "
+                 "(--save-model must end in -00001-of-0000N.gguf)")
+      ->check(CLI::Range(1, 99))->capture_default_str();
+  app.add_flag("--text-vocab", a.spec.text_vocab,
+               "Random model: a text vocabulary (SentencePiece, byte tokens), so --prompt text tokenizes (needs --vocab >= 512)");
   app.add_option("--expert-type", a.expert_type,
                  "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see random_model.hpp)")
       ->capture_default_str();

@@ -44,6 +44,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
+#include "moe_residency/adapters/llama_cpp/gguf.hpp"
 
 namespace moe_residency::llama_cpp::examples {
 
@@ -83,6 +84,10 @@ struct random_model_spec {
   /// `expert_pool` x 8 random rows per tensor (their values do not matter to
   /// bytes or time; a real model's Q4_K_M keeps these at 4-6 bits).
   ggml_type dense_type = GGML_TYPE_F32;
+  /// A text vocabulary (a SentencePiece "llama" one: <unk>, <s>, </s>, the
+  /// 256 byte tokens, then letter pieces), so prompts tokenize and tokens
+  /// print as text; needs n_vocab >= 512. Off: "no_vocab" (token ids only).
+  bool text_vocab = false;
 };
 
 /// A named shape of a real model, for the memory lab: its layers, experts,
@@ -376,7 +381,48 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
 
   gguf_set_val_str(g.get(), "general.architecture", a.c_str());
   gguf_set_val_str(g.get(), "general.name", ("random-" + a).c_str());
-  gguf_set_val_str(g.get(), "tokenizer.ggml.model", "no_vocab");
+  if (spec.text_vocab) {
+    if (spec.n_vocab < 512)
+      throw std::invalid_argument("random model: a text vocabulary of " + std::to_string(spec.n_vocab) +
+                                  " tokens; expected at least 512 (3 special, 256 bytes, pieces)");
+    std::vector<std::string> text;
+    std::vector<float> scores;
+    std::vector<std::int32_t> types;
+    auto add = [&](std::string t, std::int32_t type) {
+      text.push_back(std::move(t));
+      scores.push_back(-static_cast<float>(text.size()));
+      types.push_back(type);
+    };
+    add("<unk>", 2);  // llama_token_type: 1 normal, 2 unknown, 3 control, 6 byte
+    add("<s>", 3);
+    add("</s>", 3);
+    for (int b = 0; b < 256; ++b) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+      add(hex, 6);
+    }
+    // Pieces: "▁" and the letters, then "▁" + one or two letters, until full.
+    const std::string sp = "\xe2\x96\x81";
+    add(sp, 1);
+    for (char c = 'a'; c <= 'z'; ++c) add(std::string(1, c), 1);
+    for (int i = 0; text.size() < spec.n_vocab; ++i) {
+      std::string w = sp + static_cast<char>('a' + i % 26);
+      if (i >= 26) w += static_cast<char>('a' + (i / 26 - 1) % 26);
+      if (i >= 26 * 27) w += std::to_string(i);
+      add(w, 1);
+    }
+    std::vector<const char*> ptrs;
+    for (const auto& t : text) ptrs.push_back(t.c_str());
+    gguf_set_val_str(g.get(), "tokenizer.ggml.model", "llama");
+    gguf_set_arr_str(g.get(), "tokenizer.ggml.tokens", ptrs.data(), ptrs.size());
+    gguf_set_arr_data(g.get(), "tokenizer.ggml.scores", GGUF_TYPE_FLOAT32, scores.data(), scores.size());
+    gguf_set_arr_data(g.get(), "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types.data(), types.size());
+    gguf_set_val_u32(g.get(), "tokenizer.ggml.unknown_token_id", 0);
+    gguf_set_val_u32(g.get(), "tokenizer.ggml.bos_token_id", 1);
+    gguf_set_val_u32(g.get(), "tokenizer.ggml.eos_token_id", 2);
+  } else {
+    gguf_set_val_str(g.get(), "tokenizer.ggml.model", "no_vocab");
+  }
   u32("vocab_size", spec.n_vocab);
   u32("context_length", spec.n_ctx_train);
   u32("embedding_length", spec.n_embd);
@@ -540,56 +586,96 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
 /// make_random_model(spec), byte for byte. Writes `path`.part and renames it
 /// when complete, so an interrupted run never leaves a truncated model.
 /// `progress`, if given, is called with (bytes written, total bytes).
+///
+/// `splits` > 1: the same model as that many files, as llama.cpp's
+/// gguf-split writes them: `path` must end in "-00001-of-0000N.gguf" (N =
+/// splits; detail::split_path names the others); the tensors, in the same
+/// order, cut into runs of about equal bytes; the first file holds every
+/// metadata key, each file split.no, split.count and split.tensors.count.
 inline void save_random_gguf(const random_model_spec& spec, const std::string& path,
-                             const std::function<void(std::uint64_t, std::uint64_t)>& progress = {}) {
+                             const std::function<void(std::uint64_t, std::uint64_t)>& progress = {},
+                             int splits = 1) {
   const std::vector<tensor_entry> tensors = random_model_tensors(spec);
-  detail::gguf_ptr g = detail::metadata(spec, false);
+  if (splits < 1 || static_cast<std::size_t>(splits) > tensors.size() || splits > 99999)
+    throw std::invalid_argument("random model: " + std::to_string(splits) + " splits; expected 1 to " +
+                                std::to_string(std::min<std::size_t>(tensors.size(), 99999)) +
+                                " (one tensor a split at least)");
+  const std::string first_tail = moe_residency::llama_cpp::detail::split_path("", 0, splits);
+  if (splits > 1 && (path.size() <= first_tail.size() ||
+                     path.compare(path.size() - first_tail.size(), first_tail.size(), first_tail) != 0))
+    throw std::invalid_argument("random model: '" + path + "' for " + std::to_string(splits) +
+                                " splits; expected a name ending in '" + first_tail + "' (llama.cpp's split names)");
+  const std::string prefix = splits > 1 ? path.substr(0, path.size() - first_tail.size()) : path;
   ggml_init_params ip{};
   ip.mem_size = (tensors.size() + 1) * ggml_tensor_overhead();
   ip.mem_buffer = nullptr;
   ip.no_alloc = true;
   std::unique_ptr<ggml_context, void (*)(ggml_context*)> ctx(ggml_init(ip), ggml_free);
   if (!ctx) throw std::runtime_error("random model: ggml_init failed");
+  std::vector<ggml_tensor*> made;
+  std::uint64_t total = 0;
   for (const auto& e : tensors) {
     ggml_tensor* t = ggml_new_tensor(ctx.get(), e.type, e.n_dims, e.ne);
     ggml_set_name(t, e.name.c_str());
-    gguf_add_tensor(g.get(), t);
+    made.push_back(t);
+    total += ggml_nbytes(t);
   }
-  const std::string part = path + ".part";
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(part.c_str(), "wb"), std::fclose);
-  if (!f) throw std::runtime_error("random model: cannot write '" + part + "': " + std::strerror(errno));
-  auto fail = [&](const char* what) {
-    f.reset();
-    std::remove(part.c_str());
-    throw std::runtime_error(std::string("random model: ") + what + " '" + part + "' failed: " + std::strerror(errno));
-  };
-  if (!gguf_write_to_file_ptr(g.get(), f.get(), true)) fail("writing the metadata of");
-  const long data_start = std::ftell(f.get());
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < tensors.size(); ++i) total += gguf_get_tensor_size(g.get(), static_cast<std::int64_t>(i));
-  std::uint64_t written = 0, pos = static_cast<std::uint64_t>(data_start);
-  static const char zeros[64] = {};
+  // Split i holds tensors [cut[i], cut[i+1]): runs of about total / splits bytes.
+  std::vector<std::size_t> cut{0};
+  {
+    std::uint64_t acc = 0;
+    for (std::size_t i = 0; i < tensors.size() && cut.size() < static_cast<std::size_t>(splits); ++i) {
+      acc += ggml_nbytes(made[i]);
+      const std::size_t left_tensors = tensors.size() - (i + 1), left_splits = static_cast<std::size_t>(splits) - cut.size();
+      if (acc * static_cast<std::uint64_t>(splits) >= total * cut.size() || left_tensors == left_splits) cut.push_back(i + 1);
+    }
+    cut.push_back(tensors.size());
+  }
+  std::uint64_t written = 0;
   detail::weight_source src(spec);
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const std::uint64_t at = static_cast<std::uint64_t>(data_start) + gguf_get_tensor_offset(g.get(), static_cast<std::int64_t>(i));
-    if (at < pos || at - pos > sizeof zeros) fail("laying out the tensors of");
-    if (at > pos && std::fwrite(zeros, 1, at - pos, f.get()) != at - pos) fail("writing");
-    pos = at;
-    const auto& e = tensors[i];
-    std::uint64_t n = 0;
-    src.generate(e.name, e.type, e.ne, e.n_dims, [&](const void* p, std::size_t bytes) {
-      if (std::fwrite(p, 1, bytes, f.get()) != bytes) fail("writing");
-      n += bytes;
-    });
-    if (n != gguf_get_tensor_size(g.get(), static_cast<std::int64_t>(i))) fail("sizing a tensor of");
-    pos += n;
-    written += n;
-    if (progress) progress(written, total);
+  for (int sp = 0; sp < splits; ++sp) {
+    const std::string file = splits > 1 ? moe_residency::llama_cpp::detail::split_path(prefix, sp, splits) : path;
+    detail::gguf_ptr g = sp == 0 ? detail::metadata(spec, false) : detail::gguf_ptr(gguf_init_empty());
+    if (splits > 1) {
+      gguf_set_val_u16(g.get(), "split.no", static_cast<std::uint16_t>(sp));
+      gguf_set_val_u16(g.get(), "split.count", static_cast<std::uint16_t>(splits));
+      gguf_set_val_i32(g.get(), "split.tensors.count", static_cast<std::int32_t>(tensors.size()));
+    }
+    for (std::size_t i = cut[static_cast<std::size_t>(sp)]; i < cut[static_cast<std::size_t>(sp) + 1]; ++i)
+      gguf_add_tensor(g.get(), made[i]);
+    const std::string part = file + ".part";
+    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(part.c_str(), "wb"), std::fclose);
+    if (!f) throw std::runtime_error("random model: cannot write '" + part + "': " + std::strerror(errno));
+    auto fail = [&](const char* what) {
+      f.reset();
+      std::remove(part.c_str());
+      throw std::runtime_error(std::string("random model: ") + what + " '" + part + "' failed: " + std::strerror(errno));
+    };
+    if (!gguf_write_to_file_ptr(g.get(), f.get(), true)) fail("writing the metadata of");
+    const long data_start = std::ftell(f.get());
+    std::uint64_t pos = static_cast<std::uint64_t>(data_start);
+    static const char zeros[64] = {};
+    for (std::int64_t j = 0; j < gguf_get_n_tensors(g.get()); ++j) {
+      const std::uint64_t at = static_cast<std::uint64_t>(data_start) + gguf_get_tensor_offset(g.get(), j);
+      if (at < pos || at - pos > sizeof zeros) fail("laying out the tensors of");
+      if (at > pos && std::fwrite(zeros, 1, at - pos, f.get()) != at - pos) fail("writing");
+      pos = at;
+      const auto& e = tensors[cut[static_cast<std::size_t>(sp)] + static_cast<std::size_t>(j)];
+      std::uint64_t n = 0;
+      src.generate(e.name, e.type, e.ne, e.n_dims, [&](const void* p, std::size_t bytes) {
+        if (std::fwrite(p, 1, bytes, f.get()) != bytes) fail("writing");
+        n += bytes;
+      });
+      if (n != gguf_get_tensor_size(g.get(), j)) fail("sizing a tensor of");
+      pos += n;
+      written += n;
+      if (progress) progress(written, total);
+    }
+    if (std::fflush(f.get()) != 0) fail("flushing");
+    f.reset();
+    if (std::rename(part.c_str(), file.c_str()) != 0)
+      throw std::runtime_error("random model: cannot rename '" + part + "' to '" + file + "': " + std::strerror(errno));
   }
-  if (std::fflush(f.get()) != 0) fail("flushing");
-  f.reset();
-  if (std::rename(part.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("random model: cannot rename '" + part + "' to '" + path + "': " + std::strerror(errno));
 }
 
 }  // namespace moe_residency::llama_cpp::examples

@@ -83,8 +83,10 @@ class memory_advice {
   /// The page size every range is aligned to.
   virtual std::size_t page_size() const noexcept = 0;
   /// advice::read needs the mapped file: `path`, and where its offset 0 is
-  /// mapped (`base`; `size` bytes of file). Returns 0, or the errno (ENOSYS:
-  /// this advice has no owned reads, and the manager populates instead).
+  /// mapped (`base`; `size` bytes of file); called once per file of a split
+  /// model. Returns 0, or the errno (ENOSYS: this advice has no owned reads,
+  /// and the manager populates instead; EBUSY: the range overlaps a file
+  /// attached before).
   virtual int attach_file(const std::string& path, const void* base, std::uint64_t size) noexcept {
     (void)path;
     (void)base;
@@ -105,33 +107,39 @@ class system_memory_advice final : public memory_advice {
   system_memory_advice& operator=(const system_memory_advice&) = delete;
   ~system_memory_advice() override {
 #if MOE_RESIDENCY_ADVICE_POSIX
-    if (fd_ >= 0) ::close(fd_);
+    for (const attached& f : files_) ::close(f.fd);
     if (null_fd_ >= 0) ::close(null_fd_);
 #endif
   }
 
   int attach_file(const std::string& path, const void* base, std::uint64_t size) noexcept override {
 #if MOE_RESIDENCY_ADVICE_POSIX
-    if (fd_ >= 0) return EBUSY;
+    const auto* b = static_cast<const unsigned char*>(base);
+    for (const attached& f : files_)
+      if (b < f.base + f.size && f.base < b + size) return EBUSY;
+    try {
+      files_.reserve(files_.size() + 1);  // the only allocation: nothing leaks past it
+    } catch (...) {
+      return ENOMEM;
+    }
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errno;
 #if defined(__linux__)
-    const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (null_fd < 0) {
-      const int e = errno;
-      ::close(fd);
-      return e;
+    if (null_fd_ < 0) {
+      null_fd_ = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (null_fd_ < 0) {
+        const int e = errno;
+        ::close(fd);
+        return e;
+      }
     }
-    null_fd_ = null_fd;
     // Exactly the range asked for: the kernel's read-ahead would widen every
     // read to its window (2x an expert slice at an 8 MiB read-ahead) and
     // follow it with an asynchronous read of the next one, which the cache
     // never asked for and which pushes out what it did.
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 #endif
-    fd_ = fd;
-    base_ = static_cast<const unsigned char*>(base);
-    size_ = size;
+    files_.push_back(attached{fd, b, size});
     return 0;
 #else
     (void)path;
@@ -223,16 +231,19 @@ class system_memory_advice final : public memory_advice {
 #if MOE_RESIDENCY_ADVICE_POSIX
   // advice::read of [addr, addr + len) of the attached file's mapping, clipped to the file.
   int read_range(const void* addr, std::size_t len) const noexcept {
-    if (fd_ < 0) return ENOSYS;
     const auto* p = static_cast<const unsigned char*>(addr);
-    if (p < base_ || static_cast<std::uint64_t>(p - base_) >= size_) return EFAULT;
-    off_t off = static_cast<off_t>(p - base_);
-    std::uint64_t left = std::min<std::uint64_t>(len, size_ - static_cast<std::uint64_t>(off));
+    const attached* file = nullptr;
+    for (const attached& f : files_)
+      if (p >= f.base && static_cast<std::uint64_t>(p - f.base) < f.size) file = &f;
+    if (file == nullptr) return files_.empty() ? ENOSYS : EFAULT;
+    const int fd = file->fd;
+    off_t off = static_cast<off_t>(p - file->base);
+    std::uint64_t left = std::min<std::uint64_t>(len, file->size - static_cast<std::uint64_t>(off));
 #if defined(__linux__)
     // sendfile to /dev/null: the buffered read path into the page cache, and
     // nothing copied out of it (the pages pass through a pipe by reference).
     while (left > 0) {
-      const ssize_t n = ::sendfile(null_fd_, fd_, &off, static_cast<std::size_t>(std::min<std::uint64_t>(left, 1u << 30)));
+      const ssize_t n = ::sendfile(null_fd_, fd, &off, static_cast<std::size_t>(std::min<std::uint64_t>(left, 1u << 30)));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return errno;
       if (n == 0) return EIO;  // the file is shorter than it was
@@ -242,7 +253,7 @@ class system_memory_advice final : public memory_advice {
     // Elsewhere a pread into a scratch buffer: the same pages cached, one copy.
     thread_local std::vector<unsigned char> buf(1u << 20);
     while (left > 0) {
-      const ssize_t n = ::pread(fd_, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size())), off);
+      const ssize_t n = ::pread(fd, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size())), off);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return errno;
       if (n == 0) return EIO;
@@ -254,9 +265,13 @@ class system_memory_advice final : public memory_advice {
   }
 #endif
 
-  int fd_ = -1, null_fd_ = -1;
-  const unsigned char* base_ = nullptr;
-  std::uint64_t size_ = 0;
+  struct attached {
+    int fd;
+    const unsigned char* base;  // where its offset 0 is mapped
+    std::uint64_t size;
+  };
+  std::vector<attached> files_;  // attach_file's, one per file of the model
+  int null_fd_ = -1;
 
   // CAP_IPC_LOCK (bit 14) in the effective set, from /proc/self/status.
   static bool has_ipc_lock() noexcept {

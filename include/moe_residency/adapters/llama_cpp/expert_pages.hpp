@@ -1,6 +1,6 @@
 #pragma once
-/// Where a memory-mapped GGUF's experts sit in llama.cpp's mapping, page by
-/// page, and how many locks hold each page: the geometry the mmap residency
+/// Where a memory-mapped GGUF's experts sit in llama.cpp's mappings (one per
+/// file of a split model), page by page, and how many locks hold each page: the geometry the mmap residency
 /// manager (residency.hpp) advises and locks.
 ///
 /// An expert's slice of an expert tensor rarely starts or ends on a page
@@ -33,23 +33,38 @@ class expert_pages {
     std::uint64_t bytes = 0;  // one expert, all tensors
   };
 
-  /// Reads the layout from the file llama.cpp mapped and the observer's
-  /// structure. Throws `error` naming the tensor when an expert tensor is
-  /// offloaded or not at its file offset in one mapping of the file.
+  /// One file of the model as llama.cpp mapped it (a split model maps each
+  /// of its splits on its own).
+  struct file_mapping {
+    std::string path;
+    const unsigned char* file_base = nullptr;  // where the file's offset 0 is mapped (null: no expert in it)
+    std::uint64_t file_bytes = 0;              // up to its last tensor's end
+    unsigned char* base = nullptr;             // the page file_base is on
+    std::vector<std::uint8_t> refs;            // locks held per page of the mapping
+  };
+
+  /// Reads the layout from the files llama.cpp mapped (a single file or the
+  /// first split of a split model) and the observer's structure. Throws
+  /// `error` naming the tensor when an expert tensor is offloaded or not at
+  /// its file offset in one mapping of its file.
   void map(const std::string& path, const observer& obs, std::size_t page) {
     page_ = page;
     dense_total_ = 0;
+    dense_unmapped_ = 0;
     widest_ = 0;
     gguf_expert_map map(path, obs);
-    const gguf_ptr ctx = open_gguf(path, "mmap_residency");
-    const std::uint64_t data_offset = gguf_get_data_offset(ctx.get());
-    std::uint64_t file_end = data_offset;
-    const std::int64_t n = gguf_get_n_tensors(ctx.get());
-    for (std::int64_t i = 0; i < n; ++i)
-      file_end = std::max<std::uint64_t>(file_end, data_offset + gguf_get_tensor_offset(ctx.get(), i) +
-                                                       gguf_get_tensor_size(ctx.get(), i));
-    // The mapping's base: every expert tensor must sit at base + its file offset.
-    const unsigned char* base = nullptr;
+    const std::vector<gguf_split> splits = open_gguf_splits(path, "mmap_residency");
+    files_.assign(splits.size(), file_mapping{});
+    for (std::size_t f = 0; f < splits.size(); ++f) {
+      const gguf_context* ctx = splits[f].ctx.get();
+      const std::uint64_t data_offset = gguf_get_data_offset(ctx);
+      std::uint64_t file_end = data_offset;
+      for (std::int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i)
+        file_end = std::max<std::uint64_t>(file_end, data_offset + gguf_get_tensor_offset(ctx, i) +
+                                                         gguf_get_tensor_size(ctx, i));
+      files_[f].path = splits[f].path;
+      files_[f].file_bytes = file_end;
+    }
     layers_.assign(obs.n_layer(), layer_ranges{});
     // Every weight an expert matmul multiplies is an expert tensor (also in a
     // layer whose routing the observer cannot express): never dense.
@@ -67,32 +82,45 @@ class expert_pages {
           throw error("mmap_residency: expert tensor '" + et.name +
                       "' is not in host memory (offloaded); expected a memory-mapped CPU weight");
         const auto* data = static_cast<const unsigned char*>(et.tensor->data);
+        // Where this tensor's file's offset 0 must be: every expert tensor of
+        // a file sits at that base + its offset in the file.
+        file_mapping& fm = files_[fr.split];
         const unsigned char* b = data - fr.offset;
-        if (base == nullptr) base = b;
-        if (b != base)
+        if (fm.file_base == nullptr) fm.file_base = b;
+        if (b != fm.file_base)
           throw error("mmap_residency: expert tensor '" + et.name + "' is not at its file offset " +
-                      std::to_string(fr.offset) + " in the mapping of " + path +
-                      "; expected every expert tensor in one mmap of the file (load with use_mmap = true "
+                      std::to_string(fr.offset) + " in the mapping of " + fm.path +
+                      "; expected every expert tensor in one mmap of its file (load with use_mmap = true "
                       "and use_extra_bufts = false: repacked weights are copies, not the file)");
         layers_[l].tensors.push_back(tensor_range{const_cast<unsigned char*>(data), et.bytes_per_expert, et.n_expert});
         layers_[l].bytes += et.bytes_per_expert;
       }
     }
-    if (base == nullptr) throw error("mmap_residency: the model has no MoE layer with expert tensors");
-    file_base_ = base;
-    file_bytes_ = file_end;
-    base_ = reinterpret_cast<unsigned char*>(floor(base));
-    const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(base) + file_end - floor(base);
-    refs_.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
-    // Dense: every other tensor of the file.
+    bool any = false;
+    for (file_mapping& fm : files_) {
+      if (fm.file_base == nullptr) continue;
+      any = true;
+      fm.base = reinterpret_cast<unsigned char*>(floor(fm.file_base));
+      const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(fm.file_base) + fm.file_bytes - floor(fm.file_base);
+      fm.refs.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
+    }
+    if (!any) throw error("mmap_residency: the model has no MoE layer with expert tensors");
+    // Dense: every other tensor of every file. A split that holds no expert
+    // tensor has no known mapping here (llama.cpp does not say where it put
+    // it): its tensors are counted, not pinned (dense_unmapped_bytes).
     dense_.clear();
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::string name = gguf_get_tensor_name(ctx.get(), i);
-      if (std::find(expert_names.begin(), expert_names.end(), name) != expert_names.end()) continue;
-      const std::uint64_t off = data_offset + gguf_get_tensor_offset(ctx.get(), i);
-      const std::uint64_t size = gguf_get_tensor_size(ctx.get(), i);
-      if (size != 0) dense_.push_back({const_cast<unsigned char*>(base) + off, size});
-      dense_total_ += size;
+    for (std::size_t f = 0; f < splits.size(); ++f) {
+      const gguf_context* ctx = splits[f].ctx.get();
+      const std::uint64_t data_offset = gguf_get_data_offset(ctx);
+      for (std::int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i) {
+        const std::string name = gguf_get_tensor_name(ctx, i);
+        if (std::find(expert_names.begin(), expert_names.end(), name) != expert_names.end()) continue;
+        const std::uint64_t off = data_offset + gguf_get_tensor_offset(ctx, i);
+        const std::uint64_t size = gguf_get_tensor_size(ctx, i);
+        dense_total_ += size;
+        if (files_[f].file_base == nullptr) dense_unmapped_ += size;
+        else if (size != 0) dense_.push_back({const_cast<unsigned char*>(files_[f].file_base) + off, size});
+      }
     }
     for (const layer_ranges& l : layers_) widest_ = std::max(widest_, l.bytes);
   }
@@ -116,35 +144,43 @@ class expert_pages {
   std::uint64_t dense_bytes() const noexcept { return dense_total_; }
   /// One expert's bytes (all its tensors) in the widest layer.
   std::uint64_t widest_expert_bytes() const noexcept { return widest_; }
-  /// The page the first expert tensor starts on.
-  unsigned char* base() const noexcept { return base_; }
-  /// Where the file's offset 0 is in the mapping (every expert tensor sits at it + its file offset).
-  const unsigned char* file_base() const noexcept { return file_base_; }
-  /// The file's bytes up to its last tensor's end.
-  std::uint64_t file_bytes() const noexcept { return file_bytes_; }
-  /// Bytes of the mapping from the first expert tensor's page to the file's end.
-  std::uint64_t mapped_bytes() const noexcept { return static_cast<std::uint64_t>(refs_.size()) * page_; }
+  /// Dense bytes in splits that hold no expert tensor (counted, not in dense()).
+  std::uint64_t dense_unmapped_bytes() const noexcept { return dense_unmapped_; }
+  /// The model's files as mapped, the first split first (one for a single file).
+  const std::vector<file_mapping>& files() const noexcept { return files_; }
+  /// Bytes of the model's mappings: each file's from its first page to its
+  /// end (a file with no expert tensor: its bytes).
+  std::uint64_t mapped_bytes() const noexcept {
+    std::uint64_t n = 0;
+    for (const file_mapping& f : files_) n += f.refs.empty() ? f.file_bytes : static_cast<std::uint64_t>(f.refs.size()) * page_;
+    return n;
+  }
 
-  /// One more lock on every page of [a, b).
+  /// One more lock on every page of [a, b) (one file's pages).
   void add_refs(std::uintptr_t a, std::uintptr_t b) noexcept {
+    file_mapping* f = file_of(a);
+    if (f == nullptr) return;
+    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(f->base);
     for (std::uintptr_t p = a; p < b; p += page_) {
-      const std::size_t i = (p - reinterpret_cast<std::uintptr_t>(base_)) / page_;
-      if (i < refs_.size() && refs_[i] < 255) ++refs_[i];
+      const std::size_t i = (p - base) / page_;
+      if (i < f->refs.size() && f->refs[i] < 255) ++f->refs[i];
     }
   }
-  /// Drops one lock from every page of [a, b) and calls `freed(begin, bytes)`
-  /// for each run of pages no lock holds any more: a page shared with a
-  /// neighbour that is still locked stays out of every run.
+  /// Drops one lock from every page of [a, b) (one file's pages) and calls
+  /// `freed(begin, bytes)` for each run of pages no lock holds any more: a
+  /// page shared with a neighbour that is still locked stays out of every run.
   template <class Freed>
   void drop_refs(std::uintptr_t a, std::uintptr_t b, Freed&& freed) noexcept {
-    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(base_);
+    file_mapping* f = file_of(a);
+    if (f == nullptr) return;
+    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(f->base);
     std::uintptr_t run = 0;
     bool in_run = false;
     for (std::uintptr_t p = a; p <= b; p += page_) {
       bool now_free = false;
       if (p < b) {
         const std::size_t i = (p - base) / page_;
-        if (i < refs_.size() && refs_[i] > 0) now_free = --refs_[i] == 0;
+        if (i < f->refs.size() && f->refs[i] > 0) now_free = --f->refs[i] == 0;
       }
       if (now_free && !in_run) {
         run = p;
@@ -159,27 +195,34 @@ class expert_pages {
   /// pages that was held.
   template <class Freed>
   void drop_all(Freed&& freed) noexcept {
-    for (std::size_t p = 0; p < refs_.size();) {
-      if (refs_[p] == 0) {
-        ++p;
-        continue;
+    for (file_mapping& f : files_)
+      for (std::size_t p = 0; p < f.refs.size();) {
+        if (f.refs[p] == 0) {
+          ++p;
+          continue;
+        }
+        std::size_t q = p;
+        while (q < f.refs.size() && f.refs[q] != 0) f.refs[q++] = 0;
+        freed(reinterpret_cast<std::uintptr_t>(f.base + p * page_), (q - p) * page_);
+        p = q;
       }
-      std::size_t q = p;
-      while (q < refs_.size() && refs_[q] != 0) refs_[q++] = 0;
-      freed(reinterpret_cast<std::uintptr_t>(base_ + p * page_), (q - p) * page_);
-      p = q;
-    }
   }
 
  private:
+  /// The mapping [a, …) lies in; null outside every tracked file.
+  file_mapping* file_of(std::uintptr_t a) noexcept {
+    for (file_mapping& f : files_) {
+      const auto base = reinterpret_cast<std::uintptr_t>(f.base);
+      if (f.base != nullptr && a >= base && a < base + f.refs.size() * page_) return &f;
+    }
+    return nullptr;
+  }
+
   std::size_t page_ = 4096;
   std::vector<layer_ranges> layers_;
   std::vector<std::pair<unsigned char*, std::uint64_t>> dense_;
-  std::uint64_t dense_total_ = 0, widest_ = 0;
-  unsigned char* base_ = nullptr;
-  const unsigned char* file_base_ = nullptr;
-  std::uint64_t file_bytes_ = 0;
-  std::vector<std::uint8_t> refs_;  // locks held per page of the mapping
+  std::uint64_t dense_total_ = 0, dense_unmapped_ = 0, widest_ = 0;
+  std::vector<file_mapping> files_;
 };
 
 }  // namespace moe_residency::llama_cpp::detail

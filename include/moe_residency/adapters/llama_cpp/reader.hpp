@@ -35,12 +35,18 @@ class gguf_expert_reader {
  public:
   enum class mode : std::uint8_t { pread, fadvise };
 
-  /// Opens the map's file. Throws `error` when it cannot be opened.
+  /// Opens the map's files (every split). Throws `error` when one cannot be opened.
   explicit gguf_expert_reader(const gguf_expert_map& map, mode m = mode::pread) : map_(&map), mode_(m) {
 #if MOE_RESIDENCY_LLAMA_CPP_POSIX
-    fd_ = ::open(map.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0)
-      throw error("gguf_expert_reader: " + map.path() + ": cannot open (" + std::strerror(errno) + ")");
+    for (const std::string& path : map.paths()) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        const std::string why = std::strerror(errno);
+        close_all();
+        throw error("gguf_expert_reader: " + path + ": cannot open (" + why + ")");
+      }
+      fds_.push_back(fd);
+    }
 #else
     throw error("gguf_expert_reader: needs POSIX pread");
 #endif
@@ -48,11 +54,7 @@ class gguf_expert_reader {
       widest_ = std::max(widest_, map.expert_bytes(layer_id(static_cast<std::uint16_t>(l))));
     if (m == mode::pread) buffer_.resize(static_cast<std::size_t>(widest_));
   }
-  ~gguf_expert_reader() {
-#if MOE_RESIDENCY_LLAMA_CPP_POSIX
-    if (fd_ >= 0) ::close(fd_);
-#endif
-  }
+  ~gguf_expert_reader() { close_all(); }
   // callback() captures `this`: never copied or moved.
   gguf_expert_reader(const gguf_expert_reader&) = delete;
   gguf_expert_reader& operator=(const gguf_expert_reader&) = delete;
@@ -83,9 +85,11 @@ class gguf_expert_reader {
       if (to_index(e) >= r.n_expert) return false;
       const std::uint64_t off = r.offset + to_index(e) * r.bytes_per_expert;
 #if MOE_RESIDENCY_LLAMA_CPP_POSIX
+      if (r.split >= fds_.size()) return false;
+      const int fd = fds_[r.split];
       if (mode_ == mode::fadvise) {
 #if defined(POSIX_FADV_WILLNEED)
-        if (::posix_fadvise(fd_, static_cast<off_t>(off), static_cast<off_t>(r.bytes_per_expert),
+        if (::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(r.bytes_per_expert),
                             POSIX_FADV_WILLNEED) != 0)
           return false;
 #endif
@@ -93,7 +97,7 @@ class gguf_expert_reader {
       }
       std::uint64_t done = 0;
       while (done < r.bytes_per_expert) {
-        const ssize_t n = ::pread(fd_, dst + at + done, static_cast<std::size_t>(r.bytes_per_expert - done),
+        const ssize_t n = ::pread(fd, dst + at + done, static_cast<std::size_t>(r.bytes_per_expert - done),
                                   static_cast<off_t>(off + done));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return false;
@@ -135,9 +139,16 @@ class gguf_expert_reader {
   std::uint64_t reads() const noexcept { return reads_; }
 
  private:
+  void close_all() noexcept {
+#if MOE_RESIDENCY_LLAMA_CPP_POSIX
+    for (const int fd : fds_) ::close(fd);
+#endif
+    fds_.clear();
+  }
+
   const gguf_expert_map* map_;
   mode mode_;
-  int fd_ = -1;
+  std::vector<int> fds_;  // one per file of the model, as map.paths()
   std::uint64_t widest_ = 0;
   std::vector<unsigned char> buffer_;
   std::uint64_t bytes_ = 0, reads_ = 0;

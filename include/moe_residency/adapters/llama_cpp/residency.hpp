@@ -177,8 +177,11 @@ class mmap_residency : public observer_sink {
       cache_.reset();
       throw;
     }
-    if (options_.owned_reads && scheduler_)
-      owned_ = advice_->attach_file(path_, pages_.file_base(), pages_.file_bytes()) == 0;
+    if (options_.owned_reads && scheduler_) {
+      owned_ = true;  // every file with experts attached, or none read by the lanes themselves
+      for (const auto& f : pages_.files())
+        if (f.file_base != nullptr) owned_ = owned_ && advice_->attach_file(f.path, f.file_base, f.file_bytes) == 0;
+    }
     if (options_.pin_dense) pin_dense();
     // With exact or the cache, the manager reads every routed expert itself
     // (the cache's misses and, for a prompt, its WILLNEED below), so a fault
@@ -315,14 +318,18 @@ class mmap_residency : public observer_sink {
   // The mapping must be ours to manage: not locked by llama.cpp itself, and
   // pageout only where the kernel honours it.
   void check_mapping() {
-    if (detail::mapping_locked(pages_.base()))
-      throw error("mmap_residency: the model's mapping of " + path_ +
-                  " is already locked (llama.cpp's mlock load mode); the manager's unlocks would undo those "
-                  "locks: load with LLAMA_LOAD_MODE_MMAP");
-    inspectable_ = detail::may_inspect_file(path_);
-    if (!inspectable_ && options_.release == advice::pageout)
-      throw error("mmap_residency: release = pageout, but the kernel ignores MADV_PAGEOUT on " + path_ +
-                  " for a process that neither owns nor may write it; use release = cold");
+    inspectable_ = true;
+    for (const auto& f : pages_.files()) {
+      if (f.base != nullptr && detail::mapping_locked(f.base))
+        throw error("mmap_residency: the model's mapping of " + f.path +
+                    " is already locked (llama.cpp's mlock load mode); the manager's unlocks would undo those "
+                    "locks: load with LLAMA_LOAD_MODE_MMAP");
+      const bool may = detail::may_inspect_file(f.path);
+      inspectable_ = inspectable_ && may;
+      if (!may && options_.release == advice::pageout)
+        throw error("mmap_residency: release = pageout, but the kernel ignores MADV_PAGEOUT on " + f.path +
+                    " for a process that neither owns nor may write it; use release = cold");
+    }
   }
 
   void pin_dense() {

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# CTest llama_cpp_moe_run_smoke: moe-run end to end on a small random MoE GGUF
+# with a text vocabulary, written as one file and as 3 splits.
+#
+#   moe_run_smoke.sh MOE_RUN PROBE WORKDIR
+#
+# - --compare: residency off, then on; the texts must be identical (and it says so);
+# - the split model's text is the single file's, with residency on;
+# - the summary line's fields parse: read MiB/token is 0 when the model is
+#   resident (in the page cache, no limit) and > 0 in a memory cgroup smaller
+#   than the model (root and the v1 or v2 memory controller; skipped loudly
+#   otherwise, a failure with CI=true);
+# - the refusals: a bad --residency, a bad --budget, --chat without a chat
+#   template, --no-mmap, a budget that cannot fit the memory limit, a split
+#   that is not the first, RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK,
+#   through setpriv).
+set -uo pipefail
+run="${1:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
+probe="${2:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
+work="${3:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
+fail() { echo "llama_cpp_moe_run_smoke FAILED: $*"; exit 1; }
+mkdir -p "$work" && cd "$work" || fail "cannot use $work"
+rm -f ./*.gguf ./*.out ./*.err
+
+shape=(--random qwen3moe --layers 4 --experts 64 --k 4 --embd 512 --expert-ff 512 --expert-type q4_K --text-vocab)
+"$probe" "${shape[@]}" --save-model one.gguf --save-only 2>/dev/null || fail "writing one.gguf"
+"$probe" "${shape[@]}" --save-model three-00001-of-00003.gguf --splits 3 --save-only 2>/dev/null ||
+  fail "writing three-*-of-00003.gguf"
+[[ -f three-00002-of-00003.gguf && -f three-00003-of-00003.gguf ]] || fail "the splits are not all there"
+common=(-p "The residency of experts" -n 24 --ignore-eos --threads 2)
+
+# --compare on the single file: both summaries, the ratio, identical texts.
+"$run" -m one.gguf "${common[@]}" --compare > compare.out 2> compare.err || { cat compare.err; fail "--compare exited $?"; }
+cat compare.err
+grep -q '^moe-run: residency off: prompt ' compare.err || fail "--compare printed no residency-off summary"
+grep -q '^moe-run: residency all.*: prompt ' compare.err || fail "--compare printed no residency-on summary"
+grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all; texts identical \(24 tokens\)$' compare.err ||
+  fail "--compare did not say the texts are identical"
+# Each run streamed its text: two lines, the same.
+[[ "$(wc -l < compare.out)" -eq 2 ]] || fail "--compare wrote $(wc -l < compare.out) lines of text, expected 2"
+[[ "$(sed -n 1p compare.out)" == "$(sed -n 2p compare.out)" ]] || fail "the two texts differ"
+[[ -n "$(sed -n 1p compare.out)" ]] || fail "no text generated"
+
+# The split model, residency on (acting: --budget makes the cache; the model fits, so it stands down
+# unless forced, and the text must be the same either way).
+"$run" -m three-00001-of-00003.gguf "${common[@]}" > split.out 2> split.err || { cat split.err; fail "split model exited $?"; }
+cat split.err
+[[ "$(cat split.out)" == "$(sed -n 1p compare.out)" ]] || fail "the split model's text differs from the single file's"
+grep -q '^moe-run: managing 4 MoE layers x 64 experts (top-4) of three-00001-of-00003.gguf' split.err ||
+  fail "no 'managing' line for the split model"
+
+# The summary line's fields.
+line="$(grep '^moe-run: residency all' split.err)"
+re='prompt ([0-9]+) tokens ([0-9.]+) tok/s, decode ([0-9]+) tokens ([0-9.]+) tok/s, p50 ([0-9.]+) ms, p90 ([0-9.]+) ms, ([0-9.]+) MiB read/token, expert hit ([0-9.]+%|n/a), pinned ([0-9]+) MiB, ([0-9.]+) major faults/token'
+[[ "$line" =~ $re ]] || fail "summary line does not parse: $line"
+[[ "${BASH_REMATCH[3]}" -eq 23 ]] || fail "decode tokens ${BASH_REMATCH[3]}, expected 23 (24 generated, the first from the prompt)"
+awk -v a="${BASH_REMATCH[5]}" -v b="${BASH_REMATCH[6]}" 'BEGIN { exit !(a > 0 && b >= a) }' || fail "p50/p90 implausible: $line"
+[[ "${BASH_REMATCH[7]}" == "0.0" ]] || fail "read ${BASH_REMATCH[7]} MiB/token with the model resident, expected 0.0"
+
+# Refusals, one line each, naming what and why.
+refuse() {  # refuse NAME EXPECTED-SUBSTRING ARGS...
+  local name="$1" want="$2"; shift 2
+  "$@" > "refuse-$name.out" 2> "refuse-$name.err"
+  local rc=$?
+  grep -qF -- "$want" "refuse-$name.err" || { cat "refuse-$name.err"; fail "$name: no '$want' (exit $rc)"; }
+  echo "refusal $name (exit $rc): $(grep -F -- "$want" "refuse-$name.err" | head -1)"
+  return "$rc"
+}
+refuse residency "--residency: 'bogus' in 'bogus'; expected all, off, or a comma list of dense, exact, predicted, cache" \
+  "$run" -m one.gguf "${common[@]}" --residency bogus && fail "a bad --residency exited 0"
+refuse budget "--budget: '-5'; expected auto or MiB > 0" "$run" -m one.gguf "${common[@]}" --budget=-5 &&
+  fail "a bad --budget exited 0"
+refuse chat "--chat: one.gguf has no chat template (tokenizer.chat_template); drop --chat" \
+  "$run" -m one.gguf "${common[@]}" --chat && fail "--chat without a template exited 0"
+refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to manage; running stock" \
+  "$run" -m one.gguf "${common[@]}" --no-mmap || fail "--no-mmap did not run stock"
+[[ "$(cat refuse-no-mmap.out)" == "$(sed -n 1p compare.out)" ]] || fail "--no-mmap's text differs"
+refuse split "split 2 of 3; expected the model's first split (its name ends in '-00001-of-00003.gguf')" \
+  "$run" -m three-00002-of-00003.gguf "${common[@]}" && fail "a later split exited 0"
+refuse budget-fit "MiB do not fit the memory limit of" \
+  "$run" -m one.gguf "${common[@]}" --budget 100000000 && fail "a budget past the memory limit exited 0"
+# Under a memory limit smaller than the model: the manager reads (bytes > 0), the text is the same.
+cg=""
+cleanup() { [[ -n "$cg" && -d "$cg" ]] && rmdir "$cg" 2>/dev/null; }
+trap cleanup EXIT
+if [[ "$(id -u)" -ne 0 ]]; then
+  [[ "${CI:-}" == true ]] && fail "CI=true but not root: the memory-limit run cannot be checked"
+  echo "####### moe_run_smoke: SKIPPED the memory-limit run: not root #######"; exit 0
+fi
+limit=$((48 * 1024 * 1024))
+if [[ -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]]; then
+  cg="/sys/fs/cgroup/memory/moe-residency-run-smoke-$$"
+  mkdir "$cg" && echo "$limit" > "$cg/memory.limit_in_bytes" || fail "cannot make the v1 cgroup $cg"
+  tasks="$cg/tasks"
+elif grep -qw memory /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+  cg="/sys/fs/cgroup/moe-residency-run-smoke-$$"
+  mkdir "$cg" && echo "$limit" > "$cg/memory.max" || fail "cannot make the v2 cgroup $cg"
+  tasks="$cg/cgroup.procs"
+else
+  [[ "${CI:-}" == true ]] && fail "CI=true but no memory cgroup: the memory-limit run cannot be checked"
+  echo "####### moe_run_smoke: SKIPPED the memory-limit run: no memory cgroup #######"; exit 0
+fi
+sync; echo 3 > /proc/sys/vm/drop_caches
+bash -c "echo \$\$ > '$tasks'; exec \"$run\" -m three-00001-of-00003.gguf ${common[*]@Q} --budget 8" > limited.out 2> limited.err ||
+  { cat limited.err; fail "the limited run exited $?"; }
+cat limited.err
+[[ "$(cat limited.out)" == "$(sed -n 1p compare.out)" ]] || fail "the limited run's text differs"
+grep -q "memory limit 48 MiB (cgroup" limited.err || fail "the limited run did not detect the 48 MiB cgroup limit"
+line="$(grep '^moe-run: residency all' limited.err)"
+[[ "$line" =~ $re ]] || fail "summary line does not parse: $line"
+awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
+[[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
+# RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK, in the same limit): residency off, said how to
+# raise it, and the stock text.
+refuse memlock "RLIMIT_MEMLOCK is 0.0 MiB; raise it (ulimit -l" \
+  setpriv --bounding-set=-ipc_lock --inh-caps=-ipc_lock \
+  bash -c "echo \$\$ > '$tasks'; ulimit -l 0; exec \"$run\" -m one.gguf ${common[*]@Q}" ||
+  fail "RLIMIT_MEMLOCK too low did not run stock"
+[[ "$(cat refuse-memlock.out)" == "$(sed -n 1p compare.out)" ]] || fail "the stock fall-back's text differs"
+echo "llama_cpp_moe_run_smoke passed"
