@@ -1,7 +1,7 @@
 #pragma once
 /// Where a memory-mapped GGUF's experts sit in llama.cpp's mappings (one per
-/// file of a split model), page by page, and how many locks hold each page: the geometry the mmap residency
-/// manager (residency.hpp) advises and locks.
+/// file of a split model), page by page, and how many locks hold each page:
+/// the geometry the mmap residency manager (residency.hpp) advises and locks.
 ///
 /// An expert's slice of an expert tensor rarely starts or ends on a page
 /// boundary, so two neighbouring experts (and an expert and a dense tensor)
