@@ -228,16 +228,24 @@ if [[ -z "$probe" ]]; then
 fi
 [[ -x "$probe" ]] || die "--probe: '$probe' is not an executable"
 lanes_tool="$(dirname "$probe")/moe-disk-lanes"
+# Each tool's --help is read once into a variable and searched there: with
+# pipefail, `tool --help | grep -q` fails whenever grep exits at its match
+# before the tool has written the rest (SIGPIPE, exit 141): a race that made
+# CI call a probe with the manager built in one "without --residency".
+probe_help="$("$probe" --help 2>/dev/null || true)"
+lanes_help=""
+[[ -x "$lanes_tool" ]] && lanes_help="$("$lanes_tool" --help 2>/dev/null || true)"
+has_option() { grep -q -e "$2" <<<"$1"; }
 has_residency=0
-"$probe" --help 2>/dev/null | grep -q -- '--residency' && has_residency=1
+has_option "$probe_help" '--residency' && has_residency=1
 has_when_fits=0
-"$probe" --help 2>/dev/null | grep -q -- '--residency-when-fits' && has_when_fits=1
+has_option "$probe_help" '--residency-when-fits' && has_when_fits=1
 has_metrics=0
-"$probe" --help 2>/dev/null | grep -q -- '--metrics-csv' && has_metrics=1
+has_option "$probe_help" '--metrics-csv' && has_metrics=1
 has_walk=0
-[[ -x "$lanes_tool" ]] && "$lanes_tool" --help 2>/dev/null | grep -q -- '--fault-walk' && has_walk=1
+has_option "$lanes_help" '--fault-walk' && has_walk=1
 has_inline_walk=0
-[[ -x "$lanes_tool" ]] && "$lanes_tool" --help 2>/dev/null | grep -q -- '--inline-walk' && has_inline_walk=1
+has_option "$lanes_help" '--inline-walk' && has_inline_walk=1
 
 # ---- the model --------------------------------------------------------------
 mkdir -p "$lab"
