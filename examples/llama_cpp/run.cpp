@@ -353,12 +353,15 @@ outcome generate(const run_args& a, bool want_managed) {
 int run(run_args a) {
   if (a.prompt.empty()) throw error("-p: an empty prompt; expected the text to continue");
   mrl::residency_options probe;
-  parse_residency(a.residency, probe);  // refuse a bad list before loading anything
+  const bool manages = parse_residency(a.residency, probe);  // refuse a bad list before loading anything
   if (a.budget != "auto") {
     char* end = nullptr;
     const double v = std::strtod(a.budget.c_str(), &end);
     if (a.budget.empty() || *end != '\0' || !(v > 0) || v > 1e9)
       throw error("--budget: '" + a.budget + "'; expected auto or MiB > 0");
+    if (!manages || !probe.cache)
+      throw error("--budget " + a.budget + " with --residency " + a.residency +
+                  ": the budget is the cache's, and the cache is not on; expected --residency all or a list with cache");
   }
   // The files first (a later split, a missing or misnamed split, a truncated
   // file), with the file named, before llama.cpp's own messages.

@@ -70,6 +70,8 @@ refuse residency "--residency: 'bogus' in 'bogus'; expected all, off, or a comma
   "$run" -m one.gguf "${common[@]}" --residency bogus && fail "a bad --residency exited 0"
 refuse budget "--budget: '-5'; expected auto or MiB > 0" "$run" -m one.gguf "${common[@]}" --budget=-5 &&
   fail "a bad --budget exited 0"
+refuse budget-no-cache "--budget 8 with --residency exact: the budget is the cache's, and the cache is not on" \
+  "$run" -m one.gguf "${common[@]}" --residency exact --budget 8 && fail "--budget without the cache exited 0"
 refuse chat "--chat: one.gguf has no chat template (tokenizer.chat_template); drop --chat" \
   "$run" -m one.gguf "${common[@]}" --chat && fail "--chat without a template exited 0"
 refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to manage; running stock" \
