@@ -16,7 +16,7 @@
 #                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,
 #                      roofline_ms,bw_fraction: docs/memlab.md, "The columns")
 #   --configs LIST     comma list of mmap,mmap-128k,no-mmap,mlock,observer,dense,exact,
-#                      predicted,cache,all,all-serial,degraded,resident,resident-all,
+#                      predicted,cache,all,all-serial,all-pool,cache-pool,degraded,resident,resident-all,
 #                      manager-exact,manager-cache
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
@@ -71,6 +71,9 @@
 #   cache     + the budgeted, pinned expert cache (--residency cache)
 #   all       every part (--residency all)
 #   all-serial every part, the eval thread waiting for each layer's reads (--serial)
+#   all-pool  every part, the cache's experts in the expert pool (--pool: read past the page
+#             cache into memory allocated once, mapped over the experts' pages)
+#   cache-pool the cache alone, in the expert pool (--residency cache --pool)
 #   degraded  all, with a seeded share of predicted slots replaced so the
 #             stale-gate's slot accuracy falls to ~88.6% (the seed engine's on a
 #             real Qwen3-30B; random weights flatter it)
@@ -157,8 +160,8 @@ if [[ -n "$decode_override" ]]; then
   decode=$decode_override
 fi
 for c in ${configs//,/ }; do
-  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|degraded|resident|resident-all|manager-exact|manager-cache) ;;
-    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, degraded, resident, resident-all, manager-exact or manager-cache" ;;
+  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|resident|resident-all|manager-exact|manager-cache) ;;
+    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, all-pool, cache-pool, degraded, resident, resident-all, manager-exact or manager-cache" ;;
   esac
 done
 
@@ -402,6 +405,8 @@ config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuratio
     dense|exact|predicted|cache) echo "--residency $1 --residency-budget $b" ;;
     all) echo "--residency all --residency-budget $b" ;;
     all-serial) echo "--residency all --residency-budget $b --serial" ;;
+    all-pool) echo "--residency all --residency-budget $b --pool" ;;
+    cache-pool) echo "--residency cache --residency-budget $b --pool" ;;
     degraded) echo "--residency all --residency-budget $b --degrade $2" ;;
   esac
 }
@@ -415,7 +420,7 @@ schedule=()
 for ratio in ${ratios//,/ }; do
   for config in ${configs//,/ }; do
     case "$config" in
-      dense|exact|predicted|cache|all|all-serial|degraded)
+      dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded)
         if [[ $has_residency == 0 ]]; then
           log "r$ratio-$config: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
           continue

@@ -77,6 +77,7 @@ struct probe_args {
   std::size_t spec_cap = 2;
   bool serial = false;       // overlap off: the eval thread waits for each layer's reads
   bool owned_reads = false;  // lanes read themselves (advice::read) instead of willneed + populate_read
+  bool pool = false;         // the cache's experts in an expert pool (O_DIRECT reads, mapped over the file's pages)
   double degrade = 0.0;
   bool no_hit_measure = false;
   std::string when_fits = "stand-down";  // act: manage a model that fits (the manager's own cost, no reads)
@@ -489,6 +490,7 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
   o.lanes = a.lanes;
   o.overlap = !a.serial;
   o.owned_reads = a.owned_reads;
+  o.pool = a.pool;
   o.spec_cap = a.spec_cap;
   o.degrade = a.degrade;
   o.seed = a.seed;
@@ -829,6 +831,9 @@ int main(int argc, char** argv) {
   app.add_flag("--owned-reads", a.owned_reads,
                "Residency: the lanes read each miss themselves (sendfile into the page cache, exact ranges), "
                "not the eval thread's willneed of every miss and populate_read on the lanes");
+  app.add_flag("--pool", a.pool,
+               "Residency: the cache's experts in an expert pool the manager owns (read past the page cache with "
+               "O_DIRECT into memory allocated once, mapped over the expert's pages), not locked page cache; needs cache");
   app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")->capture_default_str();
   app.add_option("--degrade", a.degrade,
                  "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")

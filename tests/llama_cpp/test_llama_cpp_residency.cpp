@@ -20,6 +20,9 @@
 #include <thread>
 #include <string>
 #include <sys/stat.h>
+#include <cstring>
+#include <sys/mman.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include <cstdlib>
 #include <memory>
@@ -57,9 +60,10 @@ class fake_advice final : public mrl::memory_advice {
   std::uint64_t limit = UINT64_MAX;
   bool slow_reads = false;  // populate_read, lock and read take 2 ms, as a device read would
   bool owned = false;       // attach_file succeeds: the manager may read with advice::read
+  bool pool = false;        // attach_pool succeeds: the manager may place experts in it
 
   int attach_file(const std::string& path, const void* base, std::uint64_t size) noexcept override {
-    if (!owned) return ENOSYS;
+    if (!owned && !pool) return ENOSYS;
     attached_path = path;
     attached_base = base;
     attached_size = size;
@@ -68,6 +72,38 @@ class fake_advice final : public mrl::memory_advice {
   std::string attached_path;
   const void* attached_base = nullptr;
   std::uint64_t attached_size = 0;
+
+  int attach_pool(std::uint64_t bytes) noexcept override {
+    if (!pool) return ENOSYS;
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_bytes = bytes;
+    return 0;
+  }
+  std::uint64_t pool_bytes = 0;
+
+  // A placement: whole pages, inside the pool, in a part of it no placed
+  // range holds, over pages nothing is placed on; the fake then says the
+  // pages are placed until a restore covers them.
+  int place(void* addr, std::size_t len, std::uint64_t pool_offset) noexcept override {
+    if (slow_reads) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto p = reinterpret_cast<std::uintptr_t>(addr);
+    int rc = 0;
+    if (fail_every != 0 && fail_kind == mrl::advice::place && ++kind_calls_ % fail_every == 0) rc = EIO;
+    calls_.push_back({mrl::advice::place, p, len, next_seq(), rc});
+    if (rc != 0) return rc;
+    bad_places += p % 4096 != 0 || len % 4096 != 0 || len == 0 || pool_offset % 4096 != 0 ||
+                  pool_offset + len > pool_bytes;
+    for (std::uintptr_t q = p; q < p + len; q += 4096) bad_places += placed_.count(q);
+    for (const auto& r : pool_used_)  // [offset, offset + len) of every placed range
+      bad_places += pool_offset < r.second.first + r.second.second && r.second.first < pool_offset + len;
+    for (std::uintptr_t q = p; q < p + len; q += 4096) placed_.insert(q);
+    pool_used_[p] = {pool_offset, len};
+    max_pool_used = std::max(max_pool_used, pool_in_use());
+    return 0;
+  }
+  std::size_t bad_places = 0;        // placements that broke a rule above
+  std::uint64_t max_pool_used = 0;   // the most pool bytes placed at once
 
   int apply(mrl::advice a, void* addr, std::size_t len) noexcept override {
     const bool device = a == mrl::advice::populate_read || a == mrl::advice::lock || a == mrl::advice::read;
@@ -85,6 +121,11 @@ class fake_advice final : public mrl::memory_advice {
       for (std::uintptr_t q = p; q < p + len; q += 4096) locked_.insert(q);
     if (rc == 0 && a == mrl::advice::unlock)
       for (std::uintptr_t q = p; q < p + len; q += 4096) locked_.erase(q);
+    if (rc == 0 && a == mrl::advice::restore) {
+      for (std::uintptr_t q = p; q < p + len; q += 4096) placed_.erase(q);
+      for (auto it = pool_used_.begin(); it != pool_used_.end();)
+        it = it->first >= p && it->first < p + len ? pool_used_.erase(it) : std::next(it);
+    }
     calls_.push_back({a, p, len, next_seq(), rc});
     return rc;
   }
@@ -109,6 +150,14 @@ class fake_advice final : public mrl::memory_advice {
     std::lock_guard<std::mutex> lock(mu_);
     return locked_.size();
   }
+  bool placed(std::uintptr_t page) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return placed_.count(page) != 0;
+  }
+  std::size_t placed_pages() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return placed_.size();
+  }
   /// The most device calls (populate_read, lock, read) running at once.
   std::size_t max_reading() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -119,8 +168,14 @@ class fake_advice final : public mrl::memory_advice {
   std::size_t reading_ = 0, max_reading_ = 0;
   mutable std::mutex mu_;
   std::vector<call_record> calls_;
-  std::set<std::uintptr_t> locked_;
+  std::set<std::uintptr_t> locked_, placed_;
+  std::map<std::uintptr_t, std::pair<std::uint64_t, std::uint64_t>> pool_used_;  // address -> (pool offset, bytes)
   std::size_t kind_calls_ = 0;
+  std::uint64_t pool_in_use() const {
+    std::uint64_t n = 0;
+    for (const auto& r : pool_used_) n += r.second.second;
+    return n;
+  }
 };
 
 std::uintptr_t floor4k(const void* p) { return reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{4095}; }
@@ -161,7 +216,11 @@ class checking_sink : public mrl::observer_sink {
     if (res->cache() == nullptr && !res->options().predicted) check_exact(b, s, calls);
     // With overlap this layer's admissions are still being locked on the lanes
     // while its matmuls run: they are checked at the next routing.
-    if (res->cache() != nullptr) check_cache(res->options().overlap && res->options().exact ? to_index(b.layer) : SIZE_MAX);
+    // With the pool and predicted reads, the next layer's experts may already
+    // be placed ahead (by the lanes, not yet the cache's): checked there.
+    if (res->cache() != nullptr)
+      check_cache(res->options().overlap && res->options().exact ? to_index(b.layer) : SIZE_MAX,
+                  res->options().pool && res->options().predicted ? to_index(b.layer) + 1 : SIZE_MAX);
   }
 
   // Without cache or prediction: the willneed calls since the previous layer
@@ -207,14 +266,14 @@ class checking_sink : public mrl::observer_sink {
   };
   std::vector<owned_want> owned_wants;
 
-  void check_cache(std::size_t skip_layer = SIZE_MAX) {
+  void check_cache(std::size_t skip_layer = SIZE_MAX, std::size_t skip_layer2 = SIZE_MAX) {
     {
       const auto st = res->stats();
       over_budget += st.pinned_bytes > res->budget_bytes();
       // Every expert the cache holds is locked; every other has no locked interior page.
       for (std::size_t l = 0; l < obs->n_layer(); ++l) {
         const auto& ls = obs->layers()[l];
-        if (!ls.moe || l == skip_layer) continue;
+        if (!ls.moe || l == skip_layer || l == skip_layer2) continue;
         for (std::size_t e = 0; e < ls.spec.n_experts; ++e) {
           const bool resident = res->cache()->is_resident(layer_id(static_cast<std::uint16_t>(l)),
                                                            expert_id(static_cast<std::uint16_t>(e)));
@@ -222,7 +281,7 @@ class checking_sink : public mrl::observer_sink {
             const auto* a = static_cast<const unsigned char*>(t.tensor->data) + e * t.bytes_per_expert;
             const auto interior = ceil4k(a);
             if (interior + 4096 > floor4k(a + t.bytes_per_expert)) continue;
-            const bool locked = fake->locked(interior);
+            const bool locked = fake->locked(interior) || fake->placed(interior);  // pinned, or in the pool
             unpinned_resident += resident && !locked;
             pinned_evicted += !resident && locked;
           }
@@ -542,6 +601,151 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
   }
 }
 
+TEST_CASE("mmap residency: the expert pool places the cache's experts in free slots and maps the file back on eviction") {
+  mapped_model m("res_pool", lab_spec());
+  mrl::observer& obs = m.obs;
+  m.run(2, 1);  // the structure
+  const std::uint64_t expert_bytes = obs.layers()[0].expert_bytes;
+  std::uint64_t exact_reads_unpredicted = 0;
+  for (int run = 0; run < 4; ++run) {
+    const std::size_t fail_every = run % 2 == 0 ? 0 : 5;
+    const bool predicted = run >= 2;  // the lanes place the stale-gate's experts ahead, the cache adopts them
+    CAPTURE(fail_every);
+    CAPTURE(predicted);
+    fake_advice fake;
+    fake.pool = true;
+    fake.fail_every = fail_every;  // every fifth placement fails (EIO)
+    fake.fail_kind = mrl::advice::place;
+    mrl::residency_options o;
+    o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
+    o.pin_dense = o.exact = o.cache = o.pool = true;
+    o.predicted = predicted;
+    o.cache_budget_bytes = 24 * expert_bytes;  // 1.5 token cycles of 4 layers x 4
+    auto owner = std::make_unique<mrl::mmap_residency<>>(obs, m.path, o, &fake);
+    mrl::mmap_residency<>& res = *owner;
+    checking_sink check;
+    check.obs = &obs;
+    check.fake = &fake;
+    check.res = &res;
+    res.set_next(&check);
+    obs.set_sink(&res);
+    m.restart();
+    m.run(6, 16);
+    obs.set_sink(nullptr);
+    res.settle();
+    check.check_cache();
+
+    REQUIRE(res.active());
+    const auto st = res.stats();
+    CHECK(check.layers_checked == 16 * 4);
+    CHECK(check.over_budget == 0);
+    CHECK(check.pinned_evicted == 0);     // an evicted expert's pages are neither locked nor placed
+    CHECK(check.unpinned_resident == 0);  // every expert the cache holds is placed (or locked)
+    CHECK(fake.bad_places == 0);          // whole pages, inside the pool, never over another placement
+    // The pool: the budget's experts plus one layer's routed ones, each its slices' whole pages.
+    const auto& ls = obs.layers()[0];
+    std::uint64_t slot = 0;
+    for (const auto& t : ls.experts) slot += t.bytes_per_expert / 4096 * 4096;
+    CHECK(st.pool_bytes == (24 + 4 + (predicted ? o.spec_cap : 0)) * slot);
+    CHECK(fake.pool_bytes == st.pool_bytes);
+    CHECK(fake.max_pool_used > 0);
+    CHECK(st.pool_fallbacks == 0);
+    CHECK(st.evictions > 0);
+    CHECK(st.calls[static_cast<std::size_t>(mrl::advice::restore)] > 0);
+    // Placements are the slices' whole pages; the locks on expert pages are
+    // the pages a slice shares with its neighbours, one page each.
+    std::set<std::pair<std::uintptr_t, std::size_t>> slices;
+    for (const auto& layer : obs.layers())
+      for (std::size_t e = 0; e < layer.spec.n_experts; ++e)
+        for (const auto& r : expert_ranges(layer, e)) slices.insert(r);
+    std::size_t expert_locks = 0, wide_locks = 0, places = 0, unaligned = 0;
+    bool placing = false;  // the dense locks come before, at activation
+    for (const auto& c : fake.calls()) {
+      placing = placing || c.kind == mrl::advice::place;
+      if (c.kind == mrl::advice::place && c.rc == 0) {
+        ++places;
+        // inside one slice's range, not its first or last page where those are shared
+        bool inside = false;
+        for (const auto& r : slices) inside = inside || (c.addr >= r.first && c.addr + c.len <= r.first + r.second);
+        unaligned += !inside;
+      }
+      if (c.kind != mrl::advice::lock || !placing) continue;
+      bool expert = false;
+      for (const auto& r : slices) expert = expert || (c.addr >= r.first && c.addr < r.first + r.second);
+      if (!expert) continue;
+      ++expert_locks;
+      wide_locks += c.len != 4096;
+    }
+    CHECK(places > 0);
+    CHECK(unaligned == 0);
+    if (!predicted && fail_every == 0) exact_reads_unpredicted = st.exact_reads;
+    if (predicted) {
+      CHECK(st.predicted_issued > 0);
+      CHECK(st.predicted_useful > 0);  // placed ahead and adopted by the cache: misses that need no read
+      if (fail_every == 0) CHECK(st.exact_reads < exact_reads_unpredicted);  // of their own (same routing)
+      CHECK(st.predicted_rejected == 0);
+    }
+    CHECK(expert_locks > 0);  // this model's slices are not page-aligned: their shared pages are locked
+    if (fail_every == 0) {
+      CHECK(wide_locks == 0);
+      CHECK(st.lock_failed == 0);
+      CHECK(st.advice_errors() == 0);
+    } else {
+      // A failed placement: counted, its slices mapped back, the expert not held, the run goes on.
+      CHECK(st.lock_failed > 0);
+      CHECK(st.errors[static_cast<std::size_t>(mrl::advice::place)] > 0);
+    }
+    owner.reset();
+    CHECK(fake.placed_pages() == 0);  // the destructor mapped every placed page back to the file
+    CHECK(fake.locked_pages() == 0);  // and unlocked every page it locked
+  }
+}
+
+TEST_CASE("mmap residency: the kernel's expert pool maps the file's own bytes, and restore maps the file again") {
+  // A file of known bytes, mapped shared and read-only as llama.cpp maps a model.
+  const std::string path = "res_pool_kernel.bin";
+  const std::size_t page = 4096, pages = 64;
+  std::vector<unsigned char> bytes(page * pages);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>((i * 2654435761u) >> 13);
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  auto* base = static_cast<unsigned char*>(::mmap(nullptr, bytes.size(), PROT_READ, MAP_SHARED, fd, 0));
+  ::close(fd);
+  REQUIRE(base != MAP_FAILED);
+  // The mapping that holds addr, as /proc/self/maps names it ("" when none).
+  auto backing = [](const void* addr) {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    const auto a = reinterpret_cast<std::uintptr_t>(addr);
+    while (std::getline(maps, line)) {
+      std::uintptr_t lo = 0, hi = 0;
+      if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && a >= lo && a < hi) return line;
+    }
+    return std::string();
+  };
+  {
+    mrl::system_memory_advice adv;
+    CHECK(adv.place(base + 8 * page, 16 * page, 0) == ENOSYS);  // no file, no pool yet
+    REQUIRE(adv.attach_file(path, base, bytes.size()) == 0);
+    REQUIRE(adv.attach_pool(32 * page) == 0);
+    CHECK(adv.place(base + 8 * page + 1, 16 * page, 0) == EINVAL);       // not a page
+    CHECK(adv.place(base + 8 * page, 16 * page, 20 * page) == EINVAL);  // past the pool's end
+    REQUIRE(adv.place(base + 8 * page, 16 * page, 4 * page) == 0);
+    CHECK(backing(base + 8 * page).find("moe-residency-expert-pool") != std::string::npos);
+    CHECK(backing(base + 24 * page).find(path) != std::string::npos);  // the rest: still the file
+    CHECK(std::memcmp(base, bytes.data(), bytes.size()) == 0);        // the same bytes, placed or not
+    REQUIRE(adv.apply(mrl::advice::restore, base + 8 * page, 16 * page) == 0);
+    CHECK(backing(base + 8 * page).find(path) != std::string::npos);
+    CHECK(std::memcmp(base, bytes.data(), bytes.size()) == 0);
+  }
+  ::munmap(base, bytes.size());
+  std::remove(path.c_str());
+}
+
 /// After the manager: at each managed prompt routing, what it asked since the last one.
 class prompt_sink : public mrl::observer_sink {
  public:
@@ -788,14 +992,16 @@ TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits
   struct config {
     const char* name;
     bool dense, exact, predicted, cache;
-    bool overlap = true, owned = false;
+    bool overlap = true, owned = false, pool = false;
   };
   // overlap (the default): the layers' matmuls run while their reads are in flight
   for (const config& c : {config{"dense", true, false, false, false}, config{"exact", false, true, false, false},
                           config{"predicted", false, false, true, false}, config{"cache", false, false, false, true},
                           config{"all", true, true, true, true}, config{"all serial", true, true, true, true, false},
                           config{"all owned reads", true, true, true, true, true, true},
-                          config{"exact owned reads", false, true, false, false, true, true}}) {
+                          config{"exact owned reads", false, true, false, false, true, true},
+                          config{"all pool", true, true, true, true, true, false, true},
+                          config{"cache pool", false, false, false, true, true, false, true}}) {
     CAPTURE(c.name);
     mrl::observer obs(model.get());
     auto cp2 = test_context_params();
@@ -809,6 +1015,7 @@ TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits
     o.cache = c.cache;
     o.overlap = c.overlap;
     o.owned_reads = c.owned;
+    o.pool = c.pool;
     o.cache_budget_bytes = 8ull << 20;
     o.measure = true;
     mrl::mmap_residency<> res(obs, file.path, o);
@@ -820,6 +1027,11 @@ TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits
     CHECK(res.status() == "");
     CHECK(res.stats().advice_errors() == 0);  // the kernel took every call (root here; CI too)
     CHECK(res.stats().lock_failed == 0);
+    if (c.pool) {  // the cache's experts were placed in the pool for real
+      CHECK(res.stats().pool_bytes > 0);
+      CHECK(res.stats().calls[static_cast<std::size_t>(mrl::advice::place)] > 0);
+      CHECK(res.stats().pool_fallbacks == 0);
+    }
     REQUIRE(got.size() == plain.size());
     CHECK(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)) == 0);
     MESSAGE(res.summary());

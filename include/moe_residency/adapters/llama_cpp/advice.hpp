@@ -14,6 +14,8 @@
 /// | random         | madvise(MADV_RANDOM)            | faults read one page, no read-around |
 /// | normal         | madvise(MADV_NORMAL)            | the default read-around on faults |
 /// | read           | sendfile(/dev/null, file, range)| an owned read: the range's file pages read into the page cache in large requests, waited for, copied nowhere and not mapped (needs attach_file) |
+/// | place          | pread(O_DIRECT) + mmap(MAP_FIXED)| the expert pool: the range's file bytes read past the page cache into pool memory, which is then mapped over the range in place of the file's pages (same bytes, read-only, shared); needs attach_file and attach_pool |
+/// | restore        | mmap(MAP_FIXED) of the file     | the file's pages mapped over the range again, as llama.cpp mapped them (undoes place) |
 ///
 /// `read` is the manager's own read: unlike willneed it is not cut to the
 /// device's read-ahead window, allocates the page cache's large folios (the
@@ -21,6 +23,13 @@
 /// willneed's kernel time per MiB in the memory lab), and unlike
 /// populate_read it neither faults page by page nor maps what it reads, so a
 /// lane's cost per MiB is the device's.
+///
+/// `place` is the expert pool's (residency_options::pool): the pool is memory
+/// the advice allocates once (a memfd, populated and charged at attach), so
+/// an admitted expert costs no page-cache allocation, no memory-cgroup charge
+/// and no reclaim of the page it replaces: a direct read into memory that is
+/// already there, and one mapping change. The mapping's contents never change
+/// (the pool holds the file's own bytes), so what the engine computes does not.
 /// Other POSIX systems get what they have (posix_madvise WILLNEED/RANDOM/
 /// NORMAL, mlock/munlock) and `unsupported` (ENOSYS) for the rest; Windows
 /// gets `unsupported` for everything. Android is Linux: every call exists
@@ -31,6 +40,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -50,8 +60,8 @@
 namespace moe_residency::llama_cpp {
 
 /// One kind of memory advice (see the table above).
-enum class advice : std::uint8_t { willneed, populate_read, lock, unlock, cold, pageout, random, normal, read };
-inline constexpr std::size_t advice_kinds = 9;
+enum class advice : std::uint8_t { willneed, populate_read, lock, unlock, cold, pageout, random, normal, read, place, restore };
+inline constexpr std::size_t advice_kinds = 11;
 
 inline const char* to_string(advice a) noexcept {
   switch (a) {
@@ -64,6 +74,8 @@ inline const char* to_string(advice a) noexcept {
     case advice::random: return "random";
     case advice::normal: return "normal";
     case advice::read: return "read";
+    case advice::place: return "place";
+    case advice::restore: return "restore";
   }
   return "?";
 }
@@ -93,6 +105,25 @@ class memory_advice {
     (void)size;
     return ENOSYS;
   }
+  /// The expert pool: `bytes` of memory owned by the advice, allocated (and
+  /// charged to the memory cgroup) now, for place. Called once, after
+  /// attach_file. Returns 0, or the errno (ENOSYS: this advice has no pool;
+  /// ENOMEM: the memory could not be had). A failure leaves nothing allocated.
+  virtual int attach_pool(std::uint64_t bytes) noexcept {
+    (void)bytes;
+    return ENOSYS;
+  }
+  /// Reads the file bytes behind [addr, addr + len) (page-aligned, inside an
+  /// attached file's mapping) into the pool at `pool_offset` (page-aligned,
+  /// inside the pool) and maps that pool memory over [addr, addr + len) in
+  /// place of the file's pages. Returns 0, or the errno; on failure the
+  /// range is left mapped to the file. undo with apply(advice::restore, …).
+  virtual int place(void* addr, std::size_t len, std::uint64_t pool_offset) noexcept {
+    (void)addr;
+    (void)len;
+    (void)pool_offset;
+    return ENOSYS;
+  }
   /// Bytes the process may lock (RLIMIT_MEMLOCK); UINT64_MAX when unlimited
   /// or when the process holds CAP_IPC_LOCK (the kernel's implementation reads
   /// CapEff; root in a container may lack it).
@@ -107,8 +138,13 @@ class system_memory_advice final : public memory_advice {
   system_memory_advice& operator=(const system_memory_advice&) = delete;
   ~system_memory_advice() override {
 #if MOE_RESIDENCY_ADVICE_POSIX
-    for (const attached& f : files_) ::close(f.fd);
+    for (const attached& f : files_) {
+      ::close(f.fd);
+      if (f.direct_fd >= 0) ::close(f.direct_fd);
+    }
     if (null_fd_ >= 0) ::close(null_fd_);
+    if (pool_ != nullptr) ::munmap(pool_, static_cast<std::size_t>(pool_bytes_));
+    if (pool_fd_ >= 0) ::close(pool_fd_);
 #endif
   }
 
@@ -139,7 +175,14 @@ class system_memory_advice final : public memory_advice {
     // never asked for and which pushes out what it did.
     (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 #endif
-    files_.push_back(attached{fd, b, size});
+    // A second descriptor past the page cache for place (O_DIRECT); where the
+    // file system refuses it, place reads through the first one.
+#if defined(__linux__) && defined(O_DIRECT)
+    const int direct_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+#else
+    const int direct_fd = -1;
+#endif
+    files_.push_back(attached{fd, direct_fd, b, size});
     return 0;
 #else
     (void)path;
@@ -149,9 +192,86 @@ class system_memory_advice final : public memory_advice {
 #endif
   }
 
+  int attach_pool(std::uint64_t bytes) noexcept override {
+#if defined(__linux__) && defined(MFD_CLOEXEC)
+    if (pool_ != nullptr) return EBUSY;
+    if (bytes == 0 || bytes > SIZE_MAX / 2) return EINVAL;
+    const int fd = ::memfd_create("moe-residency-expert-pool", MFD_CLOEXEC);
+    if (fd < 0) return errno;
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      const int e = errno;
+      ::close(fd);
+      return e;
+    }
+    // Populated now: the pool's memory is allocated and charged once, here,
+    // not page by page under the engine's matmuls; a limit that cannot hold
+    // it fails this call (or the cgroup's OOM killer ends the process here,
+    // before the first token, which the auto budget is sized to avoid).
+    void* p = ::mmap(nullptr, static_cast<std::size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      ::close(fd);
+      return e;
+    }
+    pool_fd_ = fd;
+    pool_ = static_cast<unsigned char*>(p);
+    pool_bytes_ = bytes;
+    return 0;
+#else
+    (void)bytes;
+    return ENOSYS;
+#endif
+  }
+
+  int place(void* addr, std::size_t len, std::uint64_t pool_offset) noexcept override {
+#if defined(__linux__)
+    const attached* f = file_at(addr);
+    const std::size_t page = page_size();
+    if (pool_ == nullptr || f == nullptr) return ENOSYS;
+    const auto* p = static_cast<const unsigned char*>(addr);
+    const std::uint64_t off = static_cast<std::uint64_t>(p - f->base);
+    if (len == 0 || off % page != 0 || len % page != 0 || pool_offset % page != 0 || pool_offset > pool_bytes_ ||
+        len > pool_bytes_ - pool_offset || off + len > f->size + page)
+      return EINVAL;
+    unsigned char* dst = pool_ + pool_offset;
+    std::uint64_t done = 0;
+    bool direct = f->direct_fd >= 0;
+    while (done < len) {
+      const ssize_t n = ::pread(direct ? f->direct_fd : f->fd, dst + done, static_cast<std::size_t>(len - done),
+                                static_cast<off_t>(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EINVAL && direct) {  // the file system takes no direct reads here
+        direct = false;
+        continue;
+      }
+      if (n < 0) return errno;
+      if (n == 0) {  // the file's end: the last page's tail is zeros, as the mapping shows it
+        std::memset(dst + done, 0, static_cast<std::size_t>(len - done));
+        break;
+      }
+      done += static_cast<std::uint64_t>(n);
+    }
+    if (::mmap(addr, len, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_POPULATE, pool_fd_, static_cast<off_t>(pool_offset)) ==
+        MAP_FAILED) {
+      const int e = errno;
+      // A failed MAP_FIXED may have unmapped the range: map the file back.
+      (void)::mmap(addr, len, PROT_READ, MAP_SHARED | MAP_FIXED, f->fd, static_cast<off_t>(off));
+      return e;
+    }
+    return 0;
+#else
+    (void)addr;
+    (void)len;
+    (void)pool_offset;
+    return ENOSYS;
+#endif
+  }
+
   int apply(advice a, void* addr, std::size_t len) noexcept override {
 #if MOE_RESIDENCY_ADVICE_POSIX
     if (a == advice::read) return read_range(addr, len);
+    if (a == advice::place) return EINVAL;  // place() takes the pool's offset
+    if (a == advice::restore) return restore_range(addr, len);
     int rc = 0;
     switch (a) {
       case advice::lock: rc = ::mlock(addr, len); break;
@@ -169,7 +289,9 @@ class system_memory_advice final : public memory_advice {
       case advice::normal: return ::posix_madvise(addr, len, POSIX_MADV_NORMAL);
       default: return ENOSYS;
 #endif
-      case advice::read: break;  // above
+      case advice::read:
+      case advice::place:
+      case advice::restore: break;  // above
     }
     return rc == 0 ? 0 : errno;
 #else
@@ -228,13 +350,35 @@ class system_memory_advice final : public memory_advice {
   }
 
  private:
+  struct attached {
+    int fd;
+    int direct_fd;              // O_DIRECT, for place (-1: none)
+    const unsigned char* base;  // where its offset 0 is mapped
+    std::uint64_t size;
+  };
+
 #if MOE_RESIDENCY_ADVICE_POSIX
+  // The attached file whose mapping holds addr (null: none).
+  const attached* file_at(const void* addr) const noexcept {
+    const auto* p = static_cast<const unsigned char*>(addr);
+    for (const attached& f : files_)
+      if (p >= f.base && static_cast<std::uint64_t>(p - f.base) < f.size) return &f;
+    return nullptr;
+  }
+
+  // advice::restore: the file's pages mapped over [addr, addr + len) again,
+  // read-only and shared as llama.cpp maps the model (llama-mmap.cpp).
+  int restore_range(void* addr, std::size_t len) const noexcept {
+    const attached* f = file_at(addr);
+    if (f == nullptr) return files_.empty() ? ENOSYS : EFAULT;
+    const auto off = static_cast<off_t>(static_cast<const unsigned char*>(addr) - f->base);
+    return ::mmap(addr, len, PROT_READ, MAP_SHARED | MAP_FIXED, f->fd, off) == MAP_FAILED ? errno : 0;
+  }
+
   // advice::read of [addr, addr + len) of the attached file's mapping, clipped to the file.
   int read_range(const void* addr, std::size_t len) const noexcept {
     const auto* p = static_cast<const unsigned char*>(addr);
-    const attached* file = nullptr;
-    for (const attached& f : files_)
-      if (p >= f.base && static_cast<std::uint64_t>(p - f.base) < f.size) file = &f;
+    const attached* file = file_at(addr);
     if (file == nullptr) return files_.empty() ? ENOSYS : EFAULT;
     const int fd = file->fd;
     off_t off = static_cast<off_t>(p - file->base);
@@ -265,13 +409,11 @@ class system_memory_advice final : public memory_advice {
   }
 #endif
 
-  struct attached {
-    int fd;
-    const unsigned char* base;  // where its offset 0 is mapped
-    std::uint64_t size;
-  };
   std::vector<attached> files_;  // attach_file's, one per file of the model
   int null_fd_ = -1;
+  int pool_fd_ = -1;              // attach_pool's memfd
+  unsigned char* pool_ = nullptr;  // its read-write mapping (place's reads land here)
+  std::uint64_t pool_bytes_ = 0;
 
   // CAP_IPC_LOCK (bit 14) in the effective set, from /proc/self/status.
   static bool has_ipc_lock() noexcept {

@@ -92,6 +92,22 @@ inline memory_limit process_memory_limit(const std::string& root = "") {
   return out;
 }
 
+/// Mappings of this process now (lines of /proc/self/maps); 0 when it cannot tell.
+inline std::uint64_t process_map_count() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  std::uint64_t n = 0;
+  while (std::getline(maps, line)) ++n;
+  return n;
+}
+
+/// The kernel's vm.max_map_count (mappings a process may have); 0 when it cannot tell.
+inline std::uint64_t max_map_count() {
+  std::ifstream f("/proc/sys/vm/max_map_count");
+  std::uint64_t n = 0;
+  return (f >> n) ? n : 0;
+}
+
 /// True when the mapping at `addr` already carries locked pages' flag
 /// (`lo` in /proc/self/smaps: llama.cpp's mlock load mode): the manager's
 /// munlock would undo those locks. False when it cannot tell.

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp/expert_pages.hpp"
@@ -41,13 +42,22 @@ class predicted_reads {
     rng_.seed(o.seed);
   }
 
+  /// What became of one speculative read, for settle's `settled`.
+  enum class fate : std::uint8_t { ok, failed, not_run };
+
   /// At layer l's routing (`routed`: its experts): the speculative reads
   /// issued for l are useful (complete and demanded), late (demanded, not
-  /// complete) or wasted.
-  void settle(read_scheduler& scheduler, layer_id l, const std::vector<expert_id>& routed, residency_stats& st) {
+  /// complete) or wasted. `settled(layer, expert, fate, demanded)` is called
+  /// for each (the expert pool adopts or releases what it placed); a read
+  /// still on a lane is `not_run` unless the scheduler waits for it.
+  template <class Settled>
+  void settle(read_scheduler& scheduler, layer_id l, const std::vector<expert_id>& routed, residency_stats& st,
+              Settled&& settled) {
     const span<const completed_read> done = scheduler.quiesce();
-    for (const completed_read& c : done)
+    for (const completed_read& c : done) {
       if (c.outcome == read_outcome::ok) completed_tickets_.push_back(c.ticket);
+      else failed_tickets_.push_back(c.ticket);
+    }
     std::size_t keep = 0;
     for (const issued_read& r : issued_) {
       if (to_index(r.layer) > to_index(l) && r.layer != l) {
@@ -60,17 +70,29 @@ class predicted_reads {
       if (!demanded) ++st.predicted_wasted;
       else if (complete) ++st.predicted_useful;
       else ++st.predicted_late;
+      const bool failed =
+          !complete && std::find(failed_tickets_.begin(), failed_tickets_.end(), r.ticket) != failed_tickets_.end();
+      settled(r.layer, r.expert, complete ? fate::ok : failed ? fate::failed : fate::not_run, demanded);
     }
     issued_.resize(keep);
-    if (issued_.empty()) completed_tickets_.clear();
+    if (issued_.empty()) {
+      completed_tickets_.clear();
+      failed_tickets_.clear();
+    }
+  }
+  void settle(read_scheduler& scheduler, layer_id l, const std::vector<expert_id>& routed, residency_stats& st) {
+    settle(scheduler, l, routed, st, [](layer_id, expert_id, fate, bool) noexcept {});
   }
 
   /// After layer l's routing, from its input row x: predicts the MoE layer
   /// `horizon` ahead, plans around `resident(layer, expert)` and queues the
-  /// plan's reads (a full queue rejects, counted).
-  template <class Resident>
+  /// plan's reads (a full queue rejects, counted). `claim(layer, expert)`
+  /// is asked first for each (false: not issued, counted as rejected) and
+  /// `unclaim(layer, expert)` told of a read the scheduler then refused.
+  template <class Resident, class Claim, class Unclaim>
   void issue(read_scheduler& scheduler, layer_id l, const float* x,
-             const std::vector<expert_pages::layer_ranges>& layers, residency_stats& st, Resident&& resident) {
+             const std::vector<expert_pages::layer_ranges>& layers, residency_stats& st, Resident&& resident,
+             Claim&& claim, Unclaim&& unclaim) {
     layer_id target{};
     if (!moe_layer_ahead(shape_, l, horizon_, target)) return;
     ranking& pr = prediction_;
@@ -82,14 +104,23 @@ class predicted_reads {
     const speculation_plan plan = planner_.plan(target, pr, k, resident);
     for (std::size_t i = 0; i < plan.size(); ++i) {
       const read_request r{target, plan.id(i), layers[to_index(target)].bytes};
-      if (scheduler.speculate(r)) {
+      if (!claim(target, plan.id(i))) {
+        ++st.predicted_rejected;
+      } else if (scheduler.speculate(r)) {
         issued_.push_back(issued_read{target, plan.id(i), next_ticket_++});
         ++st.predicted_issued;
         st.predicted_bytes += r.bytes;
       } else {
+        unclaim(target, plan.id(i));
         ++st.predicted_rejected;
       }
     }
+  }
+  template <class Resident>
+  void issue(read_scheduler& scheduler, layer_id l, const float* x,
+             const std::vector<expert_pages::layer_ranges>& layers, residency_stats& st, Resident&& resident) {
+    issue(scheduler, l, x, layers, st, std::forward<Resident>(resident),
+          [](layer_id, expert_id) noexcept { return true; }, [](layer_id, expert_id) noexcept {});
   }
 
  private:
@@ -128,7 +159,7 @@ class predicted_reads {
   std::mt19937_64 rng_;
   ranking prediction_;
   std::vector<issued_read> issued_;
-  std::vector<std::uint64_t> completed_tickets_;
+  std::vector<std::uint64_t> completed_tickets_, failed_tickets_;
   std::uint64_t next_ticket_ = 0;
 };
 

@@ -142,6 +142,11 @@ class mmap_residency : public observer_sink {
   ~mmap_residency() override {
     settle();
     scheduler_.reset();
+    // The pool's experts: the file's pages mapped back, as llama.cpp left them.
+    for (std::size_t s = 0; s < slot_of_.size(); ++s)
+      if (slot_of_[s] != no_slot) unplace(s / shape_.n_experts(), s % shape_.n_experts());
+    for (std::size_t s = 0; s < spec_slot_.size(); ++s)
+      if (spec_slot_[s] != no_slot) release_speculative(s / shape_.n_experts(), s % shape_.n_experts(), true);
     if (random_applied_) advise_expert_ranges(advice::normal);
     pages_.drop_all([this](std::uintptr_t a, std::size_t len) { call(advice::unlock, a, len); });
   }
@@ -167,21 +172,30 @@ class mmap_residency : public observer_sink {
       active_ = true;
       return;
     }
+    bool attached = false;  // every file with experts attached (advice::read, place, restore)
     try {
       check_lock_limit();
       if (options_.cache) make_cache();
       if (options_.predicted) predictions_.init(*obs_, shape_, options_);
       if (options_.exact || options_.predicted) make_scheduler();
+      if ((options_.owned_reads && scheduler_) || options_.pool) {
+        attached = true;
+        for (const auto& f : pages_.files())
+          if (f.file_base != nullptr) {
+            const int rc = advice_->attach_file(f.path, f.file_base, f.file_bytes);
+            if (rc != 0 && options_.pool)
+              throw error("mmap_residency: pool: cannot open " + f.path + " for its own reads: " +
+                          std::strerror(rc) + "; expected a readable file (or pool = false)");
+            attached = attached && rc == 0;
+          }
+      }
+      if (options_.pool) make_pool();
     } catch (...) {
       scheduler_.reset();
       cache_.reset();
       throw;
     }
-    if (options_.owned_reads && scheduler_) {
-      owned_ = true;  // every file with experts attached, or none read by the lanes themselves
-      for (const auto& f : pages_.files())
-        if (f.file_base != nullptr) owned_ = owned_ && advice_->attach_file(f.path, f.file_base, f.file_bytes) == 0;
-    }
+    owned_ = options_.owned_reads && scheduler_ && attached;
     if (options_.pin_dense) pin_dense();
     // With exact or the cache, the manager reads every routed expert itself
     // (the cache's misses and, for a prompt, its WILLNEED below), so a fault
@@ -253,7 +267,8 @@ class mmap_residency : public observer_sink {
       char buf[96];
       std::snprintf(buf, sizeof buf, " %.2f%% hit", s.cache_hit_pct());
       o << " cache " << Policy::name << " " << detail::mib(budget_) << buf << ", pinned "
-        << detail::mib(s.pinned_bytes) << " (peak " << detail::mib(s.pinned_peak_bytes) << ") |";
+        << detail::mib(s.pinned_bytes) << " (peak " << detail::mib(s.pinned_peak_bytes) << ")"
+        << (pool_ ? ", in a pool of " + detail::mib(s.pool_bytes) : std::string()) << " |";
     }
     if (options_.measure && !inspectable_) {
       o << " resident at routing: unavailable (the kernel reports every page of a file this process may "
@@ -370,6 +385,54 @@ class mmap_residency : public observer_sink {
     cache_ = std::make_unique<cache_type>(shape_, std::move(o));
   }
 
+  // The expert pool (options_.pool): a slot per expert the cache can hold,
+  // plus one layer's routed experts (admitted before the batch's evictions);
+  // in a slot, each expert tensor's whole pages of its slice, in the layer's
+  // tensor order. Refuses with the figures before anything is advised.
+  void make_pool() {
+    std::uint64_t smallest = UINT64_MAX;
+    slot_bytes_ = 0;
+    for (const auto& l : pages_.layers()) {
+      if (l.tensors.empty()) continue;
+      smallest = std::min(smallest, l.bytes);
+      std::uint64_t b = 0;
+      for (const auto& t : l.tensors) b += t.stride / page_ * page_;
+      slot_bytes_ = std::max(slot_bytes_, b);
+    }
+    if (slot_bytes_ == 0)
+      throw error("mmap_residency: pool: every expert slice is smaller than a page (" + std::to_string(page_) +
+                  " bytes); nothing to hold in a pool: expected pool = false");
+    // + the speculative placements in flight (options_.predicted): spec_cap
+    // a layer, for `horizon` layers ahead.
+    const std::uint64_t slots = budget_ / smallest + shape_.top_k() +
+                                (options_.predicted ? options_.spec_cap * options_.horizon : 0);
+    // Each placed slice is a mapping of its own, splits the file's, and its
+    // locked shared pages split it again (up to four mappings a slice):
+    // the kernel's vm.max_map_count bounds them.
+    std::size_t tensors = 0;
+    for (const auto& l : pages_.layers()) tensors = std::max(tensors, l.tensors.size());
+    const std::uint64_t maps_needed = slots * tensors * 4 + detail::process_map_count();
+    const std::uint64_t max_maps = detail::max_map_count();
+    if (max_maps != 0 && maps_needed > max_maps)
+      throw error("mmap_residency: pool: " + std::to_string(slots) + " slots of " + std::to_string(tensors) +
+                  " slices need up to " + std::to_string(maps_needed) + " mappings but vm.max_map_count is " +
+                  std::to_string(max_maps) + "; raise it (sysctl vm.max_map_count=" + std::to_string(2 * maps_needed) +
+                  ") or give a smaller budget");
+    const std::uint64_t bytes = slots * slot_bytes_;
+    const int rc = advice_->attach_pool(bytes);
+    if (rc != 0)
+      throw error("mmap_residency: pool: " + detail::mib(bytes) + " (" + std::to_string(slots) + " slots of " +
+                  detail::mib(slot_bytes_) + ") could not be allocated: " + std::strerror(rc) +
+                  (rc == ENOSYS ? std::string("; this system has no expert pool: expected pool = false")
+                                : std::string("; expected a smaller budget or a higher memory limit")));
+    slot_of_.assign(shape_.n_layers() * shape_.n_experts(), no_slot);
+    spec_slot_.assign(shape_.n_layers() * shape_.n_experts(), no_slot);
+    free_slots_.clear();
+    for (std::uint64_t i = slots; i-- > 0;) free_slots_.push_back(static_cast<std::uint32_t>(i));
+    stats_.pool_bytes = bytes;
+    pool_ = true;
+  }
+
   // Kept free besides the dense weights and llama.cpp's own memory (see margin_bytes).
   std::uint64_t margin_for(std::uint64_t limit) const noexcept {
     return options_.margin_bytes != 0 ? options_.margin_bytes
@@ -420,7 +483,9 @@ class mmap_residency : public observer_sink {
   void make_scheduler() {
     scheduler_options so;
     so.lanes = options_.lanes;
-    so.mode = quiesce_mode::disown;  // never wait for a speculative read
+    // Never wait for a speculative read, but with the pool: a disowned read
+    // would go on writing a slot the manager then gives to another expert.
+    so.mode = options_.pool ? quiesce_mode::wait : quiesce_mode::disown;
     so.queue_capacity = std::max<std::size_t>(16, 4 * options_.spec_cap);
     scheduler_ = std::make_unique<read_scheduler>(
         [this](layer_id l, expert_id e, read_reason r) noexcept { return read_expert(l, e, r); }, so);
@@ -460,6 +525,11 @@ class mmap_residency : public observer_sink {
     // to the lanes (under the scheduler's mutex), so lanes see this batch's.
     const bool lock = why == read_reason::demanded && lock_demanded_;
     const detail::expert_pages::layer_ranges& lr = pages_.layers()[to_index(l)];
+    if (pool_) {  // the slot was set by the host before the read was handed over
+      const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
+      const std::uint32_t slot = lock ? slot_of_[s] : why == read_reason::speculative ? spec_slot_[s] : no_slot;
+      if (slot != no_slot) return place_expert(l, e, slot) ? read_status::ok : read_status::failed;
+    }
     bool ok = true;
     if (owned_) {
       // Owned reads, in the order the layer's matmuls read the tensors; a lock
@@ -484,6 +554,87 @@ class mmap_residency : public observer_sink {
       }
     }
     return ok ? read_status::ok : read_status::failed;
+  }
+
+  // The pool: expert e of layer l into its slot (slot_of_, set by the host
+  // before the read was handed over), tensor by tensor in the matmuls'
+  // order: each slice's whole pages placed, its shared first and last pages
+  // locked. A failed placement maps the file back over the slices already placed.
+  bool place_expert(layer_id l, expert_id e, std::uint32_t slot) noexcept {
+    const std::size_t li = to_index(l), ei = to_index(e);
+    const std::uint64_t slot_base = std::uint64_t{slot} * slot_bytes_;
+    std::uint64_t at = 0;
+    bool ok = true;
+    for (const auto& t : pages_.layers()[li].tensors) {
+      const unsigned char* a = t.data + ei * t.stride;
+      const std::uintptr_t lo = pages_.floor(a), hi = pages_.ceil(a + t.stride);
+      const std::uintptr_t ia = pages_.ceil(a), ib = pages_.floor(a + t.stride);
+      if (ib > ia) {
+        calls_[static_cast<std::size_t>(advice::place)].fetch_add(1, std::memory_order_relaxed);
+        if (advice_->place(reinterpret_cast<void*>(ia), ib - ia, slot_base + at) != 0) {
+          errors_[static_cast<std::size_t>(advice::place)].fetch_add(1, std::memory_order_relaxed);
+          ok = false;
+          break;
+        }
+        if (lo < ia) ok = call(advice::lock, lo, ia - lo) == 0 && ok;
+        if (ib < hi) ok = call(advice::lock, ib, hi - ib) == 0 && ok;
+      } else {
+        ok = call(advice::lock, lo, hi - lo) == 0 && ok;
+      }
+      at += t.stride / page_ * page_;
+    }
+    if (!ok) restore_slices(li, ei);
+    return ok;
+  }
+
+  // Expert e's slices' whole pages mapped to the file again (harmless where
+  // they were not placed), with the expert ranges' advice.
+  void restore_slices(std::size_t li, std::size_t ei) noexcept {
+    for (const auto& t : pages_.layers()[li].tensors) {
+      const unsigned char* a = t.data + ei * t.stride;
+      const std::uintptr_t ia = pages_.ceil(a), ib = pages_.floor(a + t.stride);
+      if (ib <= ia) continue;
+      call(advice::restore, ia, ib - ia);
+      if (random_applied_) call(advice::random, ia, ib - ia);
+    }
+  }
+
+  // An evicted (or, at the end, any) pooled expert: its file pages back, its
+  // shared pages' locks dropped, its slot free.
+  void unplace(std::size_t li, std::size_t ei) noexcept {
+    std::uint32_t& slot = slot_of_[li * shape_.n_experts() + ei];
+    restore_slices(li, ei);
+    for (const auto& t : pages_.layers()[li].tensors) {
+      const unsigned char* a = t.data + ei * t.stride;
+      const std::uintptr_t lo = pages_.floor(a), hi = pages_.ceil(a + t.stride);
+      const std::uintptr_t ia = pages_.ceil(a), ib = pages_.floor(a + t.stride);
+      if (ib <= ia) {
+        drop_refs(lo, hi);
+        continue;
+      }
+      if (lo < ia) drop_refs(lo, ia);
+      if (ib < hi) drop_refs(ib, hi);
+    }
+    free_slots_.push_back(slot);
+    slot = no_slot;
+  }
+
+  // A speculative placement not adopted by the cache (its expert was not
+  // routed, or its read failed or never ran): its slices mapped back where it
+  // was placed, the shared pages it locked (no reference holds them)
+  // unlocked unless another holds them, its slot free.
+  void release_speculative(std::size_t li, std::size_t ei, bool ran) noexcept {
+    std::uint32_t& slot = spec_slot_[li * shape_.n_experts() + ei];
+    if (ran) {
+      restore_slices(li, ei);
+      for (const auto& t : pages_.layers()[li].tensors) {
+        const auto r = pages_.slice(t, ei);
+        pages_.add_refs(r.first, r.second);
+        drop_refs(r.first, r.second, false);
+      }
+    }
+    free_slots_.push_back(slot);
+    slot = no_slot;
   }
 
   // Drops one lock from every page of [a, b); unlocks (and releases) the
@@ -521,7 +672,19 @@ class mmap_residency : public observer_sink {
       }
     for (expert_id e : routed_) seen_[to_index(e)] = 0;
 
-    if (scheduler_) predictions_.settle(*scheduler_, l, routed_, stats_);
+    if (scheduler_ && pool_) {
+      // The pool: what the lanes placed for this layer is adopted by the
+      // cache if routed (a miss that needs no read), released otherwise.
+      predictions_.settle(*scheduler_, l, routed_, stats_,
+                          [this](layer_id pl, expert_id pe, detail::predicted_reads::fate f, bool demanded) noexcept {
+                            const std::size_t ps = to_index(pl) * shape_.n_experts() + to_index(pe);
+                            if (spec_slot_[ps] == no_slot) return;
+                            if (f == detail::predicted_reads::fate::ok && demanded) return;  // adopted below
+                            release_speculative(to_index(pl), to_index(pe), f != detail::predicted_reads::fate::not_run);
+                          });
+    } else if (scheduler_) {
+      predictions_.settle(*scheduler_, l, routed_, stats_);
+    }
     if (options_.measure && inspectable_ && decode) measure(li);
 
     // The cache decides what is read and pinned (decode only).
@@ -532,11 +695,23 @@ class mmap_residency : public observer_sink {
       for (expert_id e : routed_) {
         if (cache_->lookup(e) == lookup_result::miss) {
           ++stats_.cache_misses;
+          const std::size_t s = li * n_expert + to_index(e);
+          if (pool_ && spec_slot_[s] != no_slot) {  // placed ahead by the lanes: adopted, no read
+            slot_of_[s] = spec_slot_[s];
+            spec_slot_[s] = no_slot;
+            admitted(l, e, true);
+            continue;
+          }
           to_read_.push_back(e);
         } else {
           ++stats_.cache_hits;
         }
       }
+      // A placement ahead of an expert the cache already holds cannot happen
+      // (the planner skips residents); should one, it is released, not leaked.
+      if (pool_)
+        for (expert_id e : routed_)
+          if (spec_slot_[li * n_expert + to_index(e)] != no_slot) release_speculative(li, to_index(e), true);
     } else if (options_.exact) {
       to_read_ = routed_;
     }
@@ -549,11 +724,13 @@ class mmap_residency : public observer_sink {
       // on the first expert while the later ones are still being read.
       std::sort(to_read_.begin(), to_read_.end(), [](expert_id a, expert_id b) { return to_index(a) < to_index(b); });
       const bool lanes_read = options_.exact && owned_;
-      if (!lanes_read) start_layer_reads(l);
+      if (cached && pool_) take_slots(l);
+      const bool placing = pool_ && cached;  // the misses go to the pool, past the page cache
+      if (!lanes_read && !placing) start_layer_reads(l);
       if (options_.exact) {
         begin_lane_reads(l, cached);
         pending_cache_ = settles_cache = cached;
-        if (!options_.overlap) settle_demand();
+        if (!options_.overlap || placing) settle_demand();
       } else if (cached) {
         read_inline(l);
       }
@@ -565,8 +742,22 @@ class mmap_residency : public observer_sink {
     if (cached && !settles_cache) close_cache_batch();
     if (options_.predicted && decode && b.n_tokens > 0) {
       const cache_type* c = cache_.get();
-      predictions_.issue(*scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_,
-                         [c](layer_id tl, expert_id e) noexcept { return c != nullptr && c->is_resident(tl, e); });
+      auto resident = [c](layer_id tl, expert_id e) noexcept { return c != nullptr && c->is_resident(tl, e); };
+      if (pool_) {
+        // The pool: each speculative read places its expert in a spare slot.
+        predictions_.issue(
+            *scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_, resident,
+            [this](layer_id tl, expert_id e) noexcept {
+              const std::size_t s = to_index(tl) * shape_.n_experts() + to_index(e);
+              if (free_slots_.empty() || spec_slot_[s] != no_slot || slot_of_[s] != no_slot) return false;
+              spec_slot_[s] = free_slots_.back();
+              free_slots_.pop_back();
+              return true;
+            },
+            [this](layer_id tl, expert_id e) noexcept { release_speculative(to_index(tl), to_index(e), false); });
+      } else {
+        predictions_.issue(*scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_, resident);
+      }
     }
   }
 
@@ -581,6 +772,25 @@ class mmap_residency : public observer_sink {
       }
       stats_.routed_resident += all;
     }
+  }
+
+  // A free pool slot for each of layer l's misses (host thread, before the
+  // reads are handed over); none left (never, with the pool's sizing): the
+  // expert is locked in the page cache instead, counted.
+  void take_slots(layer_id l) noexcept {
+    for (expert_id e : to_read_) {
+      const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
+      if (free_slots_.empty()) {
+        ++stats_.pool_fallbacks;
+        continue;
+      }
+      slot_of_[s] = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    // The fallbacks' pages through the page cache, as without the pool.
+    if (stats_.pool_fallbacks != 0)
+      for (expert_id e : to_read_)
+        if (slot_of_[to_index(l) * shape_.n_experts() + to_index(e)] == no_slot) start_reads(l, e);
   }
 
   // WILLNEED on every miss of layer l from the eval thread, tensor by tensor
@@ -635,6 +845,11 @@ class mmap_residency : public observer_sink {
   // so the cache does not count as pinned what the kernel refused.
   void admitted(layer_id l, expert_id e, bool ok) noexcept {
     const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
+    const bool pooled = pool_ && slot_of_[s] != no_slot;
+    if (!ok && pooled) {  // place_expert mapped the file back; the slot is free again
+      free_slots_.push_back(slot_of_[s]);
+      slot_of_[s] = no_slot;
+    }
     if (!ok) {
       ++stats_.lock_failed;
       cache_->invalidate(l, e);
@@ -652,7 +867,19 @@ class mmap_residency : public observer_sink {
     pinned_[s] = 1;
     for (const auto& t : pages_.layers()[to_index(l)].tensors) {
       const auto r = pages_.slice(t, to_index(e));
-      pages_.add_refs(r.first, r.second);
+      if (!pooled) {
+        pages_.add_refs(r.first, r.second);
+        continue;
+      }
+      // Pooled: only the pages shared with a neighbour are locked.
+      const unsigned char* a = t.data + to_index(e) * t.stride;
+      const std::uintptr_t ia = pages_.ceil(a), ib = pages_.floor(a + t.stride);
+      if (ib <= ia) {
+        pages_.add_refs(r.first, r.second);
+        continue;
+      }
+      if (r.first < ia) pages_.add_refs(r.first, ia);
+      if (ib < r.second) pages_.add_refs(ib, r.second);
     }
     stats_.pinned_bytes += pages_.layers()[to_index(l)].bytes;
   }
@@ -665,9 +892,13 @@ class mmap_residency : public observer_sink {
       pinned_[s] = 0;
       ++stats_.evictions;
       const std::size_t li = s / shape_.n_experts(), e = s % shape_.n_experts();
-      for (const auto& t : pages_.layers()[li].tensors) {
-        const auto r = pages_.slice(t, e);
-        drop_refs(r.first, r.second);
+      if (pool_ && slot_of_[s] != no_slot) {
+        unplace(li, e);
+      } else {
+        for (const auto& t : pages_.layers()[li].tensors) {
+          const auto r = pages_.slice(t, e);
+          drop_refs(r.first, r.second);
+        }
       }
       stats_.pinned_bytes -= pages_.layers()[li].bytes;
     }
@@ -708,6 +939,12 @@ class mmap_residency : public observer_sink {
   bool inspectable_ = true;      // mincore and pageout work on this file (see may_inspect_file)
   bool lock_demanded_ = false;  // demanded reads of this batch lock (cache admissions)
   bool owned_ = false;          // lanes read with advice::read (attach_file succeeded)
+  // The expert pool (options_.pool): each (layer, expert)'s slot, the free ones.
+  static constexpr std::uint32_t no_slot = UINT32_MAX;
+  bool pool_ = false;
+  std::uint64_t slot_bytes_ = 0;
+  std::vector<std::uint32_t> slot_of_, free_slots_;
+  std::vector<std::uint32_t> spec_slot_;  // speculative placements not yet settled
   // The layer whose demanded reads are on the lanes (overlap), and its cache batch.
   bool pending_demand_ = false, pending_cache_ = false, pending_lock_ = false;
   layer_id pending_layer_{};

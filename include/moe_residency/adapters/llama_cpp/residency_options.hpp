@@ -51,6 +51,19 @@ struct residency_options {
   /// a device whose read-ahead window cuts willneed short of an expert slice.
   /// Falls back to willneed where the advice has no owned reads.
   bool owned_reads = false;
+  /// The cache's experts live in an expert pool the manager owns (memory
+  /// allocated once, at activation: budget + one layer's routed experts)
+  /// instead of locked page cache: an admitted expert's file bytes are read
+  /// past the page cache (O_DIRECT) into a free slot of the pool, which is
+  /// mapped over the expert's pages in llama.cpp's mapping; an evicted one's
+  /// file pages are mapped back. No page-cache allocation, memory-cgroup
+  /// charge or reclaim per expert read. Needs the cache. The pages an expert
+  /// shares with a neighbour (its slices' first and last, when they are not
+  /// page-aligned) are locked as without the pool. A layer's placements are
+  /// waited for before its matmuls (a matmul that overtook them would fault
+  /// the file's pages in page by page, to be replaced): overlap is off for
+  /// them. Where the advice has no pool (not Linux), activation refuses.
+  bool pool = false;
   /// Read lanes: they wait for (populate) or lock the reads the eval thread
   /// queued, or read themselves (owned_reads: then they are the device's queue
   /// depth). Storage saturates at ~2 readers (LAB.md).
@@ -78,6 +91,7 @@ struct residency_options {
     if (release != advice::cold && release != advice::pageout)
       bad(std::string("release ") + to_string(release) + "; expected cold or pageout");
     if (predicted && lanes == 0) bad("predicted reads need lanes; lanes is 0");
+    if (pool && !cache) bad("pool holds the cache's experts; expected cache = true with pool");
   }
 };
 
@@ -105,7 +119,10 @@ struct residency_stats {
   /// accounting): up to one layer's routed experts on top, which the auto
   /// budget's margin includes.
   std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;
-  std::uint64_t lock_failed = 0;  ///< admitted experts whose lock failed (invalidated)
+  std::uint64_t lock_failed = 0;  ///< admitted experts whose lock (or placement) failed (invalidated)
+  /// The expert pool (options.pool): its bytes, and admissions that found no
+  /// free slot and were locked in the page cache instead.
+  std::uint64_t pool_bytes = 0, pool_fallbacks = 0;
   std::uint64_t unlock_failed_bytes = 0;  ///< bytes a failed munlock left locked
   // dense
   std::uint64_t dense_bytes = 0;  ///< non-expert bytes locked
