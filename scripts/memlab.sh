@@ -16,7 +16,8 @@
 #                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,
 #                      roofline_ms,bw_fraction: docs/memlab.md, "The columns")
 #   --configs LIST     comma list of mmap,mmap-128k,no-mmap,mlock,observer,dense,exact,
-#                      predicted,cache,all,all-serial,all-pool,cache-pool,degraded,resident,resident-all,
+#                      predicted,cache,all,all-serial,all-pool,cache-pool,degraded,degraded-pool,
+#                      resident,resident-all,
 #                      manager-exact,manager-cache
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
 #   --probe PATH       use this moe-llama-probe (and moe-disk-lanes next to it); no build
@@ -72,8 +73,10 @@
 #   all       every part (--residency all)
 #   all-serial every part, the eval thread waiting for each layer's reads (--serial)
 #   all-pool  every part, the cache's experts in the expert pool (--pool: read past the page
-#             cache into memory allocated once, mapped over the experts' pages)
+#             cache into memory allocated once, mapped over the experts' pages), the next
+#             layer's predicted top-8 placed ahead by the lanes (--spec-cap 8)
 #   cache-pool the cache alone, in the expert pool (--residency cache --pool)
+#   degraded-pool  all-pool with degraded's share of wrong predictions
 #   degraded  all, with a seeded share of predicted slots replaced so the
 #             stale-gate's slot accuracy falls to ~88.6% (the seed engine's on a
 #             real Qwen3-30B; random weights flatter it)
@@ -146,10 +149,10 @@ case "$preset" in
          : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
   shape) case "$shape" in qwen3-30b-a3b|qwen3-30b-a3b-half) ;; *) die "--shape: '$shape'; expected qwen3-30b-a3b or qwen3-30b-a3b-half" ;; esac
          spec=(--shape "$shape"); tokens=8; decode=16
-         : "${ratios:=2.0,1.5,3}"; : "${configs:=mmap,mmap-128k,observer,dense,exact,predicted,cache,all,degraded,resident}"
+         : "${ratios:=2.0,1.5,3}"; : "${configs:=mmap,mmap-128k,observer,dense,exact,predicted,cache,all,all-pool,degraded,degraded-pool,resident}"
          : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
-         : "${ratios:=2}"; : "${configs:=mmap,all,all-serial}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
+         : "${ratios:=2}"; : "${configs:=mmap,all,all-serial,all-pool}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
 esac
 # One expert slice of one expert tensor, bytes (q4_K: 144 bytes per 256 weights): the
 # manager's request shape, at which the roofline's bandwidth is measured.
@@ -160,8 +163,8 @@ if [[ -n "$decode_override" ]]; then
   decode=$decode_override
 fi
 for c in ${configs//,/ }; do
-  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|resident|resident-all|manager-exact|manager-cache) ;;
-    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, all-pool, cache-pool, degraded, resident, resident-all, manager-exact or manager-cache" ;;
+  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|degraded-pool|resident|resident-all|manager-exact|manager-cache) ;;
+    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, all-pool, cache-pool, degraded, degraded-pool, resident, resident-all, manager-exact or manager-cache" ;;
   esac
 done
 
@@ -405,7 +408,8 @@ config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuratio
     dense|exact|predicted|cache) echo "--residency $1 --residency-budget $b" ;;
     all) echo "--residency all --residency-budget $b" ;;
     all-serial) echo "--residency all --residency-budget $b --serial" ;;
-    all-pool) echo "--residency all --residency-budget $b --pool" ;;
+    all-pool) echo "--residency all --residency-budget $b --pool --spec-cap 8" ;;
+    degraded-pool) echo "--residency all --residency-budget $b --pool --spec-cap 8 --degrade $2" ;;
     cache-pool) echo "--residency cache --residency-budget $b --pool" ;;
     degraded) echo "--residency all --residency-budget $b --degrade $2" ;;
   esac
@@ -420,7 +424,7 @@ schedule=()
 for ratio in ${ratios//,/ }; do
   for config in ${configs//,/ }; do
     case "$config" in
-      dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded)
+      dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|degraded-pool)
         if [[ $has_residency == 0 ]]; then
           log "r$ratio-$config: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
           continue
@@ -464,7 +468,7 @@ run_entry() {  # RATIO:CONFIG of the schedule, in $rdir
     return 0
   fi
   limit=$(limit_of "$ratio")
-  if [[ $config == degraded ]]; then
+  if [[ $config == degraded || $config == degraded-pool ]]; then
     # Replace a share P of predicted slots so that acc * (1 - P) ~ 88.6%,
     # acc being the stale-gate's slot accuracy the observer run measured.
     acc="$(stale_gate_of "$ratio")"

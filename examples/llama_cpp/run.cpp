@@ -41,7 +41,7 @@ struct run_args {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string budget = "auto";
   std::string residency = "all";
-  bool chat = false, compare = false, ignore_eos = false, no_mmap = false, quiet = false;
+  bool chat = false, compare = false, ignore_eos = false, no_mmap = false, quiet = false, pool = false;
   float temp = 0.0f, top_p = 0.95f;
   int top_k = 40;
   std::uint32_t seed = 42;
@@ -269,6 +269,8 @@ outcome generate(const run_args& a, bool want_managed) {
   if (managed) {
     if (a.budget != "auto") ro.cache_budget_bytes = static_cast<std::uint64_t>(std::stod(a.budget) * 1024 * 1024);
     ro.measure = true;  // the routed experts' residency at routing: the hit figure
+    ro.pool = a.pool;
+    if (a.pool) ro.spec_cap = 32;  // the pool places the whole predicted top-k ahead (memlab's all-pool)
     res = std::make_unique<mrl::mmap_residency<>>(obs, a.model, ro);
     try {
       res->activate();
@@ -298,7 +300,7 @@ outcome generate(const run_args& a, bool want_managed) {
   o.managed = res != nullptr;
   o.label = !res ? "residency off"
             : res->standing_down() ? "residency " + a.residency + " (stood down: the model fits)"
-                                   : "residency " + a.residency;
+                                   : "residency " + a.residency + (a.pool ? " in the expert pool" : "");
 
   // The prompt, in batches of n_batch; a progress line when it takes more than one.
   auto t0 = std::chrono::steady_clock::now();
@@ -363,6 +365,9 @@ int run(run_args a) {
       throw error("--budget " + a.budget + " with --residency " + a.residency +
                   ": the budget is the cache's, and the cache is not on; expected --residency all or a list with cache");
   }
+  if (a.pool && (!manages || !probe.cache))
+    throw error("--pool with --residency " + a.residency +
+                ": the pool holds the cache's experts, and the cache is not on; expected --residency all or a list with cache");
   // The files first (a later split, a missing or misnamed split, a truncated
   // file), with the file named, before llama.cpp's own messages.
   (void)model_bytes(a.model);
@@ -405,6 +410,9 @@ int main(int argc, char** argv) {
   app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")->capture_default_str();
   app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")->capture_default_str();
   app.add_flag("--chat", a.chat, "Apply the model's chat template to the prompt (one user turn)");
+  app.add_flag("--pool", a.pool,
+               "Keep the cache's experts in an expert pool (read past the page cache into memory allocated once, "
+               "the next layer's predicted experts placed ahead) instead of locked page cache; Linux");
   app.add_option("--temp", a.temp, "Temperature; 0: greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
   app.add_option("--top-k", a.top_k, "Top-k (with --temp)")->check(CLI::Range(1, 1 << 30))->capture_default_str();
   app.add_option("--top-p", a.top_p, "Top-p (with --temp)")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();

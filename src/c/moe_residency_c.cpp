@@ -67,7 +67,7 @@ mrl::residency_options to_options(const moe_residency_options& c) {
     int v;
   } flags[] = {{"pin_dense", c.pin_dense}, {"exact", c.exact},     {"predicted", c.predicted},
                {"cache", c.cache},         {"overlap", c.overlap}, {"act_when_fits", c.act_when_fits},
-               {"measure", c.measure}};
+               {"measure", c.measure},     {"pool", c.pool}};
   for (const auto& f : flags)
     if (!is_bool(f.v))
       throw std::invalid_argument(std::string("options.") + f.name + " = " + std::to_string(f.v) + "; expected 0 or 1");
@@ -87,6 +87,8 @@ mrl::residency_options to_options(const moe_residency_options& c) {
   o.overlap = c.overlap != 0;
   o.fits = c.act_when_fits ? mrl::when_fits::act : mrl::when_fits::stand_down;
   o.measure = c.measure != 0;
+  o.pool = c.pool != 0;
+  if (o.pool) o.spec_cap = 32;  // the whole predicted top-k placed ahead (moe-run --pool, memlab's all-pool)
   try {
     o.validate();
   } catch (const moe_residency::error& e) {

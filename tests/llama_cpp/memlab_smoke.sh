@@ -9,7 +9,10 @@
 # overlap: `all` lets each layer's matmuls start while its reads are on the
 # lanes, `all-serial` makes the eval thread wait for them first; the layers a
 # decode token's eval thread had to block on the manager's reads must fall at
-# least 2x with the overlap (counts, not times).
+# least 2x with the overlap (counts, not times). And the expert pool
+# (`all-pool`: the cache's experts read past the page cache into memory the
+# manager owns, the next layer's placed ahead): bytes read and the engine's
+# major faults 5x below plain mmap, logits identical.
 #
 # The faults counted are those of llama.cpp's own threads (the eval thread and
 # ggml's workers), the faults decoding stalls on. getrusage(RUSAGE_SELF) also
@@ -69,8 +72,9 @@ cat "$csv"
 run="$(sed -n 's/^memlab: done: \(.*\)\/table.txt$/\1/p' "$work/memlab.err")"
 [[ -d "$run/round-1" && -d "$run/round-2" && ! -e "$run/round-3" ]] || fail "no round-1 and round-2 (only) under '$run'"
 order="$(sed -n '/^memlab: round 2 of 2, in reverse order$/,$ s/^memlab: r2-\([a-z-]*\): limit.*/\1/p' "$work/memlab.err" | tr '\n' ' ')"
-[[ "$order" == "all-serial all mmap " ]] || fail "round 2 ran '$order', expected 'all-serial all mmap ' (round 1's order reversed)"
-for c in mmap all all-serial; do
+[[ "$order" == "all-pool all-serial all mmap " ]] ||
+  fail "round 2 ran '$order', expected 'all-pool all-serial all mmap ' (round 1's order reversed)"
+for c in mmap all all-serial all-pool; do
   for k in 1 2; do [[ -f "$run/round-$k/r2-$c.csv" ]] || fail "round $k has no r2-$c.csv"; done
   pooled="$(awk -F, 'FNR > 1 && $2 == "decode" { n++; ms += $3 } END { printf "%.3f", n / (ms / 1000) }' \
             "$run/round-1/r2-$c.csv" "$run/round-2/r2-$c.csv")"
@@ -80,11 +84,12 @@ done
 header="ratio,config,tok_s,p50_ms,p90_ms,read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,roofline_ms,bw_fraction,engine_majflt_per_token,status,x_roofline,cpu_use,read_wait_ms_per_token,read_waits_per_token"
 [[ "$(head -1 "$csv")" == "$header" ]] || fail "CSV header is '$(head -1 "$csv")', expected '$header'"
 row() { awk -F, -v c="$1" 'NR > 1 && $2 == c' "$csv"; }
-mmap="$(row mmap)"; all="$(row all)"; serial="$(row all-serial)"
+mmap="$(row mmap)"; all="$(row all)"; serial="$(row all-serial)"; pool="$(row all-pool)"
 [[ -n "$mmap" ]] || fail "no mmap row (the plain mmap run failed; see its log under the memlab cache)"
 [[ -n "$all" ]] || fail "no all row (the residency run failed; see its log under the memlab cache)"
 [[ -n "$serial" ]] || fail "no all-serial row (the serial residency run failed; see its log under the memlab cache)"
-for r in "$mmap" "$all" "$serial"; do
+[[ -n "$pool" ]] || fail "no all-pool row (the expert pool's run failed; see its log under the memlab cache)"
+for r in "$mmap" "$all" "$serial" "$pool"; do
   [[ "$(cut -d, -f14 <<< "$r")" == ok ]] || fail "a run did not finish: $r"
   [[ "$(cut -d, -f10 <<< "$r")" == yes ]] || fail "logits differ from the first run: $r"
 done
@@ -110,5 +115,13 @@ awk -v m="$mf_mmap" 'BEGIN { exit !(m >= 1) }' ||
   fail "plain mmap took $mf_mmap major faults per decode token: the limit does not bind, the test proves nothing"
 awk -v m="$mf_mmap" -v a="$mf_serial" 'BEGIN { exit !(a * 5 <= m) }' ||
   fail "major faults per decode token (engine threads): mmap $mf_mmap, all-serial $mf_serial — less than the 5x fall required"
+# The expert pool: the cache's experts read past the page cache into the pool, so the
+# engine's threads find them mapped (no faults of theirs read them), and the bytes read
+# fall as with the page cache.
+mf_pool="$(cut -d, -f13 <<< "$pool")"; rd_pool="$(cut -d, -f6 <<< "$pool")"
+awk -v m="$rd_mmap" -v a="$rd_pool" 'BEGIN { exit !(a * 5 <= m) }' ||
+  fail "MiB read per decode token: mmap $rd_mmap, all-pool $rd_pool — less than the 5x fall required"
+awk -v m="$mf_mmap" -v a="$mf_pool" 'BEGIN { exit !(a * 5 <= m) }' ||
+  fail "major faults per decode token (engine threads): mmap $mf_mmap, all-pool $mf_pool — less than the 5x fall required"
 echo "llama_cpp_memlab_smoke: engine major faults per decode token mmap $mf_mmap -> all-serial $mf_serial, all $mf_all;" \
-     "MiB read per token $rd_mmap -> $rd_all; logits identical"
+     "MiB read per token $rd_mmap -> $rd_all; all-pool: $mf_pool faults, $rd_pool MiB a token; logits identical"

@@ -9,9 +9,9 @@
 # - the summary line's fields parse: read MiB/token is 0 when the model is
 #   resident (in the page cache, no limit) and > 0 in a memory cgroup smaller
 #   than the model (root and the v1 or v2 memory controller; skipped loudly
-#   otherwise, a failure with CI=true);
+#   otherwise, a failure with CI=true), with the page cache and with --pool;
 # - the refusals: a bad --residency, a bad --budget, --chat without a chat
-#   template, --no-mmap, a budget that cannot fit the memory limit, a split
+#   template, --pool without the cache, --no-mmap, a budget that cannot fit the memory limit, a split
 #   that is not the first, RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK,
 #   through setpriv).
 set -uo pipefail
@@ -72,6 +72,8 @@ refuse budget "--budget: '-5'; expected auto or MiB > 0" "$run" -m one.gguf "${c
   fail "a bad --budget exited 0"
 refuse budget-no-cache "--budget 8 with --residency exact: the budget is the cache's, and the cache is not on" \
   "$run" -m one.gguf "${common[@]}" --residency exact --budget 8 && fail "--budget without the cache exited 0"
+refuse pool-no-cache "--pool with --residency exact: the pool holds the cache's experts, and the cache is not on" \
+  "$run" -m one.gguf "${common[@]}" --residency exact --pool && fail "--pool without the cache exited 0"
 refuse chat "--chat: one.gguf has no chat template (tokenizer.chat_template); drop --chat" \
   "$run" -m one.gguf "${common[@]}" --chat && fail "--chat without a template exited 0"
 refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to manage; running stock" \
@@ -112,6 +114,15 @@ line="$(grep '^moe-run: residency all' limited.err)"
 [[ "$line" =~ $re ]] || fail "summary line does not parse: $line"
 awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
 [[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
+# The expert pool, in the same limit: the same text, read past the page cache.
+sync; echo 3 > /proc/sys/vm/drop_caches
+bash -c "echo \$\$ > '$tasks'; exec \"$run\" -m three-00001-of-00003.gguf ${common[*]@Q} --budget 8 --pool" > pool.out 2> pool.err ||
+  { cat pool.err; fail "the limited run with --pool exited $?"; }
+cat pool.err
+[[ "$(cat pool.out)" == "$(sed -n 1p compare.out)" ]] || fail "the limited run with --pool: its text differs"
+line="$(grep '^moe-run: residency all in the expert pool: ' pool.err)"
+[[ "$line" =~ $re ]] || fail "--pool: summary line does not parse: $line"
+awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "--pool: read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
 # RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK, in the same limit): residency off, said how to
 # raise it, and the stock text.
 refuse memlock "RLIMIT_MEMLOCK is 0.0 MiB; raise it (ulimit -l" \

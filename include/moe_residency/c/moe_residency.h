@@ -58,6 +58,9 @@ typedef struct moe_residency_options {
   int overlap;                 /**< a layer's matmuls start while its reads are in flight */
   int act_when_fits;           /**< 0: stand down (advise nothing) when the model fits the limit */
   int measure;                 /**< mincore the routed experts at routing: the hit figure of the stats */
+  int pool;                    /**< the cache's experts in an expert pool (read past the page cache into
+                                    memory allocated once; the predicted top-k placed ahead); needs cache;
+                                    Linux (docs/llama-cpp-residency.md, "The expert pool") */
 } moe_residency_options;
 
 /** What the manager did so far (a subset of residency_stats). */
@@ -75,7 +78,7 @@ typedef struct moe_residency_stats {
   uint64_t advice_errors;
 } moe_residency_stats;
 
-/** The defaults: every part on, auto budget, 2 lanes, overlap, stand down when the model fits. */
+/** The defaults: every part on, auto budget, 2 lanes, overlap, stand down when the model fits, no pool. */
 void moe_residency_options_default(moe_residency_options* options);
 
 /** Creates a handle for `model` (loaded from `gguf_path`, the first split of a split model)

@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
   o.cache_budget_bytes = 1 << 20;
   CHECK(moe_residency_attach(model, argv[1], &o, &cp, &r) == MOE_RESIDENCY_INVALID_ARGUMENT);
   CHECK_MESSAGE("but options.cache = 0");
+  moe_residency_options_default(&o);
+  o.cache = 0;
+  o.pool = 1;
+  CHECK(moe_residency_attach(model, argv[1], &o, &cp, &r) == MOE_RESIDENCY_INVALID_ARGUMENT);
+  CHECK_MESSAGE("pool holds the cache's experts; expected cache = true with pool");
   CHECK(moe_residency_attach(model, "no-such-model.gguf", NULL, &cp, &r) == MOE_RESIDENCY_REFUSED);
   CHECK_MESSAGE("no-such-model.gguf");
   CHECK(moe_residency_attach(NULL, argv[1], NULL, &cp, &r) == MOE_RESIDENCY_INVALID_ARGUMENT);
@@ -105,39 +110,44 @@ int main(int argc, char** argv) {
   CHECK(moe_residency_get_stats(NULL, &s) == MOE_RESIDENCY_INVALID_ARGUMENT);
   moe_residency_detach(NULL); /* a no-op */
 
-  /* Attach, start, decode, read the statistics, detach. The model fits: act anyway. */
-  moe_residency_options_default(&o);
-  o.act_when_fits = 1;
-  o.cache_budget_bytes = 4u << 20;
-  cp = llama_context_default_params();
-  cp.n_ctx = 64;
-  cp.n_threads = cp.n_threads_batch = 1;
-  CHECK(moe_residency_attach(model, argv[1], &o, &cp, &r) == MOE_RESIDENCY_OK);
-  CHECK(strcmp(moe_residency_last_error(), "") == 0);
-  CHECK(r != NULL);
-  ctx = llama_init_from_model(model, cp);
-  CHECK(ctx != NULL);
-  if (moe_residency_start(r, ctx) != MOE_RESIDENCY_OK) {
-    fprintf(stderr, "start: %s\n", moe_residency_last_error());
-    ++failures;
+  /* Attach, start, decode, read the statistics, detach. The model fits: act anyway.
+     Twice: the cache's experts locked in the page cache, then in the expert pool. */
+  for (int pool = 0; pool <= 1; ++pool) {
+    moe_residency_options_default(&o);
+    o.pool = pool;
+    o.act_when_fits = 1;
+    o.cache_budget_bytes = 4u << 20;
+    cp = llama_context_default_params();
+    cp.n_ctx = 64;
+    cp.n_threads = cp.n_threads_batch = 1;
+    CHECK(moe_residency_attach(model, argv[1], &o, &cp, &r) == MOE_RESIDENCY_OK);
+    CHECK(strcmp(moe_residency_last_error(), "") == 0);
+    CHECK(r != NULL);
+    ctx = llama_init_from_model(model, cp);
+    CHECK(ctx != NULL);
+    if (moe_residency_start(r, ctx) != MOE_RESIDENCY_OK) {
+      fprintf(stderr, "start: %s\n", moe_residency_last_error());
+      ++failures;
+    }
+    CHECK(moe_residency_start(r, ctx) == MOE_RESIDENCY_BAD_STATE);
+    CHECK_MESSAGE("already started");
+    CHECK(generate(ctx, model, r, managed));
+    CHECK(memcmp(stock, managed, sizeof stock) == 0); /* the same tokens */
+    CHECK(moe_residency_get_stats(r, &s) == MOE_RESIDENCY_OK);
+    CHECK(s.active == 1);
+    CHECK(s.standing_down == 0);
+    CHECK(s.routed_experts > 0);
+    CHECK(s.exact_reads > 0 || s.cache_hits > 0);
+    CHECK(s.dense_bytes > 0);
+    CHECK(s.budget_bytes == 4u << 20);
+    CHECK(s.pinned_bytes > 0 && s.pinned_bytes <= s.budget_bytes);
+    CHECK(s.advice_errors == 0);
+    CHECK(strstr(moe_residency_summary(r), "residency") != NULL);
+    CHECK(!pool || strstr(moe_residency_summary(r), "in a pool of") != NULL); /* the experts went to the pool */
+    printf("%s\n", moe_residency_summary(r));
+    llama_free(ctx);
+    moe_residency_detach(r);
   }
-  CHECK(moe_residency_start(r, ctx) == MOE_RESIDENCY_BAD_STATE);
-  CHECK_MESSAGE("already started");
-  CHECK(generate(ctx, model, r, managed));
-  CHECK(memcmp(stock, managed, sizeof stock) == 0); /* the same tokens */
-  CHECK(moe_residency_get_stats(r, &s) == MOE_RESIDENCY_OK);
-  CHECK(s.active == 1);
-  CHECK(s.standing_down == 0);
-  CHECK(s.routed_experts > 0);
-  CHECK(s.exact_reads > 0 || s.cache_hits > 0);
-  CHECK(s.dense_bytes > 0);
-  CHECK(s.budget_bytes == 4u << 20);
-  CHECK(s.pinned_bytes > 0 && s.pinned_bytes <= s.budget_bytes);
-  CHECK(s.advice_errors == 0);
-  CHECK(strstr(moe_residency_summary(r), "residency") != NULL);
-  printf("%s\n", moe_residency_summary(r));
-  llama_free(ctx);
-  moe_residency_detach(r);
 
   llama_model_free(model);
   llama_backend_free();

@@ -402,10 +402,11 @@ class mmap_residency : public observer_sink {
     if (slot_bytes_ == 0)
       throw error("mmap_residency: pool: every expert slice is smaller than a page (" + std::to_string(page_) +
                   " bytes); nothing to hold in a pool: expected pool = false");
-    // + the speculative placements in flight (options_.predicted): spec_cap
-    // a layer, for `horizon` layers ahead.
+    // + the speculative placements in flight (options_.predicted): up to
+    // spec_cap a layer (the planner takes no more than the top-k), for
+    // `horizon` layers ahead.
     const std::uint64_t slots = budget_ / smallest + shape_.top_k() +
-                                (options_.predicted ? options_.spec_cap * options_.horizon : 0);
+                                (options_.predicted ? spec_reads() * options_.horizon : 0);
     // Each placed slice is a mapping of its own, splits the file's, and its
     // locked shared pages split it again (up to four mappings a slice):
     // the kernel's vm.max_map_count bounds them.
@@ -437,8 +438,10 @@ class mmap_residency : public observer_sink {
   std::uint64_t margin_for(std::uint64_t limit) const noexcept {
     return options_.margin_bytes != 0 ? options_.margin_bytes
                                       : std::max<std::uint64_t>(256ull << 20, limit / 8) +
-                                            (2 * (options_.lanes + options_.spec_cap) + shape_.top_k()) * pages_.widest_expert_bytes();
+                                            (2 * (options_.lanes + spec_reads()) + shape_.top_k()) * pages_.widest_expert_bytes();
   }
+  // Speculative reads a layer at most: spec_cap, of the predicted top-k.
+  std::size_t spec_reads() const noexcept { return std::min<std::size_t>(options_.spec_cap, shape_.top_k()); }
 
   // The mapped model, llama.cpp's anonymous memory and the margin fit the limit.
   bool model_fits() {
