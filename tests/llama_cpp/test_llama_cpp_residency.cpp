@@ -348,6 +348,27 @@ mre::random_model_spec lab_spec() {
   return s;
 }
 
+/// 6 prompt + 16 decode tokens of `m` (its structure known) with a manager of
+/// options `o` on `fake`, `check` behind it; after the run the last layer is
+/// settled (its admissions locked and accounted) and the cache checked at
+/// every layer, the last one too. The manager is returned alive: what its
+/// destructor undoes is the caller's to check.
+std::unique_ptr<mrl::mmap_residency<>> run_checked(mapped_model& m, const mrl::residency_options& o,
+                                                    fake_advice& fake, checking_sink& check) {
+  auto res = std::make_unique<mrl::mmap_residency<>>(m.obs, m.path, o, &fake);
+  check.obs = &m.obs;
+  check.fake = &fake;
+  check.res = res.get();
+  res->set_next(&check);
+  m.obs.set_sink(res.get());
+  m.restart();
+  m.run(6, 16);
+  m.obs.set_sink(nullptr);
+  res->settle();
+  check.check_cache();
+  return res;
+}
+
 }  // namespace
 
 TEST_CASE("mmap residency: exact reads request exactly the routed experts' ranges, in the matmuls' order") {
@@ -536,19 +557,9 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     o.overlap = overlap;
     o.cache = true;
     o.cache_budget_bytes = 24 * expert_bytes;  // 1.5 token cycles of 4 layers x 4
-    auto owner = std::make_unique<mrl::mmap_residency<>>(obs, m.path, o, &fake);
-    mrl::mmap_residency<>& res = *owner;
     checking_sink check;
-    check.obs = &obs;
-    check.fake = &fake;
-    check.res = &res;
-    res.set_next(&check);
-    obs.set_sink(&res);
-    m.restart();
-    m.run(6, 16);
-    obs.set_sink(nullptr);
-    res.settle();  // the last layer's admissions: locked and accounted
-    check.check_cache();  // now every layer, the last one too
+    auto owner = run_checked(m, o, fake, check);
+    mrl::mmap_residency<>& res = *owner;
 
     REQUIRE(res.active());
     const auto st = res.stats();
@@ -621,19 +632,9 @@ TEST_CASE("mmap residency: the expert pool places the cache's experts in free sl
     o.pin_dense = o.exact = o.cache = o.pool = true;
     o.predicted = predicted;
     o.cache_budget_bytes = 24 * expert_bytes;  // 1.5 token cycles of 4 layers x 4
-    auto owner = std::make_unique<mrl::mmap_residency<>>(obs, m.path, o, &fake);
-    mrl::mmap_residency<>& res = *owner;
     checking_sink check;
-    check.obs = &obs;
-    check.fake = &fake;
-    check.res = &res;
-    res.set_next(&check);
-    obs.set_sink(&res);
-    m.restart();
-    m.run(6, 16);
-    obs.set_sink(nullptr);
-    res.settle();
-    check.check_cache();
+    auto owner = run_checked(m, o, fake, check);
+    mrl::mmap_residency<>& res = *owner;
 
     REQUIRE(res.active());
     const auto st = res.stats();

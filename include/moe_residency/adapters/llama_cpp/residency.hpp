@@ -779,21 +779,18 @@ class mmap_residency : public observer_sink {
 
   // A free pool slot for each of layer l's misses (host thread, before the
   // reads are handed over); none left (never, with the pool's sizing): the
-  // expert is locked in the page cache instead, counted.
+  // expert is locked in the page cache instead, counted, its reads started
+  // as without the pool.
   void take_slots(layer_id l) noexcept {
     for (expert_id e : to_read_) {
-      const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
       if (free_slots_.empty()) {
         ++stats_.pool_fallbacks;
+        start_reads(l, e);
         continue;
       }
-      slot_of_[s] = free_slots_.back();
+      slot_of_[to_index(l) * shape_.n_experts() + to_index(e)] = free_slots_.back();
       free_slots_.pop_back();
     }
-    // The fallbacks' pages through the page cache, as without the pool.
-    if (stats_.pool_fallbacks != 0)
-      for (expert_id e : to_read_)
-        if (slot_of_[to_index(l) * shape_.n_experts() + to_index(e)] == no_slot) start_reads(l, e);
   }
 
   // WILLNEED on every miss of layer l from the eval thread, tensor by tensor
