@@ -539,7 +539,16 @@ int probe(const probe_args& a) {
         throw std::invalid_argument("--shape " + a.shape + " is a " + spec.arch + " model; --random is " + a.random_arch);
     } else {
       spec.router_type = mre::parse_router_type(a.router);
-      spec.expert_type = mre::parse_expert_type(a.expert_type);
+      // One type, or a comma list of one per layer.
+      spec.layer_expert_types.clear();
+      for (std::size_t at = 0;;) {
+        const std::size_t comma = a.expert_type.find(',', at);
+        spec.layer_expert_types.push_back(mre::parse_expert_type(a.expert_type.substr(at, comma - at)));
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+      }
+      spec.expert_type = spec.layer_expert_types.front();
+      if (spec.layer_expert_types.size() == 1) spec.layer_expert_types.clear();
       spec.dense_type = mre::parse_expert_type(a.dense_type);
     }
     spec.arch = a.random_arch;
@@ -571,7 +580,7 @@ int probe(const probe_args& a) {
         }
         std::printf("saved: %s%s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
                     a.splits > 1 ? (" and its other " + std::to_string(a.splits - 1) + " splits").c_str() : "",
-                    to_mib(bytes), ggml_type_name(spec.expert_type),
+                    to_mib(bytes), spec.layer_expert_types.empty() ? ggml_type_name(spec.expert_type) : a.expert_type.c_str(),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         return 0;
       }
@@ -796,7 +805,8 @@ int main(int argc, char** argv) {
   app.add_flag("--text-vocab", a.spec.text_vocab,
                "Random model: a text vocabulary (SentencePiece, byte tokens), so --prompt text tokenizes (needs --vocab >= 512)");
   app.add_option("--expert-type", a.expert_type,
-                 "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see random_model.hpp)")
+                 "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see random_model.hpp); "
+                 "or a comma list, one type per layer")
       ->capture_default_str();
   app.add_option("--dense-type", a.dense_type,
                  "Random model: 2-D dense weights (attention, embedding, output) f32, or quantised (rows from a pool)")

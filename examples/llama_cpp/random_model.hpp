@@ -71,6 +71,10 @@ struct random_model_spec {
   /// f32, f16, bf16, q8_0 or q4_K. A quantised type needs the rows (--embd and
   /// --expert-ff) to be multiples of its block (32 for q8_0, 256 for q4_K).
   ggml_type expert_type = GGML_TYPE_F32;
+  /// Per layer, the type of that layer's expert weights (empty: every layer
+  /// `expert_type`; else one entry per layer). A real Q4_K_M mixes types by
+  /// layer, and llama.cpp's CPU backend repacks some types and not others.
+  std::vector<ggml_type> layer_expert_types;
   /// Quantised experts: distinct random experts per kind (see the file comment).
   std::uint32_t expert_pool = 32;
   /// Attention (qwen3moe, gpt-oss): query heads (0: n_embd / 64), key/value
@@ -359,15 +363,27 @@ inline void validate(const random_model_spec& spec) {
   } else if (spec.dense_type != GGML_TYPE_F32) {
     throw std::invalid_argument("random model: a quantised dense type is for qwen3moe and gpt-oss, not " + a);
   }
-  if (spec.expert_type != GGML_TYPE_F32) {
-    const std::int64_t blck = ggml_blck_size(spec.expert_type);
+  if (!spec.layer_expert_types.empty() && spec.layer_expert_types.size() != spec.n_layer)
+    throw std::invalid_argument("random model: " + std::to_string(spec.layer_expert_types.size()) +
+                                " per-layer expert types for " + std::to_string(spec.n_layer) +
+                                " layers; expected one type, or one per layer");
+  std::vector<ggml_type> types = spec.layer_expert_types;
+  types.push_back(spec.expert_type);
+  for (ggml_type t : types) {
+    if (t == GGML_TYPE_F32) continue;
+    const std::int64_t blck = ggml_blck_size(t);
     for (auto [what, v] : {std::pair<const char*, std::uint32_t>{"--embd", spec.n_embd},
                            std::pair<const char*, std::uint32_t>{"--expert-ff", spec.n_ff_exp}})
       if (v % blck != 0)
         throw std::invalid_argument(std::string("random model: ") + what + " " + std::to_string(v) +
                                     " must be a multiple of " + std::to_string(blck) + " for " +
-                                    ggml_type_name(spec.expert_type) + " experts (its block size)");
+                                    ggml_type_name(t) + " experts (its block size)");
   }
+}
+
+/// The type of layer `il`'s expert weights.
+inline ggml_type expert_type_of(const random_model_spec& spec, std::uint32_t il) {
+  return spec.layer_expert_types.empty() ? spec.expert_type : spec.layer_expert_types[il];
 }
 
 /// The model's GGUF key/values; with `type_entries`, also the tensor entries
@@ -487,13 +503,14 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
       for (const char* fmt : {"blk.%u.attn_q.weight", "blk.%u.attn_k.weight", "blk.%u.attn_v.weight", "blk.%u.attn_output.weight"})
         entry(spec.dense_type, fmt, il);
     if (spec.router_type != GGML_TYPE_F32) entry(spec.router_type, "blk.%u.ffn_gate_inp.weight", il);
-    if (spec.expert_type != GGML_TYPE_F32 && !(a == "deepseek2" && il == 0)) {
-      entry(spec.expert_type, "blk.%u.ffn_gate_exps.weight", il);
-      entry(spec.expert_type, "blk.%u.ffn_up_exps.weight", il);
-      entry(spec.expert_type, "blk.%u.ffn_down_exps.weight", il);
+    const ggml_type et = expert_type_of(spec, il);
+    if (et != GGML_TYPE_F32 && !(a == "deepseek2" && il == 0)) {
+      entry(et, "blk.%u.ffn_gate_exps.weight", il);
+      entry(et, "blk.%u.ffn_up_exps.weight", il);
+      entry(et, "blk.%u.ffn_down_exps.weight", il);
       // Where the architecture fuses gate and up (deepseek2 here), llama.cpp
       // creates this one instead; an entry for a tensor not created is ignored.
-      entry(spec.expert_type, "blk.%u.ffn_gate_up_exps.weight", il);
+      entry(et, "blk.%u.ffn_gate_up_exps.weight", il);
     }
   }
   return g;
@@ -529,11 +546,13 @@ struct tensor_entry {
 /// model of the same spec is built with a callback that records each tensor
 /// and fills nothing (its buffers are never touched, so never resident), and
 /// its last layer stands for every later one (layers of these architectures
-/// differ only in their index; deepseek2's dense layer 0 is kept as layer 0).
+/// differ only in their index and, with layer_expert_types, their experts' type;
+/// deepseek2's dense layer 0 is kept as layer 0).
 inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& spec) {
   detail::validate(spec);
   random_model_spec two = spec;
   two.n_layer = 2;
+  two.layer_expert_types.clear();  // set per layer below
   detail::gguf_ptr g = detail::metadata(two, true);
   std::vector<tensor_entry> seen;
   llama_model_params params = llama_model_default_params();
@@ -571,6 +590,7 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
       if (layer_of(e.name) == from) {
         tensor_entry c = e;
         c.name = to_prefix + e.name.substr(from_prefix.size());
+        if (detail::is_expert_weight(c.name)) c.type = detail::expert_type_of(spec, il);
         out.push_back(std::move(c));
       }
   }

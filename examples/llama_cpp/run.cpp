@@ -41,7 +41,8 @@ struct run_args {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string budget = "auto";
   std::string residency = "all";
-  bool chat = false, compare = false, ignore_eos = false, no_mmap = false, quiet = false, pool = false;
+  bool chat = false, compare = false, ignore_eos = false, no_mmap = false, quiet = false, pool = false, repack = false;
+  int n_gpu_layers = 0;
   float temp = 0.0f, top_p = 0.95f;
   int top_k = 40;
   std::uint32_t seed = 42;
@@ -202,11 +203,12 @@ outcome generate(const run_args& a, bool want_managed) {
   llama_model_params mp = llama_model_default_params();
   // Repacking (llama.cpp's extra CPU buffer types) copies quantised weights out
   // of the mapping into anonymous memory: nothing left to page or pin, and a
-  // model larger than memory would not load. Off both ways, so --compare's
-  // runs multiply the same bytes with the same kernels (identical text).
-  mp.use_extra_bufts = false;
+  // model larger than memory would not load. Off unless --repack; the same
+  // both ways, so --compare's runs multiply the same bytes with the same
+  // kernels (identical text). Offloaded layers (--ngl) likewise.
+  mp.use_extra_bufts = a.repack;
   mp.load_mode = a.no_mmap ? LLAMA_LOAD_MODE_NONE : LLAMA_LOAD_MODE_MMAP;
-  mp.n_gpu_layers = 0;
+  mp.n_gpu_layers = a.n_gpu_layers;
   static bool progress_tty = false;
   progress_tty = tty;
   mp.progress_callback = [](float p, void*) {
@@ -284,6 +286,15 @@ outcome generate(const run_args& a, bool want_managed) {
   }
   if (res) {
     obs.set_sink(res.get());
+    // What it counts: the expert tensors in the mapping (a repacked or
+    // offloaded one is llama.cpp's, said below).
+    const model_shape& ms = res->managed_shape();
+    experts = 0;
+    for (std::size_t l = 0; l < ms.n_layers(); ++l)
+      experts += ms.expert_bytes(layer_id(static_cast<std::uint16_t>(l))) * ms.n_experts();
+    shape = ms;
+    if (!res->unmanaged_note().empty())
+      std::fprintf(stderr, "moe-run: left to llama.cpp, not in the file's mapping: %s\n", res->unmanaged_note().c_str());
     std::string what;
     if (res->standing_down()) what = "the model fits: nothing advised (" + res->fit_note() + ")";
     else if (ro.cache)
@@ -291,9 +302,10 @@ outcome generate(const run_args& a, bool want_managed) {
              " MiB" + (res->budget_note().empty() ? std::string() : " (" + res->budget_note() + ")");
     else what = "no pinned cache";
     std::fprintf(stderr,
-                 "moe-run: managing %zu MoE layers x %zu experts (top-%zu) of %s: experts %.0f MiB, dense %.0f MiB; "
+                 "moe-run: managing %zu MoE layers x %zu experts (top-%zu) of %s: experts %.0f MiB, %s %.0f MiB; "
                  "memory limit %.0f MiB (%s); %s; parts %s; %d threads\n",
                  shape.n_moe_layers(), shape.n_experts(), shape.top_k(), a.model.c_str(), mib(experts),
+                 res->unmanaged_note().empty() ? "dense" : "the rest (dense and left to llama.cpp)",
                  mib(total > experts ? total - experts : 0), mib(lim.bytes), lim.source.empty() ? "unknown" : lim.source.c_str(),
                  what.c_str(), a.residency.c_str(), a.threads);
   }
@@ -420,6 +432,12 @@ int main(int argc, char** argv) {
   app.add_flag("--compare", a.compare,
                "Run residency off, drop the page cache, run it on: both summaries, the ratio, and whether the texts match");
   app.add_flag("--ignore-eos", a.ignore_eos, "Do not stop at an end-of-generation token");
+  app.add_flag("--repack", a.repack,
+               "Let llama.cpp's CPU backend repack quantised weights (its extra buffer types, llama.cpp's default): "
+               "the repacked experts are copies outside the file's mapping, left to llama.cpp; the rest managed");
+  app.add_option("--n-gpu-layers,--ngl", a.n_gpu_layers,
+                 "Layers to offload to a GPU (a llama.cpp built with one): their experts are left to llama.cpp, the rest managed")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
   app.add_flag("--no-mmap", a.no_mmap, "Load the weights into memory (llama.cpp's --no-mmap): nothing to manage, runs stock");
   app.add_option("--batch", a.batch, "Prompt batch (tokens per graph)")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   app.add_flag("-q,--quiet", a.quiet, "No text to stdout (the summary lines only)");

@@ -147,11 +147,12 @@ struct gguf_file {
 };
 
 /// A GGUF file loaded memory-mapped, without repacked (copied) expert
-/// buffers: the expert tensors' data are the file's bytes.
-inline mre::model_ptr load_mmap(const std::string& path) {
+/// buffers: the expert tensors' data are the file's bytes. `repack`: with
+/// llama.cpp's default extra buffer types (the CPU backend repacks what it can).
+inline mre::model_ptr load_mmap(const std::string& path, bool repack = false) {
   llama_model_params mp = llama_model_default_params();
   mp.load_mode = LLAMA_LOAD_MODE_MMAP;
-  mp.use_extra_bufts = false;
+  mp.use_extra_bufts = repack;
   mre::model_ptr m(llama_model_load_from_file(path.c_str(), mp));
   REQUIRE_MESSAGE(m != nullptr, "llama_model_load_from_file failed on " << path);
   return m;

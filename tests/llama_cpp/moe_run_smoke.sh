@@ -13,7 +13,10 @@
 # - the refusals: a bad --residency, a bad --budget, --chat without a chat
 #   template, --pool without the cache, --no-mmap, a budget that cannot fit the memory limit, a split
 #   that is not the first, RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK,
-#   through setpriv).
+#   through setpriv);
+# - --repack (llama.cpp repacks a model's q4_K layers, not its f16 ones): the repacked experts left
+#   to llama.cpp and named, the rest managed (under the limit too), the text stock's; every expert
+#   repacked: nothing to manage, said why, stock.
 set -uo pipefail
 run="${1:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
 probe="${2:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
@@ -57,7 +60,7 @@ re='prompt ([0-9]+) tokens ([0-9.]+) tok/s, decode ([0-9]+) tokens ([0-9.]+) tok
 awk -v a="${BASH_REMATCH[5]}" -v b="${BASH_REMATCH[6]}" 'BEGIN { exit !(a > 0 && b >= a) }' || fail "p50/p90 implausible: $line"
 [[ "${BASH_REMATCH[7]}" == "0.0" ]] || fail "read ${BASH_REMATCH[7]} MiB/token with the model resident, expected 0.0"
 
-# Refusals, one line each, naming what and why.
+# A refusal or fall-back: one line naming what and why.
 refuse() {  # refuse NAME EXPECTED-SUBSTRING ARGS...
   local name="$1" want="$2"; shift 2
   "$@" > "refuse-$name.out" 2> "refuse-$name.err"
@@ -66,6 +69,36 @@ refuse() {  # refuse NAME EXPECTED-SUBSTRING ARGS...
   echo "refusal $name (exit $rc): $(grep -F -- "$want" "refuse-$name.err" | head -1)"
   return "$rc"
 }
+
+# llama.cpp's CPU repacking (--repack): a model whose layers 0-1 have f16 experts (never repacked)
+# and layers 2-3 q4_K ones (repacked on AVX2 x86 and on ARM with the dot-product extensions): the
+# repacked ones are left to llama.cpp, said which, the rest managed; the text is stock's with the same
+# load. Every expert repacked: nothing to manage, said why, and it runs stock.
+if grep -qw avx2 /proc/cpuinfo; then
+  mixed=(--random qwen3moe --layers 4 --experts 16 --k 4 --embd 256 --expert-ff 256 --text-vocab)
+  "$probe" "${mixed[@]}" --expert-type f16,f16,q4_K,q4_K --save-model mixed.gguf --save-only 2>/dev/null ||
+    fail "writing mixed.gguf"
+  "$run" -m mixed.gguf "${common[@]}" --repack --budget 4 --compare > repack.out 2> repack.err ||
+    { cat repack.err; fail "--repack --compare exited $?"; }
+  cat repack.err
+  grep -Eq '^moe-run: left to llama.cpp, not in the file.s mapping: 6 expert tensors \([0-9.]+ MiB\) of layers 2-3 repacked by the CPU backend \(CPU_REPACK\)$' repack.err ||
+    fail "--repack: no line saying which expert tensors are left to llama.cpp"
+  grep -q '^moe-run: managing 2 MoE layers x 16 experts (top-4) of mixed.gguf: experts 12 MiB, the rest (dense and left to llama.cpp) ' repack.err ||
+    fail "--repack: the 'managing' line does not count the 2 managed layers' 12 MiB of experts"
+  grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all; texts identical \(24 tokens\)$' repack.err ||
+    fail "--repack: the texts differ"
+  refuse repack-all "moe-run: residency off: mmap_residency: no expert tensor is in the model's file mapping: 12 expert tensors" \
+    "$run" -m one.gguf "${common[@]}" --repack || fail "--repack with every expert repacked did not run stock"
+  grep -q "of layers 0-3 repacked by the CPU backend (CPU_REPACK); nothing to manage" refuse-repack-all.err ||
+    fail "--repack with every expert repacked: the refusal does not say where they are"
+  "$run" -m one.gguf "${common[@]}" --repack --residency off > repack-stock.out 2>/dev/null || fail "--repack --residency off exited $?"
+  [[ "$(cat refuse-repack-all.out)" == "$(cat repack-stock.out)" ]] || fail "--repack's stock fall-back: its text differs"
+else
+  [[ "${CI:-}" == true ]] && fail "CI=true but this CPU has no AVX2: llama.cpp repacks nothing, the --repack runs cannot be checked"
+  echo "####### moe_run_smoke: SKIPPED the --repack runs: no AVX2, llama.cpp would repack nothing #######"
+fi
+
+# Refusals, one line each, naming what and why.
 refuse residency "--residency: 'bogus' in 'bogus'; expected all, off, or a comma list of dense, exact, predicted, cache" \
   "$run" -m one.gguf "${common[@]}" --residency bogus && fail "a bad --residency exited 0"
 refuse budget "--budget: '-5'; expected auto or MiB > 0" "$run" -m one.gguf "${common[@]}" --budget=-5 &&
@@ -123,6 +156,19 @@ cat pool.err
 line="$(grep '^moe-run: residency all in the expert pool: ' pool.err)"
 [[ "$line" =~ $re ]] || fail "--pool: summary line does not parse: $line"
 awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "--pool: read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
+# --repack in the same limit (the model no longer fits, so the manager acts on layers 0-1): the same
+# text as stock with the same load, and experts pinned.
+if [[ -f mixed.gguf ]]; then
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  bash -c "echo \$\$ > '$tasks'; exec \"$run\" -m mixed.gguf ${common[*]@Q} --repack --budget 4" > repack-limited.out 2> repack-limited.err ||
+    { cat repack-limited.err; fail "the limited run with --repack exited $?"; }
+  cat repack-limited.err
+  [[ "$(cat repack-limited.out)" == "$(sed -n 1p repack.out)" ]] || fail "the limited run with --repack: its text differs"
+  grep -q '^moe-run: managing 2 MoE layers .* budget 4 MiB' repack-limited.err || fail "--repack under a limit: not managing with the 4 MiB budget"
+  line="$(grep '^moe-run: residency all: ' repack-limited.err)"
+  [[ "$line" =~ $re ]] || fail "--repack: summary line does not parse: $line"
+  [[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "--repack: pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
+fi
 # RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK, in the same limit): residency off, said how to
 # raise it, and the stock text.
 refuse memlock "RLIMIT_MEMLOCK is 0.0 MiB; raise it (ulimit -l" \

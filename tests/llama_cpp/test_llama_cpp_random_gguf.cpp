@@ -8,11 +8,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "llama_support.hpp"
 
@@ -40,11 +42,14 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
     const char* arch;
     ggml_type experts;
     ggml_type dense = GGML_TYPE_F32;  // q4_K: the named shapes' dense rows from a pool, real attention heads
+    bool mixed = false;               // layer_expert_types: f16, `experts`, f32
   };
   const case_t cases[] = {{"qwen3moe", GGML_TYPE_Q4_K}, {"qwen3moe", GGML_TYPE_F32}, {"deepseek2", GGML_TYPE_Q8_0},
-                          {"gpt-oss", GGML_TYPE_F16}, {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_Q4_K}};
-  for (const auto& [arch, experts, dense] : cases) {
-    const std::string config = std::string(arch) + " experts " + ggml_type_name(experts) + " dense " + ggml_type_name(dense);
+                          {"gpt-oss", GGML_TYPE_F16}, {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_Q4_K},
+                          {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_F32, true}};
+  for (const auto& [arch, experts, dense, mixed] : cases) {
+    const std::string config = std::string(arch) + " experts " + ggml_type_name(experts) + " dense " +
+                               ggml_type_name(dense) + (mixed ? " per layer f16, it, f32" : "");
     CAPTURE(config);
     mre::random_model_spec spec = small_spec(arch, experts);
     if (dense != GGML_TYPE_F32) {
@@ -55,6 +60,8 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
       spec.n_head_kv = 2;
       spec.head_dim = 64;
     }
+    const std::vector<ggml_type> layer_types{GGML_TYPE_F16, experts, GGML_TYPE_F32};
+    if (mixed) spec.layer_expert_types = layer_types;
     temp_file saved(std::string(arch) + "_saved"), streamed(std::string(arch) + "_streamed");
     auto built = mre::make_random_model(spec);
     llama_model_save_to_file(built.get(), saved.path.c_str());
@@ -77,7 +84,7 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
       CHECK(std::memcmp(ta->data, tb->data, ggml_nbytes(ta)) == 0);
       if (tensor.find("_exps.weight") != std::string::npos) {
         ++experts_seen;
-        CHECK(tb->type == experts);
+        CHECK(tb->type == (mixed ? layer_types[static_cast<std::size_t>(std::atoi(name + 4))] : experts));
       } else if (ggml_n_dims(tb) == 2 && tensor.find("ffn_gate_inp") == std::string::npos) {
         CHECK(tb->type == dense);  // attention, token embedding, output
       }
@@ -164,5 +171,14 @@ TEST_CASE("random model: expert types are parsed and checked against the block s
   s.n_ff_exp = 128;
   CHECK_THROWS_WITH_AS(mre::save_random_gguf(s, "never-written.gguf"),
                        "random model: --expert-ff 128 must be a multiple of 256 for q4_K experts (its block size)",
+                       std::invalid_argument);
+  s = small_spec("qwen3moe", GGML_TYPE_F32);
+  s.layer_expert_types = {GGML_TYPE_F16, GGML_TYPE_F16};
+  CHECK_THROWS_WITH_AS(mre::save_random_gguf(s, "never-written.gguf"),
+                       "random model: 2 per-layer expert types for 3 layers; expected one type, or one per layer",
+                       std::invalid_argument);
+  s.layer_expert_types = {GGML_TYPE_F16, GGML_TYPE_Q4_K, GGML_TYPE_F16};  // --embd 128: not a multiple of 256
+  CHECK_THROWS_WITH_AS(mre::save_random_gguf(s, "never-written.gguf"),
+                       "random model: --embd 128 must be a multiple of 256 for q4_K experts (its block size)",
                        std::invalid_argument);
 }

@@ -18,6 +18,7 @@
 #include <set>
 #include <chrono>
 #include <thread>
+#include <tuple>
 #include <string>
 #include <sys/stat.h>
 #include <cstring>
@@ -923,7 +924,10 @@ TEST_CASE("mmap residency: refusals name the figures") {
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.exact = true;
     mrl::mmap_residency<> res(obs2, m.path, o, &fake);
-    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("is not at its file offset"), error);
+    // Every expert tensor is a copy (LLAMA_LOAD_MODE_NONE): none is in the mapping.
+    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("no expert tensor is in the model's file mapping: 12 expert tensors"), error);
+    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("of layers 0-3 copied out of the file (CPU)"), error);
+    CHECK(fake.calls().empty());
   }
   {
     // A refusal found while sizing (here: no readable router is not it; the
@@ -943,6 +947,189 @@ TEST_CASE("mmap residency: refusals name the figures") {
   const mrl::memory_limit lim = mrl::detail::process_memory_limit();
   CHECK(lim.bytes > 0);
   CHECK(!lim.source.empty());
+}
+
+namespace {
+// The names of the buffer types of layer l's expert tensors that are not
+// "CPU_Mapped" (the file's mapping as a CPU buffer): what llama.cpp copied.
+std::size_t copied_tensors(const mrl::observer& obs, std::size_t l, std::string& buft) {
+  std::size_t n = 0;
+  for (const auto& t : obs.layers()[l].experts) {
+    const std::string name = ggml_backend_buft_name(ggml_backend_buffer_get_type(t.tensor->buffer));
+    if (name != "CPU_Mapped") {
+      ++n;
+      buft = name;
+    }
+  }
+  return n;
+}
+}  // namespace
+
+TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama.cpp, the rest managed") {
+  // Layers 0-1 f16 (llama.cpp's CPU backend does not repack f16), layers 2-3
+  // q4_K (repacked into an interleaved copy on AVX2 x86 and on ARM with the
+  // dot-product extensions), loaded with llama.cpp's default extra buffer types.
+  llama_init_once();
+  mre::random_model_spec spec = lab_spec();
+  spec.layer_expert_types = {GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K};
+  temp_file file("res_repack");
+  mre::save_random_gguf(spec, file.path);
+  observed_model om(load_mmap(file.path, true));
+  std::vector<float> plain;
+  {
+    auto ctx = make_context(om.model.get(), test_context_params());
+    plain = run_tokens(ctx.get(), om.model.get(), 6, 12).logits;
+  }
+  om.warm_up();
+  mrl::observer& obs = om.obs;
+  REQUIRE(obs.structure_known());
+  std::string buft;
+  CHECK(copied_tensors(obs, 0, buft) == 0);
+  CHECK(copied_tensors(obs, 1, buft) == 0);
+  const std::size_t repacked = copied_tensors(obs, 2, buft) + copied_tensors(obs, 3, buft);
+#if defined(__x86_64__)
+  // This machine kind (and CI) has AVX2: llama.cpp repacks q4_K there.
+  REQUIRE_MESSAGE(repacked == 6, "llama.cpp did not repack the q4_K experts on this CPU");
+#endif
+  if (repacked == 0) MESSAGE("this CPU has no repacked q4_K: every expert stays in the mapping");
+
+  mrl::residency_options o;
+  o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
+  o.pin_dense = o.exact = o.predicted = o.cache = true;
+  o.cache_budget_bytes = 8ull << 20;
+  {
+    // The fake: every call the manager makes is on layers 0-1's experts or
+    // the dense weights, never on the repacked copies.
+    fake_advice fake;
+    mrl::mmap_residency<> res(obs, file.path, o, &fake);
+    res.activate();
+    CHECK(res.active());
+    const model_shape& ms = res.managed_shape();
+    for (std::size_t l = 0; l < 4; ++l) {
+      CAPTURE(l);
+      const auto id = layer_id(static_cast<std::uint16_t>(l));
+      const bool managed = l < 2 || repacked == 0;
+      CHECK(ms.is_moe(id) == managed);
+      CHECK(ms.expert_bytes(id) == (managed ? obs.layers()[l].expert_bytes : 0));
+    }
+    if (repacked == 6) {
+      char mib[32];
+      std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(obs.layers()[2].expert_bytes + obs.layers()[3].expert_bytes) *
+                                                     static_cast<double>(spec.n_expert) / (1024.0 * 1024.0));
+      CHECK(res.unmanaged_note() ==
+            "6 expert tensors (" + std::string(mib) + ") of layers 2-3 repacked by the CPU backend (" + buft + ")");
+    }
+    obs.set_sink(&res);
+    om.run(6, 12);
+    obs.set_sink(nullptr);
+    res.settle();
+    std::size_t on_layer[5] = {0, 0, 0, 0, 0};  // layers 0-3, then anything else (dense)
+    for (const auto& c : fake.calls()) {
+      const int l = layer_of(obs, c.addr);
+      ++on_layer[l < 0 ? 4 : l];
+    }
+    CHECK(on_layer[0] > 0);
+    CHECK(on_layer[1] > 0);
+    if (repacked == 6) {
+      CHECK(on_layer[2] == 0);
+      CHECK(on_layer[3] == 0);
+      CHECK(res.summary().find("left to llama.cpp: 6 expert tensors") != std::string::npos);
+    }
+    CHECK(res.stats().exact_reads > 0);
+    CHECK(res.stats().cache_misses + res.stats().cache_hits > 0);
+  }
+  {
+    // The kernel's advice: the same logits as stock with the same load.
+    mrl::mmap_residency<> res(obs, file.path, o);
+    om.restart();
+    obs.set_sink(&res);
+    const auto got = om.run(6, 12).logits;
+    obs.set_sink(nullptr);
+    res.settle();
+    CHECK(res.active());
+    CHECK(res.stats().advice_errors() == 0);
+    REQUIRE(got.size() == plain.size());
+    CHECK(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)) == 0);
+    MESSAGE(res.summary());
+  }
+}
+
+TEST_CASE("mmap residency: every expert repacked: nothing to manage, said with where they are") {
+  llama_init_once();
+  mre::random_model_spec spec = lab_spec();
+  spec.expert_type = GGML_TYPE_Q4_K;
+  temp_file file("res_repack_all");
+  mre::save_random_gguf(spec, file.path);
+  observed_model om(load_mmap(file.path, true));
+  om.warm_up();
+  const mrl::observer& obs = om.obs;
+  REQUIRE(obs.structure_known());
+  std::string buft;
+  std::size_t repacked = 0;
+  for (std::size_t l = 0; l < 4; ++l) repacked += copied_tensors(obs, l, buft);
+  if (repacked == 0) {
+    MESSAGE("this CPU has no repacked q4_K: nothing to check");
+    return;
+  }
+  REQUIRE(repacked == 12);
+  fake_advice fake;
+  mrl::residency_options o;
+  o.fits = mrl::when_fits::act;
+  o.pin_dense = o.exact = o.cache = true;
+  o.cache_budget_bytes = 8ull << 20;
+  mrl::mmap_residency<> res(obs, file.path, o, &fake);
+  CHECK_THROWS_WITH_AS(res.activate(),
+                       doctest::Contains("no expert tensor is in the model's file mapping: 12 expert tensors"), error);
+  CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains(("of layers 0-3 repacked by the CPU backend (" + buft + ")").c_str()),
+                       error);
+  CHECK(fake.calls().empty());
+  CHECK(!res.active());
+}
+
+TEST_CASE("mmap residency: a file's mappings are read from the process's map list by device and inode, or by name, split ones joined") {
+  temp_file file("res_regions");
+  { std::ofstream(file.path) << std::string(8192, 'x'); }
+  const int fd = ::open(file.path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  void* p = ::mmap(nullptr, 8192, PROT_READ, MAP_PRIVATE, fd, 0);
+  REQUIRE(p != MAP_FAILED);
+  void* q = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE, fd, 4096);  // its second page, again
+  REQUIRE(q != MAP_FAILED);
+  std::vector<mrl::detail::file_region> r;
+  REQUIRE(mrl::detail::file_regions(file.path, r));
+  std::set<std::tuple<std::uintptr_t, std::uintptr_t, std::uint64_t>> got;
+  for (const auto& x : r) got.insert({x.begin, x.end, x.offset});
+  const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
+  CHECK(got == std::set<std::tuple<std::uintptr_t, std::uintptr_t, std::uint64_t>>{{a, a + 8192, 0}, {b, b + 4096, 4096}});
+  ::munmap(p, 8192);
+  ::munmap(q, 4096);
+  ::close(fd);
+  // A list that names the file (an overlay filesystem reports another device
+  // there) but gives another inode: matched by its real path.
+  char* real = ::realpath(file.path.c_str(), nullptr);
+  REQUIRE(real != nullptr);
+  temp_file maps("res_regions_maps");
+  {
+    std::ofstream f(maps.path);
+    // One mapping split in two (joined), a neighbour that does not continue
+    // it (its offset jumps), another file, an anonymous mapping.
+    f << "7f0000000000-7f0000003000 r--p 00002000 00:2a 99999999 " << real << "\n"
+      << "7f0000003000-7f0000004000 r--s 00005000 00:2a 99999999 " << real << "\n"
+      << "7f0000004000-7f0000005000 r--p 00009000 00:2a 99999999 " << real << "\n"
+      << "7f0000005000-7f0000006000 r--p 00000000 00:2a 99999998 /somewhere/else.gguf\n"
+      << "7f0000006000-7f0000007000 rw-p 00000000 00:00 0 \n";
+  }
+  std::free(real);
+  REQUIRE(mrl::detail::file_regions(file.path, r, maps.path));
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].begin == 0x7f0000000000u);
+  CHECK(r[0].end == 0x7f0000004000u);
+  CHECK(r[0].offset == 0x2000u);
+  CHECK(r[1].begin == 0x7f0000004000u);
+  CHECK(r[1].end == 0x7f0000005000u);
+  CHECK(r[1].offset == 0x9000u);
+  CHECK(!mrl::detail::file_regions(file.path, r, maps.path + ".missing"));  // no list: the caller decides
+  CHECK(r.empty());
 }
 
 TEST_CASE("mmap residency: the memory limit is the tightest over the cgroup and its ancestors") {

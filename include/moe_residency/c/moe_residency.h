@@ -16,9 +16,12 @@
  *   llama_free(ctx);                                          // the context first: its callback points at r
  *   moe_residency_detach(r);
  *
- * The model must be loaded memory-mapped without repacked weights
- * (llama_model_params.use_mmap-style LLAMA_LOAD_MODE_MMAP and
- * use_extra_bufts = false): the manager advises and locks the file's pages.
+ * The model must be loaded memory-mapped (LLAMA_LOAD_MODE_MMAP): the manager
+ * advises and locks the file's pages. Expert tensors that are not in the
+ * mapping (repacked into copies by use_extra_bufts = true, llama.cpp's
+ * default, or offloaded to a GPU) are left to llama.cpp and named in
+ * moe_residency_summary(); the rest are managed. Load with
+ * use_extra_bufts = false to keep quantised experts in the file's pages.
  * A handle is used from one thread (the one calling llama_decode).
  */
 #ifndef MOE_RESIDENCY_C_MOE_RESIDENCY_H

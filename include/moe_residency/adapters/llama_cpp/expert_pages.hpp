@@ -11,11 +11,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
+#include "moe_residency/adapters/llama_cpp/memory_limit.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
 #include "moe_residency/error.hpp"
 
@@ -43,18 +45,35 @@ class expert_pages {
     std::vector<std::uint8_t> refs;            // locks held per page of the mapping
   };
 
+  /// An expert tensor the manager leaves to llama.cpp: not in the file's
+  /// mapping (offloaded to a device, or copied out of the file, e.g. repacked
+  /// by the CPU backend).
+  struct unmapped_tensor {
+    std::size_t layer = 0;
+    std::string name;
+    std::string where;  // "offloaded to CUDA0", "repacked by the CPU backend (CPU_REPACK)", ...
+    std::uint64_t bytes = 0;
+  };
+
   /// Reads the layout from the files llama.cpp mapped (a single file or the
-  /// first split of a split model) and the observer's structure. Throws
-  /// `error` naming the tensor when an expert tensor is offloaded or not at
-  /// its file offset in one mapping of its file.
+  /// first split of a split model) and the observer's structure. An expert
+  /// tensor that is not in a mapping of its file at its file offset (on
+  /// Linux, as /proc/self/maps says; elsewhere, at the address most of the
+  /// file's expert tensors agree on) is left out of its layer and listed in
+  /// unmapped(): the rest is managed. Throws `error` when no expert tensor is
+  /// in the mapping (nothing to manage) or when a file's expert tensors sit
+  /// in two different mappings of it.
   void map(const std::string& path, const observer& obs, std::size_t page) {
     page_ = page;
     dense_total_ = 0;
     dense_unmapped_ = 0;
     widest_ = 0;
+    unmapped_.clear();
     gguf_expert_map map(path, obs);
     const std::vector<gguf_split> splits = open_gguf_splits(path, "mmap_residency");
     files_.assign(splits.size(), file_mapping{});
+    std::vector<std::vector<file_region>> regions(splits.size());
+    std::vector<bool> regions_known(splits.size(), false);
     for (std::size_t f = 0; f < splits.size(); ++f) {
       const gguf_context* ctx = splits[f].ctx.get();
       const std::uint64_t data_offset = gguf_get_data_offset(ctx);
@@ -64,6 +83,7 @@ class expert_pages {
                                                          gguf_get_tensor_size(ctx, i));
       files_[f].path = splits[f].path;
       files_[f].file_bytes = file_end;
+      regions_known[f] = file_regions(splits[f].path, regions[f]);
     }
     layers_.assign(obs.n_layer(), layer_ranges{});
     // Every weight an expert matmul multiplies is an expert tensor (also in a
@@ -71,6 +91,22 @@ class expert_pages {
     std::vector<std::string> expert_names;
     for (const layer_structure& s : obs.layers())
       for (const expert_tensor& et : s.experts) expert_names.push_back(et.name);
+    // Where each file's offset 0 would be by each host tensor; without the
+    // process's map list, the address most of them agree on is the mapping.
+    std::vector<std::vector<std::pair<const unsigned char*, std::size_t>>> votes(splits.size());
+    for (std::size_t l = 0; l < obs.n_layer(); ++l) {
+      const layer_structure& s = obs.layers()[l];
+      if (!s.moe) continue;
+      const auto& ranges = map.ranges(layer_id(static_cast<std::uint16_t>(l)));
+      for (std::size_t i = 0; i < s.experts.size(); ++i) {
+        if (!host_readable(s.experts[i].tensor)) continue;
+        const unsigned char* b = static_cast<const unsigned char*>(s.experts[i].tensor->data) - ranges[i].offset;
+        auto& v = votes[ranges[i].split];
+        auto it = std::find_if(v.begin(), v.end(), [b](const auto& p) { return p.first == b; });
+        if (it == v.end()) v.push_back({b, 1});
+        else ++it->second;
+      }
+    }
     for (std::size_t l = 0; l < obs.n_layer(); ++l) {
       const layer_structure& s = obs.layers()[l];
       if (!s.moe) continue;
@@ -78,20 +114,26 @@ class expert_pages {
       for (std::size_t i = 0; i < s.experts.size(); ++i) {
         const expert_tensor& et = s.experts[i];
         const expert_file_range& fr = ranges[i];
-        if (!host_readable(et.tensor))
-          throw error("mmap_residency: expert tensor '" + et.name +
-                      "' is not in host memory (offloaded); expected a memory-mapped CPU weight");
+        const std::uint64_t bytes = et.bytes_per_expert * et.n_expert;
         const auto* data = static_cast<const unsigned char*>(et.tensor->data);
-        // Where this tensor's file's offset 0 must be: every expert tensor of
-        // a file sits at that base + its offset in the file.
         file_mapping& fm = files_[fr.split];
+        std::string where;
+        if (!host_readable(et.tensor) ||
+            !in_mapping(data, bytes, fr.offset, regions_known[fr.split], regions[fr.split], votes[fr.split]))
+          where = whereabouts(et.tensor);
+        if (!where.empty()) {
+          unmapped_.push_back(unmapped_tensor{l, et.name, std::move(where), bytes});
+          continue;
+        }
+        // Where this tensor's file's offset 0 is: every expert tensor of a
+        // file sits at that base + its offset in the file.
         const unsigned char* b = data - fr.offset;
         if (fm.file_base == nullptr) fm.file_base = b;
         if (b != fm.file_base)
-          throw error("mmap_residency: expert tensor '" + et.name + "' is not at its file offset " +
-                      std::to_string(fr.offset) + " in the mapping of " + fm.path +
-                      "; expected every expert tensor in one mmap of its file (load with use_mmap = true "
-                      "and use_extra_bufts = false: repacked weights are copies, not the file)");
+          throw error("mmap_residency: expert tensor '" + et.name + "' is in a second mapping of " + fm.path +
+                      " (its file offset " + std::to_string(fr.offset) +
+                      " is at another address than the other expert tensors'); expected every expert tensor in "
+                      "one mmap of its file");
         layers_[l].tensors.push_back(tensor_range{const_cast<unsigned char*>(data), et.bytes_per_expert, et.n_expert});
         layers_[l].bytes += et.bytes_per_expert;
       }
@@ -104,6 +146,10 @@ class expert_pages {
       const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(fm.file_base) + fm.file_bytes - floor(fm.file_base);
       fm.refs.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
     }
+    if (!any && !unmapped_.empty())
+      throw error("mmap_residency: no expert tensor is in the model's file mapping: " + unmapped_note() +
+                  "; nothing to manage: expected the experts memory-mapped on the CPU (use_mmap = true, "
+                  "use_extra_bufts = false, and no expert tensor offloaded)");
     if (!any) throw error("mmap_residency: the model has no MoE layer with expert tensors");
     // Dense: every other tensor of every file. A split that holds no expert
     // tensor has no known mapping here (llama.cpp does not say where it put
@@ -144,6 +190,32 @@ class expert_pages {
   std::uint64_t dense_bytes() const noexcept { return dense_total_; }
   /// One expert's bytes (all its tensors) in the widest layer.
   std::uint64_t widest_expert_bytes() const noexcept { return widest_; }
+  /// The expert tensors left to llama.cpp (not in the mapping), in layer order.
+  const std::vector<unmapped_tensor>& unmapped() const noexcept { return unmapped_; }
+  /// One phrase per place the unmapped tensors are, with their layers:
+  /// "6 expert tensors (48 MiB) of layers 2-3 repacked by the CPU backend
+  /// (CPU_REPACK)"; "" when every expert tensor is managed.
+  std::string unmapped_note() const {
+    std::vector<std::string> places;
+    for (const unmapped_tensor& u : unmapped_)
+      if (std::find(places.begin(), places.end(), u.where) == places.end()) places.push_back(u.where);
+    std::string out;
+    for (const std::string& w : places) {
+      std::size_t n = 0;
+      std::uint64_t bytes = 0;
+      std::vector<std::size_t> layers;
+      for (const unmapped_tensor& u : unmapped_)
+        if (u.where == w) {
+          ++n;
+          bytes += u.bytes;
+          if (layers.empty() || layers.back() != u.layer) layers.push_back(u.layer);
+        }
+      if (!out.empty()) out += "; ";
+      out += std::to_string(n) + " expert tensor" + (n == 1 ? "" : "s") + " (" + mib_text(bytes) + ") of layer" +
+             (layers.size() == 1 ? " " : "s ") + ranges_text(layers) + " " + w;
+    }
+    return out;
+  }
   /// Dense bytes in splits that hold no expert tensor (counted, not in dense()).
   std::uint64_t dense_unmapped_bytes() const noexcept { return dense_unmapped_; }
   /// The model's files as mapped, the first split first (one for a single file).
@@ -209,6 +281,54 @@ class expert_pages {
   }
 
  private:
+  // Where a tensor that is not in its file's mapping is, in words: on a
+  // device that is not the CPU (offloaded), or in a CPU buffer (a repacked
+  // copy, by its buffer type's name, or a plain copy: loaded without mmap).
+  static std::string whereabouts(const ggml_tensor* t) {
+    const ggml_backend_buffer_t buf = t->view_src != nullptr ? t->view_src->buffer : t->buffer;
+    if (buf == nullptr) return "copied out of the file (no buffer)";
+    const ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(buf);
+    const char* n = ggml_backend_buft_name(buft);
+    const std::string name = n != nullptr ? n : "an unnamed buffer type";
+    const ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);
+    if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) return "offloaded to " + name;
+    if (name.find("REPACK") != std::string::npos) return "repacked by the CPU backend (" + name + ")";
+    return "copied out of the file (" + name + ")";
+  }
+  // True when [data, data + bytes) maps the file from `offset`: inside one of
+  // the file's mappings at that offset (the process's map list), or, without
+  // the list, at the base most of the file's expert tensors agree on.
+  static bool in_mapping(const unsigned char* data, std::uint64_t bytes, std::uint64_t offset, bool known,
+                         const std::vector<file_region>& regions,
+                         const std::vector<std::pair<const unsigned char*, std::size_t>>& votes) {
+    const auto a = reinterpret_cast<std::uintptr_t>(data);
+    if (known) {
+      for (const file_region& r : regions)
+        if (a >= r.begin && a + bytes <= r.end && r.offset + (a - r.begin) == offset) return true;
+      return false;
+    }
+    const auto best = std::max_element(votes.begin(), votes.end(),
+                                       [](const auto& x, const auto& y) { return x.second < y.second; });
+    return best != votes.end() && best->first == data - offset;
+  }
+  static std::string mib_text(std::uint64_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+    return buf;
+  }
+  // "0-3, 5, 7-8"
+  static std::string ranges_text(const std::vector<std::size_t>& v) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size();) {
+      std::size_t j = i;
+      while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+      if (!out.empty()) out += ", ";
+      out += std::to_string(v[i]) + (j > i ? "-" + std::to_string(v[j]) : std::string());
+      i = j + 1;
+    }
+    return out;
+  }
+
   /// The mapping [a, …) lies in; null outside every tracked file.
   file_mapping* file_of(std::uintptr_t a) noexcept {
     for (file_mapping& f : files_) {
@@ -223,6 +343,7 @@ class expert_pages {
   std::vector<std::pair<unsigned char*, std::uint64_t>> dense_;
   std::uint64_t dense_total_ = 0, dense_unmapped_ = 0, widest_ = 0;
   std::vector<file_mapping> files_;
+  std::vector<unmapped_tensor> unmapped_;
 };
 
 }  // namespace moe_residency::llama_cpp::detail

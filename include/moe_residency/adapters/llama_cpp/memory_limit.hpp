@@ -7,14 +7,20 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "moe_residency/adapters/llama_cpp/advice.hpp"
 
 #if MOE_RESIDENCY_ADVICE_POSIX
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/sysmacros.h>  // major, minor (glibc moved them here)
+#endif
 #endif
 
 namespace moe_residency::llama_cpp {
@@ -99,6 +105,62 @@ inline std::uint64_t process_map_count() {
   std::uint64_t n = 0;
   while (std::getline(maps, line)) ++n;
   return n;
+}
+
+/// One mapping of a file in this process: [begin, end) maps the file from `offset`.
+struct file_region {
+  std::uintptr_t begin = 0, end = 0;
+  std::uint64_t offset = 0;
+};
+
+/// The mappings of `path` in this process (lines of `maps`, /proc/self/maps,
+/// whose device and inode are the file's, or whose name is its real path:
+/// an overlay filesystem reports the underlying device there), neighbours
+/// that continue each other joined. False when the list cannot be read (not
+/// Linux): the caller must decide another way.
+inline bool file_regions(const std::string& path, std::vector<file_region>& out,
+                         const std::string& maps_path = "/proc/self/maps") {
+  out.clear();
+  std::ifstream maps(maps_path);
+  if (!maps) return false;
+  unsigned long long dev_major = ~0ull, dev_minor = ~0ull, ino = ~0ull;
+  std::string real;
+#if MOE_RESIDENCY_ADVICE_POSIX
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    dev_major = major(st.st_dev);
+    dev_minor = minor(st.st_dev);
+    ino = static_cast<unsigned long long>(st.st_ino);
+  }
+  if (char* r = ::realpath(path.c_str(), nullptr)) {
+    real = r;
+    std::free(r);
+  }
+#endif
+  std::string line;
+  bool any = false;
+  while (std::getline(maps, line)) {
+    any = true;
+    unsigned long long b = 0, e = 0, off = 0, maj = 0, min = 0, node = 0;
+    char perms[8] = {};
+    int name_at = -1;
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %llx:%llx %llu %n", &b, &e, perms, &off, &maj, &min, &node,
+                    &name_at) < 7)
+      continue;
+    const std::string name = name_at >= 0 && static_cast<std::size_t>(name_at) <= line.size() ? line.substr(static_cast<std::size_t>(name_at)) : "";
+    const bool same_file = (node != 0 && node == ino && maj == dev_major && min == dev_minor) || (!real.empty() && name == real);
+    if (same_file) out.push_back({static_cast<std::uintptr_t>(b), static_cast<std::uintptr_t>(e), off});
+  }
+  // One mapping split into several (advice, locks and placements split it;
+  // the list is in address order): contiguous in address and offset, joined.
+  std::vector<file_region> joined;
+  for (const file_region& r : out)
+    if (!joined.empty() && joined.back().end == r.begin && joined.back().offset + (r.begin - joined.back().begin) == r.offset)
+      joined.back().end = r.end;
+    else
+      joined.push_back(r);
+  out.swap(joined);
+  return any;
 }
 
 /// The kernel's vm.max_map_count (mappings a process may have); 0 when it cannot tell.

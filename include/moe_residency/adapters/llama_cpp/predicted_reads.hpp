@@ -95,6 +95,7 @@ class predicted_reads {
              Claim&& claim, Unclaim&& unclaim) {
     layer_id target{};
     if (!moe_layer_ahead(shape_, l, horizon_, target)) return;
+    if (layers[to_index(target)].tensors.empty()) return;  // its experts are left to llama.cpp: nothing to read
     ranking& pr = prediction_;
     const bool ok = horizon_ == 1 ? gate1_.predict(bank_, l, target, x, pr) : gate2_.predict(bank_, l, target, x, pr);
     if (!ok) return;

@@ -155,9 +155,11 @@ class mmap_residency : public observer_sink {
 
   /// Reads the mapping's layout and applies the one-time advice (dense lock,
   /// MADV_RANDOM). Throws `error` with the figures when the structure is not
-  /// known yet, the expert tensors are not in one file mapping (a model
-  /// loaded without mmap, repacked or offloaded weights), the locking limit
-  /// is too low, or the budget cannot fit. Called automatically otherwise.
+  /// known yet, no expert tensor is in the file's mapping (a model loaded
+  /// without mmap, every expert repacked or offloaded: expert tensors only
+  /// some of which are elsewhere are left to llama.cpp, the rest managed;
+  /// see unmanaged_note), the locking limit is too low, or the budget cannot
+  /// fit. Called automatically otherwise.
   void activate() {
     if (active_) return;
     if (!obs_->structure_known())
@@ -223,6 +225,13 @@ class mmap_residency : public observer_sink {
   /// How the auto budget was computed ("" unless auto).
   const std::string& budget_note() const noexcept { return budget_note_; }
   const cache_type* cache() const noexcept { return cache_.get(); }
+  /// The expert tensors it leaves to llama.cpp because they are not in the
+  /// file's mapping (offloaded, repacked), which and of which layers; ""
+  /// when it manages every one (or before activation).
+  std::string unmanaged_note() const { return pages_.unmapped_note(); }
+  /// What the cache counts: per layer, the bytes of one expert's tensors in
+  /// the mapping (a layer left wholly to llama.cpp: dense here). Valid after activation.
+  const model_shape& managed_shape() const noexcept { return managed_shape_; }
 
   /// With overlap, the last layer's reads are accounted at the next routing
   /// or batch: call this (between llama_decode calls) before reading stats()
@@ -278,6 +287,7 @@ class mmap_residency : public observer_sink {
       std::snprintf(buf, sizeof buf, " resident at routing %.2f%% |", s.resident_pct());
       o << buf;
     }
+    if (!pages_.unmapped().empty()) o << " left to llama.cpp: " << pages_.unmapped_note() << " |";
     if (s.unlock_failed_bytes != 0) o << " munlock failed on " << detail::mib(s.unlock_failed_bytes) << " |";
     o << " advice errors " << s.advice_errors();
     return o.str();
@@ -315,6 +325,15 @@ class mmap_residency : public observer_sink {
   void map_layout() {
     pages_.map(path_, *obs_, page_);
     pinned_.assign(shape_.n_layers() * shape_.n_experts(), 0);
+    // The cache counts what it pins: each layer's expert tensors in the
+    // mapping; a layer with none (offloaded or repacked) is not its business.
+    std::vector<std::uint64_t> bytes(shape_.n_layers(), 0);
+    std::vector<bool> moe(shape_.n_layers(), false);
+    for (std::size_t l = 0; l < shape_.n_layers() && l < pages_.layers().size(); ++l) {
+      bytes[l] = pages_.layers()[l].bytes;
+      moe[l] = bytes[l] != 0;
+    }
+    managed_shape_ = model_shape(shape_.name(), shape_.n_experts(), shape_.top_k(), std::move(bytes), std::move(moe));
   }
 
   // Refuses, before any advice, when RLIMIT_MEMLOCK cannot hold what will be locked.
@@ -382,7 +401,7 @@ class mmap_residency : public observer_sink {
     o.budget_bytes = budget_;
     o.guard = cycle_guard::warn;
     o.on_warning = [this](const std::string& m) { cache_warning_ = m; };
-    cache_ = std::make_unique<cache_type>(shape_, std::move(o));
+    cache_ = std::make_unique<cache_type>(managed_shape_, std::move(o));
   }
 
   // The expert pool (options_.pool): a slot per expert the cache can hold,
@@ -916,7 +935,7 @@ class mmap_residency : public observer_sink {
   bool active_ = false;
   std::string status_, budget_note_, cache_warning_;
 
-  model_shape shape_;
+  model_shape shape_, managed_shape_;
   detail::expert_pages pages_;
   std::uint64_t budget_ = 0;
   std::vector<std::uint8_t> pinned_;  // per (layer, expert): locked by the cache
