@@ -578,9 +578,12 @@ int probe(const probe_args& a) {
           std::ifstream f(p, std::ios::binary | std::ios::ate);
           bytes += static_cast<std::uint64_t>(f.tellg());
         }
+        const char* experts = spec.arch == "qwen3"                ? "none (dense)"
+                              : spec.layer_expert_types.empty() ? ggml_type_name(spec.expert_type)
+                                                                : a.expert_type.c_str();
         std::printf("saved: %s%s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
                     a.splits > 1 ? (" and its other " + std::to_string(a.splits - 1) + " splits").c_str() : "",
-                    to_mib(bytes), spec.layer_expert_types.empty() ? ggml_type_name(spec.expert_type) : a.expert_type.c_str(),
+                    to_mib(bytes), experts,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         return 0;
       }
@@ -782,7 +785,7 @@ int main(int argc, char** argv) {
   probe_args a;
   CLI::App app{"moe-llama-probe: observe llama.cpp's MoE routing, score predictors, replay a cache"};
   app.add_option("--model", a.model_path, "A GGUF model file (loaded with mmap)");
-  app.add_option("--random", a.random_arch, "A random-weight model of this architecture: qwen3moe, deepseek2, gpt-oss");
+  app.add_option("--random", a.random_arch, "A random-weight model of this architecture: qwen3moe, deepseek2, gpt-oss; qwen3 (dense, no experts: for --save-only)");
   app.add_option("--layers", a.spec.n_layer, "Random model: layers")->capture_default_str();
   app.add_option("--experts", a.spec.n_expert, "Random model: experts per layer")->capture_default_str();
   app.add_option("--k", a.spec.n_expert_used, "Random model: experts used per token")->capture_default_str();

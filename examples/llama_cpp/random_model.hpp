@@ -50,7 +50,9 @@ namespace moe_residency::llama_cpp::examples {
 
 /// What to build. Architectures: "qwen3moe", "deepseek2" (8 expert groups, 4
 /// used, sigmoid gating, selection bias, weight norm and scale, first layer
-/// dense), "gpt-oss" (router bias, softmax over the selected logits).
+/// dense), "gpt-oss" (router bias, softmax over the selected logits), and
+/// "qwen3", a dense model with no experts (what a residency manager must
+/// recognise and leave alone).
 struct random_model_spec {
   std::string arch = "qwen3moe";
   std::uint32_t n_layer = 4;
@@ -333,9 +335,9 @@ using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
 
 inline void validate(const random_model_spec& spec) {
   const std::string& a = spec.arch;
-  if (a != "qwen3moe" && a != "deepseek2" && a != "gpt-oss")
+  if (a != "qwen3moe" && a != "deepseek2" && a != "gpt-oss" && a != "qwen3")
     throw std::invalid_argument("random model: architecture '" + a +
-                                "'; expected qwen3moe, deepseek2 or gpt-oss");
+                                "'; expected qwen3moe, deepseek2, gpt-oss or qwen3 (dense)");
   if (spec.n_layer < 2) throw std::invalid_argument("random model: --layers must be >= 2");
   if (spec.n_expert_used < 1 || spec.n_expert_used > spec.n_expert)
     throw std::invalid_argument("random model: --k " + std::to_string(spec.n_expert_used) +
@@ -444,14 +446,16 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
   u32("embedding_length", spec.n_embd);
   u32("block_count", spec.n_layer);
   u32("feed_forward_length", 2 * spec.n_embd);
-  u32("expert_feed_forward_length", spec.n_ff_exp);
-  u32("expert_count", spec.n_expert);
-  u32("expert_used_count", spec.n_expert_used);
+  if (a != "qwen3") {  // qwen3: dense, no experts
+    u32("expert_feed_forward_length", spec.n_ff_exp);
+    u32("expert_count", spec.n_expert);
+    u32("expert_used_count", spec.n_expert_used);
+  }
   f32("attention.layer_norm_rms_epsilon", 1e-6f);
   f32("rope.freq_base", 10000.0f);
 
   const std::uint32_t n_head = spec.n_head != 0 ? spec.n_head : spec.n_embd / 64;
-  if (a == "qwen3moe") {
+  if (a == "qwen3moe" || a == "qwen3") {
     u32("attention.head_count", n_head);
     u32("attention.head_count_kv", spec.n_head_kv);
     u32("attention.key_length", spec.head_dim);

@@ -11,7 +11,7 @@
 #   than the model (root and the v1 or v2 memory controller; skipped loudly
 #   otherwise, a failure with CI=true), with the page cache and with --pool;
 # - the refusals: a bad --residency, a bad --budget, --chat without a chat
-#   template, --pool without the cache, --no-mmap, a budget that cannot fit the memory limit, a split
+#   template, --pool without the cache, --no-mmap, a dense (non-MoE) model, a budget that cannot fit the memory limit, a split
 #   that is not the first, RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK,
 #   through setpriv);
 # - --repack (llama.cpp repacks a model's q4_K layers, not its f16 ones): the repacked experts left
@@ -112,6 +112,13 @@ refuse chat "--chat: one.gguf has no chat template (tokenizer.chat_template); dr
 refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to manage; running stock" \
   "$run" -m one.gguf "${common[@]}" --no-mmap || fail "--no-mmap did not run stock"
 [[ "$(cat refuse-no-mmap.out)" == "$(sed -n 1p compare.out)" ]] || fail "--no-mmap's text differs"
+"$probe" --random qwen3 --layers 2 --embd 256 --text-vocab --save-model dense.gguf --save-only 2>/dev/null ||
+  fail "writing dense.gguf (a dense qwen3)"
+refuse dense "moe-run: dense.gguf has no MoE routing in its graph (a dense model): nothing to manage; running stock" \
+  "$run" -m dense.gguf "${common[@]}" || fail "a dense model did not run stock"
+[[ -n "$(cat refuse-dense.out)" ]] || fail "the dense model generated no text"
+"$run" -m dense.gguf "${common[@]}" --residency off > dense-stock.out 2>/dev/null || fail "the dense model, residency off, exited $?"
+[[ "$(cat refuse-dense.out)" == "$(cat dense-stock.out)" ]] || fail "the dense model's text differs from stock"
 refuse split "split 2 of 3; expected the model's first split (its name ends in '-00001-of-00003.gguf')" \
   "$run" -m three-00002-of-00003.gguf "${common[@]}" && fail "a later split exited 0"
 refuse budget-fit "MiB do not fit the memory limit of" \
