@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <map>
 #include <mutex>
@@ -203,6 +204,10 @@ class checking_sink : public mrl::observer_sink {
   std::size_t seen = 0;
   std::size_t layers_checked = 0, exact_mismatch = 0, over_budget = 0, unpinned_resident = 0,
               pinned_evicted = 0;
+  /// When the routing event began, before the manager acted (a front_sink's
+  /// seq): an owned read may end before this sink is called, on a loaded
+  /// machine. Unset: this sink's own seq.
+  std::function<std::uint64_t()> routing_began;
 
   bool wants_routing() const noexcept override { return true; }
   bool wants_layers() const noexcept override { return false; }
@@ -251,7 +256,7 @@ class checking_sink : public mrl::observer_sink {
     if (res->owned_reads()) {
       // The lanes read (advice::read): checked after the run (read_checks),
       // since they finish during the layer's matmuls, after this event.
-      owned_wants.push_back({routings.back().second, want, ids.size()});
+      owned_wants.push_back({routing_began ? routing_began() : routings.back().second, want, ids.size()});
       return;
     }
     exact_mismatch += got != want;
@@ -407,6 +412,7 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
     check.res = &res;
     res.set_next(&check);
     front_sink front(res);
+    check.routing_began = [&front] { return front.routings.back().second; };
     obs.set_sink(&front);
 
     m.run(6, 12);
@@ -582,27 +588,38 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     CHECK(st.pinned_bytes <= res.budget_bytes());
     CHECK(st.pinned_peak_bytes <= res.budget_bytes());
 
-    // Dense: each non-expert tensor's pages locked by exactly one call.
+    // Dense: the pages of each non-expert tensor the graph reads locked by
+    // exactly one call; a tensor it never reads (the per-expert scales of
+    // this model) is never touched, so never locked.
     const auto g = mrl::detail::open_gguf(m.path, "test");
     const mrl::gguf_expert_map map(m.path, obs);
     const auto* base = static_cast<const unsigned char*>(obs.layers()[0].experts[0].tensor->data) -
                        map.ranges(layer_id(0))[0].offset;
-    std::map<std::pair<std::uintptr_t, std::size_t>, int> dense;
+    std::map<std::pair<std::uintptr_t, std::size_t>, int> dense, unread;
     for (std::int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
       // the weights the expert matmuls multiply; everything else (per-expert
       // scales included) is dense
+      const std::string name = gguf_get_tensor_name(g.get(), i);
       bool expert = false;
       for (const auto& ls : obs.layers())
-        for (const auto& t : ls.experts) expert = expert || t.name == gguf_get_tensor_name(g.get(), i);
+        for (const auto& t : ls.experts) expert = expert || t.name == name;
       if (expert) continue;
+      bool read = false;
+      for (const ggml_tensor* w : obs.weights()) read = read || name == w->name;
       const auto* a = base + gguf_get_data_offset(g.get()) + gguf_get_tensor_offset(g.get(), i);
-      ++dense[{floor4k(a), ceil4k(a + gguf_get_tensor_size(g.get(), i)) - floor4k(a)}];
+      ++(read ? dense : unread)[{floor4k(a), ceil4k(a + gguf_get_tensor_size(g.get(), i)) - floor4k(a)}];
     }
     REQUIRE(dense.size() > 5);
+    REQUIRE(!unread.empty());
     std::map<std::pair<std::uintptr_t, std::size_t>, int> locked_dense;
+    std::size_t locked_unread = 0;
     for (const auto& c : fake.calls())
-      if (c.kind == mrl::advice::lock && dense.count({c.addr, c.len}) != 0) ++locked_dense[{c.addr, c.len}];
+      if (c.kind == mrl::advice::lock) {
+        if (dense.count({c.addr, c.len}) != 0) ++locked_dense[{c.addr, c.len}];
+        locked_unread += unread.count({c.addr, c.len}) != 0 && dense.count({c.addr, c.len}) == 0;
+      }
     CHECK(locked_dense == dense);  // one call per dense tensor, none repeated per token
+    CHECK(locked_unread == 0);
     CHECK(fake.locked_pages() > 0);
     owner.reset();
     CHECK(fake.locked_pages() == 0);  // the destructor unlocked every page it locked
@@ -968,10 +985,13 @@ std::size_t copied_tensors(const mrl::observer& obs, std::size_t l, std::string&
 TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama.cpp, the rest managed") {
   // Layers 0-1 f16 (llama.cpp's CPU backend does not repack f16), layers 2-3
   // q4_K (repacked into an interleaved copy on AVX2 x86 and on ARM with the
-  // dot-product extensions), loaded with llama.cpp's default extra buffer types.
+  // dot-product extensions), loaded with llama.cpp's default extra buffer
+  // types; the attention and output weights q4_K too (repacked: their matmuls),
+  // the token embedding q4_K (not: a row lookup).
   llama_init_once();
   mre::random_model_spec spec = lab_spec();
   spec.layer_expert_types = {GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K};
+  spec.dense_type = GGML_TYPE_Q4_K;
   temp_file file("res_repack");
   mre::save_random_gguf(spec, file.path);
   observed_model om(load_mmap(file.path, true));
@@ -992,6 +1012,32 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
   REQUIRE_MESSAGE(repacked == 6, "llama.cpp did not repack the q4_K experts on this CPU");
 #endif
   if (repacked == 0) MESSAGE("this CPU has no repacked q4_K: every expert stays in the mapping");
+  // The dense weights the graph read, those llama.cpp copied and those in
+  // the mapping, and all of the file's dense bytes (every tensor but the
+  // expert weights: their scales too, which this graph never reads).
+  std::size_t dense_copied = 0;
+  std::uint64_t dense_copied_bytes = 0, dense_mapped_bytes = 0, dense_file_bytes = 0;
+  for (const ggml_tensor* w : obs.weights()) {
+    if (mre::detail::is_expert_weight(w->name)) continue;
+    if (std::string(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer))) != "CPU_Mapped") {
+      ++dense_copied;
+      dense_copied_bytes += ggml_nbytes(w);
+    } else {
+      dense_mapped_bytes += ggml_nbytes(w);
+    }
+  }
+  {
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gguf_context* g = gguf_init_from_file(file.path.c_str(), gp);
+    REQUIRE(g != nullptr);
+    for (std::int64_t i = 0; i < gguf_get_n_tensors(g); ++i)
+      if (!mre::detail::is_expert_weight(gguf_get_tensor_name(g, i))) dense_file_bytes += gguf_get_tensor_size(g, i);
+    gguf_free(g);
+  }
+#if defined(__x86_64__)
+  REQUIRE_MESSAGE(dense_copied == 4 * 4 + 1, "llama.cpp did not repack the q4_K attention and output weights");
+#endif
 
   mrl::residency_options o;
   o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
@@ -1016,18 +1062,34 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
       char mib[32];
       std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(obs.layers()[2].expert_bytes + obs.layers()[3].expert_bytes) *
                                                      static_cast<double>(spec.n_expert) / (1024.0 * 1024.0));
-      CHECK(res.unmanaged_note() ==
-            "6 expert tensors (" + std::string(mib) + ") of layers 2-3 repacked by the CPU backend (" + buft + ")");
+      char dense_mib[32];
+      std::snprintf(dense_mib, sizeof dense_mib, "%.1f MiB", static_cast<double>(dense_copied_bytes) / (1024.0 * 1024.0));
+      CHECK(res.unmanaged_note() == "6 expert tensors (" + std::string(mib) + ") of layers 2-3 repacked by the CPU backend (" +
+                                        buft + "); " + std::to_string(dense_copied) + " dense tensors (" + dense_mib +
+                                        ") repacked by the CPU backend (" + buft + ")");
     }
+    // The dense weights locked are those the graph reads in the mapping: not
+    // the copies, not the tensors it never reads.
+    CHECK(res.stats().dense_bytes == dense_mapped_bytes);
+    CHECK(dense_mapped_bytes + dense_copied_bytes < dense_file_bytes);
     obs.set_sink(&res);
     om.run(6, 12);
     obs.set_sink(nullptr);
     res.settle();
     std::size_t on_layer[5] = {0, 0, 0, 0, 0};  // layers 0-3, then anything else (dense)
+    std::size_t on_copies = 0;                  // calls on a dense weight's copy
     for (const auto& c : fake.calls()) {
       const int l = layer_of(obs, c.addr);
       ++on_layer[l < 0 ? 4 : l];
+      for (const ggml_tensor* w : obs.weights()) {
+        const auto a = reinterpret_cast<std::uintptr_t>(w->data);
+        if (std::string(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer))) != "CPU_Mapped" &&
+            c.addr < a + ggml_nbytes(w) && a < c.addr + c.len)
+          ++on_copies;
+      }
     }
+    CHECK(on_copies == 0);
+    CHECK(on_layer[4] > 0);  // the dense weights in the mapping were locked
     CHECK(on_layer[0] > 0);
     CHECK(on_layer[1] > 0);
     if (repacked == 6) {

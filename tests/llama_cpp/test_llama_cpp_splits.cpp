@@ -135,6 +135,21 @@ TEST_CASE("split GGUF: the residency manager maps every split and leaves the log
   CHECK(s3.lock_failed == 0);
 }
 
+TEST_CASE("split GGUF: a split that holds no expert tensor is located by the dense tensors the graph read") {
+  // One tensor a split: most splits hold one dense tensor and no expert. The
+  // manager finds each one's mapping by where llama.cpp's graph read it, so
+  // it locks every dense weight, as with the single file.
+  const int n = static_cast<int>((llama_init_once(), mre::random_model_tensors(split_spec()).size()));
+  written_model one("split_dense_one", split_spec(), 1), many("split_dense_many", split_spec(), n);
+  const auto plain = logits_of(one.path(), 1, false);
+  mrl::residency_stats s1, sn;
+  CHECK(same(logits_of(one.path(), 1, true, &s1), plain));
+  CHECK(same(logits_of(many.path(), 1, true, &sn), plain));
+  CHECK(s1.dense_bytes > 0);
+  CHECK(sn.dense_bytes == s1.dense_bytes);
+  CHECK(sn.exact_reads == s1.exact_reads);
+}
+
 TEST_CASE("split GGUF: a later split, a missing split and a misnamed first split are refused by name") {
   written_model three("split_bad", split_spec(), 3);
   CHECK_THROWS_WITH_AS(mrl::gguf_expert_map::by_name(three.paths[1]),

@@ -49,10 +49,11 @@ class expert_pages {
   /// mapping (offloaded to a device, or copied out of the file, e.g. repacked
   /// by the CPU backend).
   struct unmapped_tensor {
-    std::size_t layer = 0;
+    std::size_t layer = 0;  // an expert tensor's
     std::string name;
     std::string where;  // "offloaded to CUDA0", "repacked by the CPU backend (CPU_REPACK)", ...
     std::uint64_t bytes = 0;
+    bool expert = true;  // false: a dense tensor
   };
 
   /// Reads the layout from the files llama.cpp mapped (a single file or the
@@ -67,6 +68,7 @@ class expert_pages {
     page_ = page;
     dense_total_ = 0;
     dense_unmapped_ = 0;
+    dense_elsewhere_ = 0;
     widest_ = 0;
     unmapped_.clear();
     gguf_expert_map map(path, obs);
@@ -139,34 +141,75 @@ class expert_pages {
       }
     }
     bool any = false;
-    for (file_mapping& fm : files_) {
-      if (fm.file_base == nullptr) continue;
-      any = true;
-      fm.base = reinterpret_cast<unsigned char*>(floor(fm.file_base));
-      const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(fm.file_base) + fm.file_bytes - floor(fm.file_base);
-      fm.refs.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
-    }
+    for (const file_mapping& fm : files_) any = any || fm.file_base != nullptr;
     if (!any && !unmapped_.empty())
       throw error("mmap_residency: no expert tensor is in the model's file mapping: " + unmapped_note() +
                   "; nothing to manage: expected the experts memory-mapped on the CPU (use_mmap = true, "
                   "use_extra_bufts = false, and no expert tensor offloaded)");
     if (!any) throw error("mmap_residency: the model has no MoE layer with expert tensors");
-    // Dense: every other tensor of every file. A split that holds no expert
-    // tensor has no known mapping here (llama.cpp does not say where it put
-    // it): its tensors are counted, not pinned (dense_unmapped_bytes).
-    dense_.clear();
+    // Dense: every other tensor of every file that the first graph read (the
+    // observer's weights), where it read it: in the mapping (pinned), or a
+    // copy elsewhere (repacked, offloaded: llama.cpp's, listed in unmapped(),
+    // not counted). A tensor the graph never read is never touched: neither
+    // pinned nor counted. Without the observer's weights (none recorded),
+    // every other tensor is taken to be read where its file's mapping puts
+    // it. A file whose mapping is not known (no expert and no read tensor in
+    // it, off Linux) has its tensors counted, not pinned (dense_unmapped_bytes).
+    std::vector<const ggml_tensor*> read;
+    for (const ggml_tensor* w : obs.weights()) read.push_back(w);
+    auto read_as = [&read](const std::string& name) -> const ggml_tensor* {
+      for (const ggml_tensor* w : read)
+        if (name == w->name) return w;
+      return nullptr;
+    };
+    struct dense_tensor {
+      std::size_t file;
+      std::string name;
+      std::uint64_t off, size;
+      const ggml_tensor* read;
+      bool mapped;  // read, and in its file's mapping
+    };
+    std::vector<dense_tensor> dense;
     for (std::size_t f = 0; f < splits.size(); ++f) {
       const gguf_context* ctx = splits[f].ctx.get();
       const std::uint64_t data_offset = gguf_get_data_offset(ctx);
       for (std::int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i) {
-        const std::string name = gguf_get_tensor_name(ctx, i);
+        std::string name = gguf_get_tensor_name(ctx, i);
         if (std::find(expert_names.begin(), expert_names.end(), name) != expert_names.end()) continue;
-        const std::uint64_t off = data_offset + gguf_get_tensor_offset(ctx, i);
-        const std::uint64_t size = gguf_get_tensor_size(ctx, i);
-        dense_total_ += size;
-        if (files_[f].file_base == nullptr) dense_unmapped_ += size;
-        else if (size != 0) dense_.push_back({const_cast<unsigned char*>(files_[f].file_base) + off, size});
+        const ggml_tensor* w = read_as(name);
+        if (w == nullptr && !read.empty()) continue;  // never read: never touched
+        const std::uint64_t off = data_offset + gguf_get_tensor_offset(ctx, i), size = gguf_get_tensor_size(ctx, i);
+        const auto* data = w != nullptr ? static_cast<const unsigned char*>(w->data) : nullptr;
+        bool mapped = false;
+        if (w != nullptr && host_readable(w)) {
+          if (regions_known[f]) mapped = in_mapping(data, size, off, true, regions[f], {});
+          else mapped = files_[f].file_base != nullptr && data - off == files_[f].file_base;
+          // A split with no expert tensor: located by its dense ones.
+          if (mapped && files_[f].file_base == nullptr) files_[f].file_base = data - off;
+          mapped = mapped && data - off == files_[f].file_base;  // not in a second mapping of the file
+        }
+        dense.push_back(dense_tensor{f, std::move(name), off, size, w, mapped});
       }
+    }
+    dense_.clear();
+    for (const dense_tensor& d : dense) {
+      const file_mapping& fm = files_[d.file];
+      const bool elsewhere = d.read != nullptr && !d.mapped && (regions_known[d.file] || fm.file_base != nullptr ||
+                                                              !host_readable(d.read));
+      if (elsewhere) {
+        unmapped_.push_back(unmapped_tensor{0, d.name, whereabouts(d.read), d.size, false});
+        dense_elsewhere_ += d.size;
+        continue;
+      }
+      dense_total_ += d.size;
+      if (fm.file_base == nullptr) dense_unmapped_ += d.size;
+      else if (d.size != 0) dense_.push_back({const_cast<unsigned char*>(fm.file_base) + d.off, d.size});
+    }
+    for (file_mapping& fm : files_) {
+      if (fm.file_base == nullptr) continue;
+      fm.base = reinterpret_cast<unsigned char*>(floor(fm.file_base));
+      const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(fm.file_base) + fm.file_bytes - floor(fm.file_base);
+      fm.refs.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
     }
     for (const layer_ranges& l : layers_) widest_ = std::max(widest_, l.bytes);
   }
@@ -187,36 +230,47 @@ class expert_pages {
   const std::vector<layer_ranges>& layers() const noexcept { return layers_; }
   /// The other tensors of the file: (address in the mapping, bytes).
   const std::vector<std::pair<unsigned char*, std::uint64_t>>& dense() const noexcept { return dense_; }
+  /// Dense bytes llama.cpp reads from the files' pages (those in dense()
+  /// and the unmapped ones), not its copies elsewhere.
   std::uint64_t dense_bytes() const noexcept { return dense_total_; }
+  /// Dense bytes llama.cpp copied out of the files (repacked, offloaded).
+  std::uint64_t dense_elsewhere_bytes() const noexcept { return dense_elsewhere_; }
   /// One expert's bytes (all its tensors) in the widest layer.
   std::uint64_t widest_expert_bytes() const noexcept { return widest_; }
-  /// The expert tensors left to llama.cpp (not in the mapping), in layer order.
+  /// The tensors left to llama.cpp (not in the mapping): the expert ones in
+  /// layer order, then the dense ones.
   const std::vector<unmapped_tensor>& unmapped() const noexcept { return unmapped_; }
-  /// One phrase per place the unmapped tensors are, with their layers:
-  /// "6 expert tensors (48 MiB) of layers 2-3 repacked by the CPU backend
-  /// (CPU_REPACK)"; "" when every expert tensor is managed.
+  /// One phrase per kind and place of the unmapped tensors, an expert
+  /// one with its layers: "6 expert tensors (48.0 MiB) of layers 2-3
+  /// repacked by the CPU backend (CPU_REPACK); 8 dense tensors (1.0 MiB)
+  /// repacked by the CPU backend (CPU_REPACK)"; "" when every tensor is in
+  /// the mapping.
   std::string unmapped_note() const {
-    std::vector<std::string> places;
+    std::vector<std::pair<bool, std::string>> places;
     for (const unmapped_tensor& u : unmapped_)
-      if (std::find(places.begin(), places.end(), u.where) == places.end()) places.push_back(u.where);
+      if (std::find(places.begin(), places.end(), std::make_pair(u.expert, u.where)) == places.end())
+        places.emplace_back(u.expert, u.where);
     std::string out;
-    for (const std::string& w : places) {
+    for (const auto& [expert, w] : places) {
       std::size_t n = 0;
       std::uint64_t bytes = 0;
       std::vector<std::size_t> layers;
       for (const unmapped_tensor& u : unmapped_)
-        if (u.where == w) {
+        if (u.expert == expert && u.where == w) {
           ++n;
           bytes += u.bytes;
           if (layers.empty() || layers.back() != u.layer) layers.push_back(u.layer);
         }
       if (!out.empty()) out += "; ";
-      out += std::to_string(n) + " expert tensor" + (n == 1 ? "" : "s") + " (" + mib_text(bytes) + ") of layer" +
-             (layers.size() == 1 ? " " : "s ") + ranges_text(layers) + " " + w;
+      out += std::to_string(n) + (expert ? " expert" : " dense") + " tensor" + (n == 1 ? "" : "s") + " (" +
+             mib_text(bytes) + ")" +
+             (expert ? std::string(" of layer") + (layers.size() == 1 ? " " : "s ") + ranges_text(layers) : "") + " " +
+             w;
     }
     return out;
   }
-  /// Dense bytes in splits that hold no expert tensor (counted, not in dense()).
+  /// Dense bytes in files whose mapping is not known: a split with no expert
+  /// tensor and, off Linux, no tensor the graph read (counted, not in dense()).
   std::uint64_t dense_unmapped_bytes() const noexcept { return dense_unmapped_; }
   /// The model's files as mapped, the first split first (one for a single file).
   const std::vector<file_mapping>& files() const noexcept { return files_; }
@@ -341,7 +395,7 @@ class expert_pages {
   std::size_t page_ = 4096;
   std::vector<layer_ranges> layers_;
   std::vector<std::pair<unsigned char*, std::uint64_t>> dense_;
-  std::uint64_t dense_total_ = 0, dense_unmapped_ = 0, widest_ = 0;
+  std::uint64_t dense_total_ = 0, dense_unmapped_ = 0, dense_elsewhere_ = 0, widest_ = 0;
   std::vector<file_mapping> files_;
   std::vector<unmapped_tensor> unmapped_;
 };

@@ -45,6 +45,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -166,6 +167,11 @@ class observer {
     stats_.concurrent_calls = concurrent_calls_.load(std::memory_order_relaxed);
     return stats_;
   }
+  /// The model's weight tensors the first graph read (sources of its nodes
+  /// in buffers llama.cpp marked as weights, views resolved), as llama.cpp
+  /// placed them: in the file's mapping, a repacked copy or on a device.
+  /// Empty before a graph has been evaluated.
+  const std::vector<const ggml_tensor*>& weights() const noexcept { return weights_; }
   /// The first disagreement between the graph and the GGUF metadata ("" if none).
   const std::string& metadata_note() const noexcept { return metadata_note_; }
   void reset_stats() noexcept {
@@ -263,7 +269,19 @@ class observer {
     std::snprintf(last_error_, sizeof last_error_, "%s", what);
   }
 
+  void note_weights(const ggml_tensor* t) {
+    for (const ggml_tensor* src : t->src) {
+      if (src == nullptr) continue;
+      const ggml_tensor* w = src->view_src != nullptr ? src->view_src : src;
+      if (w->op != GGML_OP_NONE || w->buffer == nullptr ||
+          ggml_backend_buffer_get_usage(w->buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+        continue;
+      if (weight_seen_.insert(w).second) weights_.push_back(w);
+    }
+  }
+
   void begin_graph(std::size_t n_tokens) {
+    ++weight_graphs_;
     if (have_graph_) next_position_ += static_cast<std::uint32_t>(graph_tokens_);
     have_graph_ = true;
     graph_tokens_ = n_tokens;
@@ -286,6 +304,7 @@ class observer {
   // Ask phase: record the structure; true for the one node per MoE layer
   // whose data the observer wants.
   bool inspect(ggml_tensor* t) {
+    if (weight_graphs_ <= 1) note_weights(t);  // the first graph (and the next one's nodes before its routers)
     if (t->op == GGML_OP_MUL_MAT_ID) return on_expert_matmul(t);
     if (t->name[0] != 'f') return false;
     int il = -1;
@@ -645,6 +664,9 @@ class observer {
   std::atomic<std::uint64_t> concurrent_calls_{0};
   std::string metadata_note_;
   char last_error_[256] = {};
+  std::vector<const ggml_tensor*> weights_;
+  std::unordered_set<const ggml_tensor*> weight_seen_;
+  std::size_t weight_graphs_ = 0;  // graphs begun (a MoE graph begins at its first router)
 };
 
 }  // namespace moe_residency::llama_cpp
