@@ -4,7 +4,7 @@
 #
 # Where llama.cpp comes from, in order:
 #   1. MOE_RESIDENCY_LLAMA_CPP_DIR, a llama.cpp source checkout, built here as a
-#      subproject (EXCLUDE_FROM_ALL, CPU only, static, SYSTEM includes);
+#      subproject (EXCLUDE_FROM_ALL, CPU and RPC backends, static, SYSTEM includes);
 #   2. an installed llama.cpp found with find_package(llama) (CMAKE_PREFIX_PATH).
 # scripts/fetch-llama-cpp.sh fetches the pinned release and prints its checkout,
 # or with --install builds and installs it once and prints the prefix.
@@ -42,6 +42,7 @@ function(_mr_add_llama_cpp_subproject dir)
   set(LLAMA_BUILD_APP OFF)
   set(LLAMA_OPENSSL OFF)
   set(GGML_CCACHE OFF)
+  set(GGML_RPC ON)  # a device that is not the host, for the offload test
   # Portable by default: with -march=native on a CPU with AVX512-FP16, ggml
   # accumulates single-token f16 dot products in f16 (docs/llama-cpp.md).
   set(GGML_NATIVE ${MOE_RESIDENCY_LLAMA_CPP_NATIVE})
@@ -65,6 +66,14 @@ else()
       "  -DCMAKE_PREFIX_PATH=$(scripts/fetch-llama-cpp.sh --install)   (use an installed one).")
   endif()
   message(STATUS "moe_residency: llama.cpp ${LLAMA_VERSION} (commit ${LLAMA_BUILD_COMMIT}) from ${llama_DIR}")
+endif()
+
+# llama.cpp's RPC backend: the offload test's device (a subproject builds it;
+# an installed llama.cpp says in its ggml config).
+if(MOE_RESIDENCY_LLAMA_CPP_DIR)
+  set(MOE_RESIDENCY_LLAMA_RPC ON)
+else()
+  set(MOE_RESIDENCY_LLAMA_RPC "${GGML_RPC}")
 endif()
 
 if(NOT TARGET moe_residency_llama_cpp)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetches the pinned llama.cpp that the llama.cpp adapter is built and tested
-# against, and optionally builds and installs it (CPU only) — once: both the
+# against, and optionally builds and installs it (CPU and RPC backends) — once: both the
 # checkout and the install are cached between runs.
 #
 # llama.cpp comes from the npm registry: node-llama-cpp@3.21.1 ships the
@@ -80,23 +80,26 @@ if ((install == 0)); then
   exit 0
 fi
 
-stamp="$prefix/.moe-residency-installed-$llama_commit"
+# -rpc: built with the RPC backend (an install from before it is rebuilt).
+stamp="$prefix/.moe-residency-installed-$llama_commit-rpc"
 if [[ -f "$stamp" ]]; then
   log "cached install $prefix"
   echo "$prefix"
   exit 0
 fi
 
-# The same flags cmake/llama_cpp.cmake uses for add_subdirectory: the library
-# and ggml's CPU backend only, static, no network code, no ccache.
-log "building llama.cpp (CPU only, $variant, -j$jobs) in $build; this takes a few minutes"
+# The same flags cmake/llama_cpp.cmake uses for add_subdirectory: the library,
+# ggml's CPU backend and its RPC backend (a device that is not the host, for
+# the offload test: its server listens on 127.0.0.1 in that test only),
+# static, no ccache.
+log "building llama.cpp (CPU and RPC backends, $variant, -j$jobs) in $build; this takes a few minutes"
 start=$SECONDS
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$prefix" -DBUILD_SHARED_LIBS=OFF \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
   -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_APP=OFF \
-  -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DGGML_NATIVE="$native" >&2
+  -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF -DGGML_NATIVE="$native" -DGGML_RPC=ON >&2
 cmake --build "$build" -j "$jobs" >&2
 cmake --install "$build" >&2
 touch "$stamp"

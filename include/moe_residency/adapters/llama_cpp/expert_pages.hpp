@@ -39,15 +39,15 @@ class expert_pages {
   /// of its splits on its own).
   struct file_mapping {
     std::string path;
-    const unsigned char* file_base = nullptr;  // where the file's offset 0 is mapped (null: no expert in it)
+    const unsigned char* file_base = nullptr;  // where the file's offset 0 is mapped (null: not located)
     std::uint64_t file_bytes = 0;              // up to its last tensor's end
     unsigned char* base = nullptr;             // the page file_base is on
     std::vector<std::uint8_t> refs;            // locks held per page of the mapping
   };
 
-  /// An expert tensor the manager leaves to llama.cpp: not in the file's
-  /// mapping (offloaded to a device, or copied out of the file, e.g. repacked
-  /// by the CPU backend).
+  /// A tensor the manager leaves to llama.cpp: not in the file's mapping
+  /// (offloaded to a device, or copied out of the file, e.g. repacked by the
+  /// CPU backend).
   struct unmapped_tensor {
     std::size_t layer = 0;  // an expert tensor's
     std::string name;

@@ -9,8 +9,9 @@
 /// the next layer, each expert's address in the mapping — through memory
 /// advice (advice.hpp), in four parts that can each be switched on alone:
 ///
-/// - dense: the non-expert tensors' pages locked once (mlock), so reclaim
-///   never takes the weights every token needs;
+/// - dense: the pages of the non-expert tensors the graph reads from the
+///   mapping locked once (mlock), so reclaim never takes the weights every
+///   token needs;
 /// - exact: at layer l's routing, every routed miss's slices of every expert
 ///   tensor of the layer are requested at once, in the order the matmuls
 ///   read them (MADV_WILLNEED from the eval thread: every miss queued at the
@@ -33,6 +34,9 @@
 /// When the whole model fits in the memory limit (with llama.cpp's own memory
 /// and the margin), the default is to stand down: nothing is advised and the
 /// graph is not split for routing, so leaving it on costs nothing measurable.
+///
+/// Tensors llama.cpp did not leave in the file's mapping (repacked copies,
+/// layers offloaded to a device) are left to it, and named (unmanaged_note).
 ///
 /// Advice never changes what the engine computes: logits stay bit-identical.
 /// Failures of madvise/mlock are counted per kind, never thrown across the C
