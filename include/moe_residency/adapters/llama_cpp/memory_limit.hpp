@@ -147,8 +147,10 @@ inline bool file_regions(const std::string& path, std::vector<file_region>& out,
     if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %llx:%llx %llu %n", &b, &e, perms, &off, &maj, &min, &node,
                     &name_at) < 7)
       continue;
-    const std::string name = name_at >= 0 && static_cast<std::size_t>(name_at) <= line.size() ? line.substr(static_cast<std::size_t>(name_at)) : "";
-    const bool same_file = (node != 0 && node == ino && maj == dev_major && min == dev_minor) || (!real.empty() && name == real);
+    const std::size_t at = static_cast<std::size_t>(name_at);
+    const std::string name = name_at >= 0 && at <= line.size() ? line.substr(at) : std::string();
+    const bool same_file =
+        (node != 0 && node == ino && maj == dev_major && min == dev_minor) || (!real.empty() && name == real);
     if (same_file) out.push_back({static_cast<std::uintptr_t>(b), static_cast<std::uintptr_t>(e), off});
   }
   // One mapping split into several (advice, locks and placements split it;

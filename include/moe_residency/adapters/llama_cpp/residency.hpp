@@ -229,9 +229,9 @@ class mmap_residency : public observer_sink {
   /// How the auto budget was computed ("" unless auto).
   const std::string& budget_note() const noexcept { return budget_note_; }
   const cache_type* cache() const noexcept { return cache_.get(); }
-  /// The expert tensors it leaves to llama.cpp because they are not in the
-  /// file's mapping (offloaded, repacked), which and of which layers; ""
-  /// when it manages every one (or before activation).
+  /// The tensors it leaves to llama.cpp because they are not in the file's
+  /// mapping (offloaded, repacked): the expert ones with their layers, then
+  /// the dense ones; "" when it manages every one (or before activation).
   std::string unmanaged_note() const { return pages_.unmapped_note(); }
   /// What the cache counts: per layer, the bytes of one expert's tensors in
   /// the mapping (a layer left wholly to llama.cpp: dense here). Valid after activation.
