@@ -221,6 +221,19 @@ inline mre::random_model_spec spec_for(const std::string& arch, ggml_type router
   return s;
 }
 
+/// The residency tests' model: qwen3moe, 4 layers of 16 experts (top-4),
+/// f16 routers, 256-wide (128 KiB per f32 expert slice: page-sized
+/// boundaries matter).
+inline mre::random_model_spec small_moe_spec() {
+  mre::random_model_spec s = spec_for("qwen3moe", GGML_TYPE_F16);
+  s.n_layer = 4;
+  s.n_expert = 16;
+  s.n_expert_used = 4;
+  s.n_embd = 256;
+  s.n_ff_exp = 256;
+  return s;
+}
+
 inline const char* type_name(ggml_type t) { return ggml_type_name(t); }
 
 /// For qwen3moe, deepseek2 and gpt-oss (each CAPTUREd as `config`): a random

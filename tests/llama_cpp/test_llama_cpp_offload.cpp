@@ -101,12 +101,7 @@ TEST_CASE("mmap residency: layers offloaded to another device are left to llama.
   llama_init_once();
   std::string endpoint;
   ggml_backend_dev_t dev = rpc_device(endpoint);
-  mre::random_model_spec spec = spec_for("qwen3moe", GGML_TYPE_F32);
-  spec.n_layer = 4;
-  spec.n_expert = 16;
-  spec.n_expert_used = 4;
-  spec.n_embd = 256;
-  spec.n_ff_exp = 256;
+  mre::random_model_spec spec = small_moe_spec();
   spec.expert_type = GGML_TYPE_F16;
   temp_file file("offload");
   mre::save_random_gguf(spec, file.path);

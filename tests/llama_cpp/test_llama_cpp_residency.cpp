@@ -344,16 +344,6 @@ int layer_of(const mrl::observer& obs, std::uintptr_t a) {
   return -1;
 }
 
-mre::random_model_spec lab_spec() {
-  mre::random_model_spec s = spec_for("qwen3moe", GGML_TYPE_F16);
-  s.n_layer = 4;
-  s.n_expert = 16;
-  s.n_expert_used = 4;
-  s.n_embd = 256;
-  s.n_ff_exp = 256;  // 128 KiB per expert slice: page-sized boundaries matter
-  return s;
-}
-
 /// 6 prompt + 16 decode tokens of `m` (its structure known) with a manager of
 /// options `o` on `fake`, `check` behind it; after the run the last layer is
 /// settled (its admissions locked and accounted) and the cache checked at
@@ -393,7 +383,7 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
     auto cp = test_context_params();
     cp.cb_eval = &matmul_order::cb;  // chained under the observer
     cp.cb_eval_user_data = &order;
-    mapped_model m(std::string("res_exact_") + v.name, lab_spec(), cp);
+    mapped_model m(std::string("res_exact_") + v.name, small_moe_spec(), cp);
     mrl::observer& obs = m.obs;
 
     fake_advice fake;
@@ -545,7 +535,7 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
 }
 
 TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions, locks dense once") {
-  mapped_model m("res_cache", lab_spec());
+  mapped_model m("res_cache", small_moe_spec());
   mrl::observer& obs = m.obs;
 
   m.run(2, 1);  // the structure
@@ -631,7 +621,7 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
 }
 
 TEST_CASE("mmap residency: the expert pool places the cache's experts in free slots and maps the file back on eviction") {
-  mapped_model m("res_pool", lab_spec());
+  mapped_model m("res_pool", small_moe_spec());
   mrl::observer& obs = m.obs;
   m.run(2, 1);  // the structure
   const std::uint64_t expert_bytes = obs.layers()[0].expert_bytes;
@@ -800,7 +790,7 @@ class prompt_sink : public mrl::observer_sink {
 };
 
 TEST_CASE("mmap residency: the cache alone reads every routed expert itself, so faults read one page") {
-  mapped_model m("res_cache_alone", lab_spec());
+  mapped_model m("res_cache_alone", small_moe_spec());
   mrl::observer& obs = m.obs;
   m.run(2, 1);  // the structure
   fake_advice fake;
@@ -846,7 +836,7 @@ TEST_CASE("mmap residency: the cache alone reads every routed expert itself, so 
 }
 
 TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
-  mapped_model m("res_pred", lab_spec());
+  mapped_model m("res_pred", small_moe_spec());
   mrl::observer& obs = m.obs;
   std::vector<std::uint64_t> hit_share;
   for (double degrade : {0.0, 1.0}) {
@@ -895,7 +885,7 @@ TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
 }
 
 TEST_CASE("mmap residency: refusals name the figures") {
-  mapped_model m("res_refuse", lab_spec());
+  mapped_model m("res_refuse", small_moe_spec());
   mrl::observer& obs = m.obs;
 
   {
@@ -989,7 +979,7 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
   // types; the attention and output weights q4_K too (repacked: their matmuls),
   // the token embedding q4_K (not: a row lookup).
   llama_init_once();
-  mre::random_model_spec spec = lab_spec();
+  mre::random_model_spec spec = small_moe_spec();
   spec.layer_expert_types = {GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_Q4_K, GGML_TYPE_Q4_K};
   spec.dense_type = GGML_TYPE_Q4_K;
   temp_file file("res_repack");
@@ -1118,7 +1108,7 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
 
 TEST_CASE("mmap residency: every expert repacked: nothing to manage, said with where they are") {
   llama_init_once();
-  mre::random_model_spec spec = lab_spec();
+  mre::random_model_spec spec = small_moe_spec();
   spec.expert_type = GGML_TYPE_Q4_K;
   temp_file file("res_repack_all");
   mre::save_random_gguf(spec, file.path);
@@ -1231,7 +1221,7 @@ TEST_CASE("mmap residency: the memory limit is the tightest over the cgroup and 
 
 TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits bit-identical") {
   llama_init_once();
-  temp_model file("res_logits", lab_spec());
+  temp_model file("res_logits", small_moe_spec());
   auto model = load_mmap(file.path);
   auto cp = test_context_params();
   std::vector<float> plain;
@@ -1312,7 +1302,7 @@ TEST_CASE("docs/llama-cpp-residency.md: the block is this test's code, and it ru
   }
 
   llama_init_once();
-  temp_model file("res_doc", lab_spec());
+  temp_model file("res_doc", small_moe_spec());
   const char* path = file.path.c_str();
   llama_model* keep_model = nullptr;
   llama_context* keep_ctx = nullptr;

@@ -19,16 +19,6 @@ using moe_residency::expert_id;
 
 namespace {
 
-mre::random_model_spec split_spec() {
-  mre::random_model_spec s = spec_for("qwen3moe", GGML_TYPE_F16);
-  s.n_layer = 4;
-  s.n_expert = 16;
-  s.n_expert_used = 4;
-  s.n_embd = 256;
-  s.n_ff_exp = 256;
-  return s;
-}
-
 /// A model written by save_random_gguf as `splits` files, removed at scope exit.
 struct written_model {
   std::vector<std::string> paths;
@@ -83,7 +73,7 @@ bool same(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("split GGUF: written as 3 splits, it is llama.cpp's split layout and the same model") {
-  written_model one("split_one", split_spec(), 1), three("split_three", split_spec(), 3);
+  written_model one("split_one", small_moe_spec(), 1), three("split_three", small_moe_spec(), 3);
   REQUIRE(three.paths.size() == 3);
   // llama.cpp's own names for the splits
   char want[512];
@@ -120,7 +110,7 @@ TEST_CASE("split GGUF: written as 3 splits, it is llama.cpp's split layout and t
 }
 
 TEST_CASE("split GGUF: the residency manager maps every split and leaves the logits bit-identical") {
-  written_model one("split_res_one", split_spec(), 1), three("split_res_three", split_spec(), 3);
+  written_model one("split_res_one", small_moe_spec(), 1), three("split_res_three", small_moe_spec(), 3);
   const auto plain = logits_of(one.path(), 1, false);
   mrl::residency_stats s1, s3;
   CHECK(same(logits_of(one.path(), 1, true, &s1), plain));
@@ -139,8 +129,8 @@ TEST_CASE("split GGUF: a split that holds no expert tensor is located by the den
   // One tensor a split: most splits hold one dense tensor and no expert. The
   // manager finds each one's mapping by where llama.cpp's graph read it, so
   // it locks every dense weight, as with the single file.
-  const int n = static_cast<int>((llama_init_once(), mre::random_model_tensors(split_spec()).size()));
-  written_model one("split_dense_one", split_spec(), 1), many("split_dense_many", split_spec(), n);
+  const int n = static_cast<int>((llama_init_once(), mre::random_model_tensors(small_moe_spec()).size()));
+  written_model one("split_dense_one", small_moe_spec(), 1), many("split_dense_many", small_moe_spec(), n);
   const auto plain = logits_of(one.path(), 1, false);
   mrl::residency_stats s1, sn;
   CHECK(same(logits_of(one.path(), 1, true, &s1), plain));
@@ -151,7 +141,7 @@ TEST_CASE("split GGUF: a split that holds no expert tensor is located by the den
 }
 
 TEST_CASE("split GGUF: a later split, a missing split and a misnamed first split are refused by name") {
-  written_model three("split_bad", split_spec(), 3);
+  written_model three("split_bad", small_moe_spec(), 3);
   CHECK_THROWS_WITH_AS(mrl::gguf_expert_map::by_name(three.paths[1]),
                        doctest::Contains("split 2 of 3; expected the model's first split (its name ends in "
                                          "'-00001-of-00003.gguf')"),
@@ -169,12 +159,12 @@ TEST_CASE("split GGUF: a later split, a missing split and a misnamed first split
                        moe_residency::error);
   REQUIRE(std::rename(aside.c_str(), three.paths[2].c_str()) == 0);
   CHECK_NOTHROW(mrl::gguf_expert_map::by_name(three.path()));
-  CHECK_THROWS_WITH_AS(mre::save_random_gguf(split_spec(), "x.gguf", {}, 2),
+  CHECK_THROWS_WITH_AS(mre::save_random_gguf(small_moe_spec(), "x.gguf", {}, 2),
                        doctest::Contains("expected a name ending in '-00001-of-00002.gguf'"), std::invalid_argument);
 }
 
 TEST_CASE("all cores: the logits at 1 and 2 threads are identical, residency off and on") {
-  written_model one("threads", split_spec(), 1);
+  written_model one("threads", small_moe_spec(), 1);
   const auto t1 = logits_of(one.path(), 1, false);
   CHECK(same(logits_of(one.path(), 2, false), t1));
   mrl::residency_stats s1, s2;

@@ -155,55 +155,41 @@ class expert_pages {
     // every other tensor is taken to be read where its file's mapping puts
     // it. A file whose mapping is not known (no expert and no read tensor in
     // it, off Linux) has its tensors counted, not pinned (dense_unmapped_bytes).
-    std::vector<const ggml_tensor*> read;
-    for (const ggml_tensor* w : obs.weights()) read.push_back(w);
+    const std::vector<const ggml_tensor*>& read = obs.weights();
     auto read_as = [&read](const std::string& name) -> const ggml_tensor* {
       for (const ggml_tensor* w : read)
         if (name == w->name) return w;
       return nullptr;
     };
-    struct dense_tensor {
-      std::size_t file;
-      std::string name;
-      std::uint64_t off, size;
-      const ggml_tensor* read;
-      bool mapped;  // read, and in its file's mapping
-    };
-    std::vector<dense_tensor> dense;
+    dense_.clear();
     for (std::size_t f = 0; f < splits.size(); ++f) {
       const gguf_context* ctx = splits[f].ctx.get();
       const std::uint64_t data_offset = gguf_get_data_offset(ctx);
+      file_mapping& fm = files_[f];
       for (std::int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i) {
-        std::string name = gguf_get_tensor_name(ctx, i);
+        const std::string name = gguf_get_tensor_name(ctx, i);
         if (std::find(expert_names.begin(), expert_names.end(), name) != expert_names.end()) continue;
         const ggml_tensor* w = read_as(name);
         if (w == nullptr && !read.empty()) continue;  // never read: never touched
         const std::uint64_t off = data_offset + gguf_get_tensor_offset(ctx, i), size = gguf_get_tensor_size(ctx, i);
-        const auto* data = w != nullptr ? static_cast<const unsigned char*>(w->data) : nullptr;
-        bool mapped = false;
-        if (w != nullptr && host_readable(w)) {
-          if (regions_known[f]) mapped = in_mapping(data, size, off, true, regions[f], {});
-          else mapped = files_[f].file_base != nullptr && data - off == files_[f].file_base;
-          // A split with no expert tensor: located by its dense ones.
-          if (mapped && files_[f].file_base == nullptr) files_[f].file_base = data - off;
-          mapped = mapped && data - off == files_[f].file_base;  // not in a second mapping of the file
+        if (w != nullptr) {
+          const auto* data = static_cast<const unsigned char*>(w->data);
+          const bool host = host_readable(w);
+          bool mapped = host && (regions_known[f] ? in_mapping(data, size, off, true, regions[f], {})
+                                                  : fm.file_base != nullptr && data - off == fm.file_base);
+          if (mapped && fm.file_base == nullptr) fm.file_base = data - off;  // a split with no expert tensor
+          mapped = mapped && data - off == fm.file_base;                     // not a second mapping of the file
+          // Not mapped, and known not to be (off Linux, a split not located is unknown: counted below).
+          if (!mapped && (regions_known[f] || fm.file_base != nullptr || !host)) {
+            unmapped_.push_back(unmapped_tensor{0, name, whereabouts(w), size, false});
+            dense_elsewhere_ += size;
+            continue;
+          }
         }
-        dense.push_back(dense_tensor{f, std::move(name), off, size, w, mapped});
+        dense_total_ += size;
+        if (fm.file_base == nullptr) dense_unmapped_ += size;
+        else if (size != 0) dense_.push_back({const_cast<unsigned char*>(fm.file_base) + off, size});
       }
-    }
-    dense_.clear();
-    for (const dense_tensor& d : dense) {
-      const file_mapping& fm = files_[d.file];
-      const bool elsewhere = d.read != nullptr && !d.mapped && (regions_known[d.file] || fm.file_base != nullptr ||
-                                                              !host_readable(d.read));
-      if (elsewhere) {
-        unmapped_.push_back(unmapped_tensor{0, d.name, whereabouts(d.read), d.size, false});
-        dense_elsewhere_ += d.size;
-        continue;
-      }
-      dense_total_ += d.size;
-      if (fm.file_base == nullptr) dense_unmapped_ += d.size;
-      else if (d.size != 0) dense_.push_back({const_cast<unsigned char*>(fm.file_base) + d.off, d.size});
     }
     for (file_mapping& fm : files_) {
       if (fm.file_base == nullptr) continue;

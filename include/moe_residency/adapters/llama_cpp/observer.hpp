@@ -269,7 +269,17 @@ class observer {
     std::snprintf(last_error_, sizeof last_error_, "%s", what);
   }
 
+  // The first graph's weights: until its first node's name comes round again
+  // (the next graph; a dense model has no router to count graphs by), or a
+  // MoE model's second graph begins.
   void note_weights(const ggml_tensor* t) {
+    if (!first_node_seen_) {
+      first_node_seen_ = true;
+      first_node_name_ = t->name;
+    } else if (first_node_name_ == t->name) {
+      weights_done_ = true;
+      return;
+    }
     for (const ggml_tensor* src : t->src) {
       if (src == nullptr) continue;
       const ggml_tensor* w = src->view_src != nullptr ? src->view_src : src;
@@ -304,7 +314,7 @@ class observer {
   // Ask phase: record the structure; true for the one node per MoE layer
   // whose data the observer wants.
   bool inspect(ggml_tensor* t) {
-    if (weight_graphs_ <= 1) note_weights(t);  // the first graph (and the next one's nodes before its routers)
+    if (weight_graphs_ <= 1 && !weights_done_) note_weights(t);
     if (t->op == GGML_OP_MUL_MAT_ID) return on_expert_matmul(t);
     if (t->name[0] != 'f') return false;
     int il = -1;
@@ -667,6 +677,8 @@ class observer {
   std::vector<const ggml_tensor*> weights_;
   std::unordered_set<const ggml_tensor*> weight_seen_;
   std::size_t weight_graphs_ = 0;  // graphs begun (a MoE graph begins at its first router)
+  bool first_node_seen_ = false, weights_done_ = false;
+  std::string first_node_name_;
 };
 
 }  // namespace moe_residency::llama_cpp
