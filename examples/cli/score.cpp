@@ -3,7 +3,6 @@
 
 #include <cstdio>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -26,68 +25,28 @@ struct score_args {
   bool no_layers = false;
 };
 
-struct score_inputs {
-  model_shape shape;
-  trace_routings routings;
-  scorer_options options;
-  frequency_options frequency;
-};
-
-// Builds the chosen predictors one name at a time so the set stays a
-// compile-time composition (no virtual call per expert).
-template <class... Chosen>
-prediction_report run_chosen(const score_inputs& in, const std::vector<std::string>& names,
-                             std::size_t i, Chosen&... chosen) {
-  if constexpr (sizeof...(Chosen) < 3) {
-    if (i < names.size()) {
-      const std::string& n = names[i];
-      if (n == "prev-token") {
-        prev_token_predictor p;
-        return run_chosen(in, names, i + 1, chosen..., p);
-      }
-      if (n == "frequency") {
-        frequency_predictor p(in.frequency);
-        return run_chosen(in, names, i + 1, chosen..., p);
-      }
-      if (n == "static-hottest") {
-        // Counted over the scored phases of the whole run (an oracle, by definition).
-        std::vector<routing> counted = in.routings.routings;
-        if (in.options.score_prefill)
-          for (auto& r : counted) r.phase = run_phase::decode;
-        auto p = static_hot_list_predictor::from_routings(in.shape, counted, run_phase::decode);
-        return run_chosen(in, names, i + 1, chosen..., p);
-      }
-      throw error("--predictors: unknown predictor '" + n +
-                  "'; expected prev-token, frequency or static-hottest");
-    }
-  }
-  if constexpr (sizeof...(Chosen) == 0) {
-    throw error("--predictors: empty; expected one or more of prev-token, frequency, static-hottest");
-  } else {
-    return score_routings(in.shape, span<const routing>(in.routings.routings), in.routings.declined,
-                          in.options, chosen...);
-  }
-}
-
 void run_score(const score_args& a) {
   if (a.format != "table" && a.format != "csv" && a.format != "json")
     throw error("--format: '" + a.format + "'; expected table, csv or json");
-  std::set<std::string> seen;
-  for (const auto& n : a.predictors)
-    if (!seen.insert(n).second) throw error("--predictors: '" + n + "' listed twice");
-  if (a.predictors.size() > 3)
-    throw error("--predictors: at most 3 (prev-token, frequency, static-hottest)");
+  try {
+    check_history_predictor_names(a.predictors);
+  } catch (const error& e) {
+    throw error(std::string("--") + e.what());  // "predictors: ..." names the option
+  }
   const route_trace t = read_route_trace(a.trace);
-  score_inputs in{t.shape(), collect_routings(t), {}, {}};
-  in.options.paired = !a.unpaired;
-  in.options.score_prefill = a.include_prefill;
-  in.frequency.decay = a.decay;
-  const prediction_report r = run_chosen(in, a.predictors, 0);
+  const trace_routings routings = collect_routings(t);
+  const model_shape shape = t.shape();
+  scorer_options options;
+  options.paired = !a.unpaired;
+  options.score_prefill = a.include_prefill;
+  frequency_options frequency;
+  frequency.decay = a.decay;
+  const prediction_report r = score_history_predictors(shape, span<const routing>(routings.routings),
+                                                       routings.declined, a.predictors, options, frequency);
   std::string out;
   if (a.format == "table") {
     std::printf("trace: %s (%s, %zu layers, %zu experts, top-%zu)\n", a.trace.c_str(),
-                t.header.arch.c_str(), in.shape.n_layers(), in.shape.n_experts(),
-                in.shape.top_k());
+                t.header.arch.c_str(), shape.n_layers(), shape.n_experts(), shape.top_k());
     out = format_text(r, !a.no_layers);
   } else if (a.format == "csv") {
     out = format_csv(r);

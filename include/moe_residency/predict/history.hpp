@@ -303,6 +303,82 @@ prediction_report score_routings(const model_shape& shape, span<const routing> r
   return scorer.report();
 }
 
+/// The history predictors score_history_predictors knows, by name.
+inline const char* history_predictor_names() noexcept { return "prev-token, frequency, static-hottest"; }
+
+namespace detail {
+
+struct history_score_inputs {
+  const model_shape& shape;
+  span<const routing> routings;
+  std::size_t declined;
+  scorer_options options;
+  frequency_options frequency;
+};
+
+// Builds the named predictors one name at a time, so the set stays a
+// compile-time composition (no virtual call per expert).
+template <class... Chosen>
+prediction_report score_named(const history_score_inputs& in, const std::vector<std::string>& names, std::size_t i,
+                              Chosen&... chosen) {
+  if constexpr (sizeof...(Chosen) < 3) {
+    if (i < names.size()) {
+      const std::string& n = names[i];
+      if (n == "prev-token") {
+        prev_token_predictor p;
+        return score_named(in, names, i + 1, chosen..., p);
+      }
+      if (n == "frequency") {
+        frequency_predictor p(in.frequency);
+        return score_named(in, names, i + 1, chosen..., p);
+      }
+      if (n == "static-hottest") {
+        // Counted over the scored phases of the whole run (an oracle, by definition).
+        std::vector<routing> counted(in.routings.begin(), in.routings.end());
+        if (in.options.score_prefill)
+          for (auto& r : counted) r.phase = run_phase::decode;
+        auto p = static_hot_list_predictor::from_routings(in.shape, span<const routing>(counted), run_phase::decode);
+        return score_named(in, names, i + 1, chosen..., p);
+      }
+      throw error("predictors: unknown predictor '" + n + "'; expected " + history_predictor_names());
+    }
+  }
+  if constexpr (sizeof...(Chosen) == 0) {
+    throw error(std::string("predictors: none given; expected one or more of ") + history_predictor_names());
+  } else {
+    return score_routings(in.shape, in.routings, in.declined, in.options, chosen...);
+  }
+}
+
+}  // namespace detail
+
+/// Throws `error` ("predictors: ...") unless `names` lists 1 to 3 of
+/// prev-token, frequency and static-hottest, each at most once.
+inline void check_history_predictor_names(const std::vector<std::string>& names) {
+  if (names.empty())
+    throw error(std::string("predictors: none given; expected one or more of ") + history_predictor_names());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] != "prev-token" && names[i] != "frequency" && names[i] != "static-hottest")
+      throw error("predictors: unknown predictor '" + names[i] + "'; expected " + history_predictor_names());
+    for (std::size_t j = 0; j < i; ++j)
+      if (names[i] == names[j]) throw error("predictors: '" + names[i] + "' listed twice");
+  }
+  if (names.size() > 3)
+    throw error("predictors: " + std::to_string(names.size()) + " given; at most 3 (" + history_predictor_names() +
+                ")");
+}
+
+/// Scores the history predictors named in `names` (see
+/// check_history_predictor_names) on recorded routings, as score_routings
+/// does. static-hottest counts the scored phases of the whole run (an
+/// oracle). Throws `error` on bad names and as score_routings does.
+inline prediction_report score_history_predictors(const model_shape& shape, span<const routing> routings,
+                                                  std::size_t declined, const std::vector<std::string>& names,
+                                                  scorer_options options = {}, frequency_options frequency = {}) {
+  check_history_predictor_names(names);
+  return detail::score_named(detail::history_score_inputs{shape, routings, declined, options, frequency}, names, 0);
+}
+
 static_assert(is_history_predictor_v<prev_token_predictor>, "contract");
 static_assert(is_history_predictor_v<frequency_predictor>, "contract");
 static_assert(is_history_predictor_v<static_hot_list_predictor>, "contract");
