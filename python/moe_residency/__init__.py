@@ -1,0 +1,294 @@
+"""moe-residency for policy experiments: read routing traces into numpy, replay
+policy x budget grids, score predictors and run the wall-clock model, all in the
+library's C++ (the same code the ``moe-residency`` tool runs), and try a
+residency policy written in Python.
+
+    import moe_residency as mr
+    t = mr.read_trace("../shared/traces/qwen.route.csv")
+    r = mr.replay(t, budgets=[1000, 2000, 4000], policies=["lru", "belady"])
+    print(r.to_csv())            # the CLI's `replay --format csv`, digit for digit
+
+See docs/python.md.
+"""
+
+import os as _os
+
+import numpy as _np
+
+from . import _core
+from ._core import (  # noqa: F401  (re-exported)
+    CacheView,
+    ModelShape,
+    Trace,
+    __version__,
+    policy_names,
+    read_trace,
+    timing_params,
+    write_trace,
+)
+
+__all__ = [
+    "CacheView", "ModelShape", "Trace", "ReplayResult", "DynamicReplayResult", "ScoreResult", "WhatIf",
+    "Calibration", "read_trace", "write_trace", "replay", "curve", "score", "whatif", "calibrate",
+    "timing_params", "policy_names", "history_predictors", "__version__",
+]
+
+#: The predictors ``score`` knows: they need only the routing history a trace holds.
+history_predictors = ("prev-token", "frequency", "static-hottest")
+
+
+def _trace(trace):
+    """A Trace, or a path read into one."""
+    if isinstance(trace, Trace):
+        return trace
+    if isinstance(trace, (str, bytes, _os.PathLike)):
+        return read_trace(trace)
+    raise TypeError("trace: a %s; expected a moe_residency.Trace or a path to a route trace"
+                    % type(trace).__name__)
+
+
+def _list(value, name):
+    if isinstance(value, (str, bytes)) or callable(value) or not hasattr(value, "__iter__"):
+        return [value]
+    out = list(value)
+    if not out:
+        raise ValueError("%s: empty; expected at least one value" % name)
+    return out
+
+
+class _Columns:
+    """Results as named numpy columns, one row per cell, budget-major."""
+
+    _csv_header = ""
+
+    def __init__(self, columns):
+        self.columns = {k: v for k, v in columns.items() if isinstance(v, (_np.ndarray, list))}
+        for k, v in self.columns.items():
+            setattr(self, k, v)
+
+    def __len__(self):
+        return len(self.columns["budget_mib"])
+
+    def records(self):
+        """One dict per cell."""
+        keys = list(self.columns)
+        return [{k: (self.columns[k][i].item() if isinstance(self.columns[k], _np.ndarray)
+                     else self.columns[k][i]) for k in keys} for i in range(len(self))]
+
+    def cell(self, policy, budget_mib):
+        """The record of one (policy, budget) cell."""
+        for rec in self.records():
+            if rec["policy"] == policy and rec["budget_mib"] == budget_mib:
+                return rec
+        raise KeyError("no cell (%r, %g MiB); policies %s, budgets %s"
+                       % (policy, budget_mib, sorted(set(self.policy)), sorted(set(self.budget_mib.tolist()))))
+
+    def __repr__(self):
+        return "<%s: %d cells>" % (type(self).__name__, len(self))
+
+
+class ReplayResult(_Columns):
+    """A static replay grid. Columns: budget_mib, policy, hit_pct_cum, hit_pct_decode,
+    read_mib, lookups, hits, decode_lookups, decode_hits, evictions, peak_resident_mib,
+    token_cycle_bytes, below_token_cycle, seconds, warning."""
+
+    def to_csv(self):
+        """``moe-residency replay --format csv``: the reference curves' columns."""
+        lines = ["budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib"]
+        for i in range(len(self)):
+            lines.append("%g,%s,%.3f,%.3f,%.1f" % (self.budget_mib[i], self.policy[i], self.hit_pct_cum[i],
+                                                    self.hit_pct_decode[i], self.read_mib[i]))
+        return "\n".join(lines) + "\n"
+
+
+class DynamicReplayResult(_Columns):
+    """A replay with dropping and/or speculative reads. Columns: budget_mib, policy,
+    hit_pct_decode, demanded_mib_per_token, speculative_mib_per_token, spec_issued,
+    spec_useful, experts_dropped, io_saved_pct, mass_lost_pct, evictions, warning."""
+
+    def __init__(self, columns):
+        super().__init__(columns)
+        self.decode_tokens = columns["decode_tokens"]
+        self.speculate = columns["speculate"]
+
+    def to_csv(self):
+        """``moe-residency replay --drop/--speculate ... --format csv``."""
+        lines = ["budget_mib,policy,hit_pct_decode,demanded_mib_per_token,speculative_mib_per_token,"
+                 "spec_issued,spec_useful,experts_dropped,io_saved_pct,mass_lost_pct"]
+        for i in range(len(self)):
+            lines.append("%g,%s,%.3f,%.3f,%.3f,%d,%d,%d,%.3f,%.3f" % (
+                self.budget_mib[i], self.policy[i], self.hit_pct_decode[i], self.demanded_mib_per_token[i],
+                self.speculative_mib_per_token[i], self.spec_issued[i], self.spec_useful[i],
+                self.experts_dropped[i], self.io_saved_pct[i], self.mass_lost_pct[i]))
+        return "\n".join(lines) + "\n"
+
+
+def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady", "cycle"), drop=None,
+           speculate=None, spec_cap=None, horizon=1, oracle_profile=None, threads=0, seed=None, decay=None):
+    """Replays a route trace through every (budget, policy) cell, as ``moe-residency replay`` does.
+
+    trace: a Trace or a path. budgets: MiB (1 MiB = 1048576 bytes), one or many.
+    policies: built-in names (``policy_names()``, ``+prev``/``+oracle`` retention) and/or
+    Python policies: a class (or any callable) returning a fresh policy object per cell.
+    drop: F in (0, 1] arms cache-aware dropping; speculate: "prev-token", "frequency" or
+    "oracle:P" adds speculative reads (spec_cap per layer, horizon 1 or 2, oracle_profile a
+    per-layer P sequence or a file of one). With drop or speculate the result is a
+    DynamicReplayResult (built-in policies only), else a ReplayResult.
+    threads: worker threads for built-in cells (0 = all cores); the GIL is released while
+    they run. Python policies run on the calling thread.
+    """
+    t = _trace(trace)
+    budgets = [float(b) for b in _list(budgets, "budgets")]
+    policies = _list(policies, "policies")
+    seed = _core.default_seed if seed is None else int(seed)
+    decay = _core.default_cycle_decay if decay is None else float(decay)
+    if threads < 0:
+        raise ValueError("threads: %d; expected 0 (all cores) or more" % threads)
+    if drop is None and speculate in (None, "none") and oracle_profile is None:
+        if spec_cap is not None or horizon != 1:
+            raise ValueError("spec_cap/horizon: they need speculate=...; without it nothing is read ahead")
+        return ReplayResult(_core._replay_static(t, budgets, policies, int(threads), seed, decay))
+    names = []
+    for p in policies:
+        if not isinstance(p, str):
+            raise TypeError("replay: drop/speculate run built-in policies only; %r is not a policy name" % (p,))
+        names.append(p)
+    if drop is not None:
+        drop = float(drop)
+    cap = _core.default_spec_cap if spec_cap is None else int(spec_cap)
+    if cap < 0 or horizon < 0:
+        raise ValueError("spec_cap %d, horizon %d: expected values >= 0" % (cap, horizon))
+    return DynamicReplayResult(_core._replay_dynamic(t, budgets, names, drop, speculate or "none", cap,
+                                                     int(horizon), seed, decay, oracle_profile))
+
+
+def curve(trace, policies=("lru", "belady"), budgets=None, points=16, threads=0):
+    """Miss-ratio (and hit-rate) curves ready for matplotlib.
+
+    Returns {"budget_mib": array, "token_cycle_mib": float, policy: {"hit_pct_decode": array,
+    "miss_ratio": array (0..1, decode), "read_mib": array}}. Without budgets, `points` budgets
+    from a tenth of the token cycle to every expert of the model resident.
+    """
+    t = _trace(trace)
+    shape = t.shape
+    cycle_mib = shape.token_cycle_bytes / 1048576.0
+    if budgets is None:
+        full = float(_np.sum(shape.expert_bytes)) * shape.n_experts / 1048576.0
+        budgets = _np.unique(_np.round(_np.geomspace(max(cycle_mib / 10, 1.0), full, int(points)), 1))
+    r = replay(t, budgets=budgets, policies=policies, threads=threads)
+    out = {"budget_mib": _np.asarray(sorted(set(r.budget_mib.tolist()))), "token_cycle_mib": cycle_mib}
+    for p in dict.fromkeys(r.policy):
+        idx = [i for i, q in enumerate(r.policy) if q == p]
+        hit = r.hit_pct_decode[idx]
+        out[p] = {"hit_pct_decode": hit, "miss_ratio": 1.0 - hit / 100.0, "read_mib": r.read_mib[idx]}
+    return out
+
+
+class ScoreResult:
+    """Slot overlap of each predictor on a trace. ``predictors``: one dict per predictor
+    (predictor, name, slot_pct, whole_pct, routings, slots, slot_hits, whole_hits, unscored,
+    tie_forgiven, layer_slot_pct, layer_whole_pct, layer_routings); ``offered`` per layer."""
+
+    def __init__(self, d):
+        self.predictors = d["predictors"]
+        self.offered = d["offered"]
+        self.declined = d["declined"]
+        self.ignored_phase = d["ignored_phase"]
+        self.text = d["text"]
+
+    def __getitem__(self, name):
+        for p in self.predictors:
+            if p["predictor"] == name:
+                return p
+        raise KeyError("no predictor %r; scored %s" % (name, [p["predictor"] for p in self.predictors]))
+
+    def to_csv(self):
+        """``moe-residency score --format csv``."""
+        lines = ["predictor,slot_pct,whole_pct,routings,slots,unscored"]
+        for p in self.predictors:
+            slot = "%.4f" % p["slot_pct"] if p["slots"] else ""
+            whole = "%.4f" % p["whole_pct"] if p["routings"] else ""
+            lines.append("%s,%s,%s,%d,%d,%d" % (p["predictor"], slot, whole, p["routings"], p["slots"],
+                                                p["unscored"]))
+        return "\n".join(lines) + "\n"
+
+    def __repr__(self):
+        return "<ScoreResult %s>" % ", ".join("%s %.1f%%" % (p["predictor"], p["slot_pct"]) for p in self.predictors)
+
+
+def score(trace, predictors=history_predictors, decay=1.0, paired=True, include_prefill=False):
+    """Scores routing-history predictors on a trace (decode, slot overlap), as
+    ``moe-residency score`` does: prev-token, frequency (``decay`` per routing, in (0, 1]),
+    static-hottest (an oracle: counted over the whole run). ``paired``: score a routing only
+    when every listed predictor could rank it (the published comparison)."""
+    t = _trace(trace)
+    return ScoreResult(_core._score(t, _list(predictors, "predictors"), float(decay), bool(paired),
+                                    bool(include_prefill)))
+
+
+class WhatIf:
+    """One configuration's predicted decode timing. ``tokens``: per-token numpy arrays
+    (wall_ms, compute_ms, stall_ms, mgmt_ms, wait_ms, io_ms, demanded_bytes,
+    speculative_bytes, demanded_reads, speculative_reads, speculative_cancelled, hits,
+    lookups); ``summary``: the means ``moe-residency whatif`` prints; ``params``: the device."""
+
+    def __init__(self, d):
+        self.tokens = d["tokens"]
+        self.summary = d["summary"]
+        self.params = d["params"]
+        self.policy = d["policy"]
+        self.budget_mib = d["budget_mib"]
+        self.speculate = d["speculate"]
+        self.spec_cap = d["spec_cap"]
+        self.warning = d["warning"]
+        for k, v in self.tokens.items():
+            setattr(self, k, v)
+
+    def __repr__(self):
+        s = self.summary
+        return "<WhatIf %s at %g MiB: %.3f s/token, %.2f tok/s, hit %.1f%%>" % (
+            self.policy, self.budget_mib, s["s_per_token"], s["tok_per_s"], s["hit_pct"])
+
+
+def whatif(trace, config, budget_mib, policy="lru", drop=None, speculate="none", spec_cap=None, horizon=1,
+           lanes=None, seed=None):
+    """Predicted per-token decode times of one configuration on a device, as one row of
+    ``moe-residency whatif``. config: a timing config file (``calibrate(...).config_text``,
+    ``moe-residency calibrate --write-config``) or a dict of its keys. speculate: "none",
+    "prev-token", "frequency", "oracle:P" or "full" (oracle:1 at cap top-k)."""
+    t = _trace(trace)
+    seed = _core.default_seed if seed is None else int(seed)
+    return WhatIf(_core._whatif(t, config, float(budget_mib), policy, None if drop is None else float(drop),
+                                speculate, spec_cap, int(horizon), lanes, seed))
+
+
+class Calibration:
+    """The wall-clock model fitted to a run's recorded per-token metrics. ``params``: the
+    fitted device (pass it to ``whatif`` as config); ``config_text``: the same as a config
+    file; ``fit``/``held_out``: the scores; ``predicted_ms``/``recorded_ms``/``in_fit``: per
+    decode token."""
+
+    def __init__(self, d):
+        for k, v in d.items():
+            setattr(self, k, v)
+
+    def to_csv(self):
+        """``moe-residency calibrate --format csv``."""
+        lines = ["set,tokens,mean_recorded_ms,mean_predicted_ms,median_abs_err_pct"]
+        for s in (self.fit, self.held_out):
+            lines.append("%s,%d,%.3f,%.3f,%.2f" % (s["set"], s["tokens"], s["mean_recorded_ms"],
+                                                   s["mean_predicted_ms"], s["median_abs_err_pct"]))
+        return "\n".join(lines) + "\n"
+
+    def __repr__(self):
+        return "<Calibration held-out median |err| %.1f%%, fitted %s>" % (
+            self.held_out["median_abs_err_pct"], ", ".join(self.free))
+
+
+def calibrate(trace, metrics, budget_mib, policy="lru", config=None, split="halves", fit_io=False):
+    """Fits the wall-clock model to a run's per-token metrics (``*.metrics.csv``) over the
+    replay of the same run, as ``moe-residency calibrate`` does: split "halves" fits the first
+    half of the decode tokens and scores the second, "interleaved" even/odd, "all" every token.
+    config: fixed parameters (lanes, curve, ...), a path or a dict."""
+    t = _trace(trace)
+    return Calibration(_core._calibrate(t, metrics, float(budget_mib), policy, config, split, bool(fit_io)))

@@ -1,0 +1,442 @@
+// Replay and scoring in Python: a policy x budget grid through the library's
+// replay (threads, GIL released), the dynamic replay (drop, speculation),
+// policies written in Python, and the history predictors' scores.
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "moe_residency/predict/history.hpp"
+
+namespace moe_residency_py {
+
+namespace {
+
+using namespace moe_residency;
+
+// ---- policies written in Python ------------------------------------------
+
+/// The view a Python policy's victim() gets: valid only during that call.
+struct python_cache_view {
+  const cache_view* view = nullptr;
+  std::uint32_t n_experts = 0, n_slots = 0;
+
+  const cache_view& get() const {
+    if (!view)
+      throw error("CacheView: used after victim() returned; it is valid only during the call it was passed to");
+    return *view;
+  }
+  std::uint32_t slot(long long s) const {
+    if (s < 0 || s >= static_cast<long long>(n_slots))
+      throw error("CacheView: slot " + std::to_string(s) + " out of range [0, " + std::to_string(n_slots) +
+                  "); a slot is layer * n_experts + expert");
+    return static_cast<std::uint32_t>(s);
+  }
+};
+
+/// The first error a Python policy raised, kept until the replay ends: the
+/// cache calls its hooks from noexcept code, so the error cannot unwind there.
+struct python_failure {
+  std::exception_ptr error;
+  bool failed() const noexcept { return static_cast<bool>(error); }
+};
+
+/// The cache-policy contract (cache/policy_contract.hpp) implemented by a
+/// Python object. Every hook but victim() is optional; over_budget() defaults
+/// to the global byte budget without calling Python. Called with the GIL held.
+class python_policy : public policy_base {
+ public:
+  static constexpr const char* name = "python";
+  // The token-cycle guard is the policy's author's business: the cell runs.
+  static constexpr bool collapses_below_cycle = false;
+
+  python_policy(py::object obj, std::string label, python_failure* failure)
+      : obj_(std::move(obj)), label_(std::move(label)), failure_(failure) {
+    auto method = [&](const char* n) -> py::object {
+      if (!py::hasattr(obj_, n)) return py::object();
+      py::object f = obj_.attr(n);
+      return f.is_none() ? py::object() : f;
+    };
+    victim_ = method("victim");
+    if (!victim_)
+      throw py::type_error("policy " + label_ +
+                           ": no victim(view, layer) method; a policy needs victim() and may define init, "
+                           "on_batch_begin, on_hit, on_repeat, on_insert, on_evict, over_budget and on_batch_end");
+    init_ = method("init");
+    batch_begin_ = method("on_batch_begin");
+    hit_ = method("on_hit");
+    repeat_ = method("on_repeat");
+    insert_ = method("on_insert");
+    evict_ = method("on_evict");
+    over_ = method("over_budget");
+    batch_end_ = method("on_batch_end");
+  }
+
+  void init(const model_shape& shape, std::uint64_t budget) {
+    view_state_ = python_cache_view{nullptr, static_cast<std::uint32_t>(shape.n_experts()),
+                                    static_cast<std::uint32_t>(shape.n_layers() * shape.n_experts())};
+    view_ = py::cast(view_state_);
+    if (init_) init_(shape, budget);  // may raise: the cache's constructor throws it on
+  }
+  void on_batch_begin(run_phase p, std::size_t layer) noexcept {
+    call(batch_begin_, p == run_phase::decode ? "decode" : "prefill", layer);
+  }
+  void on_hit(std::uint32_t s) noexcept { call(hit_, s); }
+  void on_repeat(std::uint32_t s) noexcept { call(repeat_, s); }
+  void on_insert(std::uint32_t s) noexcept { call(insert_, s); }
+  void on_evict(std::uint32_t s) noexcept { call(evict_, s); }
+  void on_batch_end(std::size_t layer) noexcept { call(batch_end_, layer); }
+
+  bool over_budget(const cache_view& v, std::size_t layer) noexcept {
+    if (failure_->failed()) return false;  // stop evicting: the replay ends in an exception
+    if (!over_) return v.used_bytes() > v.budget_bytes();
+    bool out = false;
+    with_view(v, [&] { out = over_(view_, layer).cast<bool>(); });
+    return out;
+  }
+
+  std::uint32_t victim(const cache_view& v, std::size_t layer) noexcept {
+    if (failure_->failed()) return no_slot;
+    std::uint32_t out = no_slot;
+    with_view(v, [&] {
+      py::object r = victim_(view_, layer);
+      if (r.is_none()) return;  // nothing may be evicted: the cache stays over its budget
+      if (!py::isinstance<py::int_>(r))
+        throw py::type_error("policy " + label_ + ": victim() returned a " +
+                             py::str(py::type::handle_of(r).attr("__name__")).cast<std::string>() +
+                             "; expected a slot (int) or None");
+      const long long s = r.cast<long long>();
+      const std::uint32_t slot = view_state_.slot(s);
+      if (!v.evictable(slot))
+        throw error("policy " + label_ + ": victim() returned slot " + std::to_string(s) + " (layer " +
+                    std::to_string(slot / view_state_.n_experts) + ", expert " +
+                    std::to_string(slot % view_state_.n_experts) + "), which is " +
+                    (v.resident(slot) ? "pinned or in the current batch" : "not resident") +
+                    "; expected a slot with view.evictable(slot), or None");
+      out = slot;
+    });
+    return out;
+  }
+
+ private:
+  template <class F, class... A>
+  void guarded(F&& f) noexcept {
+    try {
+      f();
+    } catch (...) {
+      failure_->error = std::current_exception();
+    }
+  }
+  template <class... A>
+  void call(const py::object& f, A&&... a) noexcept {
+    if (!f || failure_->failed()) return;
+    guarded([&] { f(std::forward<A>(a)...); });
+  }
+  template <class F>
+  void with_view(const cache_view& v, F&& f) noexcept {
+    auto& state = view_.cast<python_cache_view&>();
+    state.view = &v;
+    guarded(f);
+    state.view = nullptr;
+  }
+
+  py::object obj_;
+  std::string label_;
+  python_failure* failure_;
+  py::object victim_, init_, batch_begin_, hit_, repeat_, insert_, evict_, over_, batch_end_;
+  python_cache_view view_state_;
+  py::object view_;
+};
+
+std::string policy_label(const py::handle& p) {
+  if (py::hasattr(p, "name") && py::isinstance<py::str>(p.attr("name"))) return p.attr("name").cast<std::string>();
+  if (py::hasattr(p, "__name__")) return p.attr("__name__").cast<std::string>();
+  return py::str(py::type::handle_of(p).attr("__name__")).cast<std::string>();
+}
+
+/// One cell of a Python policy: `factory()` makes a fresh policy object.
+replay_result replay_python_cell(const trace_object& t, const py::object& factory, const std::string& label,
+                                 double budget_mib, const replay_options& o) {
+  check_replay_cell("lru", budget_mib);  // the budget's check (the name is ours)
+  replay_result r;
+  r.policy = label;
+  r.budget_mib = budget_mib;
+  r.budget_bytes = from_mib(budget_mib);
+  python_failure failure;
+  const auto t0 = std::chrono::steady_clock::now();
+  detail::replay_run(t.replay_input(), python_policy(factory(), label, &failure), r, o, detail::replay_predictor::none);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (failure.failed()) std::rethrow_exception(failure.error);
+  return r;
+}
+
+template <class T>
+py::array_t<T> column(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+py::dict replay_columns(const std::vector<replay_result>& rs) {
+  std::vector<double> budget, cum, dec, read, peak, secs;
+  std::vector<std::uint64_t> lookups, hits, dlookups, dhits, evictions, cycle;
+  std::vector<bool> below;
+  py::list policy, warning;
+  for (const auto& r : rs) {
+    budget.push_back(r.budget_mib);
+    policy.append(r.policy);
+    cum.push_back(r.hit_pct_cum());
+    dec.push_back(r.hit_pct_decode());
+    read.push_back(r.read_mib());
+    lookups.push_back(r.stats.all.lookups);
+    hits.push_back(r.stats.all.hits);
+    dlookups.push_back(r.stats.decode.lookups);
+    dhits.push_back(r.stats.decode.hits);
+    evictions.push_back(r.stats.all.evictions);
+    peak.push_back(to_mib(r.stats.peak_bytes));
+    cycle.push_back(r.token_cycle_bytes);
+    below.push_back(r.budget_bytes < r.token_cycle_bytes);
+    secs.push_back(r.seconds);
+    warning.append(r.warning);
+  }
+  py::dict d;
+  d["budget_mib"] = column(budget);
+  d["policy"] = policy;
+  d["hit_pct_cum"] = column(cum);
+  d["hit_pct_decode"] = column(dec);
+  d["read_mib"] = column(read);
+  d["lookups"] = column(lookups);
+  d["hits"] = column(hits);
+  d["decode_lookups"] = column(dlookups);
+  d["decode_hits"] = column(dhits);
+  d["evictions"] = column(evictions);
+  d["peak_resident_mib"] = column(peak);
+  d["token_cycle_bytes"] = column(cycle);
+  py::array_t<bool> b(static_cast<py::ssize_t>(below.size()));
+  for (std::size_t i = 0; i < below.size(); ++i) b.mutable_data()[i] = below[i];
+  d["below_token_cycle"] = b;
+  d["seconds"] = column(secs);
+  d["warning"] = warning;
+  return d;
+}
+
+/// The static grid: built-in policies on threads with the GIL released, then
+/// Python policies one cell at a time with it held; results budget-major,
+/// policies in the order given.
+py::dict replay_static(const trace_object& t, const std::vector<double>& budgets, const py::list& policies,
+                       unsigned threads, std::uint64_t seed, double decay) {
+  replay_options o;
+  o.threads = threads;
+  o.seed = seed;
+  o.cycle.decay = decay;
+  std::vector<std::string> builtin;
+  std::vector<std::size_t> builtin_at, python_at;
+  std::vector<py::object> python;
+  std::vector<std::string> python_label;
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    py::handle p = policies[i];
+    if (py::isinstance<py::str>(p)) {
+      builtin.push_back(p.cast<std::string>());
+      builtin_at.push_back(i);
+    } else if (PyCallable_Check(p.ptr())) {
+      python.push_back(py::reinterpret_borrow<py::object>(p));
+      python_label.push_back(policy_label(p));
+      python_at.push_back(i);
+    } else {
+      throw py::type_error("replay: policies[" + std::to_string(i) + "] is a " +
+                           py::str(py::type::handle_of(p).attr("__name__")).cast<std::string>() +
+                           "; expected a policy name (str) or a class/factory that returns a policy object");
+    }
+  }
+  if (budgets.empty()) throw error("replay: no budgets; expected at least one (MiB)");
+  if (policies.empty()) throw error("replay: no policies; expected at least one of " + cache_policy_names());
+  for (double b : budgets) check_replay_cell("lru", b);
+  for (const auto& p : builtin) check_replay_cell(p, budgets.front());
+  const replay_input& in = t.replay_input();
+  std::vector<replay_result> grid;
+  if (!builtin.empty()) {
+    py::gil_scoped_release nogil;
+    grid = replay_grid(in, budgets, builtin, o);
+  }
+  std::vector<replay_result> out(budgets.size() * policies.size());
+  for (std::size_t b = 0; b < budgets.size(); ++b) {
+    for (std::size_t j = 0; j < builtin.size(); ++j)
+      out[b * policies.size() + builtin_at[j]] = std::move(grid[b * builtin.size() + j]);
+    for (std::size_t j = 0; j < python.size(); ++j)
+      out[b * policies.size() + python_at[j]] = replay_python_cell(t, python[j], python_label[j], budgets[b], o);
+  }
+  return replay_columns(out);
+}
+
+/// The dynamic replay (drop and/or speculation): one cell per (budget, policy).
+py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& budgets,
+                             const std::vector<std::string>& policies, std::optional<double> drop,
+                             const std::string& speculate, std::size_t spec_cap, std::size_t horizon,
+                             std::uint64_t seed, double decay, const py::object& oracle_profile) {
+  if (budgets.empty()) throw error("replay: no budgets; expected at least one (MiB)");
+  if (policies.empty()) throw error("replay: no policies; expected at least one of " + cache_policy_names());
+  dynamic_replay_options base;
+  base.drop = drop;
+  base.speculation = parse_replay_speculation(speculate);
+  base.speculation.cap = spec_cap;
+  base.speculation.horizon = horizon;
+  base.speculation.seed = seed;
+  base.seed = seed;
+  base.cycle.decay = decay;
+  const routed_replay_input& in = t.routed_input();
+  if (!oracle_profile.is_none()) {
+    if (base.speculation.source != speculation_source::oracle)
+      throw error("replay: oracle_profile needs speculate='oracle:P'");
+    if (py::isinstance<py::str>(oracle_profile) || py::isinstance<py::bytes>(oracle_profile) ||
+        py::hasattr(oracle_profile, "__fspath__")) {
+      const std::string path = fspath(oracle_profile);
+      base.speculation.oracle_profile = parse_oracle_profile(read_file(path), path, in.shape().n_layers());
+    } else {  // a sequence of P, one per layer: the file's first form
+      std::string text;
+      for (auto p : oracle_profile) text += detail::format_printf("%.17g\n", p.cast<double>());
+      base.speculation.oracle_profile = parse_oracle_profile(text, "oracle_profile", in.shape().n_layers());
+    }
+  }
+  for (double b : budgets)
+    for (const auto& p : policies) check_replay_cell(p, b);
+  std::vector<dynamic_replay_result> rs;
+  {
+    py::gil_scoped_release nogil;
+    for (double b : budgets)
+      for (const auto& p : policies) {
+        dynamic_replay_options o = base;
+        o.policy = p;
+        o.budget_mib = b;
+        rs.push_back(replay_dynamic(in, o));
+      }
+  }
+  std::vector<double> budget, hit, dem, spec, io, lost;
+  std::vector<std::uint64_t> issued, useful, dropped, evictions;
+  py::list policy, warning;
+  for (const auto& r : rs) {
+    budget.push_back(r.options.budget_mib);
+    policy.append(r.options.policy);
+    hit.push_back(r.hit_pct_decode());
+    dem.push_back(r.demanded_mib_per_token());
+    spec.push_back(r.speculative_mib_per_token());
+    issued.push_back(r.reads.issued);
+    useful.push_back(r.speculation.useful);
+    dropped.push_back(r.drops.experts_dropped);
+    io.push_back(100.0 * r.drops.miss_bytes_avoided_fraction());
+    lost.push_back(100.0 * r.drops.weight_discarded_fraction());
+    evictions.push_back(r.cache.all.evictions);
+    warning.append(r.warning);
+  }
+  py::dict d;
+  d["budget_mib"] = column(budget);
+  d["policy"] = policy;
+  d["hit_pct_decode"] = column(hit);
+  d["demanded_mib_per_token"] = column(dem);
+  d["speculative_mib_per_token"] = column(spec);
+  d["spec_issued"] = column(issued);
+  d["spec_useful"] = column(useful);
+  d["experts_dropped"] = column(dropped);
+  d["io_saved_pct"] = column(io);
+  d["mass_lost_pct"] = column(lost);
+  d["evictions"] = column(evictions);
+  d["warning"] = warning;
+  d["decode_tokens"] = in.decode_tokens();
+  d["speculate"] = base.speculation.name();
+  return d;
+}
+
+py::dict score(const trace_object& t, const std::vector<std::string>& predictors, float decay, bool paired,
+               bool include_prefill) {
+  check_history_predictor_names(predictors);
+  scorer_options options;
+  options.paired = paired;
+  options.score_prefill = include_prefill;
+  frequency_options frequency;
+  frequency.decay = decay;
+  prediction_report r;
+  {
+    py::gil_scoped_release nogil;
+    const trace_routings routings = collect_routings(t.trace());
+    r = score_history_predictors(t.shape(), span<const routing>(routings.routings), routings.declined, predictors,
+                                 options, frequency);
+  }
+  py::list rows;
+  for (std::size_t p = 0; p < r.predictors.size(); ++p) {
+    const overlap_counts& c = r.totals[p];
+    std::vector<double> layer_slot, layer_whole;
+    std::vector<std::uint64_t> layer_routings;
+    for (const overlap_counts& l : r.layers[p]) {
+      layer_slot.push_back(l.slot_pct());
+      layer_whole.push_back(l.whole_pct());
+      layer_routings.push_back(l.routings);
+    }
+    py::dict d;
+    d["predictor"] = r.predictors[p].short_name;
+    d["name"] = r.predictors[p].name;
+    d["slot_pct"] = c.slot_pct();
+    d["whole_pct"] = c.whole_pct();
+    d["routings"] = c.routings;
+    d["slots"] = c.slots;
+    d["slot_hits"] = c.slot_hits;
+    d["whole_hits"] = c.whole_hits;
+    d["unscored"] = c.unscored;
+    d["tie_forgiven"] = c.tie_forgiven;
+    d["layer_slot_pct"] = column(layer_slot);
+    d["layer_whole_pct"] = column(layer_whole);
+    d["layer_routings"] = column(layer_routings);
+    rows.append(d);
+  }
+  py::dict out;
+  out["predictors"] = rows;
+  out["offered"] = column(r.offered);
+  out["declined"] = r.declined;
+  out["ignored_phase"] = r.ignored_phase;
+  out["text"] = format_text(r, true);
+  return out;
+}
+
+}  // namespace
+
+void bind_replay(py::module_& m) {
+  py::class_<python_cache_view>(m, "CacheView",
+                                "What a Python policy's victim() may ask the cache; valid only during that call. "
+                                "Slots are layer * n_experts + expert.")
+      .def("evictable", [](const python_cache_view& v, long long s) { return v.get().evictable(v.slot(s)); },
+           "resident, not pinned, not looked up by the current batch")
+      .def("resident", [](const python_cache_view& v, long long s) { return v.get().resident(v.slot(s)); })
+      .def("layer_of", [](const python_cache_view& v, long long s) { v.get(); return v.slot(s) / v.n_experts; })
+      .def("expert_of", [](const python_cache_view& v, long long s) { v.get(); return v.slot(s) % v.n_experts; })
+      .def("bytes_of", [](const python_cache_view& v, long long s) { return v.get().bytes_of(v.slot(s)); })
+      .def("layer_count", [](const python_cache_view& v, std::size_t l) {
+        const auto& view = v.get();
+        if (l >= v.n_slots / v.n_experts)
+          throw error("CacheView: layer " + std::to_string(l) + " out of range [0, " +
+                      std::to_string(v.n_slots / v.n_experts) + ")");
+        return view.layer_count(l);
+      }, "resident experts of the layer")
+      .def_property_readonly("used_bytes", [](const python_cache_view& v) { return v.get().used_bytes(); })
+      .def_property_readonly("budget_bytes", [](const python_cache_view& v) { return v.get().budget_bytes(); })
+      .def_property_readonly("n_experts", [](const python_cache_view& v) { return v.n_experts; });
+
+  m.def("_replay_static", &replay_static, py::arg("trace"), py::arg("budgets"), py::arg("policies"),
+        py::arg("threads"), py::arg("seed"), py::arg("decay"));
+  m.def("_replay_dynamic", &replay_dynamic_grid, py::arg("trace"), py::arg("budgets"), py::arg("policies"),
+        py::arg("drop"), py::arg("speculate"), py::arg("spec_cap"), py::arg("horizon"), py::arg("seed"),
+        py::arg("decay"), py::arg("oracle_profile"));
+  m.def("_score", &score, py::arg("trace"), py::arg("predictors"), py::arg("decay"), py::arg("paired"),
+        py::arg("include_prefill"));
+  m.def("policy_names", [] { return replay_policy_names(); }, "the built-in policies' names");
+  m.attr("default_spec_cap") = speculation_planner::default_cap;
+  m.attr("default_seed") = replay_options{}.seed;
+  m.attr("default_cycle_decay") = cycle_policy_options{}.decay;
+}
+
+}  // namespace moe_residency_py

@@ -1,0 +1,56 @@
+#pragma once
+// The Python module's shared pieces: the trace object the functions take, the
+// path and error helpers, and the three binders module.cpp calls.
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <pybind11/pybind11.h>
+
+#include "moe_residency/replay.hpp"
+#include "moe_residency/trace.hpp"
+
+namespace moe_residency_py {
+
+namespace py = pybind11;
+
+/// A trace read once, with the inputs the replays build from it made on first
+/// use and kept (the next-use index Belady needs is built once per trace, not
+/// once per call).
+class trace_object {
+ public:
+  explicit trace_object(moe_residency::validated_route_trace t) : trace_(std::move(t)), shape_(trace_.shape()) {}
+
+  const moe_residency::validated_route_trace& trace() const noexcept { return trace_; }
+  const moe_residency::model_shape& shape() const noexcept { return shape_; }
+  const std::string& source() const noexcept { return source_; }
+  void set_source(std::string s) { source_ = std::move(s); }
+
+  /// The static replay's input (load batches and next-use index). Thread-safe.
+  const moe_residency::replay_input& replay_input() const;
+  /// The dynamic replay's input (routings per decode token). Thread-safe.
+  const moe_residency::routed_replay_input& routed_input() const;
+
+ private:
+  moe_residency::validated_route_trace trace_;
+  moe_residency::model_shape shape_;
+  std::string source_;
+  mutable std::mutex mu_;
+  mutable std::unique_ptr<moe_residency::replay_input> replay_;
+  mutable std::unique_ptr<moe_residency::routed_replay_input> routed_;
+};
+
+/// os.fspath(p) as a std::string: str, bytes or any os.PathLike.
+std::string fspath(const py::handle& p);
+/// Reads a whole file; raises OSError (errno, message, path) when it cannot be
+/// opened or is a directory, so Python code can catch FileNotFoundError.
+std::string read_file(const std::string& path);
+/// Raises OSError for `path` from errno (the caller's failed call set it).
+[[noreturn]] void raise_os_error(const std::string& path);
+
+void bind_trace(py::module_& m);
+void bind_replay(py::module_& m);
+void bind_timing(py::module_& m);
+
+}  // namespace moe_residency_py

@@ -1,0 +1,95 @@
+// moe_residency._core: the C++ library for Python. The package's
+// __init__.py wraps what this returns in small result classes.
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bindings.hpp"
+#include "moe_residency/version.hpp"
+
+namespace moe_residency_py {
+
+const moe_residency::replay_input& trace_object::replay_input() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!replay_)
+    replay_ = std::make_unique<moe_residency::replay_input>(moe_residency::replay_input::from_trace(trace_.trace()));
+  return *replay_;
+}
+
+const moe_residency::routed_replay_input& trace_object::routed_input() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!routed_)
+    routed_ = std::make_unique<moe_residency::routed_replay_input>(
+        moe_residency::routed_replay_input::from_trace(trace_.trace()));
+  return *routed_;
+}
+
+std::string fspath(const py::handle& p) {
+  py::object s = py::module_::import("os").attr("fsdecode")(p);
+  return s.cast<std::string>();
+}
+
+void raise_os_error(const std::string& path) {
+  PyErr_SetFromErrnoWithFilename(PyExc_OSError, path.c_str());
+  throw py::error_already_set();
+}
+
+std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) raise_os_error(path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    raise_os_error(path);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    errno = EISDIR;
+    raise_os_error(path);
+  }
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      raise_os_error(path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace moe_residency_py
+
+PYBIND11_MODULE(_core, m) {
+  namespace py = pybind11;
+  m.doc() = "moe-residency's C++ core: traces, replay, scoring and the wall-clock model";
+  m.attr("__version__") = std::to_string(MOE_RESIDENCY_VERSION_MAJOR) + "." +
+                          std::to_string(MOE_RESIDENCY_VERSION_MINOR) + "." +
+                          std::to_string(MOE_RESIDENCY_VERSION_PATCH);
+  // The library's one exception type says what input was wrong: ValueError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const moe_residency::error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  moe_residency_py::bind_trace(m);
+  moe_residency_py::bind_replay(m);
+  moe_residency_py::bind_timing(m);
+}
