@@ -1,0 +1,108 @@
+"""Bad input raises the Python exception its kind calls for, carrying the library's
+message: OSError (with the path) for files, ValueError for values, TypeError for types."""
+
+import errno
+import os
+
+import pytest
+
+import moe_residency as mr
+
+HEADER = ("# route_trace v1\n# model=m.gguf arch=qwen3moe n_layer=2 n_expert=4 n_expert_used=2\n"
+          "# layer=0 expert_bytes=1000 dense_bytes=0\n# layer=1 expert_bytes=1000 dense_bytes=0\n"
+          "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n")
+ROWS = ("0,1,5,0,0,1,0.6,0,1000\n0,1,5,0,1,2,0.4,0,1000\n"
+        "0,1,5,1,0,3,0.7,0,1000\n0,1,5,1,1,0,0.3,0,1000\n")
+
+
+@pytest.fixture
+def small(tmp_path):
+    p = tmp_path / "small.csv"
+    p.write_text(HEADER + ROWS)
+    return p
+
+
+def test_files(tmp_path, small):
+    with pytest.raises(FileNotFoundError) as e:
+        mr.read_trace(tmp_path / "absent.csv")
+    assert e.value.filename == str(tmp_path / "absent.csv") and e.value.errno == errno.ENOENT
+    with pytest.raises(IsADirectoryError) as e:
+        mr.read_trace(tmp_path)
+    assert e.value.filename == str(tmp_path)
+    t = mr.read_trace(small)
+    with pytest.raises(FileNotFoundError) as e:
+        mr.write_trace(t, tmp_path / "no" / "such" / "dir.csv")
+    assert e.value.filename.endswith("dir.csv.tmp")
+    with pytest.raises(ValueError, match="format 'parquet'; expected 'csv' or 'binary'"):
+        mr.write_trace(t, tmp_path / "x", format="parquet")
+    with pytest.raises(FileNotFoundError):
+        mr.whatif(t, tmp_path / "no.cfg", 1)
+    with pytest.raises(FileNotFoundError):
+        mr.calibrate(t, tmp_path / "no.metrics.csv", 1)
+
+
+def test_malformed_traces(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(HEADER + ROWS.replace("0,1,5,1,0,3,", "0,1,5,1,0,9,"))
+    with pytest.raises(ValueError, match=r"bad\.csv: line 8.*expert 9 out of range \[0, 4\)"):
+        mr.read_trace(bad)
+    bad.write_text(HEADER + ROWS.replace("0.7", "zero"))
+    with pytest.raises(ValueError, match="bad.csv: line 8"):
+        mr.read_trace(bad)
+    cut = tmp_path / "cut.bin"
+    mr.write_trace(mr.read_trace(_write(tmp_path / "ok.csv", HEADER + ROWS)), cut, format="binary")
+    data = cut.read_bytes()
+    cut.write_bytes(data[:-5])
+    with pytest.raises(ValueError, match="cut.bin: truncated"):
+        mr.read_trace(cut)
+
+
+def _write(p, text):
+    p.write_text(text)
+    return p
+
+
+def test_values(small):
+    t = mr.read_trace(small)
+    with pytest.raises(ValueError, match="unknown policy 'lruu'"):
+        mr.replay(t, budgets=[1], policies=["lruu"])
+    with pytest.raises(ValueError, match="budget -5.* expected a finite budget > 0 MiB"):
+        mr.replay(t, budgets=[-5], policies=["lru"])
+    with pytest.raises(ValueError, match="budget nan"):
+        mr.replay(t, budgets=[float("nan")], policies=["lru"])
+    with pytest.raises(ValueError, match="budgets: empty"):
+        mr.replay(t, budgets=[], policies=["lru"])
+    with pytest.raises(ValueError, match="oracle:1.5.*expected oracle:P with 0 <= P <= 1"):
+        mr.replay(t, budgets=[1], policies=["lru"], speculate="oracle:1.5")
+    with pytest.raises(ValueError, match="spec_cap/horizon: they need speculate"):
+        mr.replay(t, budgets=[1], policies=["lru"], spec_cap=3)
+    with pytest.raises(ValueError, match="oracle_profile needs speculate='oracle:P'"):
+        mr.replay(t, budgets=[1], policies=["lru"], speculate="prev-token", oracle_profile=[1, 1])
+    with pytest.raises(ValueError, match="threads: -1"):
+        mr.replay(t, budgets=[1], policies=["lru"], threads=-1)
+    with pytest.raises(ValueError, match="unknown predictor 'oracle'; expected prev-token, frequency, static-hottest"):
+        mr.score(t, predictors=["oracle"])
+    with pytest.raises(ValueError, match="'frequency' listed twice"):
+        mr.score(t, predictors=["frequency", "frequency"])
+    with pytest.raises(ValueError, match="decay"):
+        mr.score(t, predictors=["frequency"], decay=0)
+    with pytest.raises(ValueError, match="unknown key 'lane'|lane"):
+        mr.whatif(t, {"lane": 2}, 1)
+    with pytest.raises(ValueError, match="overlap = 2; expected a share in \\[0, 1\\]"):
+        mr.whatif(t, {"overlap": 2}, 1)
+    with pytest.raises(ValueError, match="lanes = 0; expected 1 to 64"):
+        mr.whatif(t, None, 1, lanes=0)
+    with pytest.raises(ValueError, match="split 'odd'"):
+        mr.calibrate(t, small, 1, split="odd")
+    with pytest.raises(TypeError, match="expected a moe_residency.Trace or a path"):
+        mr.replay(42, budgets=[1])
+
+
+def test_a_failed_call_loses_nothing(small):
+    # The trace and its cached replay inputs are untouched by a call that raised.
+    t = mr.read_trace(small)
+    before = mr.replay(t, budgets=[0.003], policies=["lru", "belady"]).to_csv()
+    with pytest.raises(ValueError):
+        mr.replay(t, budgets=[0.003], policies=["lru", "nope"])
+    assert mr.replay(t, budgets=[0.003], policies=["lru", "belady"]).to_csv() == before
+    assert len(t) == 4 and list(t.expert) == [1, 2, 3, 0]
