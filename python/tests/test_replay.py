@@ -127,3 +127,32 @@ def test_score_recorded_figures(traces):
     # per-layer figures add up to the total
     assert g["layer_routings"].sum() == g["routings"]
     assert np.nanmax(g["layer_slot_pct"]) >= g["slot_pct"] >= np.nanmin(g["layer_slot_pct"])
+
+
+def test_the_gil_is_released_while_cells_run(traces):
+    # A thread replays a grid; this thread keeps stamping the clock meanwhile. Held, the
+    # GIL would stop this thread for the whole grid: no stamp between the replay's start
+    # and end, one gap as long as the replay.
+    import threading
+    import time
+    t = traces["qwen"]
+    mr.replay(t, budgets=[1000], policies=["lru"])  # the replay inputs are built now, not in the timed call
+    started, span = threading.Event(), []
+
+    def work():
+        started.set()
+        t0 = time.perf_counter()
+        mr.replay(t, budgets=[500, 1000, 2000, 3000, 4000, 6000], policies=mr.policy_names(), threads=1)
+        span.extend([t0, time.perf_counter()])
+    w = threading.Thread(target=work)
+    w.start()
+    started.wait()
+    stamps = []
+    while w.is_alive():
+        stamps.append(time.perf_counter())
+    w.join()
+    t0, t1 = span
+    inside = [t0] + [s for s in stamps if t0 < s < t1] + [t1]
+    gap = max(b - a for a, b in zip(inside, inside[1:]))
+    assert t1 - t0 > 0.05, "the grid was too quick to tell (%.3f s)" % (t1 - t0)
+    assert gap < (t1 - t0) / 2, "this thread stopped for %.3f s of a %.3f s replay" % (gap, t1 - t0)
