@@ -25,7 +25,9 @@ def _missing(what):
 
 @pytest.fixture(scope="session")
 def traces_dir():
-    d = os.environ.get("MOE_RESIDENCY_TRACES") or os.path.join(SOURCE_DIR, "..", "shared", "traces")
+    # $MOE_RESIDENCY_TRACES, else the build's MOE_RESIDENCY_TRACES_DIR (CTest passes it), else ../shared/traces
+    d = (os.environ.get("MOE_RESIDENCY_TRACES") or os.environ.get("MOE_RESIDENCY_DEFAULT_TRACES")
+         or os.path.join(SOURCE_DIR, "..", "shared", "traces"))
     if not os.path.isfile(os.path.join(d, "qwen.route.csv")):
         _missing("the shared traces (%s; set MOE_RESIDENCY_TRACES)" % d)
     return d

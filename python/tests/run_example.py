@@ -9,7 +9,8 @@ import sys
 example, png = sys.argv[1], sys.argv[2]
 ci = os.environ.get("CI") == "true"
 src = os.environ["MOE_RESIDENCY_SOURCE_DIR"]
-traces = os.environ.get("MOE_RESIDENCY_TRACES") or os.path.join(src, "..", "shared", "traces")
+traces = (os.environ.get("MOE_RESIDENCY_TRACES") or os.environ.get("MOE_RESIDENCY_DEFAULT_TRACES")
+          or os.path.join(src, "..", "shared", "traces"))
 for what, ok in [("matplotlib (python3-matplotlib)", __import__("importlib").util.find_spec("matplotlib")),
                  ("the shared traces at " + traces, os.path.isfile(os.path.join(traces, "qwen.route.csv")))]:
     if not ok:
