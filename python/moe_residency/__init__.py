@@ -11,6 +11,7 @@ residency policy written in Python.
 See docs/python.md.
 """
 
+import numbers as _numbers
 import os as _os
 
 import numpy as _np
@@ -54,6 +55,35 @@ def _list(value, name):
     if not out:
         raise ValueError("%s: empty; expected at least one value" % name)
     return out
+
+
+def _budgets(value):
+    """MiB values: a number or an iterable of numbers (not strings)."""
+    out = []
+    for b in _list(value, "budgets"):
+        if isinstance(b, (str, bytes, bool)) or not isinstance(b, _numbers.Real):
+            raise TypeError("budgets: %r is a %s; expected numbers of MiB" % (b, type(b).__name__))
+        out.append(float(b))
+    return out
+
+
+def _mib(name, value):
+    """One number of MiB."""
+    if isinstance(value, (str, bytes, bool)) or not isinstance(value, _numbers.Real):
+        raise TypeError("%s: %r is a %s; expected a number of MiB" % (name, value, type(value).__name__))
+    return float(value)
+
+
+def _int(name, value, lo, hi=None, none=None):
+    """A whole number in [lo, hi]; None gives `none` when that is allowed."""
+    if value is None and none is not None:
+        return none
+    if isinstance(value, bool) or not isinstance(value, _numbers.Integral):
+        raise TypeError("%s: %r is a %s; expected a whole number" % (name, value, type(value).__name__))
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError("%s: %d; expected %d to %s" % (name, value, lo, hi if hi is not None else "any"))
+    return value
 
 
 class _Columns:
@@ -138,12 +168,12 @@ def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady"
     they run. Python policies run on the calling thread.
     """
     t = _trace(trace)
-    budgets = [float(b) for b in _list(budgets, "budgets")]
+    budgets = _budgets(budgets)
     policies = _list(policies, "policies")
-    seed = _core.default_seed if seed is None else int(seed)
+    seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
     decay = _core.default_cycle_decay if decay is None else float(decay)
-    if threads < 0:
-        raise ValueError("threads: %d; expected 0 (all cores) or more" % threads)
+    threads = _int("threads", threads, 0, 4096, none=0)
+    horizon = _int("horizon", horizon, 0, 2 ** 31)
     if drop is None and speculate in (None, "none") and oracle_profile is None:
         if spec_cap is not None or horizon != 1:
             raise ValueError("spec_cap/horizon: they need speculate=...; without it nothing is read ahead")
@@ -155,11 +185,9 @@ def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady"
         names.append(p)
     if drop is not None:
         drop = float(drop)
-    cap = _core.default_spec_cap if spec_cap is None else int(spec_cap)
-    if cap < 0 or horizon < 0:
-        raise ValueError("spec_cap %d, horizon %d: expected values >= 0" % (cap, horizon))
+    cap = _int("spec_cap", spec_cap, 0, 2 ** 31, none=_core.default_spec_cap)
     return DynamicReplayResult(_core._replay_dynamic(t, budgets, names, drop, speculate or "none", cap,
-                                                     int(horizon), seed, decay, oracle_profile))
+                                                     horizon, seed, decay, oracle_profile))
 
 
 def curve(trace, policies=("lru", "belady"), budgets=None, points=16, threads=0):
@@ -174,11 +202,13 @@ def curve(trace, policies=("lru", "belady"), budgets=None, points=16, threads=0)
     cycle_mib = shape.token_cycle_bytes / 1048576.0
     if budgets is None:
         full = float(_np.sum(shape.expert_bytes)) * shape.n_experts / 1048576.0
-        budgets = _np.unique(_np.round(_np.geomspace(max(cycle_mib / 10, 1.0), full, int(points)), 1))
+        points = _int("points", points, 2, 10000)
+        budgets = _np.round(_np.geomspace(max(cycle_mib / 10, 1.0), full, points), 1)
+    budgets = _np.unique(_np.asarray(_budgets(budgets)))  # ascending, each once: the x axis
     r = replay(t, budgets=budgets, policies=policies, threads=threads)
-    out = {"budget_mib": _np.asarray(sorted(set(r.budget_mib.tolist()))), "token_cycle_mib": cycle_mib}
+    out = {"budget_mib": budgets, "token_cycle_mib": cycle_mib}
     for p in dict.fromkeys(r.policy):
-        idx = [i for i, q in enumerate(r.policy) if q == p]
+        idx = [i for i, q in enumerate(r.policy) if q == p]   # budget-major: in budget order
         hit = r.hit_pct_decode[idx]
         out[p] = {"hit_pct_decode": hit, "miss_ratio": 1.0 - hit / 100.0, "read_mib": r.read_mib[idx]}
     return out
@@ -257,9 +287,11 @@ def whatif(trace, config, budget_mib, policy="lru", drop=None, speculate="none",
     ``moe-residency calibrate --write-config``) or a dict of its keys. speculate: "none",
     "prev-token", "frequency", "oracle:P" or "full" (oracle:1 at cap top-k)."""
     t = _trace(trace)
-    seed = _core.default_seed if seed is None else int(seed)
-    return WhatIf(_core._whatif(t, config, float(budget_mib), policy, None if drop is None else float(drop),
-                                speculate, spec_cap, int(horizon), lanes, seed))
+    seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
+    spec_cap = None if spec_cap is None else _int("spec_cap", spec_cap, 0, 2 ** 31)
+    lanes = None if lanes is None else _int("lanes", lanes, 0, 2 ** 31)
+    return WhatIf(_core._whatif(t, config, _mib("budget_mib", budget_mib), policy, None if drop is None else float(drop),
+                                speculate or "none", spec_cap, _int("horizon", horizon, 0, 2 ** 31), lanes, seed))
 
 
 class Calibration:
@@ -291,4 +323,4 @@ def calibrate(trace, metrics, budget_mib, policy="lru", config=None, split="halv
     half of the decode tokens and scores the second, "interleaved" even/odd, "all" every token.
     config: fixed parameters (lanes, curve, ...), a path or a dict."""
     t = _trace(trace)
-    return Calibration(_core._calibrate(t, metrics, float(budget_mib), policy, config, split, bool(fit_io)))
+    return Calibration(_core._calibrate(t, metrics, _mib("budget_mib", budget_mib), policy, config, split, bool(fit_io)))

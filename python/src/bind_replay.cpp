@@ -99,7 +99,11 @@ class python_policy : public policy_base {
     if (failure_->failed()) return false;  // stop evicting: the replay ends in an exception
     if (!over_) return v.used_bytes() > v.budget_bytes();
     bool out = false;
-    with_view(v, [&] { out = over_(view_, layer).cast<bool>(); });
+    with_view(v, [&] {
+      const int truth = PyObject_IsTrue(over_(view_, layer).ptr());
+      if (truth < 0) throw py::error_already_set();
+      out = truth == 1;
+    });
     return out;
   }
 
@@ -109,11 +113,7 @@ class python_policy : public policy_base {
     with_view(v, [&] {
       py::object r = victim_(view_, layer);
       if (r.is_none()) return;  // nothing may be evicted: the cache stays over its budget
-      if (!py::isinstance<py::int_>(r))
-        throw py::type_error("policy " + label_ + ": victim() returned a " +
-                             py::str(py::type::handle_of(r).attr("__name__")).cast<std::string>() +
-                             "; expected a slot (int) or None");
-      const long long s = r.cast<long long>();
+      const long long s = slot_number(r, "victim()");
       const std::uint32_t slot = view_state_.slot(s);
       if (!v.evictable(slot))
         throw error("policy " + label_ + ": victim() returned slot " + std::to_string(s) + " (layer " +
@@ -127,6 +127,22 @@ class python_policy : public policy_base {
   }
 
  private:
+  // A slot from Python: an int or anything with __index__ (numpy integers), not a bool.
+  long long slot_number(const py::object& r, const char* hook) const {
+    auto type_name = [&] { return py::str(py::type::handle_of(r).attr("__name__")).cast<std::string>(); };
+    if (PyBool_Check(r.ptr()) || !PyIndex_Check(r.ptr()))
+      throw py::type_error("policy " + label_ + ": " + hook + " returned a " + type_name() +
+                           "; expected a slot (int) or None");
+    py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(r.ptr()));
+    if (!i) throw py::error_already_set();
+    int overflow = 0;
+    const long long s = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    if (overflow)
+      throw error("policy " + label_ + ": " + hook + " returned " + py::str(r).cast<std::string>() +
+                  ", out of range; expected a slot layer * n_experts + expert below " +
+                  std::to_string(view_state_.n_slots));
+    return s;
+  }
   template <class F, class... A>
   void guarded(F&& f) noexcept {
     try {

@@ -2,6 +2,7 @@
 // times on a device) and calibrate (fit the model to recorded per-token metrics).
 
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,23 +28,47 @@ py::array_t<T> column(const std::vector<T>& v) {
 
 /// A device: a config file's path, or a {key: value} mapping in the config's
 /// own keys (one parser, one set of checks either way).
+// One value of a config dict as the config file's text: a number (int, float, numpy
+// scalar) at full precision, or a string of one line.
+std::string config_value(const std::string& key, py::handle v) {
+  auto bad = [&](const std::string& what) {
+    return py::type_error("config['" + key + "']: " + what + "; expected a number, a string of one line" +
+                          (key == "curve" ? " or a {lanes: MiB/s} dict" : ""));
+  };
+  if (py::isinstance<py::str>(v)) {
+    const std::string s = v.cast<std::string>();
+    if (s.find_first_of("\n\r#") != std::string::npos) throw bad("'" + s + "' holds a line break or '#'");
+    return s;
+  }
+  if (PyBool_Check(v.ptr())) throw bad("a bool");
+  if (PyIndex_Check(v.ptr())) return py::str(py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr())));
+  if (PyFloat_Check(v.ptr()) || PyNumber_Check(v.ptr())) {
+    const double d = PyFloat_AsDouble(v.ptr());
+    if (d == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    return detail::format_printf("%.17g", d);
+  }
+  throw bad("a " + py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>());
+}
+
+/// A device: a config file's path, or a {key: value} mapping in the config's
+/// own keys (one parser, one set of checks either way).
 timing_params device_params(const py::object& config) {
   if (config.is_none()) return timing_params{};
   if (py::isinstance<py::dict>(config)) {
     std::string text;
     for (auto kv : config.cast<py::dict>()) {
-      const std::string key = py::str(kv.first).cast<std::string>();
-      py::handle v = kv.second;
+      if (!py::isinstance<py::str>(kv.first))
+        throw py::type_error("config: key " + py::repr(kv.first).cast<std::string>() + "; expected a str");
+      const std::string key = kv.first.cast<std::string>();
       std::string value;
-      if (py::isinstance<py::str>(v)) {
-        value = v.cast<std::string>();
-      } else if (py::isinstance<py::dict>(v)) {  // curve = {lanes: MiB/s}
-        for (auto p : v.cast<py::dict>())
-          value += (value.empty() ? "" : ",") + py::str(p.first).cast<std::string>() + ":" +
-                   py::repr(p.second).cast<std::string>();
+      if (py::isinstance<py::dict>(kv.second)) {  // curve = {lanes: MiB/s}
+        for (auto p : kv.second.cast<py::dict>())
+          value += (value.empty() ? "" : ",") + config_value(key, p.first) + ":" + config_value(key, p.second);
       } else {
-        value = py::repr(v).cast<std::string>();
+        value = config_value(key, kv.second);
       }
+      if (key.find_first_of("\n\r#= ") != std::string::npos)
+        throw py::type_error("config: key '" + key + "' holds a space, '=', '#' or a line break");
       text += key + " = " + value + "\n";
     }
     return parse_timing_config(text, "config");

@@ -4,7 +4,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
-#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -58,32 +62,36 @@ void write_trace(const trace_object& t, const py::object& path_like, const std::
   const std::string path = fspath(path_like);
   if (format != "csv" && format != "binary")
     throw error("write_trace: format '" + format + "'; expected 'csv' or 'binary'");
-  // Written next to the target and renamed, so a failed write never leaves a half file.
-  const std::string tmp = path + ".tmp";
-  int failed_errno = 0;
+  std::ostringstream bytes;
   {
     py::gil_scoped_release nogil;
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) {
-      failed_errno = errno ? errno : EIO;
-    } else {
-      if (format == "csv") write_route_trace_csv(t.trace(), f);
-      else write_route_trace_binary(t.trace(), f);
-      f.flush();
-      if (!f) {
-        failed_errno = errno ? errno : EIO;
-        std::remove(tmp.c_str());
-      }
+    if (format == "csv") write_route_trace_csv(t.trace(), bytes);
+    else write_route_trace_binary(t.trace(), bytes);
+  }
+  const std::string data = std::move(bytes).str();
+  // A temporary file of our own beside the target, renamed over it: a failed write never
+  // leaves a half file, and never touches a file we did not create. Errors name the target.
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(&tmp[0]);
+  if (fd < 0) raise_os_error(path);
+  const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file what open() would
+  ::umask(mask);
+  ::fchmod(fd, 0666 & ~mask);
+  int failed = 0;
+  {
+    py::gil_scoped_release nogil;
+    for (std::size_t off = 0; off < data.size() && !failed;) {
+      const ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) failed = n < 0 ? errno : EIO;
+      else off += static_cast<std::size_t>(n);
     }
+    if (::close(fd) != 0 && !failed) failed = errno;
+    if (!failed && ::rename(tmp.c_str(), path.c_str()) != 0) failed = errno;
+    if (failed) ::unlink(tmp.c_str());
   }
-  if (failed_errno) {
-    errno = failed_errno;
-    raise_os_error(tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    errno = e;
+  if (failed) {
+    errno = failed;
     raise_os_error(path);
   }
 }
@@ -100,7 +108,9 @@ void bind_trace(py::module_& m) {
       .def_property_readonly(
           "expert_bytes", [](const model_shape& s) { return copy_array(s.all_expert_bytes()); },
           "bytes of one expert, per layer (0 for a dense layer)")
-      .def("is_moe", [](const model_shape& s, std::size_t l) { return s.is_moe(layer_id(static_cast<std::uint16_t>(l))); })
+      .def("is_moe", [](const model_shape& s, std::size_t l) {
+        return l < s.n_layers() && s.is_moe(layer_id(static_cast<std::uint16_t>(l)));
+      })
       .def_property_readonly("token_cycle_bytes", [](const model_shape& s) { return token_cycle_bytes(s); },
                              "bytes one decode token routes: every MoE layer's top-k experts")
       .def("__repr__", [](const model_shape& s) {

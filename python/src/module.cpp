@@ -31,8 +31,9 @@ const moe_residency::routed_replay_input& trace_object::routed_input() const {
 }
 
 std::string fspath(const py::handle& p) {
-  py::object s = py::module_::import("os").attr("fsdecode")(p);
-  return s.cast<std::string>();
+  // os.fsencode: the file system's own bytes, so a name that is not UTF-8 still opens.
+  py::bytes b = py::module_::import("os").attr("fsencode")(p);
+  return std::string(b);
 }
 
 void raise_os_error(const std::string& path) {

@@ -131,6 +131,18 @@ def test_errors_in_a_python_policy(traces):
     with pytest.raises(ValueError, match="slot 1000000000 out of range"):
         mr.replay(t, budgets=[2000], policies=[OutOfRange])
 
+    class BoolSlot(PyLRU):
+        def victim(self, view, layer):
+            return True
+    with pytest.raises(TypeError, match="victim\\(\\) returned a bool; expected a slot"):
+        mr.replay(t, budgets=[2000], policies=[BoolSlot])
+
+    class HugeSlot(PyLRU):
+        def victim(self, view, layer):
+            return 2 ** 70
+    with pytest.raises(ValueError, match="victim\\(\\) returned 1180591620717411303424, out of range"):
+        mr.replay(t, budgets=[2000], policies=[HugeSlot])
+
     class WrongType(PyLRU):
         def victim(self, view, layer):
             return "the oldest"
@@ -162,6 +174,23 @@ def test_errors_in_a_python_policy(traces):
         mr.replay(t, budgets=[2000], policies=["lru", 3])
     with pytest.raises(TypeError, match="built-in policies only"):
         mr.replay(t, budgets=[2000], policies=[PyLRU], speculate="prev-token")
+
+
+def test_numpy_slots_and_truth_values(traces):
+    # victim() may return a numpy integer (argmin of an array of ages), over_budget() any truth value
+    import numpy as np
+
+    class NumpyLRU(PyLRU):
+        name = "numpy-lru"
+
+        def victim(self, view, layer):
+            s = super().victim(view, layer)
+            return None if s is None else np.int64(s)
+
+        def over_budget(self, view, layer):
+            return np.bool_(view.used_bytes > view.budget_bytes)
+    r = mr.replay(traces["gptoss"], budgets=[1000, 3000], policies=["lru", NumpyLRU])
+    assert np.array_equal(r.hits[0::2], r.hits[1::2]) and np.array_equal(r.evictions[0::2], r.evictions[1::2])
 
 
 def test_a_policy_that_evicts_nothing_stays_over_budget(traces):

@@ -66,19 +66,24 @@ def test_calibrate_equals_the_cli(traces_dir, cli, tmp_path, name, budget):
     out = cli("calibrate", "--trace", trace, "--metrics", metrics, "--budget", budget, "--format", "csv",
               "--write-config", cfg)
     assert c.to_csv() == out
-    # The fitted device. The tool is built with -march=native (fused multiply-adds) and the module
-    # is not, so a parameter the data barely determines can move in its third digit (gpt-oss's
-    # mgmt_ms_per_eviction: 5.05184e-06 against 5.05241e-06 ms); the scores above agree exactly.
+    # The fitted device. Both fits stop at the iteration cap (200) on a flat valley of the
+    # objective, where the parameters move with the build's floating-point contraction (the
+    # tool is built with -march=native, the module is not; in a release build gpt-oss's
+    # read_latency_ms is 3.85 against 3.34 ms, its overlap 0.136 against 0.125) while the
+    # scores above agree to every printed digit. So: the parameters not fitted are equal, and
+    # the two fitted devices predict the same token times.
+    assert c.iterations <= 200
     fitted = {}
     for line in cfg.read_text().splitlines()[1:]:
         key, value = line.split(" = ")
         fitted[key] = value
     assert set(fitted) == set(c.params)
+    assert mr.timing_params({"curve": fitted["curve"]})["curve"] == c.params["curve"]
     for key, value in fitted.items():
-        if key == "curve":
-            assert mr.timing_params({"curve": value})["curve"] == c.params["curve"]
-        else:
-            assert np.isclose(float(value), c.params[key], rtol=1e-3, atol=1e-7), key
+        if key not in c.free and key != "curve":
+            assert float(value) == pytest.approx(c.params[key], rel=1e-5), key
+    ours, theirs = mr.whatif(trace, c.params, budget).wall_ms, mr.whatif(trace, cfg, budget).wall_ms
+    assert np.mean(np.abs(ours - theirs) / theirs) < 0.01
     assert len(c.predicted_ms) == len(c.recorded_ms) == np.count_nonzero(c.in_fit) * 2
     assert c.in_fit[0] and not c.in_fit[-1]  # halves: the first half fitted
     # the fitted device predicts the held-out half as calibrate scored it

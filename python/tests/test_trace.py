@@ -57,10 +57,37 @@ def test_views_are_read_only_and_share_the_trace_memory(trace_path):
     base = step.__array_interface__["data"][0]
     assert layer.__array_interface__["data"][0] - base == 8
     assert expert.__array_interface__["data"][0] - base == 10
-    # a view keeps the trace alive after the trace object is gone
-    n = len(t)
+    # a view keeps the trace alive after the trace object is gone: its base is the trace
+    assert type(layer.base).__name__ == "Trace" and layer.base is t
+    copy = np.array(layer)
     del t
-    assert layer.shape == (n,) and int(layer.max()) >= 0
+    import gc
+    gc.collect()
+    assert type(layer.base).__name__ == "Trace" and np.array_equal(layer, copy)
+
+
+def test_odd_paths_and_indices(tmp_path, trace_path):
+    # a file name that is not UTF-8 (bytes, or a str with surrogate escapes as os.listdir gives)
+    raw = os.path.join(os.fsencode(tmp_path), b"\xff.csv")
+    with open(trace_path, "rb") as f, open(raw, "wb") as g:
+        g.write(f.read())
+    assert len(mr.read_trace(raw)) == len(mr.read_trace(os.fsdecode(raw))) > 0
+    t = mr.read_trace(tmp_path / os.fsdecode(b"\xff.csv"))   # pathlib
+    assert not t.shape.is_moe(65536) and not t.shape.is_moe(t.shape.n_layers) and t.shape.is_moe(0)
+
+
+def test_write_replaces_only_through_its_own_temporary(tmp_path, trace_path):
+    t = mr.read_trace(trace_path)
+    out = tmp_path / "out.csv"
+    out.write_text("old")
+    (tmp_path / "out.csv.tmp").write_text("a file of the user's")
+    mr.write_trace(t, out)
+    assert out.read_bytes() == open(trace_path, "rb").read() or t.noncanonical_weights
+    assert (tmp_path / "out.csv.tmp").read_text() == "a file of the user's"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv", "out.csv.tmp"]
+    mask = os.umask(0)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_decode_tokens_and_shape(traces_dir):
@@ -77,7 +104,7 @@ def test_round_trip(trace_path, tmp_path, form):
     t = mr.read_trace(trace_path)
     out = tmp_path / ("t." + form)
     mr.write_trace(t, out, format=form)
-    assert not (tmp_path / ("t." + form + ".tmp")).exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["t." + form]
     u = mr.read_trace(out)
     for attr in ("turn", "step", "layer", "expert", "slot", "phase", "residency", "dropped", "row_expert_bytes"):
         assert np.array_equal(getattr(t, attr), getattr(u, attr)), attr
