@@ -307,6 +307,34 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
                        doctest::Contains("m.csv: line 2, column wall_ms: 'x'"), error);
   CHECK_THROWS_WITH_AS(parse_token_metrics("step,ms\n1,2\n", "m.csv"), doctest::Contains("no wall_ms column"), error);
 
+  SUBCASE("metrics are paired with decode tokens by step, not by their place in the file") {
+    // reordered rows: put back in step order
+    const token_metrics r = parse_token_metrics("step,wall_ms,stall_ms\n2,20,2\n3,30,3\n1,10,1\n", "r.csv");
+    CHECK(r.wall_ms == std::vector<double>{10, 20, 30});
+    CHECK(r.stall_ms == std::vector<double>{1, 2, 3});
+    // without a step column: by position
+    CHECK(parse_token_metrics("wall_ms\n20\n10\n", "p.csv").wall_ms == std::vector<double>{20, 10});
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,10\n3,30\n4,40\n", "gap.csv"),
+                         "gap.csv: line 3: step 3, but step 2 is missing; expected steps 1 to 3, one row per "
+                         "decode token", error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,10\n2,20\n2,21\n", "dup.csv"),
+                         "dup.csv: line 4: step 2 again (line 3 has it); expected each decode token's step once",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n2,10\n3,20\n", "late.csv"),
+                         "late.csv: line 2: step 2, but step 1 is missing; expected steps 1 to 2, one row per "
+                         "decode token", error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n0,10\n", "zero.csv"),
+                         "zero.csv: line 2, column step: '0'; expected a whole number >= 1 (decode tokens count "
+                         "from 1)", error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n-1,10\n", "neg.csv"),
+                         doctest::Contains("neg.csv: line 2, column step: '-1'"), error);
+    // a steps column that disagrees with the rows: a file cut short (or two runs merged)
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,steps,wall_ms\n1,3,10\n2,3,20\n", "cut.csv"),
+                         "cut.csv: line 2: steps 3 (the run's decode tokens), but the file has 2 rows; expected "
+                         "one row per decode token (a cut or merged file?)", error);
+    CHECK(parse_token_metrics("step,steps,wall_ms\n1,2,10\n2,2,20\n", "ok.csv").size() == 2);
+  }
+
   const std::string lanes = real_trace("flash-lanes.csv");
   if (lanes.empty()) return;
   // The default curve is the phone's measured one.

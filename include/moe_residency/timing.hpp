@@ -570,6 +570,13 @@ inline timed_replay predict_timing(const routed_replay_input& in, const dynamic_
 /// read_bytes, io_ms, cpu_ms and sys_ms are kept when present (NaN
 /// otherwise). '#' lines are skipped. cpu_ms and sys_ms are the memory lab
 /// probe's: the eval thread's CPU time and the part of it in the kernel.
+///
+/// Rows are paired with decode tokens by the `step` they carry, not by their
+/// place in the file: step s is the run's s-th decode token (from 1), rows are
+/// put in step order, and a step missing, repeated or not from 1 is an error
+/// naming the line; a `steps` column (the run's decode tokens) must agree with
+/// the rows there are, so a cut file is refused. A file without a `step`
+/// column is paired by position.
 struct token_metrics {
   std::vector<double> wall_ms, stall_ms, mgmt_ms, compute_ms, read_bytes, io_ms, cpu_ms, sys_ms;
   std::size_t size() const noexcept { return wall_ms.size(); }
@@ -601,6 +608,23 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   token_metrics m;
   std::vector<double>* dst[kept] = {&m.wall_ms,    &m.stall_ms, &m.mgmt_ms, &m.compute_ms,
                                     &m.read_bytes, &m.io_ms,    &m.cpu_ms,  &m.sys_ms};
+  const std::ptrdiff_t step_col = col("step"), steps_col = col("steps");
+  struct row_step {
+    std::uint64_t step, steps;
+    std::size_t line;
+  };
+  std::vector<row_step> steps;  // per row, when the file has a step column
+  auto whole = [&](const std::vector<std::string>& f, std::ptrdiff_t c, std::size_t line_no) -> std::uint64_t {
+    const std::string& s = f[static_cast<std::size_t>(c)];
+    std::uint64_t v = 0;
+    bool ok = !s.empty() && s.size() <= 18;
+    for (char ch : s) ok = ok && ch >= '0' && ch <= '9';
+    if (ok) v = std::stoull(s);
+    if (!ok || v == 0)
+      throw error(source + ": line " + std::to_string(line_no) + ", column " + cols[static_cast<std::size_t>(c)] +
+                  ": '" + s + "'; expected a whole number >= 1 (decode tokens count from 1)");
+    return v;
+  };
   while (std::getline(ss, line)) {
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -623,8 +647,39 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
       }
       dst[k]->push_back(v);
     }
+    if (step_col >= 0) steps.push_back({whole(f, step_col, n), steps_col >= 0 ? whole(f, steps_col, n) : 0, n});
   }
   if (m.wall_ms.empty()) throw error(source + ": no token rows");
+  if (steps.empty()) return m;
+  // Pair by step: rows in step order, each step 1..N exactly once.
+  std::vector<std::size_t> order(steps.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return steps[a].step < steps[b].step; });
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const row_step& r = steps[order[i]];
+    if (r.step == i + 1) continue;
+    if (i > 0 && r.step == steps[order[i - 1]].step)
+      throw error(source + ": line " + std::to_string(r.line) + ": step " + std::to_string(r.step) +
+                  " again (line " + std::to_string(steps[order[i - 1]].line) +
+                  " has it); expected each decode token's step once");
+    throw error(source + ": line " + std::to_string(r.line) + ": step " + std::to_string(r.step) + ", but step " +
+                std::to_string(i + 1) + " is missing; expected steps 1 to " + std::to_string(steps.size()) +
+                ", one row per decode token");
+  }
+  for (const row_step& r : steps)
+    if (steps_col >= 0 && r.steps != steps.size())
+      throw error(source + ": line " + std::to_string(r.line) + ": steps " + std::to_string(r.steps) +
+                  " (the run's decode tokens), but the file has " + std::to_string(steps.size()) +
+                  " rows; expected one row per decode token (a cut or merged file?)");
+  bool sorted = true;
+  for (std::size_t i = 0; i < order.size(); ++i) sorted = sorted && order[i] == i;
+  if (!sorted)
+    for (int k = 0; k < kept; ++k) {
+      std::vector<double> v(order.size());
+      for (std::size_t i = 0; i < order.size(); ++i) v[i] = (*dst[k])[order[i]];
+      *dst[k] = std::move(v);
+    }
   return m;
 }
 
