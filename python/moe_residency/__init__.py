@@ -164,8 +164,9 @@ def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady"
     "oracle:P" adds speculative reads (spec_cap per layer, horizon 1 or 2, oracle_profile a
     per-layer P sequence or a file of one). With drop or speculate the result is a
     DynamicReplayResult (built-in policies only), else a ReplayResult.
-    threads: worker threads for built-in cells (0 = all cores); the GIL is released while
-    they run. Python policies run on the calling thread.
+    threads: worker threads for the static grid's built-in cells (0 = all cores); the GIL is
+    released while they run. Python policies run on the calling thread; dynamic cells run one
+    after the other (GIL released), as the tool runs them.
     """
     t = _trace(trace)
     budgets = _budgets(budgets)
