@@ -194,13 +194,6 @@ replay_result replay_python_cell(const trace_object& t, const py::object& factor
   return r;
 }
 
-template <class T>
-py::array_t<T> column(const std::vector<T>& v) {
-  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
-  std::copy(v.begin(), v.end(), a.mutable_data());
-  return a;
-}
-
 py::dict replay_columns(const std::vector<replay_result>& rs) {
   std::vector<double> budget, cum, dec, read, peak, secs;
   std::vector<std::uint64_t> lookups, hits, dlookups, dhits, evictions, cycle;
@@ -236,9 +229,7 @@ py::dict replay_columns(const std::vector<replay_result>& rs) {
   d["evictions"] = column(evictions);
   d["peak_resident_mib"] = column(peak);
   d["token_cycle_bytes"] = column(cycle);
-  py::array_t<bool> b(static_cast<py::ssize_t>(below.size()));
-  for (std::size_t i = 0; i < below.size(); ++i) b.mutable_data()[i] = below[i];
-  d["below_token_cycle"] = b;
+  d["below_token_cycle"] = column(below);
   d["seconds"] = column(secs);
   d["warning"] = warning;
   return d;

@@ -19,13 +19,6 @@ namespace {
 
 using namespace moe_residency;
 
-template <class T>
-py::array_t<T> column(const std::vector<T>& v) {
-  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
-  std::copy(v.begin(), v.end(), a.mutable_data());
-  return a;
-}
-
 /// A device: a config file's path, or a {key: value} mapping in the config's
 /// own keys (one parser, one set of checks either way).
 // One value of a config dict as the config file's text: a number (int, float, numpy
@@ -214,8 +207,6 @@ py::dict calibrate(const trace_object& t, const py::object& metrics, double budg
     d["median_abs_err_pct"] = s.median_abs_err_pct;
     return d;
   };
-  py::array_t<bool> in_fit(static_cast<py::ssize_t>(c.in_fit.size()));
-  for (std::size_t i = 0; i < c.in_fit.size(); ++i) in_fit.mutable_data()[i] = c.in_fit[i];
   py::dict d;
   d["params"] = params_dict(c.params);
   d["config_text"] = format_timing_config(c.params);
@@ -224,7 +215,7 @@ py::dict calibrate(const trace_object& t, const py::object& metrics, double budg
   d["held_out"] = score(c.held_out);
   d["predicted_ms"] = column(c.predicted_ms);
   d["recorded_ms"] = column(m.wall_ms);
-  d["in_fit"] = in_fit;
+  d["in_fit"] = column(c.in_fit);
   d["iterations"] = c.iterations;
   d["rms_ms"] = c.rms_ms;
   d["compute_floor_pct"] = c.compute_floor_pct;

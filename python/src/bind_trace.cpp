@@ -36,13 +36,6 @@ py::array field_view(const trace_object& t, std::size_t offset, py::handle base)
 static_assert(sizeof(layer_id) == 2 && sizeof(expert_id) == 2 && sizeof(run_phase) == 1,
               "the numpy views below assume 16-bit layer and expert ids and an 8-bit phase");
 
-template <class T>
-py::array_t<T> copy_array(const std::vector<T>& v) {
-  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
-  std::copy(v.begin(), v.end(), a.mutable_data());
-  return a;
-}
-
 std::shared_ptr<trace_object> read_trace(const py::object& path_like) {
   const std::string path = fspath(path_like);
   std::string bytes = read_file(path);
@@ -106,7 +99,7 @@ void bind_trace(py::module_& m) {
       .def_property_readonly("n_experts", &model_shape::n_experts)
       .def_property_readonly("top_k", &model_shape::top_k)
       .def_property_readonly(
-          "expert_bytes", [](const model_shape& s) { return copy_array(s.all_expert_bytes()); },
+          "expert_bytes", [](const model_shape& s) { return column(s.all_expert_bytes()); },
           "bytes of one expert, per layer (0 for a dense layer)")
       .def("is_moe", [](const model_shape& s, std::size_t l) {
         return l < s.n_layers() && s.is_moe(layer_id(static_cast<std::uint16_t>(l)));
@@ -131,9 +124,9 @@ void bind_trace(py::module_& m) {
       .def_property_readonly("n_layer", [](const trace_object& t) { return t.trace().header().n_layer; })
       .def_property_readonly("n_expert", [](const trace_object& t) { return t.trace().header().n_expert; })
       .def_property_readonly("n_expert_used", [](const trace_object& t) { return t.trace().header().n_expert_used; })
-      .def_property_readonly("expert_bytes", [](const trace_object& t) { return copy_array(t.trace().header().expert_bytes); },
+      .def_property_readonly("expert_bytes", [](const trace_object& t) { return column(t.trace().header().expert_bytes); },
                              "per layer, from the '# layer=' lines (0 where there is none)")
-      .def_property_readonly("dense_bytes", [](const trace_object& t) { return copy_array(t.trace().header().dense_bytes); })
+      .def_property_readonly("dense_bytes", [](const trace_object& t) { return column(t.trace().header().dense_bytes); })
       .def_property_readonly("has_dropped_column", [](const trace_object& t) { return t.trace().header().has_dropped_column; })
       .def_property_readonly("noncanonical_weights", [](const trace_object& t) { return t.trace().noncanonical_weights(); },
                              "CSV weights not in the engine's %g form (kept as the nearest float)")

@@ -2,10 +2,13 @@
 // The Python module's shared pieces: the trace object the functions take, the
 // path and error helpers, and the three binders module.cpp calls.
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include "moe_residency/replay.hpp"
@@ -48,6 +51,19 @@ std::string fspath(const py::handle& p);
 std::string read_file(const std::string& path);
 /// Raises OSError for `path` from errno (the caller's failed call set it).
 [[noreturn]] void raise_os_error(const std::string& path);
+
+/// A numpy copy of a vector (results: small, and owned by Python afterwards).
+template <class T>
+py::array_t<T> column(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+inline py::array_t<bool> column(const std::vector<bool>& v) {
+  py::array_t<bool> a(static_cast<py::ssize_t>(v.size()));
+  for (std::size_t i = 0; i < v.size(); ++i) a.mutable_data()[i] = v[i];
+  return a;
+}
 
 void bind_trace(py::module_& m);
 void bind_replay(py::module_& m);
