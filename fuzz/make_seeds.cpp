@@ -1,6 +1,7 @@
 // Writes the fuzz targets' seed corpora into the build tree at run time (never
-// into the repository): the unit tests' small valid trace and the heads of the
-// real traces (CSV and binary forms), and a few event streams for the session;
+// into the repository): the unit tests' small valid trace and the first whole
+// decode tokens of the real traces (CSV and binary forms; a header alone and a
+// head cut inside a token as CSV), and a few event streams for the session;
 // for the configuration and calibration files, the cases of the unit tests
 // (tests/test_timing*.cpp, tests/test_fuzz_regressions.cpp), the writers' output
 // and the heads of the real metrics and lanes files.
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moe_residency/replay.hpp"
@@ -63,6 +65,36 @@ std::string head(const std::string& csv, std::size_t rows) {
     pos = eol + 1;
   }
   return csv;
+}
+
+/// The header and the rows of the first `tokens` decode tokens of a CSV trace
+/// (whole tokens: a trace cut inside one is refused). A turn's decode may come
+/// without its prefill, so this is a valid trace.
+std::string decode_head(const std::string& csv, std::size_t tokens) {
+  std::string out;
+  std::size_t pos = 0, seen = 0;
+  std::string token;  // "turn,1,step," of the token being copied
+  while (pos < csv.size()) {
+    std::size_t eol = csv.find('\n', pos);
+    if (eol == std::string::npos) eol = csv.size() - 1;
+    const std::string_view line(csv.data() + pos, eol + 1 - pos);
+    pos = eol + 1;
+    if (line[0] == '#' || line.compare(0, 5, "turn,") == 0) {
+      out += line;
+      continue;
+    }
+    // turn,phase,step,...: decode rows have phase 1.
+    const std::size_t c1 = line.find(','), c2 = line.find(',', c1 + 1), c3 = line.find(',', c2 + 1);
+    if (line.substr(c1 + 1, c2 - c1 - 1) != "1") continue;
+    const std::string key(line.substr(0, c3 + 1));
+    if (key != token) {
+      if (seen == tokens) break;
+      ++seen;
+      token = key;
+    }
+    out += line;
+  }
+  return out;
 }
 
 std::string binary_of(const std::string& csv) {
@@ -194,8 +226,12 @@ int main(int argc, char** argv) {
       continue;
     }
     const std::string text = read(p);
-    // Heads short enough for libFuzzer's length limit: the header and a few tokens.
-    for (std::size_t rows : {0u, 6u, 40u, 200u}) seeds.emplace_back(fs::path(name).stem().string() + "-" + std::to_string(rows), head(text, rows));
+    // Short enough for libFuzzer's length limit: the header and one or two
+    // whole decode tokens; and, as refused inputs to mutate from (CSV only),
+    // the header alone and a head cut inside a token.
+    const std::string stem = fs::path(name).stem().string();
+    for (std::size_t tokens : {1u, 2u}) seeds.emplace_back(stem + "-decode-" + std::to_string(tokens), decode_head(text, tokens));
+    for (std::size_t rows : {0u, 40u}) write(csv / (stem + "-cut-" + std::to_string(rows) + ".csv"), head(text, rows));
   }
   std::size_t n = 0;
   for (const auto& [name, text] : seeds) {

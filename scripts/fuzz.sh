@@ -82,8 +82,9 @@ run_target() {
     dict=(-dict="$build/$t.dict")
   fi
   start=$(date +%s)
-  # -max_len: the real-trace seeds are a few KiB; leave room to grow them.
-  "$build/fuzz/$t" "$corpus" "$build/seeds/$t" "${dict[@]}" -max_total_time="$secs" -max_len=16384 \
+  # -max_len: the real-trace seeds are whole decode tokens, up to 20 KiB (two
+  # of Qwen's 288-row tokens as CSV); leave room to grow them.
+  "$build/fuzz/$t" "$corpus" "$build/seeds/$t" "${dict[@]}" -max_total_time="$secs" -max_len=32768 \
       -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$findings/" \
       >"$build/$t.log" 2>&1 || rc=1
   end=$(date +%s)

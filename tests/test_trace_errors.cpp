@@ -287,10 +287,10 @@ TEST_CASE("CSV: row order") {
   }
   SUBCASE("layers descending within a decode token") {
     auto lines = base_lines;
-    std::swap(lines[22], lines[24]);  // token 3: layer 1 before layer 0
-    std::swap(lines[23], lines[25]);
+    lines[26] = "0,1,3,0,0,5,0.6,1,0";  // token 3: layers 0, 1, then 0 again
+    lines[27] = "0,1,3,0,1,6,0.4,1,0";
     CHECK_THROWS_WITH_AS(parse(join(lines)),
-                         "t.csv: line 25, column 4: layer 0 after layer 1 at decode step 3; expected ascending "
+                         "t.csv: line 27, column 4: layer 0 after layer 1 at decode step 3; expected ascending "
                          "layers within a token",
                          error);
   }
@@ -318,6 +318,120 @@ TEST_CASE("CSV: row order") {
                          "t.csv: line 17, column 3: step 0 in a prefill batch of turn 0 that follows step 1; "
                          "expected each batch's tokens after the previous batch's",
                          error);
+  }
+}
+
+/// The base trace without lines `from` to `to` (1-based, inclusive).
+std::string without_lines(std::size_t from, std::size_t to) {
+  auto lines = base_lines;
+  lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(from - 1), lines.begin() + static_cast<std::ptrdiff_t>(to));
+  return join(lines);
+}
+
+TEST_CASE("CSV: every routing has n_expert_used rows and every token every MoE layer, once, in order") {
+  SUBCASE("a file cut at its end: mid-routing, mid-token, or after its header") {
+    CHECK_THROWS_WITH_AS(parse(without_line(28)),
+                         "t.csv: end of file after line 27: the last routing (turn 0, decode step 3, layer 2) has 1 "
+                         "of 2 experts; expected 2 (n_expert_used): is the file cut short?",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(27, 28)),
+                         "t.csv: end of file after line 26: the last token (decode step 3 of turn 0) ends at layer 1; "
+                         "expected its layer 2 too (every token routes every MoE layer): is the file cut short?",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(19, 28)),
+                         "t.csv: end of file after line 18: the last token (decode step 2 of turn 0) ends at layer 0; "
+                         "expected its layers 1 to 2 too (every token routes every MoE layer): is the file cut short?",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(7, 28)),
+                         "t.csv: end of file after line 6: no routing rows; expected at least one token", error);
+  }
+  SUBCASE("rows missing inside the file") {
+    CHECK_THROWS_WITH_AS(parse(without_line(20)),
+                         "t.csv: line 20, column 5: slot 0 starts a routing, but the routing before it (turn 0, "
+                         "decode step 2, layer 1) has 1 of 2 experts; expected 2 (n_expert_used)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(19, 20)),
+                         "t.csv: line 19, column 4: layer 2 after layer 0 at decode step 2 of turn 0; expected layer 1 "
+                         "(every token routes every MoE layer once, in order)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(21, 22)),
+                         "t.csv: line 21, column 3: decode step 3 of turn 0 begins, but decode step 2 of turn 0 "
+                         "ended at layer 1; expected its layer 2 first (every token routes every MoE layer)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(15, 16)),
+                         "t.csv: line 15, column 2: decode of turn 0 begins, but prefill step 1 of turn 0 ended at "
+                         "layer 1; expected its layer 2 first (every token routes every MoE layer)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(7, 10)),
+                         "t.csv: line 7, column 4: layer 1 is the trace's first routing; expected layer 0 (the first "
+                         "MoE layer: every token routes every MoE layer, in order)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse(without_lines(11, 14)),
+                         "t.csv: line 11, column 4: layer 2 after layer 0 at prefill step 1 of turn 0; expected layer "
+                         "1 (every token routes every MoE layer once, in order)",
+                         error);
+  }
+  SUBCASE("a decode token beginning at a later layer") {
+    auto lines = base_lines;
+    std::swap(lines[22], lines[24]);  // token 3: layer 1 before layer 0
+    std::swap(lines[23], lines[25]);
+    CHECK_THROWS_WITH_AS(parse(join(lines)),
+                         "t.csv: line 23, column 4: layer 1 begins decode step 3 of turn 0; expected layer 0 (the "
+                         "first MoE layer: every token routes every MoE layer, in order)",
+                         error);
+  }
+  SUBCASE("a new turn before the last token's last layer") {
+    std::string text = without_lines(27, 28);
+    for (int l = 0; l < 3; ++l)
+      for (int s = 0; s < 2; ++s)
+        text += "1,1,4," + std::to_string(l) + "," + std::to_string(s) + "," + std::to_string(5 + s) + ",0.5,1,0\n";
+    CHECK_THROWS_WITH_AS(parse(text),
+                         "t.csv: line 27, column 1: turn 1 begins, but decode step 3 of turn 0 ended at layer 1; "
+                         "expected its layer 2 first (every token routes every MoE layer)",
+                         error);
+  }
+  SUBCASE("a prompt batch before the last may stop one layer short, not two") {
+    // llama.cpp computes the last layer only for rows it needs logits of: a
+    // batch before the prompt's last routes no token there.
+    std::vector<std::string> lines(base_lines.begin(), base_lines.begin() + 6);
+    const std::vector<std::string> prompt = {
+        "0,0,0,0,0,5,0.6,0,1000", "0,0,0,0,1,9,0.4,0,1000", "0,0,0,1,0,2,0.5,0,2000", "0,0,0,1,1,1,0.5,0,2000",
+        "0,0,1,0,0,5,0.7,0,0",    "0,0,1,0,1,3,0.3,0,1000", "0,0,1,1,0,2,0.9,0,0",    "0,0,1,1,1,4,0.1,0,2000",
+        "0,0,1,2,0,7,0.8,0,1000", "0,0,1,2,1,8,0.2,0,1000"};
+    lines.insert(lines.end(), prompt.begin(), prompt.end());
+    lines.insert(lines.end(), base_lines.begin() + 16, base_lines.end());
+    const route_trace t = parse(join(lines));
+    CHECK(t.rows.size() == 22);
+    CHECK(group_load_batches(t).batches.size() == 5 + 6);  // (0,0) (0,1) (1,0) (1,1) (1,2), 6 decode
+    // Four layers, batch 1 stopping at layer 1 (with three, a batch of layer 0
+    // alone would read as the same batch's layer 0 going on).
+    std::string four = "# route_trace v1\n# model=m arch=t n_layer=4 n_expert=8 n_expert_used=1\n";
+    for (int l = 0; l < 4; ++l) four += "# layer=" + std::to_string(l) + " expert_bytes=10 dense_bytes=1\n";
+    four += "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n";
+    four += "0,0,0,0,0,1,1,0,10\n0,0,0,1,0,1,1,0,10\n0,0,1,0,0,2,1,0,10\n";
+    CHECK_THROWS_WITH_AS(parse(four),
+                         "t.csv: line 10, column 3: a prompt batch of turn 0 begins at prefill step 1, but prefill "
+                         "step 0 of turn 0 ended at layer 1; expected its layers 2 to 3 first (every token routes "
+                         "every MoE layer)",
+                         error);
+  }
+  SUBCASE("the binary reader and a hand-built trace say the same") {
+    route_trace t = parse(join(base_lines));
+    t.rows.pop_back();
+    CHECK_THROWS_WITH_AS(validate_route_trace(t, "mine"),
+                         "mine: end of rows (21 rows): the last routing (turn 0, decode step 3, layer 2) has 1 of 2 "
+                         "experts; expected 2 (n_expert_used): is the file cut short?",
+                         error);
+    std::string b = binary_of(parse(join(base_lines)));
+    b.resize(b.size() - 2 * 20);  // the last routing's two records, and the row count to match
+    detail::store_le<std::uint64_t>(reinterpret_cast<unsigned char*>(&b[32]), 20);
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         "t.bin: end of records (20 records): the last token (decode step 3 of turn 0) ends at layer "
+                         "1; expected its layer 2 too (every token routes every MoE layer): is the file cut short?",
+                         error);
+    t.rows.clear();
+    CHECK_THROWS_WITH_AS(validate_route_trace(t, "mine"),
+                         "mine: end of rows (0 rows): no routing rows; expected at least one token", error);
   }
 }
 
@@ -499,7 +613,7 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
       const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
       for (std::size_t i = 0; i < t.rows.size(); i += piece)
         if (!s.check(p + 20 * i, std::min(piece, t.rows.size() - i))) return false;
-      return true;
+      return s.finish();
     };
     auto decoded = [&](const std::string& b, auto store) {
       const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
@@ -559,9 +673,11 @@ namespace {
 
 // A random valid trace: 1-6 layers, some unlisted or with 0 expert bytes (never
 // routed), 1-300 experts, k from 1 to 256, with or without a dropped column;
-// one or two turns of a prompt in one or two batches (layer-major) and decode
-// tokens, routings of k rows or fewer, random weights (NaN among them),
-// residencies and reads.
+// one or two turns of a prompt in one or two batches (layer-major; a batch
+// before the last may stop short of the last layer, the last batch's last
+// layer may hold only its last token) and decode tokens, every routing of k
+// rows, random weights (NaN among them), residencies and reads; at least one
+// routing.
 route_trace random_trace(std::mt19937& rng) {
   route_trace t;
   trace_header& h = t.header;
@@ -576,7 +692,7 @@ route_trace random_trace(std::mt19937& rng) {
   const bool listing = rng() % 2;
   std::vector<std::size_t> routed;
   for (std::size_t l = 0; l < h.n_layer; ++l) {
-    const bool listed = !listing || rng() % 4 != 0;
+    const bool listed = l == 0 || !listing || rng() % 4 != 0;  // layer 0 routed: a trace holds a token
     const bool moe = listed && (l == 0 || rng() % 5 != 0);
     h.expert_bytes.push_back(moe ? 1000 + 8 * l : 0);
     h.dense_bytes.push_back(listed ? 50 : 0);
@@ -586,7 +702,7 @@ route_trace random_trace(std::mt19937& rng) {
   std::vector<std::uint16_t> perm(h.n_expert);
   for (std::size_t e = 0; e < perm.size(); ++e) perm[e] = static_cast<std::uint16_t>(e);
   auto routing = [&](std::uint32_t turn, run_phase phase, std::uint32_t step, std::size_t layer) {
-    const std::size_t m = rng() % 4 == 0 ? 1 + rng() % h.n_expert_used : h.n_expert_used;
+    const std::size_t m = h.n_expert_used;
     for (std::size_t s = 0; s < m; ++s) std::swap(perm[s], perm[s + rng() % (perm.size() - s)]);
     for (std::size_t s = 0; s < m; ++s) {
       trace_row r;
@@ -610,11 +726,20 @@ route_trace random_trace(std::mt19937& rng) {
     const std::uint32_t batches = big_k ? 1 : static_cast<std::uint32_t>(rng() % 3);
     for (std::uint32_t b = 0; b < batches; ++b) {
       const std::uint32_t tokens = 1 + static_cast<std::uint32_t>(rng() % 3);
-      for (const std::size_t l : routed)
-        for (std::uint32_t i = 0; i < tokens; ++i) routing(turn, run_phase::prefill, step + i, l);
+      const bool last_batch = b + 1 == batches;
+      // llama.cpp computes the last layer only for the rows it needs logits of.
+      const bool no_outputs = !last_batch && routed.size() > 1 && rng() % 2;
+      const bool one_output = last_batch && rng() % 2;
+      for (std::size_t j = 0; j < routed.size(); ++j) {
+        const bool top = j + 1 == routed.size();
+        if (top && no_outputs) break;
+        for (std::uint32_t i = top && one_output ? tokens - 1 : 0; i < tokens; ++i)
+          routing(turn, run_phase::prefill, step + i, routed[j]);
+      }
       step += tokens;
     }
-    const std::uint32_t decode = big_k ? 1 : static_cast<std::uint32_t>(rng() % 4);
+    std::uint32_t decode = big_k ? 1 : static_cast<std::uint32_t>(rng() % 4);
+    if (turn + 1 == turns && t.rows.empty()) decode = 1;  // at least one token
     // Decode may begin at the prompt's last step: with one routed layer and
     // k = 256, a routing's slot 255 is then followed by slot 0 of the same
     // turn, step and layer in the next phase (the scanner's key carries there).
@@ -638,7 +763,7 @@ void damage_records(std::string& b, std::size_t first, const trace_header& h, st
     const std::uint64_t v[] = {0, 1, end - 1, end, end + 1, 255, 256, 0xffff};
     return v[rng() % 8];
   };
-  switch (rng() % 8) {
+  switch (rng() % 9) {
     case 0: r[rng() % 20] = static_cast<unsigned char>(rng()); break;
     case 1: r[16 + rng() % 4] = static_cast<unsigned char>(edge(4)); break;
     case 2: detail::store_le<std::uint16_t>(r + 12, static_cast<std::uint16_t>(edge(h.n_layer))); break;
@@ -648,6 +773,12 @@ void damage_records(std::string& b, std::size_t first, const trace_header& h, st
       if (i + 1 < n) std::swap_ranges(r, r + 20, r + 20);
       break;
     case 6: std::memcpy(r, &b[first + 20 * (rng() % n)], 20); break;
+    case 7: {  // cut at a record boundary (the header's row count follows)
+      const std::size_t keep = rng() % n;
+      b.resize(first + 20 * keep);
+      detail::store_le<std::uint64_t>(reinterpret_cast<unsigned char*>(&b[32]), keep);
+      break;
+    }
     default: {
       const std::size_t at = (rng() % 2) * 4;  // turn or step
       const std::uint32_t v = detail::load_le<std::uint32_t>(r + at);
@@ -678,7 +809,7 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
   };
   std::size_t traces = 0, cases = 0, accepted = 0, refused = 0, verdicts_differ = 0, messages_differ = 0,
               rows_differ = 0, scans_differ = 0, big_k = 0, long_traces = 0, slot_255_then_decode = 0,
-              values_differ = 0, values_refused = 0, decoders_differ = 0;
+              values_differ = 0, values_refused = 0, decoders_differ = 0, cut_files = 0;
   for (int trial = 0; trial < 160; ++trial) {
     const route_trace t = random_trace(rng);
     REQUIRE_NOTHROW(validate_route_trace(t, "random"));
@@ -723,24 +854,28 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
       } else {
         refused += !exact_ok;
       }
-      // The scanner alone, in random pieces (its state carries across them).
+      // The scanner alone, in random pieces (its state carries across them),
+      // over the records the (perhaps cut) file holds.
+      const std::size_t n_records = (b.size() - first) / 20;
+      cut_files += n_records < t.rows.size();
       detail::binary_record_scanner s(t.header);
       const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
       bool scan_ok = true;
-      for (std::size_t i = 0; i < t.rows.size() && scan_ok;) {
-        const std::size_t piece = std::min<std::size_t>(1 + rng() % 300, t.rows.size() - i);
+      for (std::size_t i = 0; i < n_records && scan_ok;) {
+        const std::size_t piece = std::min<std::size_t>(1 + rng() % 300, n_records - i);
         scan_ok = s.check(p + 20 * i, piece);
         i += piece;
       }
+      scan_ok = scan_ok && s.finish();
       scans_differ += scan_ok != exact_ok;
       // The value checks: vector lanes against the scalar twin, over the
       // whole file and over a random piece of it (the lanes' tail one by one).
       {
-        const std::size_t from = t.rows.empty() ? 0 : rng() % t.rows.size();
+        const std::size_t from = n_records == 0 ? 0 : rng() % n_records;
         for (const std::size_t at : {std::size_t{0}, from}) {
-          const bool scalar = s.check_values_scalar(p + 20 * at, t.rows.size() - at);
+          const bool scalar = s.check_values_scalar(p + 20 * at, n_records - at);
 #if MOE_RESIDENCY_BINARY_SCAN_VECTOR
-          values_differ += s.check_values_vector(p + 20 * at, t.rows.size() - at) != scalar;
+          values_differ += s.check_values_vector(p + 20 * at, n_records - at) != scalar;
 #endif
           values_refused += !scalar;
         }
@@ -749,7 +884,7 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
       if (exact_ok) {
         const detail::binary_row_iterator<detail::row_store::words> w(p, t.header.expert_bytes.data());
         const detail::binary_row_iterator<detail::row_store::members> m(p, t.header.expert_bytes.data());
-        const auto n = static_cast<std::ptrdiff_t>(t.rows.size());
+        const auto n = static_cast<std::ptrdiff_t>(n_records);
         decoders_differ += !same_rows(std::vector<trace_row>(w, w + n), exact_rows);
         decoders_differ += !same_rows(std::vector<trace_row>(m, m + n), exact_rows);
 #if MOE_RESIDENCY_BINARY_SCAN_VECTOR
@@ -776,6 +911,7 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
   CHECK(big_k > 5);
   CHECK(slot_255_then_decode > 0);
   CHECK(long_traces > 5);
+  CHECK(cut_files > 50);
 }
 
 TEST_CASE("binary: the scanner's (phase, residency, bits) slot is one to one on the bits it gathers") {

@@ -248,6 +248,7 @@ class binary_record_scanner {
         n_expert_(static_cast<std::uint32_t>(h.n_expert)),
         k_(static_cast<std::uint32_t>(h.n_expert_used)),
         has_dropped_(h.has_dropped_column),
+        layers_(h),
         stamp_(h.n_expert, 0) {
     // A routable layer has expert bytes (a layer without a "# layer=" line
     // has none: header-consistent files never list bytes for it).
@@ -291,9 +292,16 @@ class binary_record_scanner {
   /// each record against the header, then the routings and their order.
   bool check(const unsigned char* rp, std::size_t n) noexcept {
     if (!check_values(rp, n)) return false;
-    if (!all_routable_) return check_sequence<false>(rp, n);
-    if (k_ == 256) return check_sequence<true, true>(rp, n);
-    return check_sequence<true>(rp, n);
+    if (k_ == 256) return all_routable_ ? check_sequence<true, true>(rp, n) : check_sequence<false, true>(rp, n);
+    return all_routable_ ? check_sequence<true>(rp, n) : check_sequence<false>(rp, n);
+  }
+
+  /// True when the records checked so far may end the file (trace_row_checker::finish):
+  /// some routing, the last with all its rows, the last token with all its layers.
+  bool finish() const noexcept {
+    if (!has_prev_) return false;
+    const std::uint32_t last_slot = static_cast<std::uint32_t>((next_key_ - (std::uint64_t{1} << 32)) >> 32) & 0xffu;
+    return last_slot + 1 == k_ && layers_.end(true, prev_layer_) == token_layers::fault::none;
   }
 
   /// The checks of each record against the header alone: layer, expert and
@@ -411,7 +419,8 @@ class binary_record_scanner {
         if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0))
           return false;
         if (!begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
-                           static_cast<std::uint32_t>(w >> 40) & 0xffu, static_cast<std::uint32_t>(w & 0xffffu)))
+                           static_cast<std::uint32_t>(w >> 40) & 0xffu, static_cast<std::uint32_t>(w & 0xffffu),
+                           static_cast<std::uint32_t>(prev_key >> 32) & 0xffu))
           return false;
         ++routing;
         prev_ts = ts;
@@ -429,10 +438,12 @@ class binary_record_scanner {
     return true;
   }
 
-  // trace_row_checker::order_fault and commit_new_routing: may a routing
-  // beginning here follow the previous one (phase 0 prefill, 1 decode)?
+  // trace_row_checker::order_fault, its routing and token completeness
+  // checks, and commit_new_routing: may a routing beginning here follow the
+  // previous one (phase 0 prefill, 1 decode), whose last slot was prev_slot?
   // Updates the order state either way (the caller stops at a refusal).
-  bool begin_routing(std::uint32_t turn, std::uint32_t step, unsigned phase, unsigned layer) noexcept {
+  bool begin_routing(std::uint32_t turn, std::uint32_t step, unsigned phase, unsigned layer,
+                     std::uint32_t prev_slot) noexcept {
     bool ok = true;
     if (has_prev_ && turn <= prev_turn_) {  // a new turn starts afresh
       if (turn < prev_turn_) {
@@ -449,6 +460,10 @@ class binary_record_scanner {
         ok = !(fs && step <= fl);
       }
     }
+    if (ok)
+      ok = (!has_prev_ || prev_slot + 1 == k_) &&
+           layers_.next(has_prev_, prev_turn_, prev_phase_, prev_step_, prev_layer_, turn, phase, step, layer) ==
+               token_layers::fault::none;
     const bool new_turn = !has_prev_ || turn != prev_turn_;
     if (new_turn) {
       prefill_any_ = false;
@@ -472,6 +487,7 @@ class binary_record_scanner {
 
   std::uint32_t n_layer_, n_expert_, k_;
   bool has_dropped_;
+  token_layers layers_;
   bool all_routable_ = true;
   std::vector<unsigned char> routable_;  // per layer: 1 when it has expert bytes
   std::uint32_t combo_[64];
@@ -521,6 +537,8 @@ inline void read_binary_rows_exact(const unsigned char* rp, std::uint64_t n_rows
       throw error(source_name + ": record " + std::to_string(i) + ", column " + column_name(issue.column) + ": " +
                   issue.message);
   }
+  if (!checker.finish(issue))
+    throw error(source_name + ": end of records (" + std::to_string(n_rows) + " records): " + issue.message);
 }
 
 /// Which pass reads the records: the reader's (scan, then decode; the exact
@@ -620,6 +638,7 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
       ok = scanner.check(rp, n);
       if (ok) append_binary_rows(t.rows, rp, n, layer_bytes);
     }
+    ok = ok && scanner.finish();
     if (ok) return trace_access::make(std::move(t));
     t.rows.clear();
   }

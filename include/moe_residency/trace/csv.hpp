@@ -335,6 +335,8 @@ class csv_parser {
       if (!checker.check(r, issue)) fail(static_cast<std::size_t>(issue.column), issue.message);
       t.rows.push_back(r);
     }
+    if (!checker.finish(issue))
+      throw error(source_ + ": end of file after line " + std::to_string(line_no_) + ": " + issue.message);
   }
 
   std::string_view text_;

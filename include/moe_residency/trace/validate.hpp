@@ -58,6 +58,79 @@ inline std::string slot_message(std::uint64_t v, std::size_t k) {
          ") (n_expert_used=" + std::to_string(k) + ")";
 }
 
+/// The layers every token routes, in order: those with expert bytes (the MoE
+/// layers). A decode token routes each once, ascending; a prompt batch
+/// (prefill, layer-major) routes them in the same order and may stop one
+/// short of the last: llama.cpp computes the last layer only for the rows
+/// whose logits it needs, and a batch before the prompt's last needs none.
+/// Shared by trace_row_checker and the binary reader's scanner, which call
+/// next() where a routing begins (after the row-order check) and end() when
+/// the rows run out.
+class token_layers {
+ public:
+  enum class fault : std::uint8_t {
+    none,
+    start,  ///< a token or batch (or the trace) begins at a layer other than the first
+    skip,   ///< within a token or batch, a layer other than the next one follows
+    cut,    ///< a new token, batch, phase or turn begins before the previous one reached its last layer
+    empty   ///< (end) no routing at all
+  };
+  static constexpr std::uint32_t none_layer = 0xffffffffu;
+
+  explicit token_layers(const trace_header& h) : next_(h.n_layer, none_layer) {
+    std::uint32_t prev = none_layer;
+    for (std::size_t l = 0; l < h.n_layer; ++l) {
+      if (h.expert_bytes[l] == 0) continue;
+      const auto layer = static_cast<std::uint32_t>(l);
+      if (prev == none_layer) first_ = layer;
+      else next_[prev] = layer;
+      penult_ = prev;
+      last_ = layer;
+      prev = layer;
+    }
+  }
+
+  /// May a routing at (turn, phase, step, layer) begin after one at
+  /// (prev_*), the row order being known good? Phase 0 prefill, 1 decode.
+  fault next(bool has_prev, std::uint32_t prev_turn, unsigned prev_phase, std::uint32_t prev_step,
+             std::uint32_t prev_layer, std::uint32_t turn, unsigned phase, std::uint32_t step,
+             std::uint32_t layer) const noexcept {
+    if (!has_prev) return layer == first_ ? fault::none : fault::start;
+    const bool same = turn == prev_turn && phase == prev_phase;
+    // Does it continue the previous token (decode) or prompt batch (prefill:
+    // a lower layer starts the next batch)?
+    if (same && (phase == 1 ? step == prev_step : layer >= prev_layer)) {
+      if (layer == prev_layer) return fault::none;  // prefill: the layer's next token
+      return layer == next_[prev_layer] ? fault::none : fault::skip;
+    }
+    const bool batch_follows = same && phase == 0;
+    if (prev_layer != last_ && !(batch_follows && prev_layer == penult_)) return fault::cut;
+    return layer == first_ ? fault::none : fault::start;
+  }
+
+  /// May the rows end after a routing at prev_layer? (The prompt's last batch
+  /// reaches the last layer, as a decode token does.)
+  fault end(bool has_prev, std::uint32_t prev_layer) const noexcept {
+    if (!has_prev) return fault::empty;
+    return prev_layer == last_ ? fault::none : fault::cut;
+  }
+
+  std::uint32_t first() const noexcept { return first_; }
+  std::uint32_t last() const noexcept { return last_; }
+  /// The layer after `l` in a token, or none_layer after the last.
+  std::uint32_t after(std::uint32_t l) const noexcept { return next_[l]; }
+  /// The layers after `l` up to the last, in words ("layer 7", "layers 5 to 47").
+  std::string rest_after(std::uint32_t l) const {
+    const std::uint32_t n = next_[l];
+    if (n == none_layer) return "none";
+    return n == last_ ? "layer " + std::to_string(n) : "layers " + std::to_string(n) + " to " + std::to_string(last_);
+  }
+
+ private:
+  std::vector<std::uint32_t> next_;
+  std::uint32_t first_ = none_layer, penult_ = none_layer, last_ = none_layer;
+};
+
 /// Checks rows one at a time, in order: value ranges against the header,
 /// the expert_bytes rule, slots in rank order, distinct experts per routing,
 /// and the row order (see docs/traces.md). No allocation unless a row fails.
@@ -71,6 +144,7 @@ class trace_row_checker {
         n_expert_(h.n_expert),
         k_(h.n_expert_used),
         has_dropped_(h.has_dropped_column),
+        layers_(h),
         stamp_(h.n_expert, 0) {}
 
   /// True when `r` may follow the rows checked so far; otherwise fills
@@ -82,6 +156,34 @@ class trace_row_checker {
                          r.residency, r.expert_bytes, r.dropped},
              r, issue);
     return false;
+  }
+
+  /// True when the rows checked so far may end the trace: at least one
+  /// routing, the last one with all its n_expert_used rows, the last token
+  /// with all its layers. Otherwise fills `issue` (its column is not meaningful).
+  bool finish(trace_issue& issue) const {
+    using std::to_string;
+    if (!has_prev_) {
+      issue.message = "no routing rows; expected at least one token";
+      return false;
+    }
+    const std::string routing = "(turn " + to_string(prev_turn_) + ", " + phase_word(prev_phase_) + " step " +
+                                to_string(prev_step_) + ", layer " + to_string(to_index(prev_layer_)) + ")";
+    if (prev_slot_ + 1u != k_) {
+      issue.column = trace_column::slot;
+      issue.message = "the last routing " + routing + " has " + to_string(prev_slot_ + 1u) + " of " + to_string(k_) +
+                      " experts; expected " + to_string(k_) + " (n_expert_used): is the file cut short?";
+      return false;
+    }
+    const auto prev_layer = static_cast<std::uint32_t>(to_index(prev_layer_));
+    if (layers_.end(true, prev_layer) != token_layers::fault::none) {
+      issue.column = trace_column::layer;
+      issue.message = "the last token (" + phase_word(prev_phase_) + " step " + to_string(prev_step_) + " of turn " +
+                      to_string(prev_turn_) + ") ends at layer " + to_string(prev_layer) + "; expected its " +
+                      layers_.rest_after(prev_layer) + " too (every token routes every MoE layer): is the file cut short?";
+      return false;
+    }
+    return true;
   }
 
   /// A row's values as wide as a parser holds them before narrowing them into
@@ -104,8 +206,11 @@ class trace_row_checker {
   enum class fault : std::uint8_t {
     none, phase, layer_range, layer_unlisted, layer_zero, slot_range, expert_range, residency,
     bytes_mismatch, bytes_on_hit, dropped_range, dropped_absent, slot_order, slot_start, duplicate_expert,
-    turn_back, prefill_after_decode, decode_step_back, decode_layer_back, prefill_step_back, prefill_overlap
+    turn_back, prefill_after_decode, decode_step_back, decode_layer_back, prefill_step_back, prefill_overlap,
+    routing_short, layer_start, layer_skip, token_cut
   };
+
+  static std::string phase_word(run_phase p) { return p == run_phase::prefill ? "prefill" : "decode"; }
 
   // The one range check, for parsed values (wide) and rows (widened).
   fault range_fault(std::uint64_t phase, std::uint64_t layer, std::uint64_t slot, std::uint64_t expert,
@@ -143,6 +248,16 @@ class trace_row_checker {
       if (r.slot != 0) return fault::slot_start;
       const fault f = order_fault(r);
       if (f != fault::none) return f;
+      if (has_prev_ && prev_slot_ + 1u != k_) return fault::routing_short;
+      switch (layers_.next(has_prev_, prev_turn_, static_cast<unsigned>(prev_phase_), prev_step_,
+                           static_cast<std::uint32_t>(to_index(prev_layer_)), r.turn, static_cast<unsigned>(r.phase),
+                           r.step, static_cast<std::uint32_t>(to_index(r.layer)))) {
+        case token_layers::fault::none: break;
+        case token_layers::fault::start: return fault::layer_start;
+        case token_layers::fault::skip: return fault::layer_skip;
+        case token_layers::fault::cut:
+        case token_layers::fault::empty: return fault::token_cut;
+      }
       commit_new_routing(r);
     }
     stamp_[expert] = routing_ << 8 | r.slot;
@@ -277,6 +392,45 @@ class trace_row_checker {
                                     to_string(r.layer < prev_layer_ ? max_step_ : floor_) +
                                     "; expected each batch's tokens after the previous batch's");
         break;
+      case fault::routing_short:
+        set(trace_column::slot, "slot 0 starts a routing, but the routing before it (turn " + to_string(prev_turn_) +
+                                    ", " + phase_word(prev_phase_) + " step " + to_string(prev_step_) + ", layer " +
+                                    to_string(to_index(prev_layer_)) + ") has " + to_string(prev_slot_ + 1u) + " of " +
+                                    to_string(k_) + " experts; expected " + to_string(k_) + " (n_expert_used)");
+        break;
+      case fault::layer_start:
+        set(trace_column::layer,
+            "layer " + to_string(layer) +
+                (!has_prev_ ? std::string(" is the trace's first routing")
+                 : r.phase == run_phase::decode
+                     ? " begins decode step " + to_string(r.step) + " of turn " + turn
+                     : " begins a prompt batch at prefill step " + to_string(r.step) + " of turn " + turn) +
+                "; expected layer " + to_string(layers_.first()) +
+                " (the first MoE layer: every token routes every MoE layer, in order)");
+        break;
+      case fault::layer_skip: {
+        const auto prev = static_cast<std::uint32_t>(to_index(prev_layer_));
+        set(trace_column::layer, "layer " + to_string(layer) + " after layer " + to_string(prev) + " at " +
+                                     phase_word(r.phase) + " step " + to_string(r.step) + " of turn " + turn +
+                                     "; expected layer " + to_string(layers_.after(prev)) +
+                                     " (every token routes every MoE layer once, in order)");
+        break;
+      }
+      case fault::token_cut: {
+        const auto prev = static_cast<std::uint32_t>(to_index(prev_layer_));
+        const bool new_turn = r.turn != prev_turn_, new_phase = !new_turn && r.phase != prev_phase_;
+        const std::string begins =
+            new_turn ? "turn " + turn + " begins"
+            : new_phase ? "decode of turn " + turn + " begins"
+            : r.phase == run_phase::decode ? "decode step " + to_string(r.step) + " of turn " + turn + " begins"
+                                           : "a prompt batch of turn " + turn + " begins at prefill step " +
+                                                 to_string(r.step);
+        set(new_turn ? trace_column::turn : new_phase ? trace_column::phase : trace_column::step,
+            begins + ", but " + phase_word(prev_phase_) + " step " + to_string(prev_step_) + " of turn " +
+                to_string(prev_turn_) + " ended at layer " + to_string(prev) + "; expected its " +
+                layers_.rest_after(prev) + " first (every token routes every MoE layer)");
+        break;
+      }
     }
   }
 
@@ -286,6 +440,7 @@ class trace_row_checker {
   const std::uint64_t* layer_bytes_;
   std::size_t n_layer_, n_expert_, k_;
   bool has_dropped_;
+  token_layers layers_;
   // Per expert: (routing that last routed it) << 8 | its slot there. Not
   // std::uint8_t arrays, for the same aliasing reason.
   std::vector<std::uint64_t> stamp_;
@@ -310,6 +465,8 @@ inline void validate_rows(const route_trace& t, const std::string& source_name) 
     if (!checker.check(t.rows[i], issue))
       throw error(source_name + ": rows[" + std::to_string(i) + "], column " + column_name(issue.column) +
                   ": " + issue.message);
+  if (!checker.finish(issue))
+    throw error(source_name + ": end of rows (" + std::to_string(t.rows.size()) + " rows): " + issue.message);
 }
 }  // namespace detail
 
