@@ -10,6 +10,15 @@ if(TARGET moe_residency_cli)
               "-DEXPECT=${expect}" "-DNEEDS=${needs}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()
+  # A refused input: the tool must exit 2 with the message `expect`; `head`
+  # ("src|lines|dst", or "") first writes a real trace's first lines to dst.
+  function(moe_residency_cli_error_test name args expect needs head)
+    add_test(NAME cli_error_${name}
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
+              "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DEXPECT_RC=2" "-DHEAD=${head}"
+              -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+    set_tests_properties(cli_error_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
+  endfunction()
 
   # Issue 3: prev-token decode slot overlap, the engine authors' published figures
   # (shared/traces/README.md): 38.0% on qwen, 17.9% on gpt-oss, as the report prints them;
@@ -76,4 +85,46 @@ if(TARGET moe_residency_cli)
     "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|3000|--policies|lru|--speculate|oracle:1,${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|--format|csv"
     "\n3000,lru,1?[0-9]\\.[0-9]+,[0-9.]+,[0-9.]+,[1-9][0-9][0-9][0-9],[0-9][0-9]?,0,"
     "${_mr_t}/gptoss.route.csv")
+
+  # Issue 35: a trace cut short, or holding no decode token, is refused by every
+  # subcommand that reads one, naming the file and what is missing (the cuts are
+  # made at test time in the build tree). qwen.route.csv: 51 header lines, then 7 902
+  # prefill rows (lines 52-7953), then 128 decode tokens of 288 rows.
+  # Each test writes its own cut (tests run in parallel).
+  foreach(cmd trace-info convert replay score drop whatif)
+    set(_mr_cut "${CMAKE_CURRENT_BINARY_DIR}/cli-qwen-cut-${cmd}.csv")
+    set(_mr_header "${CMAKE_CURRENT_BINARY_DIR}/cli-qwen-header-${cmd}.csv")
+    set(_mr_extra "")
+    if(cmd STREQUAL "convert")
+      set(_mr_extra "|--out|${CMAKE_CURRENT_BINARY_DIR}/cli-qwen-cut-out.bin")
+      set(_mr_in "--in")
+    elseif(cmd STREQUAL "whatif")
+      set(_mr_extra "|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg")
+      set(_mr_in "--trace")
+    else()
+      set(_mr_in "--trace")
+    endif()
+    # 10 000 lines end inside decode step 35 (layer 5, slot 0 of 6).
+    moe_residency_cli_error_test(cut_${cmd}
+      "${cmd}|${_mr_in}|${_mr_cut}${_mr_extra}"
+      "moe-residency: [^\n]*cli-qwen-cut-${cmd}\\.csv: end of file after line 10000: the last routing \\(turn 0, decode step 35, layer 5\\) has 1 of 6 experts; expected 6 \\(n_expert_used\\): is the file cut short\\?"
+      "${_mr_t}/qwen.route.csv" "${_mr_t}/qwen.route.csv|10000|${_mr_cut}")
+    moe_residency_cli_error_test(header_only_${cmd}
+      "${cmd}|${_mr_in}|${_mr_header}${_mr_extra}"
+      "moe-residency: [^\n]*cli-qwen-header-${cmd}\\.csv: end of file after line 51: no routing rows; expected at least one token"
+      "${_mr_t}/qwen.route.csv" "${_mr_t}/qwen.route.csv|51|${_mr_header}")
+  endforeach()
+  # A prompt without decode is a valid trace, but replay, drop and whatif report
+  # figures per decode token: they refuse it rather than print 0.0.
+  foreach(cmd replay drop whatif)
+    set(_mr_extra "")
+    if(cmd STREQUAL "whatif")
+      set(_mr_extra "|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg")
+    endif()
+    set(_mr_prefill "${CMAKE_CURRENT_BINARY_DIR}/cli-qwen-prefill-${cmd}.csv")
+    moe_residency_cli_error_test(prefill_only_${cmd}
+      "${cmd}|--trace|${_mr_prefill}${_mr_extra}"
+      "moe-residency: [^\n]*cli-qwen-prefill-${cmd}\\.csv: no decode tokens \\(the trace holds only prefill rows\\); expected decode rows, since this command reports figures per decode token"
+      "${_mr_t}/qwen.route.csv" "${_mr_t}/qwen.route.csv|7953|${_mr_prefill}")
+  endforeach()
 endif()

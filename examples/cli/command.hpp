@@ -44,4 +44,13 @@ inline std::string read_whole_file(const std::string& path, const char* option) 
   return s.str();
 }
 
+/// Commands whose figures are per decode token (decode hit %, MiB or ms per
+/// token) refuse a trace without decode rows: a 0.0 there would read as a
+/// measurement. `decode_tokens` counts the trace's decode tokens.
+inline void require_decode_tokens(std::size_t decode_tokens, const std::string& path) {
+  if (decode_tokens == 0)
+    throw moe_residency::error(path + ": no decode tokens (the trace holds only prefill rows); expected decode rows, "
+                               "since this command reports figures per decode token");
+}
+
 }  // namespace moe_residency_cli

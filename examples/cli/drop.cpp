@@ -2,6 +2,7 @@
 // decode only — the engine authors' published figures (cache-aware drop at
 // fraction F, and the static keep-top-k baseline).
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -46,6 +47,10 @@ void run(const drop_args& a) {
     if (k != static_cast<double>(static_cast<std::size_t>(k)))
       throw error("--keep-k: " + std::to_string(k) + "; expected whole numbers like 5,4,3");
   const route_trace t = read_route_trace(a.trace);
+  moe_residency_cli::require_decode_tokens(
+      static_cast<std::size_t>(std::count_if(t.rows.begin(), t.rows.end(),
+                                             [](const trace_row& r) { return r.phase == run_phase::decode; })),
+      a.trace);
   const model_shape shape = t.shape();
   const recorded_routings rr = read_recorded_routings(t);
   std::vector<static_drop_row> rows;

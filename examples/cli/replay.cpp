@@ -151,6 +151,7 @@ std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_l
 // `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.
 void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const std::vector<std::string>& policies) {
   const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   dynamic_replay_options base;
   if (a.drop != 0) base.drop = a.drop;
   // `oracle:P,FILE` is `--speculate oracle:P --oracle-profile FILE`.
@@ -215,6 +216,10 @@ void run(const replay_args& a) {
     return;
   }
   const replay_input in = replay_input::from_file(a.trace);
+  moe_residency_cli::require_decode_tokens(
+      static_cast<std::size_t>(std::count_if(in.batches().batches.begin(), in.batches().batches.end(),
+                                             [](const load_batch& b) { return b.phase == run_phase::decode; })),
+      a.trace);
 
   replay_options o;
   o.threads = a.threads;

@@ -127,6 +127,7 @@ void run(const whatif_args& a) {
   if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   const timing_params device = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   const model_shape& shape = in.shape();
 
   std::vector<double> budgets;

@@ -48,6 +48,16 @@ def _trace(trace):
                     % type(trace).__name__)
 
 
+def _decode_trace(trace):
+    """_trace, refusing a trace without decode tokens for the calls whose figures are per
+    decode token (a 0.0 there would read as a measurement), as the tool does."""
+    t = _trace(trace)
+    if t.decode_tokens == 0:
+        raise ValueError("%s: no decode tokens (the trace holds only prefill rows); expected decode rows, "
+                         "since this call reports figures per decode token" % (t.source or "trace"))
+    return t
+
+
 def _list(value, name):
     if isinstance(value, (str, bytes)) or callable(value) or not hasattr(value, "__iter__"):
         return [value]
@@ -168,7 +178,7 @@ def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady"
     released while they run. Python policies run on the calling thread; dynamic cells run one
     after the other (GIL released), as the tool runs them.
     """
-    t = _trace(trace)
+    t = _decode_trace(trace)
     budgets = _budgets(budgets)
     policies = _list(policies, "policies")
     seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
@@ -198,7 +208,7 @@ def curve(trace, policies=("lru", "belady"), budgets=None, points=16, threads=0)
     "miss_ratio": array (0..1, decode), "read_mib": array}}. Without budgets, `points` budgets
     from a tenth of the token cycle to every expert of the model resident.
     """
-    t = _trace(trace)
+    t = _decode_trace(trace)
     shape = t.shape
     cycle_mib = shape.token_cycle_bytes / 1048576.0
     if budgets is None:
@@ -287,7 +297,7 @@ def whatif(trace, config, budget_mib, policy="lru", drop=None, speculate="none",
     ``moe-residency whatif``. config: a timing config file (``calibrate(...).config_text``,
     ``moe-residency calibrate --write-config``) or a dict of its keys. speculate: "none",
     "prev-token", "frequency", "oracle:P" or "full" (oracle:1 at cap top-k)."""
-    t = _trace(trace)
+    t = _decode_trace(trace)
     seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
     spec_cap = None if spec_cap is None else _int("spec_cap", spec_cap, 0, 2 ** 31)
     lanes = None if lanes is None else _int("lanes", lanes, 0, 2 ** 31)
@@ -323,5 +333,5 @@ def calibrate(trace, metrics, budget_mib, policy="lru", config=None, split="halv
     replay of the same run, as ``moe-residency calibrate`` does: split "halves" fits the first
     half of the decode tokens and scores the second, "interleaved" even/odd, "all" every token.
     config: fixed parameters (lanes, curve, ...), a path or a dict."""
-    t = _trace(trace)
+    t = _decode_trace(trace)
     return Calibration(_core._calibrate(t, metrics, _mib("budget_mib", budget_mib), policy, config, split, bool(fit_io)))

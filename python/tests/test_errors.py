@@ -130,3 +130,25 @@ def test_a_failed_call_loses_nothing(small):
         mr.replay(t, budgets=[0.003], policies=["lru", "nope"])
     assert mr.replay(t, budgets=[0.003], policies=["lru", "belady"]).to_csv() == before
     assert len(t) == 4 and list(t.expert) == [1, 2, 3, 0]
+
+
+def test_cut_and_prefill_only_traces(tmp_path, small):
+    """A trace cut inside a token is refused by the reader; a prompt without decode reads,
+    but the calls that report figures per decode token refuse it rather than return 0.0."""
+    cut = tmp_path / "cut.csv"
+    cut.write_text(HEADER + ROWS.rsplit("\n", 2)[0] + "\n")
+    with pytest.raises(ValueError, match=r"cut\.csv: end of file after line 8: the last routing \(turn 0, decode "
+                                         r"step 5, layer 1\) has 1 of 2 experts; expected 2 \(n_expert_used\)"):
+        mr.read_trace(cut)
+    prefill = tmp_path / "prefill.csv"
+    prefill.write_text(HEADER + ROWS.replace("0,1,5,", "0,0,5,"))
+    t = mr.read_trace(prefill)
+    assert t.decode_tokens == 0
+    message = r"prefill\.csv: no decode tokens \(the trace holds only prefill rows\)"
+    with pytest.raises(ValueError, match=message):
+        mr.replay(t, 1)
+    with pytest.raises(ValueError, match=message):
+        mr.curve(t)
+    with pytest.raises(ValueError, match=message):
+        mr.whatif(t, {"compute_ms_per_token": 1}, 1)
+    assert mr.read_trace(small).decode_tokens == 1
