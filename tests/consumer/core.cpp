@@ -25,6 +25,7 @@ int main() {
       "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes\n"
       "0,1,0,0,0,0,0.6,0,100\n0,1,0,0,1,1,0.4,0,100\n"
       "0,1,0,1,0,2,0.5,0,100\n0,1,0,1,1,3,0.5,0,100\n"
+      "0,1,1,0,0,0,0.8,1,0\n0,1,1,0,1,1,0.2,1,0\n"
       "0,1,1,1,0,3,0.7,1,0\n0,1,1,1,1,2,0.3,1,0\n";
   const route_trace trace = parse_route_trace_csv(csv, "core consumer");
   const load_batches lb = group_load_batches(trace);
@@ -36,5 +37,5 @@ int main() {
   std::printf("consumer (core): moe-residency %d, %zu batches, %llu lookups, %llu hits\n",
               MOE_RESIDENCY_VERSION, lb.batches.size(), static_cast<unsigned long long>(c.lookups),
               static_cast<unsigned long long>(c.hits));
-  return lb.batches.size() == 3 && c.lookups == 6 && c.hits == 2 ? 0 : 1;
+  return lb.batches.size() == 4 && c.lookups == 8 && c.hits == 4 ? 0 : 1;
 }
