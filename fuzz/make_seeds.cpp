@@ -97,9 +97,9 @@ std::string decode_head(const std::string& csv, std::size_t tokens) {
   return out;
 }
 
-std::string binary_of(const std::string& csv) {
+std::string binary_of(const std::string& csv, std::uint32_t version = detail::binary_trace_version) {
   std::ostringstream s;
-  write_route_trace_binary(parse_route_trace_csv(csv, "seed"), s);
+  detail::write_binary_rows(parse_route_trace_csv(csv, "seed"), s, version);
   return s.str();
 }
 
@@ -238,6 +238,8 @@ int main(int argc, char** argv) {
     write(csv / (name + ".csv"), text);
     try {
       write(bin / (name + ".bin"), binary_of(text));
+      // Version 1 (no checksums): mutations of it reach the header and record checks.
+      write(bin / (name + "-v1.bin"), binary_of(text, detail::binary_trace_version_unchecked));
     } catch (const error& e) {
       std::fprintf(stderr, "moe_residency_fuzz_seeds: %s: %s\n", name.c_str(), e.what());
       return 1;

@@ -521,6 +521,6 @@ TEST_CASE("the binary writer runs on a small thread stack (64 KiB, or the platfo
   REQUIRE(pthread_join(thread, nullptr) == 0);
   pthread_attr_destroy(&attr);
   CHECK(job.out == to_binary(t.trace()));
-  CHECK(job.out.size() == 48 + 16 + 32 + 8 + 4 * 20);  // header, strings "m.gguf"+"tiny", layers, records
+  CHECK(job.out.size() == 48 + 16 + 32 + 8 + 4 * 20 + 8 + 8);  // header, strings "m.gguf"+"tiny", layers, records
 }
 #endif

@@ -102,6 +102,38 @@ std::string binary_of(const route_trace& t) {
   return s.str();
 }
 
+/// The first binary form, without checksums (still read, with a warning).
+std::string binary_v1_of(const route_trace& t) {
+  std::ostringstream s;
+  detail::write_binary_rows(t, s, detail::binary_trace_version_unchecked);
+  return s.str();
+}
+
+/// Where the records of binary file `b` begin, from its header's lengths.
+std::size_t records_at(const std::string& b) {
+  const auto* p = reinterpret_cast<const unsigned char*>(b.data());
+  return static_cast<std::size_t>(detail::binary_trace_header_extent(detail::load_le<std::uint32_t>(p + 40),
+                                                                     detail::load_le<std::uint32_t>(p + 44),
+                                                                     detail::load_le<std::uint32_t>(p + 20))
+                                      .layers_end);
+}
+
+/// Rewrites the checksums of version 2 file `b` for its header and the rows
+/// its header counts (dropping or adding the bytes after them), so that a
+/// test's deliberate damage to the records reaches the record checks rather
+/// than stopping at a checksum.
+void reseal(std::string& b) {
+  const std::size_t first = records_at(b);
+  const auto n = static_cast<std::size_t>(detail::load_le<std::uint64_t>(reinterpret_cast<unsigned char*>(&b[32])));
+  b.resize(first + 20 * n + static_cast<std::size_t>(detail::binary_trace_trailer_size(n)));
+  auto* p = reinterpret_cast<unsigned char*>(&b[0]);
+  unsigned char* sums = p + first + 20 * n;
+  detail::store_le<std::uint64_t>(sums, detail::xxh64(p, first));
+  for (std::size_t k = 0; 4096 * k < n; ++k)
+    detail::store_le<std::uint64_t>(sums + 8 + 8 * k,
+                                    detail::xxh64(p + first + 20 * 4096 * k, 20 * std::min<std::size_t>(4096, n - 4096 * k)));
+}
+
 }  // namespace
 
 TEST_CASE("the base fixture is valid (so each error below is the one defect)") {
@@ -423,8 +455,9 @@ TEST_CASE("CSV: every routing has n_expert_used rows and every token every MoE l
                          "experts; expected 2 (n_expert_used): is the file cut short?",
                          error);
     std::string b = binary_of(parse(join(base_lines)));
-    b.resize(b.size() - 2 * 20);  // the last routing's two records, and the row count to match
+    // Without the last routing's two records, the row count and checksums to match.
     detail::store_le<std::uint64_t>(reinterpret_cast<unsigned char*>(&b[32]), 20);
+    reseal(b);
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
                          "t.bin: end of records (20 records): the last token (decode step 3 of turn 0) ends at layer "
                          "1; expected its layer 2 too (every token routes every MoE layer): is the file cut short?",
@@ -438,7 +471,10 @@ TEST_CASE("CSV: every routing has n_expert_used rows and every token every MoE l
 TEST_CASE("binary: magic, version, truncation, records") {
   const route_trace t = parse(join(base_lines));
   const std::string good = binary_of(t);
-  CHECK(good.size() == 48 + 16 + 3 * 16 + 8 + 22 * 20);  // model+arch "m.gguf""qwen3moe" pad to 16
+  // model+arch "m.gguf""qwen3moe" pad to 16; then the header's checksum and one block's
+  CHECK(good.size() == 48 + 16 + 3 * 16 + 8 + 22 * 20 + 8 + 8);
+  CHECK(records_at(good) == 120);
+  CHECK(parse_route_trace_binary(good, "t.bin").binary_version() == 2);
   SUBCASE("bad magic") {
     std::string b = good;
     b[1] = 'X';
@@ -447,9 +483,9 @@ TEST_CASE("binary: magic, version, truncation, records") {
   }
   SUBCASE("bad version") {
     std::string b = good;
-    b[8] = 2;
+    b[8] = 3;
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
-                         "t.bin: unsupported binary version 2; this reader supports 1", error);
+                         "t.bin: unsupported binary version 3; this reader supports 1 and 2", error);
   }
   SUBCASE("truncated in the fixed header") {
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, 20), "t.bin"),
@@ -459,23 +495,33 @@ TEST_CASE("binary: magic, version, truncation, records") {
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, 70), "t.bin"),
                          "t.bin: truncated: 70 bytes; the header needs 120", error);
   }
-  SUBCASE("truncated in the records") {
+  SUBCASE("truncated in the records or their checksums") {
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, good.size() - 7), "t.bin"),
+                         "t.bin: truncated: 449 bytes of records and checksums for 22 rows; expected 456", error);
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, good.size() - 30), "t.bin"),
+                         "t.bin: truncated: 426 bytes of records for 22 rows; expected 440 and their checksums",
+                         error);
+    const std::string v1 = binary_v1_of(t);
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(v1.substr(0, v1.size() - 7), "t.bin"),
                          "t.bin: truncated: 433 bytes of records for 22 rows; expected 440", error);
   }
-  SUBCASE("bytes after the last record") {
+  SUBCASE("bytes after the last checksum (or the last record of version 1)") {
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(good + "xx", "t.bin"),
+                         "t.bin: 2 bytes after the last checksum of 22 records; expected the file to end there", error);
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(binary_v1_of(t) + "xx", "t.bin"),
                          "t.bin: 2 bytes after the last of 22 records; expected the file to end there", error);
   }
   SUBCASE("a record out of range is validated like a CSV row") {
     std::string b = good;
     b[120 + 3 * 20 + 14] = 16;  // record 3's expert
+    reseal(b);
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
                          "t.bin: record 3, column expert: expert 16 out of range [0, 16)", error);
   }
   SUBCASE("a record's flag bits") {
     std::string b = good;
     b[120 + 19] = 4;  // dropped = 1 without a dropped column
+    reseal(b);
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
                          "t.bin: record 0, column dropped: bits 4; expected no dropped value (no column)", error);
   }
@@ -486,9 +532,92 @@ TEST_CASE("binary: magic, version, truncation, records") {
       f << good.substr(0, good.size() - 1);
     }
     CHECK_THROWS_WITH_AS(read_route_trace(path),
-                         "test_trace_errors_truncated.bin: truncated: 439 bytes of records for 22 rows; expected 440",
+                         "test_trace_errors_truncated.bin: truncated: 455 bytes of records and checksums for 22 rows; "
+                         "expected 456",
                          error);
     std::remove(path.c_str());
+  }
+}
+
+TEST_CASE("binary: XXH64 gives the published values") {
+  // xxhsum -H64 (xxHash 0.8) prints these; the lengths cover each of the tail
+  // paths (32-byte stripes, 8-, 4- and 1-byte steps).
+  auto h = [](const std::string& s) {
+    return detail::xxh64(reinterpret_cast<const unsigned char*>(s.data()), s.size());
+  };
+  CHECK(h("") == 0xef46db3751d8e999ull);
+  CHECK(h("abc") == 0x44bc2cf5ad770999ull);
+  const std::string text = join(base_lines);  // xxhsum over these bytes of the fixture
+  CHECK(h(text.substr(0, 1)) == 0x1fb4526836352e25ull);
+  CHECK(h(text.substr(0, 31)) == 0x4b58bc995eb0ec4dull);
+  CHECK(h(text.substr(0, 100)) == 0xf78a08c9b0580fffull);
+  CHECK(h(text) == 0x9809f03e7b82ef1eull);
+  // The same bytes at any alignment.
+  std::string shifted = "x" + text;
+  CHECK(detail::xxh64(reinterpret_cast<const unsigned char*>(shifted.data()) + 1, text.size()) == h(text));
+}
+
+TEST_CASE("binary: a damaged byte is caught by its block's checksum, even where the damaged record still parses") {
+  const route_trace t = parse(join(base_lines));
+  const std::string good = binary_of(t);
+  SUBCASE("a weight byte: version 1 reads it as another weight, version 2 refuses it, naming the block") {
+    std::string v1 = binary_v1_of(t);
+    v1[120 + 5 * 20 + 8] ^= 0x10;  // record 5's weight
+    std::vector<std::string> warnings;
+    const validated_route_trace read =
+        parse_route_trace_binary(v1, "old.bin", [&](const std::string& w) { warnings.push_back(w); });
+    CHECK(read.binary_version() == 1);
+    CHECK(detail::float_bits(read.rows()[5].weight) != detail::float_bits(t.rows[5].weight));
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0] == "old.bin: binary trace version 1 has no checksums, so a damaged byte that still parses goes "
+                         "unnoticed; rewrite it as version 2 (moe-residency convert --to binary)");
+    std::string b = good;
+    b[120 + 5 * 20 + 8] ^= 0x10;
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         doctest::Contains("t.bin: records 0 to 21 (block 0 of 1): checksum (XXH64) 0x"), error);
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         doctest::Contains(": a byte in them or their checksum is damaged"), error);
+  }
+  SUBCASE("a header byte (a layer's expert bytes) and a stored checksum") {
+    std::string b = good;
+    b[64] ^= 0x01;  // layer 0's expert_bytes: 1000 becomes 1001, which would still parse
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                         doctest::Contains("the header (bytes 0 to 119) or its checksum is damaged"), error);
+    std::string c = good;
+    c[c.size() - 1] ^= 0x80;  // the block's checksum itself
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(c, "t.bin"),
+                         doctest::Contains("t.bin: records 0 to 21 (block 0 of 1)"), error);
+  }
+  SUBCASE("every single-bit flip anywhere in the file is refused") {
+    std::size_t accepted = 0;
+    for (std::size_t at = 0; at < good.size(); ++at)
+      for (int bit = 0; bit < 8; ++bit) {
+        std::string b = good;
+        b[at] = static_cast<char>(b[at] ^ (1 << bit));
+        try {
+          (void)parse_route_trace_binary(b, "t.bin");
+          ++accepted;
+        } catch (const error&) {
+        }
+      }
+    CHECK(accepted == 0);
+  }
+  SUBCASE("in a file of three blocks, the damaged block is named") {
+    std::string text = join(std::vector<std::string>(base_lines.begin(), base_lines.begin() + 6));
+    for (int step = 0; step < 2000; ++step)
+      for (int l = 0; l < 3; ++l)
+        for (int slot = 0; slot < 2; ++slot)
+          text += "0,1," + std::to_string(step) + "," + std::to_string(l) + "," + std::to_string(slot) + "," +
+                  std::to_string((step + 3 * l + slot) % 16) + ",0.5,1,0\n";
+    const route_trace big = parse(text);
+    REQUIRE(big.rows.size() == 12000);
+    std::string b = binary_of(big);
+    CHECK(b.size() == 120 + 12000 * 20 + 8 + 3 * 8);
+    CHECK(parse_route_trace_binary(b, "big.bin").rows().size() == 12000);
+    b[120 + 9000 * 20 + 3] ^= 0x01;  // record 9000's turn
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "big.bin"),
+                         doctest::Contains("big.bin: records 8192 to 11999 (block 2 of 3): checksum (XXH64) 0x"),
+                         error);
   }
 }
 
@@ -583,7 +712,7 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
     const route_trace t = parse(join(*lines));
     CAPTURE(t.header.has_dropped_column);
     const std::string good = binary_of(t);
-    const std::size_t first = good.size() - t.rows.size() * 20;
+    const std::size_t first = records_at(good);
     auto exact_rows = [&](const std::string& b, std::vector<trace_row>& rows) {
       try {
         detail::read_binary_rows_exact(reinterpret_cast<const unsigned char*>(b.data()) + first, t.rows.size(),
@@ -621,11 +750,12 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
       return std::vector<trace_row>(it, it + static_cast<std::ptrdiff_t>(t.rows.size()));
     };
     std::size_t cases = 0, accepted = 0, disagreements = 0, rows_differ = 0, values_differ = 0, values_refused = 0;
-    for (std::size_t at = first; at < good.size(); ++at) {
+    for (std::size_t at = first; at < first + 20 * t.rows.size(); ++at) {
       const auto orig = static_cast<unsigned char>(good[at]);
       for (const unsigned v : {0u, 1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 15u, 16u, 17u, 255u, orig - 1u, orig + 1u}) {
         std::string b = good;
         b[at] = static_cast<char>(v & 0xffu);
+        reseal(b);  // the damage reaches the record checks (the checksums are tested above)
         std::vector<trace_row> exact;
         const bool slow = exact_rows(b, exact);
         ++cases;
@@ -755,7 +885,7 @@ route_trace random_trace(std::mt19937& rng) {
 // neighbouring records swapped, a record copied over another, or a turn or
 // step nudged.
 void damage_records(std::string& b, std::size_t first, const trace_header& h, std::mt19937& rng) {
-  const std::size_t n = (b.size() - first) / 20;
+  const auto n = static_cast<std::size_t>(detail::load_le<std::uint64_t>(reinterpret_cast<unsigned char*>(&b[32])));
   if (n == 0) return;
   const std::size_t i = rng() % n;
   unsigned char* r = reinterpret_cast<unsigned char*>(&b[first + 20 * i]);
@@ -822,11 +952,12 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
     }
     long_traces += t.rows.size() > 512;  // the reader's chunk
     const std::string good = binary_of(t);
-    const std::size_t first = good.size() - t.rows.size() * 20;
+    const std::size_t first = records_at(good);
     for (int d = 0; d < 24; ++d) {
       std::string b = good;
       const int defects = d == 0 ? 0 : 1 + static_cast<int>(rng() % 3);
       for (int e = 0; e < defects; ++e) damage_records(b, first, t.header, rng);
+      reseal(b);  // the damage reaches the record checks
       ++cases;
       std::string fast_message, exact_message;
       std::vector<trace_row> fast_rows, exact_rows;
@@ -856,7 +987,8 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
       }
       // The scanner alone, in random pieces (its state carries across them),
       // over the records the (perhaps cut) file holds.
-      const std::size_t n_records = (b.size() - first) / 20;
+      const auto n_records =
+          static_cast<std::size_t>(detail::load_le<std::uint64_t>(reinterpret_cast<const unsigned char*>(&b[32])));
       cut_files += n_records < t.rows.size();
       detail::binary_record_scanner s(t.header);
       const auto* p = reinterpret_cast<const unsigned char*>(b.data()) + first;
@@ -1017,7 +1149,7 @@ TEST_CASE("binary: a long trace decodes to its rows, and defects at the reader's
     REQUIRE(t.rows.size() == 2064);
     REQUIRE_NOTHROW(validate_route_trace(t, "long"));
     const std::string good = binary_of(t);
-    const std::size_t first = good.size() - t.rows.size() * 20;
+    const std::size_t first = records_at(good);
     const validated_route_trace read = parse_route_trace_binary(good, "long.bin");
     REQUIRE(read.rows().size() == t.rows.size());
     std::size_t fields_differ = 0;
@@ -1059,6 +1191,7 @@ TEST_CASE("binary: a long trace decodes to its rows, and defects at the reader's
             detail::store_le<std::uint16_t>(r + 12, static_cast<std::uint16_t>((r[12] + 1) % 8));
             r[16] = 1;
         }
+        reseal(b);  // the damage reaches the record checks
         std::string fast, exact;
         try {
           (void)parse_route_trace_binary(b, "long.bin");

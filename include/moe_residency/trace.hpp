@@ -31,7 +31,9 @@ namespace moe_residency {
 
 /// Reads a trace file, CSV or binary (detected by its first bytes). Throws
 /// `error` (naming the path, line/record, column and value) on any defect.
-inline validated_route_trace read_route_trace(const std::string& path) {
+/// Warnings (a binary file of version 1, which has no checksums) go to
+/// `on_warning`, or to stderr when it is empty.
+inline validated_route_trace read_route_trace(const std::string& path, const warning_sink& on_warning = {}) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error(path + ": cannot open: " + std::strerror(errno));
   in.seekg(0, std::ios::end);
@@ -40,7 +42,7 @@ inline validated_route_trace read_route_trace(const std::string& path) {
   in.seekg(0, std::ios::beg);
   std::string bytes(static_cast<std::size_t>(n), '\0');
   if (n > 0 && !in.read(&bytes[0], n)) throw error(path + ": read failed after " + std::to_string(in.gcount()) + " bytes");
-  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89) return parse_route_trace_binary(bytes, path);
+  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89) return parse_route_trace_binary(bytes, path, on_warning);
   return parse_route_trace_csv(bytes, path);
 }
 

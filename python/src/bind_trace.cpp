@@ -40,12 +40,16 @@ std::shared_ptr<trace_object> read_trace(const py::object& path_like) {
   const std::string path = fspath(path_like);
   std::string bytes = read_file(path);
   std::unique_ptr<validated_route_trace> t;
+  std::vector<std::string> warnings;  // raised as Python warnings once the GIL is back
   {
     py::gil_scoped_release nogil;
     t = std::make_unique<validated_route_trace>(
-        !bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89 ? parse_route_trace_binary(bytes, path)
-                                                                         : parse_route_trace_csv(bytes, path));
+        !bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89
+            ? parse_route_trace_binary(bytes, path, [&warnings](const std::string& w) { warnings.push_back(w); })
+            : parse_route_trace_csv(bytes, path));
   }
+  for (const std::string& w : warnings)
+    if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) < 0) throw py::error_already_set();  // warnings as errors
   auto out = std::make_shared<trace_object>(std::move(*t));
   out->set_source(path);
   return out;

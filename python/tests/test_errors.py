@@ -152,3 +152,26 @@ def test_cut_and_prefill_only_traces(tmp_path, small):
     with pytest.raises(ValueError, match=message):
         mr.whatif(t, {"compute_ms_per_token": 1}, 1)
     assert mr.read_trace(small).decode_tokens == 1
+
+
+def test_binary_checksums_and_version_1(tmp_path, small):
+    """Binary traces are written as version 2 (checksummed): a flipped byte is refused, naming
+    the block. A version 1 file (no checksums) still reads, with a UserWarning."""
+    t = mr.read_trace(small)
+    v2 = tmp_path / "t.bin"
+    mr.write_trace(t, v2, format="binary")
+    data = bytearray(v2.read_bytes())
+    assert data[8] == 2
+    n = len(t)
+    records_end = len(data) - 8 - 8  # the header's checksum and one block's
+    damaged = bytearray(data)
+    damaged[records_end - 20 + 8] ^= 0x01  # the last record's weight
+    (tmp_path / "damaged.bin").write_bytes(damaged)
+    with pytest.raises(ValueError, match=r"damaged\.bin: records 0 to %d \(block 0 of 1\): checksum \(XXH64\)" % (n - 1)):
+        mr.read_trace(tmp_path / "damaged.bin")
+    v1 = bytearray(data[:records_end])
+    v1[8] = 1
+    (tmp_path / "old.bin").write_bytes(v1)
+    with pytest.warns(UserWarning, match=r"old\.bin: binary trace version 1 has no checksums"):
+        old = mr.read_trace(tmp_path / "old.bin")
+    assert len(old) == n

@@ -1,11 +1,11 @@
 #pragma once
-// Layout of the binary route trace (version 1) and little-endian loads and
+// Layout of the binary route trace (version 2) and little-endian loads and
 // stores that compile to plain moves on little-endian hosts. A weight's bits
 // go through detail::float_bits / bits_float (half.hpp), the one bit cast.
 //
 //   offset  size  field
 //        0     8  magic "\x89MRTRACE" (0x89 marks it binary, like PNG)
-//        8     4  version (1)
+//        8     4  version (2; 1 is the same layout without the checksums)
 //       12     4  record size in bytes (20)
 //       16     4  flags: bit 0 = the CSV had a dropped column
 //       20     4  n_layer
@@ -24,7 +24,11 @@
 //                 18 u8 residency
 //                 19 u8 bits: bit 0 = expert_bytes is the layer's bytes (else 0)
 //                             bits 1-2 = dropped + 1 (0 = no dropped column)
-// All integers little-endian. The file ends right after the last record.
+//            8   XXH64 of the header: bytes 0 up to the first record
+//          8·B   XXH64 of each block of 4096 records (the last may be shorter),
+//                B = ceil(N / 4096); none when N = 0
+// All integers little-endian. The file ends right after the last checksum
+// (version 1: after the last record).
 
 #include <cstddef>
 #include <cstdint>
@@ -37,7 +41,15 @@ namespace moe_residency {
 namespace detail {
 
 inline constexpr char binary_trace_magic[8] = {'\x89', 'M', 'R', 'T', 'R', 'A', 'C', 'E'};
-inline constexpr std::uint32_t binary_trace_version = 1;
+inline constexpr std::uint32_t binary_trace_version = 2;
+/// The first version: the same layout without the checksums. Read with a warning.
+inline constexpr std::uint32_t binary_trace_version_unchecked = 1;
+/// Records per checksummed block (80 KiB of records).
+inline constexpr std::uint64_t binary_trace_block_records = 4096;
+/// The checksums after the records of a version 2 file of n_rows rows, in bytes.
+inline constexpr std::uint64_t binary_trace_trailer_size(std::uint64_t n_rows) noexcept {
+  return 8 + 8 * ((n_rows + binary_trace_block_records - 1) / binary_trace_block_records);
+}
 inline constexpr std::size_t binary_trace_record_size = 20;
 inline constexpr std::size_t binary_trace_fixed_header = 48;
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <ostream>
@@ -23,6 +24,7 @@
 #include "moe_residency/core.hpp"
 #include "moe_residency/detail/trace_binary.hpp"
 #include "moe_residency/detail/trace_text.hpp"
+#include "moe_residency/detail/xxhash64.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace/types.hpp"
 #include "moe_residency/trace/validate.hpp"
@@ -43,20 +45,23 @@
 namespace moe_residency {
 
 /// Parses the binary form. `source_name` prefixes error messages ("record i,
-/// column c: ...").
-validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name);
-/// Writes the binary form (20 bytes per row).
+/// column c: ..."). A version 1 file (no checksums) is read, and a warning
+/// sent to `on_warning` (stderr when empty) says so.
+validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name,
+                                               const warning_sink& on_warning = {});
+/// Writes the binary form, version 2 (20 bytes per row, a checksum per 4096 rows).
 void write_route_trace_binary(const validated_route_trace& trace, std::ostream& out);
 /// Validates the whole trace first and throws `error` before writing anything.
 void write_route_trace_binary(const route_trace& trace, std::ostream& out);
 
 namespace detail {
 
-inline std::string binary_header_bytes(const trace_header& h, std::uint64_t n_rows) {
+inline std::string binary_header_bytes(const trace_header& h, std::uint64_t n_rows,
+                                       std::uint32_t version = binary_trace_version) {
   std::string out(binary_trace_fixed_header, '\0');
   auto* p = reinterpret_cast<unsigned char*>(&out[0]);
   std::memcpy(p, binary_trace_magic, 8);
-  store_le<std::uint32_t>(p + 8, binary_trace_version);
+  store_le<std::uint32_t>(p + 8, version);
   store_le<std::uint32_t>(p + 12, static_cast<std::uint32_t>(binary_trace_record_size));
   store_le<std::uint32_t>(p + 16, h.has_dropped_column ? 1u : 0u);
   store_le<std::uint32_t>(p + 20, static_cast<std::uint32_t>(h.n_layer));
@@ -541,6 +546,36 @@ inline void read_binary_rows_exact(const unsigned char* rp, std::uint64_t n_rows
     throw error(source_name + ": end of records (" + std::to_string(n_rows) + " records): " + issue.message);
 }
 
+/// Version 2's checksums, the file's size already checked: the header's, then
+/// each block's, against the ones stored after the records. Throws `error`
+/// naming the part whose bytes (or stored checksum) are damaged.
+inline void check_binary_checksums(const unsigned char* b, std::size_t layers_end, std::uint64_t n_rows,
+                                   const std::string& source_name) {
+  auto hex = [](std::uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+    return std::string(buf);
+  };
+  const unsigned char* const records = b + layers_end;
+  const unsigned char* const sums = records + static_cast<std::size_t>(n_rows) * binary_trace_record_size;
+  const std::uint64_t header = xxh64(b, layers_end), header_stored = load_le<std::uint64_t>(sums);
+  if (header != header_stored)
+    throw error(source_name + ": header checksum (XXH64) " + hex(header) + ", stored " + hex(header_stored) +
+                ": the header (bytes 0 to " + std::to_string(layers_end - 1) + ") or its checksum is damaged");
+  const std::uint64_t blocks = (n_rows + binary_trace_block_records - 1) / binary_trace_block_records;
+  for (std::uint64_t k = 0; k < blocks; ++k) {
+    const std::uint64_t first = k * binary_trace_block_records;
+    const std::uint64_t count = std::min(binary_trace_block_records, n_rows - first);
+    const std::uint64_t sum = xxh64(records + static_cast<std::size_t>(first) * binary_trace_record_size,
+                                    static_cast<std::size_t>(count) * binary_trace_record_size);
+    const std::uint64_t stored = load_le<std::uint64_t>(sums + 8 + 8 * static_cast<std::size_t>(k));
+    if (sum != stored)
+      throw error(source_name + ": records " + std::to_string(first) + " to " + std::to_string(first + count - 1) +
+                  " (block " + std::to_string(k) + " of " + std::to_string(blocks) + "): checksum (XXH64) " + hex(sum) +
+                  ", stored " + hex(stored) + ": a byte in them or their checksum is damaged");
+  }
+}
+
 /// Which pass reads the records: the reader's (scan, then decode; the exact
 /// pass only for a refused file's message) or the exact pass alone (the
 /// benchmark's and the tests' reference).
@@ -557,16 +592,18 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
     throw fail("truncated: " + std::to_string(size) + " bytes; the fixed header alone is " +
                std::to_string(binary_trace_fixed_header));
   const std::uint32_t version = load_le<std::uint32_t>(b + 8);
-  if (version != binary_trace_version)
+  if (version != binary_trace_version && version != binary_trace_version_unchecked)
     throw fail("unsupported binary version " + std::to_string(version) + "; this reader supports " +
-               std::to_string(binary_trace_version));
+               std::to_string(binary_trace_version_unchecked) + " and " + std::to_string(binary_trace_version));
+  const bool checked = version == binary_trace_version;
   const std::uint32_t record_size = load_le<std::uint32_t>(b + 12);
   if (record_size != binary_trace_record_size)
     throw fail("record size " + std::to_string(record_size) + "; expected " +
-               std::to_string(binary_trace_record_size) + " for version 1");
+               std::to_string(binary_trace_record_size) + " for version " + std::to_string(version));
   const std::uint32_t flags = load_le<std::uint32_t>(b + 16);
   if (flags > 1) throw fail("header flags " + std::to_string(flags) + " have unknown bits; expected 0 or 1");
   route_trace t;
+  t.binary_version = version;
   trace_header& h = t.header;
   h.has_dropped_column = flags & 1;
   h.n_layer = load_le<std::uint32_t>(b + 20);
@@ -587,10 +624,18 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
   const std::uint64_t body = size - layers_end;
   if (body / binary_trace_record_size < n_rows)
     throw fail("truncated: " + std::to_string(body) + " bytes of records for " + std::to_string(n_rows) +
-               " rows; expected " + std::to_string(n_rows * binary_trace_record_size));
-  if (body != n_rows * binary_trace_record_size)
-    throw fail(std::to_string(body - n_rows * binary_trace_record_size) + " bytes after the last of " +
+               " rows; expected " + std::to_string(n_rows * binary_trace_record_size) +
+               (checked ? " and their checksums" : ""));
+  // n_rows <= body / 20 from here: nothing below wraps.
+  const std::uint64_t expected_body =
+      n_rows * binary_trace_record_size + (checked ? binary_trace_trailer_size(n_rows) : 0);
+  if (body < expected_body)
+    throw fail("truncated: " + std::to_string(body) + " bytes of records and checksums for " + std::to_string(n_rows) +
+               " rows; expected " + std::to_string(expected_body));
+  if (body != expected_body)
+    throw fail(std::to_string(body - expected_body) + " bytes after the last " + (checked ? "checksum of " : "of ") +
                std::to_string(n_rows) + " records; expected the file to end there");
+  if (checked) check_binary_checksums(b, layers_end, n_rows, source_name);
   // The layout's padding is zero; anything else means the lengths do not describe the file.
   auto check_padding = [&](std::uint64_t from, std::uint64_t to, const char* after) {
     for (std::uint64_t i = from; i < to; ++i)
@@ -650,17 +695,42 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
 
 }  // namespace detail
 
-inline validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name) {
-  return detail::parse_route_trace_binary_with(bytes, source_name, detail::binary_rows_pass::scan_then_decode);
+inline validated_route_trace parse_route_trace_binary(std::string_view bytes, const std::string& source_name,
+                                                      const warning_sink& on_warning) {
+  validated_route_trace t =
+      detail::parse_route_trace_binary_with(bytes, source_name, detail::binary_rows_pass::scan_then_decode);
+  if (t.binary_version() == detail::binary_trace_version_unchecked)
+    detail::emit_warning(on_warning,
+                         source_name +
+                             ": binary trace version 1 has no checksums, so a damaged byte that still parses goes "
+                             "unnoticed; rewrite it as version 2 (moe-residency convert --to binary)");
+  return t;
 }
 
 namespace detail {
 // The writer proper: `trace` is known valid. Records go out in chunks of 4096
 // (80 KiB) from the heap: a stack buffer that size overflowed small thread stacks.
-inline void write_binary_rows(const route_trace& trace, std::ostream& out) {
-  const std::string head = binary_header_bytes(trace.header, trace.rows.size());
+// Version 2 (the default) follows the records with the header's checksum
+// and one per chunk (a chunk is a checksummed block); version 1, the same
+// records without them, is written only for the tests of the reader's
+// compatibility path.
+inline void write_binary_rows(const route_trace& trace, std::ostream& out,
+                              std::uint32_t version = binary_trace_version) {
+  const bool checked = version == binary_trace_version;
+  const std::string head = binary_header_bytes(trace.header, trace.rows.size(), version);
   out.write(head.data(), static_cast<std::streamsize>(head.size()));
-  constexpr std::size_t chunk = 4096;
+  std::string sums(8, '\0');
+  store_le<std::uint64_t>(reinterpret_cast<unsigned char*>(&sums[0]),
+                          xxh64(reinterpret_cast<const unsigned char*>(head.data()), head.size()));
+  auto flush = [&](const unsigned char* buf, std::size_t n) {
+    if (n == 0) return;
+    out.write(reinterpret_cast<const char*>(buf), static_cast<std::streamsize>(n * binary_trace_record_size));
+    if (!checked) return;
+    unsigned char sum[8];
+    store_le<std::uint64_t>(sum, xxh64(buf, n * binary_trace_record_size));
+    sums.append(reinterpret_cast<const char*>(sum), 8);
+  };
+  constexpr std::size_t chunk = static_cast<std::size_t>(binary_trace_block_records);
   std::vector<unsigned char> storage(std::min(trace.rows.size(), chunk) * binary_trace_record_size);
   unsigned char* const buf = storage.data();
   std::size_t n = 0;
@@ -676,11 +746,12 @@ inline void write_binary_rows(const route_trace& trace, std::ostream& out) {
     p[18] = r.residency;
     p[19] = static_cast<unsigned char>((r.expert_bytes != 0 ? 1 : 0) | ((r.dropped + 1) << 1));
     if (++n == chunk) {
-      out.write(reinterpret_cast<const char*>(buf), static_cast<std::streamsize>(n * binary_trace_record_size));
+      flush(buf, n);
       n = 0;
     }
   }
-  out.write(reinterpret_cast<const char*>(buf), static_cast<std::streamsize>(n * binary_trace_record_size));
+  flush(buf, n);
+  if (checked) out.write(sums.data(), static_cast<std::streamsize>(sums.size()));
 }
 }  // namespace detail
 

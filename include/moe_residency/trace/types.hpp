@@ -63,6 +63,10 @@ class route_trace {
   /// "%g", so such a file does not round-trip byte for byte. Every weight the
   /// engine writes is canonical; binary traces always report 0.
   std::size_t noncanonical_weights = 0;
+  /// The binary form's version the trace was read from: 2 (checksummed), 1
+  /// (the first form, without checksums: read with a warning), or 0 when it
+  /// was read from a CSV or built by hand.
+  std::uint32_t binary_version = 0;
 
   /// The model shape: name = arch, n_expert experts, top-k = n_expert_used,
   /// per-layer expert bytes. A layer without a "# layer=" line or with 0
@@ -88,6 +92,8 @@ class validated_route_trace {
   const std::vector<trace_row>& rows() const noexcept { return t_.rows; }
   /// See route_trace::noncanonical_weights.
   std::size_t noncanonical_weights() const noexcept { return t_.noncanonical_weights; }
+  /// See route_trace::binary_version.
+  std::uint32_t binary_version() const noexcept { return t_.binary_version; }
   /// See route_trace::shape().
   model_shape shape() const { return t_.shape(); }
   /// The trace, read-only.

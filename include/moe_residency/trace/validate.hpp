@@ -180,7 +180,8 @@ class trace_row_checker {
       issue.column = trace_column::layer;
       issue.message = "the last token (" + phase_word(prev_phase_) + " step " + to_string(prev_step_) + " of turn " +
                       to_string(prev_turn_) + ") ends at layer " + to_string(prev_layer) + "; expected its " +
-                      layers_.rest_after(prev_layer) + " too (every token routes every MoE layer): is the file cut short?";
+                      layers_.rest_after(prev_layer) +
+                      " too (every token routes every MoE layer): is the file cut short?";
       return false;
     }
     return true;
