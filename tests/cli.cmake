@@ -12,10 +12,11 @@ if(TARGET moe_residency_cli)
   endfunction()
   # A refused input: the tool must exit 2 with the message `expect`; `head`
   # ("src|lines|dst", or "") first writes a real trace's first lines to dst.
+  # An optional sixth argument is run_cli.cmake's PREP step ("mkfifo|path", ...).
   function(moe_residency_cli_error_test name args expect needs head)
     add_test(NAME cli_error_${name}
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
-              "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DEXPECT_RC=2" "-DHEAD=${head}"
+              "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DEXPECT_RC=2" "-DHEAD=${head}" "-DPREP=${ARGV5}"
               -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_error_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()
@@ -127,4 +128,43 @@ if(TARGET moe_residency_cli)
       "moe-residency: [^\n]*cli-qwen-prefill-${cmd}\\.csv: no decode tokens \\(the trace holds only prefill rows\\); expected decode rows, since this command reports figures per decode token"
       "${_mr_t}/qwen.route.csv" "${_mr_t}/qwen.route.csv|7953|${_mr_prefill}")
   endforeach()
+
+  # Issue 35: paths. An input that is a directory or a FIFO (which would block
+  # the reader) is named as such; an output that is a directory, a symbolic
+  # link or one of the command's inputs is refused before anything is read or
+  # written; an empty config and an empty list item are errors, not defaults.
+  set(_mr_b "${CMAKE_CURRENT_BINARY_DIR}")
+  set(_mr_g "${_mr_t}/gptoss.route.csv")
+  moe_residency_cli_error_test(input_directory
+    "trace-info|--trace|${_mr_b}"
+    "moe-residency: [^\n]*: is a directory@@expected a route trace file \\(CSV or binary\\)" "" "")
+  moe_residency_cli_error_test(input_fifo
+    "trace-info|--trace|${_mr_b}/cli-fifo.csv"
+    "moe-residency: [^\n]*cli-fifo\\.csv: is a FIFO \\(named pipe\\)@@expected a route trace file" "" ""
+    "mkfifo|${_mr_b}/cli-fifo.csv")
+  moe_residency_cli_error_test(config_directory
+    "whatif|--trace|${_mr_g}|--config|${_mr_b}"
+    "moe-residency: --config: [^\n]*: is a directory@@expected a regular file" "${_mr_g}" "")
+  moe_residency_cli_error_test(config_empty
+    "whatif|--trace|${_mr_g}|--config|${_mr_b}/cli-empty.cfg"
+    "moe-residency: [^\n]*cli-empty\\.cfg: no settings \\(an empty file\\)@@expected key = value lines" "${_mr_g}" ""
+    "empty|${_mr_b}/cli-empty.cfg")
+  moe_residency_cli_error_test(output_directory
+    "convert|--in|${_mr_g}|--out|${_mr_b}"
+    "moe-residency: --out: '[^\n]*' is a directory@@expected a regular file or a new path" "${_mr_g}" "")
+  moe_residency_cli_error_test(output_symlink
+    "convert|--in|${_mr_g}|--out|${_mr_b}/cli-link.bin"
+    "moe-residency: --out: '[^\n]*cli-link\\.bin' is a symbolic link@@expected a regular file or a new path \\(the link would be replaced, not its target written\\)"
+    "${_mr_g}" "" "symlink|${_mr_b}/cli-link-target.txt|${_mr_b}/cli-link.bin")
+  moe_residency_cli_error_test(output_is_input
+    "convert|--in|${_mr_b}/cli-same.csv|--out|${_mr_b}/./cli-same.csv"
+    "moe-residency: --out: '[^\n]*cli-same\\.csv' is the input given by --in@@expected another file \\(writing it would destroy the input\\)"
+    "${_mr_g}" "" "copy|${_mr_g}|${_mr_b}/cli-same.csv")
+  moe_residency_cli_error_test(write_config_is_input
+    "calibrate|--trace|${_mr_t}/qwen.route.csv|--metrics|${_mr_b}/cli-metrics.csv|--budget|4000|--write-config|${_mr_b}/cli-metrics.csv"
+    "moe-residency: --write-config: '[^\n]*cli-metrics\\.csv' is the input given by --metrics"
+    "${_mr_t}/qwen.metrics.csv" "" "copy|${_mr_t}/qwen.metrics.csv|${_mr_b}/cli-metrics.csv")
+  moe_residency_cli_error_test(empty_list_item
+    "replay|--trace|${_mr_g}|--budgets|500,,1000"
+    "moe-residency: --budgets: item 2 of '500,,1000' is empty@@expected items separated by single commas" "${_mr_g}" "")
 endif()

@@ -290,6 +290,15 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
   CHECK(timing_params{}.fault_bandwidth_scale == 0);  // tied to β by default
   CHECK(parse_timing_config("bandwidth_scale = 2\n", "dev.cfg").fault_scale() == 2);
   CHECK(q.curve.to_list() == "1:1809.9,2:2459.8,4:2457.9,8:2420,12:2360.1,16:2243.9,24:2308.6,32:2254.8");
+  // A config without any setting is refused (an empty file would otherwise
+  // mean every default, silently), as is a curve_file that is a directory.
+  CHECK_THROWS_WITH_AS(parse_timing_config("", "e.cfg"),
+                       "e.cfg: no settings (an empty file); expected key = value lines, e.g. compute_ms_per_token = 20",
+                       error);
+  CHECK_THROWS_WITH_AS(parse_timing_config("# only a comment\n\n  \n", "c.cfg"),
+                       doctest::Contains("c.cfg: no settings (only blank and comment lines)"), error);
+  CHECK_THROWS_WITH_AS(parse_timing_config("curve_file = .\n", "d.cfg"),
+                       "d.cfg: line 1: .: is a directory; expected a lanes CSV file", error);
   CHECK_THROWS_WITH_AS(parse_timing_config("lanes = 2\nspeed = 3\n", "dev.cfg"),
                        doctest::Contains("dev.cfg: line 2: unknown key 'speed'"), error);
   CHECK_THROWS_WITH_AS(parse_timing_config("overlap = 1.5", "dev.cfg"),

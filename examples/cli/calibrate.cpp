@@ -8,6 +8,7 @@
 #include <string>
 
 #include "command.hpp"
+#include "output.hpp"
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
 
@@ -29,6 +30,9 @@ void run(const calibrate_args& a) {
   if (a.split != "halves" && a.split != "interleaved" && a.split != "all")
     throw error("--split: '" + a.split +
                 "'; expected halves (first half fitted, second held out), interleaved, or all (every token fitted)");
+  if (!a.write_config.empty())  // before the work, not after it
+    moe_residency_cli::check_output_path(a.write_config, "--write-config",
+                                         {{"--trace", a.trace}, {"--metrics", a.metrics}, {"--config", a.config}});
   timing_params start;
   if (!a.config.empty()) start = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const token_metrics m = parse_token_metrics(moe_residency_cli::read_whole_file(a.metrics, "--metrics"), a.metrics);
@@ -46,13 +50,14 @@ void run(const calibrate_args& a) {
     co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
   }
   const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, start, co);
-  if (!a.write_config.empty()) {
-    std::ofstream f(a.write_config);
-    f << "# moe-residency calibrate --trace " << a.trace << " --metrics " << a.metrics << " --budget " << a.budget
-      << " --policy " << a.policy << " --split " << a.split << "\n"
-      << format_timing_config(c.params);
-    if (!f) throw error("--write-config: cannot write '" + a.write_config + "'");
-  }
+  if (!a.write_config.empty())
+    moe_residency_cli::write_output_file(
+        a.write_config, "--write-config", {{"--trace", a.trace}, {"--metrics", a.metrics}, {"--config", a.config}},
+        [&](std::ostream& f) {
+          f << "# moe-residency calibrate --trace " << a.trace << " --metrics " << a.metrics << " --budget "
+            << a.budget << " --policy " << a.policy << " --split " << a.split << "\n"
+            << format_timing_config(c.params);
+        });
   std::string fitted;
   for (const auto& n : c.free) fitted += (fitted.empty() ? "" : ", ") + n;
   if (a.format == "csv") {

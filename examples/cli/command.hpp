@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency_cli {
@@ -34,14 +35,34 @@ struct command_registrar {
   }
 };
 
-/// The whole file at `path`; throws moe_residency::error naming the option
-/// that gave it (`option`, e.g. "--config") when it cannot be opened.
+/// The whole regular file at `path`; throws moe_residency::error naming the
+/// option that gave it (`option`, e.g. "--config"), the path and what is
+/// wrong: it is a directory, a FIFO or a device, or cannot be opened or read
+/// (with the system's reason).
 inline std::string read_whole_file(const std::string& path, const char* option) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw moe_residency::error(std::string(option) + ": cannot open '" + path + "'");
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  try {
+    return moe_residency::detail::read_input_file(path, "a regular file");
+  } catch (const moe_residency::error& e) {
+    throw moe_residency::error(std::string(option) + ": " + e.what());
+  }
+}
+
+/// The comma-separated items of `option`'s value `s`. An empty value or an
+/// empty item (",," or a comma at either end) is an error naming the option:
+/// a skipped item would silently leave a cell out of the run.
+inline std::vector<std::string> split_list(const std::string& s, const std::string& option) {
+  if (s.empty()) throw moe_residency::error(option + ": empty; expected a comma-separated list");
+  std::vector<std::string> out;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty())
+      throw moe_residency::error(option + ": item " + std::to_string(out.size() + 1) + " of '" + s +
+                                 "' is empty; expected items separated by single commas");
+    out.push_back(std::move(item));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
 }
 
 /// Commands whose figures are per decode token (decode hit %, MiB or ms per

@@ -8,42 +8,28 @@
 
 #include "command.hpp"
 #include "moe_residency/trace.hpp"
+#include "output.hpp"
 
 namespace {
 
 using namespace moe_residency;
-
-bool is_binary_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return f.get() == 0x89;
-}
+using moe_residency_cli::check_output_path;
+using moe_residency_cli::write_output_file;
 
 void convert(const std::string& in, const std::string& out, std::string to) {
-  if (to.empty()) to = is_binary_file(in) ? "csv" : "binary";
-  if (to != "csv" && to != "binary") throw error("--to: unknown form '" + to + "'; expected csv or binary");
+  if (!to.empty() && to != "csv" && to != "binary") throw error("--to: unknown form '" + to + "'; expected csv or binary");
+  check_output_path(out, "--out", {{"--in", in}});  // before the input is read
   const validated_route_trace t = read_route_trace(in);  // validated once, written without a second pass
+  if (to.empty()) to = t.binary_version() != 0 ? "csv" : "binary";
   if (t.noncanonical_weights())
     std::fprintf(stderr,
                  "moe-residency: warning: %zu weights in %s are not in the engine's %%g form; they are written as "
                  "the nearest float in %%g (6 significant digits), not as their original text\n",
                  t.noncanonical_weights(), in.c_str());
-  // Write next to the target and rename, so a failed write never leaves a half file.
-  const std::string tmp = out + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw error(tmp + ": cannot open for writing");
+  write_output_file(out, "--out", {{"--in", in}}, [&](std::ostream& f) {
     if (to == "csv") write_route_trace_csv(t, f);
     else write_route_trace_binary(t, f);
-    f.flush();
-    if (!f) {
-      std::remove(tmp.c_str());
-      throw error(tmp + ": write failed");
-    }
-  }
-  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw error(out + ": cannot rename " + tmp + " to it");
-  }
+  });
   std::printf("%s -> %s (%s): %zu rows\n", in.c_str(), out.c_str(), to.c_str(), t.rows().size());
 }
 

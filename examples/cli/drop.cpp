@@ -24,11 +24,11 @@ struct drop_args {
   std::string format = "table";
 };
 
+// An empty value is no list (--keep-k's default); an empty item is an error.
 std::vector<double> parse_list(const std::string& s, const std::string& option) {
   std::vector<double> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) {
-    if (item.empty()) continue;
+  if (s.empty()) return out;
+  for (const std::string& item : moe_residency_cli::split_list(s, option)) {
     char* end = nullptr;
     const double v = std::strtod(item.c_str(), &end);
     if (end == item.c_str() || *end != '\0')

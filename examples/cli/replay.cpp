@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 
 #include "command.hpp"
+#include "output.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/replay/oracle_profile.hpp"
 
@@ -53,17 +54,10 @@ struct replay_args {
   std::string oracle_profile;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 std::vector<double> parse_budgets(const std::string& s) {
   std::vector<double> out;
-  for (const auto& item : split(s)) {
+  for (const auto& item : moe_residency_cli::split_list(s, "--budgets")) {
     char* end = nullptr;
     const double v = std::strtod(item.c_str(), &end);
     if (end == item.c_str() || *end != '\0')
@@ -93,7 +87,11 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   std::vector<std::string> pols;
   for (const auto& r : rs)
     if (std::find(pols.begin(), pols.end(), r.policy) == pols.end()) pols.push_back(r.policy);
-  const std::string data = svg + ".dat", script = svg + ".gp";
+  // Data, script and picture in new files of our own beside the SVG; the
+  // picture replaces the SVG only once gnuplot has written it whole.
+  const std::string data = moe_residency_cli::temp_file_beside(svg, "--plot"),
+                    script = moe_residency_cli::temp_file_beside(svg, "--plot"),
+                    picture = moe_residency_cli::temp_file_beside(svg, "--plot");
   {
     std::ofstream d(data);
     for (const auto& p : pols) {
@@ -107,7 +105,7 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   {
     std::ofstream g(script);
     g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
-      << "set output " << gp_quote(svg) << "\n"
+      << "set output " << gp_quote(picture) << "\n"
       << "set title \"" << title << "\" noenhanced\n"
       << "set xlabel 'cache budget (MiB)'\nset ylabel 'decode hit rate (%)'\n"
       << "set key right bottom\nset grid\nset yrange [0:100]\n"
@@ -135,17 +133,25 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   }
   std::remove(data.c_str());
   std::remove(script.c_str());
-  if (rc != 0) throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  if (rc != 0) {
+    std::remove(picture.c_str());
+    throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  }
+  const mode_t mask = ::umask(0);  // mkstemp made it 0600; give it what creating it would
+  ::umask(mask);
+  ::chmod(picture.c_str(), 0666 & ~mask);
+  if (std::rename(picture.c_str(), svg.c_str()) != 0) {
+    const int err = errno;
+    std::remove(picture.c_str());
+    throw error("--plot: '" + svg + "': cannot replace it: " + std::strerror(err));
+  }
   std::cerr << "moe-residency replay: wrote " << svg << "\n";
 }
 
 // replay/oracle_profile.hpp has the two forms and their checks.
 std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_layers) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw error("--oracle-profile: cannot open '" + path + "'");
-  std::stringstream text;
-  text << f.rdbuf();
-  return parse_oracle_profile(text.str(), "--oracle-profile: " + path, n_layers);
+  return parse_oracle_profile(moe_residency_cli::read_whole_file(path, "--oracle-profile"),
+                              "--oracle-profile: " + path, n_layers);
 }
 
 // `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.
@@ -206,7 +212,7 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
 
 void run(const replay_args& a) {
   const auto budgets = parse_budgets(a.budgets);
-  const auto policies = split(a.policies);
+  const auto policies = moe_residency_cli::split_list(a.policies, "--policies");
   if (a.format != "table" && a.format != "csv" && a.format != "json")
     throw error("--format: '" + a.format + "'; expected table, csv or json");
   for (const auto& p : policies) check_replay_cell(p, budgets.front());
@@ -215,6 +221,8 @@ void run(const replay_args& a) {
     run_dynamic(a, budgets, policies);
     return;
   }
+  if (!a.plot.empty())  // before the replay, not after it
+    moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}});
   const replay_input in = replay_input::from_file(a.trace);
   moe_residency_cli::require_decode_tokens(
       static_cast<std::size_t>(std::count_if(in.batches().batches.begin(), in.batches().batches.end(),

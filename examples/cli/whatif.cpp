@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 
 #include "command.hpp"
+#include "output.hpp"
 #include "moe_residency/timing.hpp"
 
 extern char** environ;  // POSIX: the process environment, for posix_spawnp
@@ -39,13 +40,6 @@ struct whatif_args {
   std::string plot;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 double number(const std::string& s, const std::string& option) {
   char* end = nullptr;
@@ -83,7 +77,11 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   };
   for (const auto& c : cells)
     if (std::find(keys.begin(), keys.end(), key_of(c)) == keys.end()) keys.push_back(key_of(c));
-  const std::string data = svg + ".dat", script = svg + ".gp";
+  // Data, script and picture in new files of our own beside the SVG; the
+  // picture replaces the SVG only once gnuplot has written it whole.
+  const std::string data = moe_residency_cli::temp_file_beside(svg, "--plot"),
+                    script = moe_residency_cli::temp_file_beside(svg, "--plot"),
+                    picture = moe_residency_cli::temp_file_beside(svg, "--plot");
   {
     std::ofstream d(data);
     for (const auto& k : keys) {
@@ -96,7 +94,7 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   {
     std::ofstream g(script);
     g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
-      << "set output " << gp_quote(svg) << "\n"
+      << "set output " << gp_quote(picture) << "\n"
       << "set title " << gp_quote(title) << " noenhanced\n"
       << "set xlabel 'cache budget (MiB)'\nset ylabel 'predicted decode tok/s'\n"
       << "set key right bottom\nset grid\nset yrange [0:*]\nplot ";
@@ -119,21 +117,35 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   }
   std::remove(data.c_str());
   std::remove(script.c_str());
-  if (rc != 0) throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  if (rc != 0) {
+    std::remove(picture.c_str());
+    throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  }
+  const mode_t mask = ::umask(0);  // mkstemp made it 0600; give it what creating it would
+  ::umask(mask);
+  ::chmod(picture.c_str(), 0666 & ~mask);
+  if (std::rename(picture.c_str(), svg.c_str()) != 0) {
+    const int err = errno;
+    std::remove(picture.c_str());
+    throw error("--plot: '" + svg + "': cannot replace it: " + std::strerror(err));
+  }
   std::cerr << "moe-residency whatif: wrote " << svg << "\n";
 }
 
 void run(const whatif_args& a) {
   if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
+  if (!a.plot.empty())  // before the replays, not after them
+    moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}, {"--config", a.config}});
   const timing_params device = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const routed_replay_input in = routed_replay_input::from_file(a.trace);
   moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   const model_shape& shape = in.shape();
 
+  using moe_residency_cli::split_list;
   std::vector<double> budgets;
-  for (const auto& b : split(a.budgets)) budgets.push_back(number(b, "--budgets"));
-  std::vector<std::size_t> lanes;
-  for (const auto& l : split(a.lanes)) {
+  for (const auto& b : split_list(a.budgets, "--budgets")) budgets.push_back(number(b, "--budgets"));
+  std::vector<std::size_t> lanes;  // none given: the config's
+  for (const auto& l : a.lanes.empty() ? std::vector<std::string>() : split_list(a.lanes, "--lanes")) {
     const double v = number(l, "--lanes");
     if (!(v >= 1 && v <= 64) || v != static_cast<double>(static_cast<std::size_t>(v)))
       throw error("--lanes: " + l + "; expected whole numbers 1 to 64");
@@ -141,10 +153,9 @@ void run(const whatif_args& a) {
   }
   if (lanes.empty()) lanes.push_back(device.lanes);
   std::vector<std::optional<double>> drops;
-  for (const auto& d : split(a.drops)) drops.push_back(d == "off" ? std::optional<double>() : number(d, "--drops"));
-  const auto specs = split(a.speculate), policies = split(a.policies);
-  if (budgets.empty() || policies.empty() || drops.empty() || specs.empty())
-    throw error("whatif: empty --budgets, --policies, --drops or --speculate; expected at least one value each");
+  for (const auto& d : split_list(a.drops, "--drops"))
+    drops.push_back(d == "off" ? std::optional<double>() : number(d, "--drops"));
+  const auto specs = split_list(a.speculate, "--speculate"), policies = split_list(a.policies, "--policies");
 
   std::vector<cell> cells;
   for (double b : budgets)

@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/replay.hpp"
 
@@ -293,12 +294,14 @@ struct timing_params {
 /// compute_ms_per_token, expert_compute_share,
 /// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib,
 /// mgmt_ms_per_request, mgmt_ms_per_pin, kernel_overlap. Unlisted keys keep
-/// `defaults`. Throws `error` naming the line on an unknown key or bad value.
+/// `defaults`. Throws `error` naming the line on an unknown key or bad value,
+/// and on a text without any setting (an empty file would otherwise mean
+/// every default, silently).
 inline timing_params parse_timing_config(const std::string& text, const std::string& source,
                                          timing_params defaults = {}) {
   timing_params p = std::move(defaults);
   std::stringstream ss(text);
-  std::size_t n = 0;
+  std::size_t n = 0, settings = 0;
   for (std::string line; std::getline(ss, line);) {
     ++n;
     if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
@@ -310,6 +313,7 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
     if (line.empty()) continue;
     const auto eq = line.find('=');
     const std::string where = source + ": line " + std::to_string(n) + ": ";
+    ++settings;
     if (eq == std::string::npos) throw error(where + "'" + line + "'; expected key = value");
     const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
     auto number = [&]() {
@@ -327,11 +331,7 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
       } else if (key == "curve") {
         p.curve = storage_curve::parse_list(value);
       } else if (key == "curve_file") {
-        std::ifstream f(value, std::ios::binary);
-        if (!f) throw error("curve_file '" + value + "' cannot be opened");
-        std::stringstream content;
-        content << f.rdbuf();
-        p.curve = storage_curve::parse_csv(content.str(), value);
+        p.curve = storage_curve::parse_csv(detail::read_input_file(value, "a lanes CSV file"), value);
       } else if (key == "read_latency_ms") {
         p.read_latency_ms = number();
       } else if (key == "bandwidth_scale") {
@@ -368,6 +368,9 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
       throw error(m.rfind(source, 0) == 0 ? m : where + m);
     }
   }
+  if (settings == 0)
+    throw error(source + ": no settings (" + (n == 0 ? "an empty file" : "only blank and comment lines") +
+                "); expected key = value lines, e.g. compute_ms_per_token = 20");
   try {
     p.validate();
   } catch (const error& e) {

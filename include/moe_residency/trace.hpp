@@ -20,6 +20,7 @@
 #include <fstream>
 #include <string>
 
+#include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace/batches.hpp"
 #include "moe_residency/trace/binary.hpp"
@@ -34,14 +35,7 @@ namespace moe_residency {
 /// Warnings (a binary file of version 1, which has no checksums) go to
 /// `on_warning`, or to stderr when it is empty.
 inline validated_route_trace read_route_trace(const std::string& path, const warning_sink& on_warning = {}) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw error(path + ": cannot open: " + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const std::streamoff n = in.tellg();
-  if (n < 0) throw error(path + ": cannot determine the file size");
-  in.seekg(0, std::ios::beg);
-  std::string bytes(static_cast<std::size_t>(n), '\0');
-  if (n > 0 && !in.read(&bytes[0], n)) throw error(path + ": read failed after " + std::to_string(in.gcount()) + " bytes");
+  const std::string bytes = detail::read_input_file(path, "a route trace file (CSV or binary)");
   if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89) return parse_route_trace_binary(bytes, path, on_warning);
   return parse_route_trace_csv(bytes, path);
 }

@@ -64,7 +64,9 @@ timing_params device_params(const py::object& config) {
         throw py::type_error("config: key '" + key + "' holds a space, '=', '#' or a line break");
       text += key + " = " + value + "\n";
     }
-    return parse_timing_config(text, "config");
+    // An empty dict asks for every default in so many words (a config file
+    // without settings is refused: there it is more likely a mistake).
+    return text.empty() ? timing_params{} : parse_timing_config(text, "config");
   }
   const std::string path = fspath(config);
   return parse_timing_config(read_file(path), path);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "bindings.hpp"
+#include "moe_residency/detail/files.hpp"
 #include "moe_residency/version.hpp"
 
 namespace moe_residency_py {
@@ -42,6 +43,9 @@ void raise_os_error(const std::string& path) {
 }
 
 std::string read_file(const std::string& path) {
+  // A FIFO would block the open; a device or socket is no file to read whole.
+  if (const std::string p = moe_residency::detail::input_file_problem(path); !p.empty() && p != "is a directory")
+    throw moe_residency::error(path + ": " + p + "; expected a regular file");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) raise_os_error(path);
   struct stat st {};

@@ -175,3 +175,10 @@ def test_binary_checksums_and_version_1(tmp_path, small):
     with pytest.warns(UserWarning, match=r"old\.bin: binary trace version 1 has no checksums"):
         old = mr.read_trace(tmp_path / "old.bin")
     assert len(old) == n
+
+
+def test_fifo_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"pipe\.csv: is a FIFO \(named pipe\); expected a regular file"):
+        mr.read_trace(fifo)

@@ -1,6 +1,6 @@
 # Runs the moe-residency tool once and checks its output. Invoked by CTest:
 #   cmake -DEXE=… -DARGS="a|b|c" -DEXPECT="regex1@@regex2" [-DNEEDS=file] [-DEMULATOR="qemu|-L|…"]
-#         [-DEXPECT_RC=2] [-DHEAD="src|lines|dst"] -P run_cli.cmake
+#         [-DEXPECT_RC=2] [-DHEAD="src|lines|dst"] [-DPREP="mkfifo|path"] -P run_cli.cmake
 # EXPECT_RC is the exit status the tool must end with (default 0). HEAD first
 # writes the first `lines` lines of `src` to `dst` (a real trace cut short,
 # made at test time: the traces are never copied into the repository).
@@ -26,6 +26,31 @@ if(DEFINED HEAD AND NOT HEAD STREQUAL "")
   endif()
   list(JOIN _kept "\n" _text)
   file(WRITE "${_dst}" "${_text}\n")
+endif()
+# PREP makes a file the test needs, in the build tree: "mkfifo|path",
+# "symlink|target|link", "copy|src|dst" or "empty|path".
+if(DEFINED PREP AND NOT PREP STREQUAL "")
+  string(REPLACE "|" ";" _prep "${PREP}")
+  list(GET _prep 0 _what)
+  list(GET _prep 1 _p1)
+  if(_what STREQUAL "mkfifo")
+    file(REMOVE "${_p1}")
+    execute_process(COMMAND mkfifo "${_p1}" RESULT_VARIABLE _rc)
+    if(NOT _rc EQUAL 0)
+      message(FATAL_ERROR "PREP: mkfifo ${_p1} failed (${_rc})")
+    endif()
+  elseif(_what STREQUAL "symlink")
+    list(GET _prep 2 _p2)
+    file(REMOVE "${_p2}")
+    file(CREATE_LINK "${_p1}" "${_p2}" SYMBOLIC)
+  elseif(_what STREQUAL "copy")
+    list(GET _prep 2 _p2)
+    configure_file("${_p1}" "${_p2}" COPYONLY)
+  elseif(_what STREQUAL "empty")
+    file(WRITE "${_p1}" "")
+  else()
+    message(FATAL_ERROR "PREP: unknown step '${_what}'")
+  endif()
 endif()
 if(NOT DEFINED EXPECT_RC OR EXPECT_RC STREQUAL "")
   set(EXPECT_RC 0)

@@ -1,0 +1,114 @@
+#pragma once
+// The tool's outputs: never written through a path that is a directory, a
+// symbolic link, a FIFO or a device, never over one of the command's inputs,
+// and never half. The bytes go to a new temporary file of our own beside the
+// target (mkstemp: a user's file of any name is never touched), which is
+// renamed over the target only once complete. Errors name the option, the path
+// and the system's reason.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <ostream>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "moe_residency/error.hpp"
+
+namespace moe_residency_cli {
+
+/// An input of the command, by the option that named it ("--in", "--trace").
+struct named_input {
+  const char* option;
+  std::string path;
+};
+
+/// Throws moe_residency::error unless `path` may be written as the output of
+/// `option`: a new path or an existing regular file, and not one of `inputs`.
+inline void check_output_path(const std::string& path, const std::string& option,
+                              const std::vector<named_input>& inputs) {
+  namespace fs = std::filesystem;
+  using moe_residency::error;
+  if (path.empty()) throw error(option + ": empty path; expected a file to write");
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  const std::string named = option + ": '" + path + "' ";
+  const char* expected = "; expected a regular file or a new path";
+  switch (st.type()) {
+    case fs::file_type::not_found:
+    case fs::file_type::regular: break;
+    case fs::file_type::symlink:
+      throw error(named + "is a symbolic link" + expected + " (the link would be replaced, not its target written)");
+    case fs::file_type::directory: throw error(named + "is a directory" + expected);
+    case fs::file_type::fifo: throw error(named + "is a FIFO (named pipe)" + expected);
+    case fs::file_type::block:
+    case fs::file_type::character: throw error(named + "is a device" + expected);
+    case fs::file_type::socket: throw error(named + "is a socket" + expected);
+    case fs::file_type::none: throw error(named + "cannot be examined: " + ec.message());
+    default: throw error(named + "is not a regular file" + expected);
+  }
+  if (st.type() != fs::file_type::regular) return;
+  for (const named_input& in : inputs) {
+    std::error_code e;
+    if (!in.path.empty() && fs::equivalent(path, in.path, e))
+      throw error(named + "is the input given by " + in.option +
+                  "; expected another file (writing it would destroy the input)");
+  }
+}
+
+/// A new empty file of our own beside `path` (mkstemp, mode 0600), for an
+/// output's temporary bytes; its name is returned. Throws naming `option`.
+inline std::string temp_file_beside(const std::string& path, const std::string& option) {
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(&tmp[0]);
+  if (fd < 0)
+    throw moe_residency::error(option + ": '" + path + "': cannot create a file beside it: " + std::strerror(errno));
+  ::close(fd);
+  return tmp;
+}
+
+/// Writes the output of `option` at `path` (check_output_path first): `write`
+/// fills a new temporary file beside it, which then replaces `path`. On any
+/// failure the temporary file is removed and `path` is left as it was.
+inline void write_output_file(const std::string& path, const std::string& option,
+                              const std::vector<named_input>& inputs,
+                              const std::function<void(std::ostream&)>& write) {
+  using moe_residency::error;
+  check_output_path(path, option, inputs);
+  const std::string tmp = temp_file_beside(path, option);
+  const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file what creating it would
+  ::umask(mask);
+  ::chmod(tmp.c_str(), 0666 & ~mask);
+  int err = 0;
+  errno = 0;
+  try {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (f) write(f);
+    f.flush();
+    if (!f) err = errno ? errno : EIO;
+    f.close();
+    if (!f && !err) err = errno ? errno : EIO;
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (err != 0) {
+    std::remove(tmp.c_str());
+    throw error(option + ": '" + path + "': write failed: " + std::strerror(err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    err = errno;
+    std::remove(tmp.c_str());
+    throw error(option + ": '" + path + "': cannot replace it: " + std::strerror(err));
+  }
+}
+
+}  // namespace moe_residency_cli
