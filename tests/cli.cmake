@@ -167,4 +167,26 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_error_test(empty_list_item
     "replay|--trace|${_mr_g}|--budgets|500,,1000"
     "moe-residency: --budgets: item 2 of '500,,1000' is empty@@expected items separated by single commas" "${_mr_g}" "")
+  # Issue 35: an option that has no effect without another is an error naming both.
+  foreach(_mr_case
+      "spec_cap_alone|--spec-cap|3|--spec-cap: has no effect without --speculate"
+      "horizon_alone|--horizon|2|--horizon: has no effect without --speculate"
+      "decay_without_cycle|--decay|0.5|--decay: has no effect without the cycle policy@@--policies is 'lru'"
+      "seed_without_random|--seed|7|--seed: has no effect without the random policy or --speculate oracle:P"
+      "profile_without_oracle|--oracle-profile|${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|--oracle-profile: has no effect without --speculate oracle:P")
+    string(REPLACE "|" ";" _mr_parts "${_mr_case}")
+    list(GET _mr_parts 0 _mr_name)
+    list(GET _mr_parts 1 _mr_opt)
+    list(GET _mr_parts 2 _mr_val)
+    list(GET _mr_parts 3 _mr_msg)
+    moe_residency_cli_error_test(${_mr_name}
+      "replay|--trace|${_mr_g}|--budgets|3000|--policies|lru|${_mr_opt}|${_mr_val}" "moe-residency: ${_mr_msg}"
+      "${_mr_g}" "")
+  endforeach()
+  moe_residency_cli_error_test(threads_with_drop
+    "replay|--trace|${_mr_g}|--budgets|3000|--policies|lru|--drop|0.75|--threads|2"
+    "moe-residency: --threads: has no effect with --drop or --speculate" "${_mr_g}" "")
+  moe_residency_cli_error_test(whatif_spec_cap_alone
+    "whatif|--trace|${_mr_g}|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--spec-cap|4"
+    "moe-residency: --spec-cap: has no effect without --speculate@@--speculate is 'none'" "${_mr_g}" "")
 endif()

@@ -210,9 +210,34 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
   }
 }
 
-void run(const replay_args& a) {
+// An option that only matters with another, given without it, is an error
+// naming both: the run it asked for is not the run that would happen.
+void check_option_effects(const CLI::App& sub, const replay_args& a, const std::vector<std::string>& policies) {
+  auto given = [&sub](const char* name) { return sub.get_option(name)->count() > 0; };
+  auto any_policy = [&policies](const char* name) {
+    return std::any_of(policies.begin(), policies.end(),
+                       [name](const std::string& p) { return p.rfind(name, 0) == 0; });
+  };
+  const bool oracle = a.speculate.rfind("oracle", 0) == 0;
+  for (const char* o : {"--spec-cap", "--horizon"})
+    if (given(o) && a.speculate.empty())
+      throw error(std::string(o) + ": has no effect without --speculate; expected --speculate prev-token, frequency "
+                  "or oracle:P with it");
+  if (given("--oracle-profile") && !oracle)
+    throw error("--oracle-profile: has no effect without --speculate oracle:P; expected them together");
+  if (given("--decay") && !any_policy("cycle"))
+    throw error("--decay: has no effect without the cycle policy; --policies is '" + a.policies + "'");
+  if (given("--seed") && !any_policy("random") && !oracle)
+    throw error("--seed: has no effect without the random policy or --speculate oracle:P; --policies is '" +
+                a.policies + "'");
+  if (given("--threads") && (a.drop != 0 || !a.speculate.empty()))
+    throw error("--threads: has no effect with --drop or --speculate (those cells run one after the other)");
+}
+
+void run(const CLI::App& sub, const replay_args& a) {
   const auto budgets = parse_budgets(a.budgets);
   const auto policies = moe_residency_cli::split_list(a.policies, "--policies");
+  check_option_effects(sub, a, policies);
   if (a.format != "table" && a.format != "csv" && a.format != "json")
     throw error("--format: '" + a.format + "'; expected table, csv or json");
   for (const auto& p : policies) check_replay_cell(p, budgets.front());
@@ -309,7 +334,7 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")->capture_default_str();
       sub.add_option("--oracle-profile", a->oracle_profile,
                      "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
-      sub.callback([a] { run(*a); });
+      sub.callback([a, &sub] { run(sub, *a); });
     }};
 
 }  // namespace

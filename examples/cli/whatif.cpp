@@ -132,7 +132,25 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   std::cerr << "moe-residency whatif: wrote " << svg << "\n";
 }
 
-void run(const whatif_args& a) {
+// An option that only matters with another, given without it, is an error
+// naming both: the configurations it asked for are not the ones that would run.
+void check_option_effects(const CLI::App& sub, const whatif_args& a, const std::vector<std::string>& specs,
+                          const std::vector<std::string>& policies) {
+  auto given = [&sub](const char* name) { return sub.get_option(name)->count() > 0; };
+  auto any_starts = [](const std::vector<std::string>& items, const char* prefix) {
+    return std::any_of(items.begin(), items.end(), [prefix](const std::string& s) { return s.rfind(prefix, 0) == 0; });
+  };
+  const bool speculating = std::any_of(specs.begin(), specs.end(), [](const std::string& s) { return s != "none"; });
+  const bool oracle = any_starts(specs, "oracle"), random = any_starts(policies, "random");
+  for (const char* o : {"--spec-cap", "--horizon"})
+    if (given(o) && !speculating)
+      throw error(std::string(o) + ": has no effect without --speculate; --speculate is '" + a.speculate + "'");
+  if (given("--seed") && !oracle && !random)
+    throw error("--seed: has no effect without the random policy or --speculate oracle:P; --policies is '" +
+                a.policies + "', --speculate '" + a.speculate + "'");
+}
+
+void run(const CLI::App& sub, const whatif_args& a) {
   if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   if (!a.plot.empty())  // before the replays, not after them
     moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}, {"--config", a.config}});
@@ -156,6 +174,7 @@ void run(const whatif_args& a) {
   for (const auto& d : split_list(a.drops, "--drops"))
     drops.push_back(d == "off" ? std::optional<double>() : number(d, "--drops"));
   const auto specs = split_list(a.speculate, "--speculate"), policies = split_list(a.policies, "--policies");
+  check_option_effects(sub, a, specs, policies);
 
   std::vector<cell> cells;
   for (double b : budgets)
@@ -234,7 +253,7 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")->capture_default_str();
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.add_option("--plot", a->plot, "write an SVG of predicted tok/s vs budget per configuration (gnuplot)");
-      sub.callback([a] { run(*a); });
+      sub.callback([a, &sub] { run(sub, *a); });
     }};
 
 }  // namespace
