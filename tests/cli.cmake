@@ -189,4 +189,14 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_error_test(whatif_spec_cap_alone
     "whatif|--trace|${_mr_g}|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--spec-cap|4"
     "moe-residency: --spec-cap: has no effect without --speculate@@--speculate is 'none'" "${_mr_g}" "")
+  # --plot writes the SVG through files of its own beside it (gnuplot: in CI by install-deps).
+  find_program(_mr_gnuplot gnuplot)
+  if(_mr_gnuplot)
+    moe_residency_cli_test(replay_plot
+      "replay|--trace|${_mr_g}|--budgets|1000,3000|--policies|lru,belady|--plot|${_mr_b}/cli-plot.svg"
+      "moe-residency replay: wrote [^\n]*cli-plot\\.svg" "${_mr_g}")
+    moe_residency_cli_test(whatif_plot
+      "whatif|--trace|${_mr_g}|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--budgets|1000,3000|--plot|${_mr_b}/cli-plot-whatif.svg"
+      "moe-residency whatif: wrote [^\n]*cli-plot-whatif\\.svg" "${_mr_g}")
+  endif()
 endif()

@@ -7,7 +7,9 @@
 // and the system's reason.
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,12 +18,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <ostream>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "moe_residency/error.hpp"
+
+extern char** environ;  // POSIX: the process environment, for posix_spawnp
 
 namespace moe_residency_cli {
 
@@ -75,6 +80,47 @@ inline std::string temp_file_beside(const std::string& path, const std::string& 
   return tmp;
 }
 
+/// Moves `tmp` (a complete file of ours from temp_file_beside, mode 0600)
+/// over `path`, with the mode creating `path` would have given it. On failure
+/// removes `tmp` and throws naming the option, the path and the reason.
+inline void replace_with(const std::string& tmp, const std::string& path, const std::string& option) {
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  ::chmod(tmp.c_str(), 0666 & ~mask);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw moe_residency::error(option + ": '" + path + "': cannot replace it: " + std::strerror(err));
+  }
+}
+
+/// Runs gnuplot on `script` (which plots `data` into `picture`, all three
+/// files of ours beside `svg`), removes the script and the data, and puts
+/// the picture at `svg` (--plot) once gnuplot has written it whole.
+/// gnuplot runs directly, not through a shell, so no path needs quoting.
+inline void render_gnuplot(const std::string& script, const std::string& data, const std::string& picture,
+                           const std::string& svg) {
+  int rc = -1;
+  {
+    std::vector<char> prog(std::begin("gnuplot"), std::end("gnuplot"));
+    std::vector<char> arg(script.begin(), script.end());
+    arg.push_back('\0');
+    char* argv[] = {prog.data(), arg.data(), nullptr};
+    pid_t pid = 0;
+    if (posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv, environ) == 0) {
+      int status = 0;
+      if (waitpid(pid, &status, 0) == pid && WIFEXITED(status)) rc = WEXITSTATUS(status);
+    }
+  }
+  std::remove(data.c_str());
+  std::remove(script.c_str());
+  if (rc != 0) {
+    std::remove(picture.c_str());
+    throw moe_residency::error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
+  }
+  replace_with(picture, svg, "--plot");
+}
+
 /// Writes the output of `option` at `path` (check_output_path first): `write`
 /// fills a new temporary file beside it, which then replaces `path`. On any
 /// failure the temporary file is removed and `path` is left as it was.
@@ -84,9 +130,6 @@ inline void write_output_file(const std::string& path, const std::string& option
   using moe_residency::error;
   check_output_path(path, option, inputs);
   const std::string tmp = temp_file_beside(path, option);
-  const mode_t mask = ::umask(0);  // mkstemp makes 0600; give the file what creating it would
-  ::umask(mask);
-  ::chmod(tmp.c_str(), 0666 & ~mask);
   int err = 0;
   errno = 0;
   try {
@@ -104,11 +147,7 @@ inline void write_output_file(const std::string& path, const std::string& option
     std::remove(tmp.c_str());
     throw error(option + ": '" + path + "': write failed: " + std::strerror(err));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    std::remove(tmp.c_str());
-    throw error(option + ": '" + path + "': cannot replace it: " + std::strerror(err));
-  }
+  replace_with(tmp, path, option);
 }
 
 }  // namespace moe_residency_cli

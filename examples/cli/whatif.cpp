@@ -13,14 +13,11 @@
 #include <string>
 #include <vector>
 
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include "command.hpp"
 #include "output.hpp"
 #include "moe_residency/timing.hpp"
 
-extern char** environ;  // POSIX: the process environment, for posix_spawnp
 
 namespace {
 
@@ -103,32 +100,7 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
         << " noenhanced";
     g << "\n";
   }
-  int rc = -1;
-  {
-    std::vector<char> prog(std::begin("gnuplot"), std::end("gnuplot"));
-    std::vector<char> arg(script.begin(), script.end());
-    arg.push_back('\0');
-    char* argv[] = {prog.data(), arg.data(), nullptr};
-    pid_t pid = 0;
-    if (posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv, environ) == 0) {
-      int status = 0;
-      if (waitpid(pid, &status, 0) == pid && WIFEXITED(status)) rc = WEXITSTATUS(status);
-    }
-  }
-  std::remove(data.c_str());
-  std::remove(script.c_str());
-  if (rc != 0) {
-    std::remove(picture.c_str());
-    throw error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
-  }
-  const mode_t mask = ::umask(0);  // mkstemp made it 0600; give it what creating it would
-  ::umask(mask);
-  ::chmod(picture.c_str(), 0666 & ~mask);
-  if (std::rename(picture.c_str(), svg.c_str()) != 0) {
-    const int err = errno;
-    std::remove(picture.c_str());
-    throw error("--plot: '" + svg + "': cannot replace it: " + std::strerror(err));
-  }
+  moe_residency_cli::render_gnuplot(script, data, picture, svg);
   std::cerr << "moe-residency whatif: wrote " << svg << "\n";
 }
 
