@@ -86,11 +86,11 @@ TEST_CASE("fuzz_storage_curve: a lanes CSV field that is not wholly a number is 
   // read each field with strtod and ignored what followed the number, so a list
   // pasted into a CSV ("1:1809.9") or a unit ("2459.8MiB/s") read as a different curve.
   CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s\n1:1809.9,2:2459.8\n", "d.csv"),
-                       "d.csv: line 2, column lanes: '1:1809.9'; expected a number", error);
+                       "d.csv: line 2, column lanes: '1:1809.9' is not a number; expected a finite number", error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s\n1,1809.9\n2,2459.8MiB/s\n", "d.csv"),
-                       "d.csv: line 3, column mib_per_s: '2459.8MiB/s'; expected a number", error);
+                       "d.csv: line 3, column mib_per_s: '2459.8MiB/s' is not a number; expected a finite number", error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s,ms\n1,,2\n", "d.csv"),
-                       "d.csv: line 2, column mib_per_s: ''; expected a number", error);
+                       "d.csv: line 2, column mib_per_s: empty; expected a finite number", error);
   // Trailing spaces and CR are still trimmed, as before.
   CHECK(storage_curve::parse_csv("lanes,mib_per_s\r\n1,1809.9 \r\n", "d.csv").mib_per_s(1) == 1809.9);
 }
@@ -156,9 +156,9 @@ TEST_CASE("fuzz_token_metrics: an infinite value is refused") {
   // executions): "inf" is a number >= 0 to strtod, so a metrics file with
   // read_bytes = inf parsed, and calibration fitted to it.
   CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms,read_bytes\n1,10,inf\n", "m.csv"),
-                       "m.csv: line 2, column read_bytes: 'inf'; expected a finite number >= 0", error);
+                       "m.csv: line 2, column read_bytes: 'inf' is not finite; expected a finite number >= 0", error);
   CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,1e999\n", "m.csv"),
-                       "m.csv: line 2, column wall_ms: '1e999'; expected a finite number >= 0", error);
+                       "m.csv: line 2, column wall_ms: '1e999' is not finite; expected a finite number >= 0", error);
   CHECK(parse_token_metrics("step,wall_ms\n1,1e300\n", "m.csv").wall_ms[0] == 1e300);
 }
 

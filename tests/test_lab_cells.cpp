@@ -83,15 +83,15 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
   }
   SUBCASE("a number that is not one, negative, not finite, or a percentage above 100") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563MiB,141,87.1,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, limit_mib '563MiB'; expected a finite number >= 0", error);
+                         "cells.csv: line 3, limit_mib: '563MiB' is not a number; expected a finite number >= 0", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,-1,87.1,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, budget_mib '-1'; expected a finite number >= 0", error);
+                         "cells.csv: line 3, budget_mib: '-1' is out of range; expected a finite number >= 0", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,inf,141,87.1,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, limit_mib 'inf'; expected a finite number >= 0", error);
+                         "cells.csv: line 3, limit_mib: 'inf' is not finite; expected a finite number >= 0", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,,87.1,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, budget_mib ''; expected a finite number >= 0", error);
+                         "cells.csv: line 3, budget_mib: empty; expected a finite number >= 0", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,871,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, stale_gate_pct '871'; expected a finite number >= 0 and <= 100", error);
+                         "cells.csv: line 3, stale_gate_pct: '871' is out of range; expected a number from 0 to 100", error);
   }
   SUBCASE("an empty ratio, a cell listed twice, no cells") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with(",cache,563,141,87.1,m.csv"), "cells.csv"),
@@ -148,11 +148,11 @@ TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a mal
   CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,0.6,0.4,16.58,9\n", "w.csv"),
                        doctest::Contains("w.csv: line 2: 13 fields; expected 12"), error);
   CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,nan,0.4,16.58\n", "w.csv"),
-                       "w.csv: line 2, off_cpu_ms_per_mib 'nan'; expected a finite number >= 0", error);
+                       "w.csv: line 2, off_cpu_ms_per_mib: 'nan' is not finite; expected a finite number >= 0", error);
   CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,0.6,-0.4,16.58\n", "w.csv"),
-                       "w.csv: line 2, sys_ms_per_mib '-0.4'; expected a finite number >= 0", error);
+                       "w.csv: line 2, sys_ms_per_mib: '-0.4' is out of range; expected a finite number >= 0", error);
   CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563MiB,0,22,310.1,1377.1,1408.25,1,1,1,0.6,0.4,16.58\n", "w.csv"),
-                       "w.csv: line 2, limit_mib '563MiB'; expected a finite number >= 0", error);
+                       "w.csv: line 2, limit_mib: '563MiB' is not a number; expected a finite number >= 0", error);
   CHECK_THROWS_WITH_AS(parse_fault_walk(header, "w.csv"),
                        "w.csv: no rows; expected lines of moe-disk-lanes --fault-walk, the limit first", error);
 }
@@ -203,9 +203,9 @@ TEST_CASE("inline walk: the file memlab writes, a cache cell's rows averaged, an
                        "read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,sys_ms_per_mib",
                        error);
   CHECK_THROWS_WITH_AS(parse_inline_walk(header + "563,141,22,89.7,58.4,90.71,80.89,64.80,inf,1.1\n", "w.csv"),
-                       "w.csv: line 2, off_cpu_ms_per_mib 'inf'; expected a finite number >= 0", error);
+                       "w.csv: line 2, off_cpu_ms_per_mib: 'inf' is not finite; expected a finite number >= 0", error);
   CHECK_THROWS_WITH_AS(parse_inline_walk(header + "563,141,22,89.7,58.4,90.71,80.89,64.80,0.2,-1\n", "w.csv"),
-                       "w.csv: line 2, sys_ms_per_mib '-1'; expected a finite number >= 0", error);
+                       "w.csv: line 2, sys_ms_per_mib: '-1' is out of range; expected a finite number >= 0", error);
   CHECK_THROWS_WITH_AS(parse_inline_walk("# nothing\n" + header, "w.csv"),
                        "w.csv: no rows; expected lines of moe-disk-lanes --inline-walk, the limit first", error);
 }

@@ -161,7 +161,7 @@ TEST_CASE("the manager's own cost: per requested expert and per pinned-cache mis
   CHECK_THROWS_WITH_AS(parse_timing_config("mgmt_ms_per_pin = -0.5\n", "neg.cfg"),
                        doctest::Contains("mgmt_ms_per_pin = -0.5; expected a finite value >= 0"), error);
   CHECK_THROWS_WITH_AS(parse_timing_config("mgmt_ms_per_request = nan\n", "nan.cfg"),
-                       doctest::Contains("mgmt_ms_per_request = nan; expected a finite value >= 0"), error);
+                       "nan.cfg: line 1: mgmt_ms_per_request: 'nan' is not finite; expected a finite number", error);
 }
 
 TEST_CASE("two lanes on a curve: waves at the curve's bandwidth, interpolated between points") {
@@ -303,7 +303,7 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
                        doctest::Contains("dev.cfg: line 2: unknown key 'speed'"), error);
   CHECK_THROWS_WITH_AS(parse_timing_config("overlap = 1.5", "dev.cfg"),
                        doctest::Contains("overlap = 1.5; expected a share in [0, 1]"), error);
-  CHECK_THROWS_WITH_AS(parse_timing_config("lanes = two", "dev.cfg"), doctest::Contains("lanes = 'two'"), error);
+  CHECK_THROWS_WITH_AS(parse_timing_config("lanes = two", "dev.cfg"), "dev.cfg: line 1: lanes: 'two' is not a whole number in decimal digits; expected a whole number from 1 to 64", error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_list("1:100,1:200"), doctest::Contains("strictly increasing"), error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_list("2"), doctest::Contains("expected lanes:MiB/s pairs"), error);
   const storage_curve c = storage_curve::parse_csv("lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n", "x.csv");
@@ -333,8 +333,7 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
                          "late.csv: line 2: step 2, but step 1 is missing; expected steps 1 to 2, one row per "
                          "decode token", error);
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n0,10\n", "zero.csv"),
-                         "zero.csv: line 2, column step: '0'; expected a whole number >= 1 (decode tokens count "
-                         "from 1)", error);
+                         "zero.csv: line 2, column step: '0' is out of range; expected a whole number >= 1", error);
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n-1,10\n", "neg.csv"),
                          doctest::Contains("neg.csv: line 2, column step: '-1'"), error);
     // a steps column that disagrees with the rows: a file cut short (or two runs merged)

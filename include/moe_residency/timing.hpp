@@ -84,6 +84,7 @@
 
 #include "moe_residency/core.hpp"
 #include "moe_residency/detail/files.hpp"
+#include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/replay.hpp"
 
@@ -116,17 +117,19 @@ class storage_curve {
   static storage_curve parse_list(const std::string& text) {
     std::vector<std::pair<double, double>> pts;
     std::stringstream ss(text);
-    for (std::string item; std::getline(ss, item, ',');) {
-      if (item.empty()) continue;
+    const std::string example = "; expected lanes:MiB/s pairs like 1:1809.9,2:2459.8";
+    std::size_t start = 0;
+    for (std::size_t i = 1;; ++i) {
+      const std::size_t comma = text.find(',', start);
+      const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const std::string where = "storage_curve: point " + std::to_string(i) + " of '" + text + "'";
+      if (item.empty()) throw error(where + " is empty" + example);
       const auto colon = item.find(':');
-      char* e1 = nullptr;
-      char* e2 = nullptr;
-      const std::string a = item.substr(0, colon), b = colon == std::string::npos ? "" : item.substr(colon + 1);
-      const double lanes = std::strtod(a.c_str(), &e1), bw = std::strtod(b.c_str(), &e2);
-      if (colon == std::string::npos || e1 != a.c_str() + a.size() || e2 != b.c_str() + b.size() || a.empty() ||
-          b.empty())
-        throw error("storage_curve: '" + item + "'; expected lanes:MiB/s pairs like 1:1809.9,2:2459.8");
-      pts.emplace_back(lanes, bw);
+      if (colon == std::string::npos) throw error(where + ": '" + item + "' has no ':'" + example);
+      pts.emplace_back(detail::parse_real(item.substr(0, colon), where + ", lanes"),
+                       detail::parse_real(item.substr(colon + 1), where + ", MiB/s"));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
     }
     return storage_curve(std::move(pts));
   }
@@ -151,15 +154,11 @@ class storage_curve {
       if (f.size() != cols.size())
         throw error(source + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) + " fields; expected " +
                     std::to_string(cols.size()));
-      // Each field wholly a number: strtod alone would read "1:1809.9" as 1.
+      // Each field wholly a finite number: a bare strtod would read "1:1809.9" as 1.
       auto number = [&](std::ptrdiff_t col) {
-        const std::string& v = f[static_cast<std::size_t>(col)];
-        char* end = nullptr;
-        const double x = std::strtod(v.c_str(), &end);
-        if (v.empty() || end != v.c_str() + v.size())
-          throw error(source + ": line " + std::to_string(n) + ", column " + cols[static_cast<std::size_t>(col)] +
-                      ": '" + v + "'; expected a number");
-        return x;
+        return detail::parse_real(f[static_cast<std::size_t>(col)], source + ": line " + std::to_string(n) +
+                                                                        ", column " +
+                                                                        cols[static_cast<std::size_t>(col)]);
       };
       const double lanes = number(lanes_col);
       pts.emplace_back(lanes, number(bw_col));
@@ -316,18 +315,11 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
     ++settings;
     if (eq == std::string::npos) throw error(where + "'" + line + "'; expected key = value");
     const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
-    auto number = [&]() {
-      char* end = nullptr;
-      const double v = std::strtod(value.c_str(), &end);
-      if (value.empty() || end != value.c_str() + value.size())
-        throw error(where + key + " = '" + value + "'; expected a number");
-      return v;
-    };
+    // Finite here; each parameter's own range in timing_params::validate.
+    auto number = [&]() { return detail::parse_real(value, where + key); };
     try {
       if (key == "lanes") {
-        const double v = number();
-        if (!(v >= 1 && v <= 64) || v != std::floor(v)) throw error(key + " = " + value + "; expected a whole number 1 to 64");
-        p.lanes = static_cast<std::size_t>(v);
+        p.lanes = detail::parse_whole<std::size_t>(value, where + key, 1, 64);
       } else if (key == "curve") {
         p.curve = storage_curve::parse_list(value);
       } else if (key == "curve_file") {
@@ -618,15 +610,10 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   };
   std::vector<row_step> steps;  // per row, when the file has a step column
   auto whole = [&](const std::vector<std::string>& f, std::ptrdiff_t c, std::size_t line_no) -> std::uint64_t {
-    const std::string& s = f[static_cast<std::size_t>(c)];
-    std::uint64_t v = 0;
-    bool ok = !s.empty() && s.size() <= 18;
-    for (char ch : s) ok = ok && ch >= '0' && ch <= '9';
-    if (ok) v = std::stoull(s);
-    if (!ok || v == 0)
-      throw error(source + ": line " + std::to_string(line_no) + ", column " + cols[static_cast<std::size_t>(c)] +
-                  ": '" + s + "'; expected a whole number >= 1 (decode tokens count from 1)");
-    return v;
+    // Decode tokens count from 1.
+    return detail::parse_whole<std::uint64_t>(f[static_cast<std::size_t>(c)], source + ": line " +
+                                                  std::to_string(line_no) + ", column " +
+                                                  cols[static_cast<std::size_t>(c)], 1);
   };
   while (std::getline(ss, line)) {
     ++n;
@@ -641,12 +628,10 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     for (int k = 0; k < kept; ++k) {
       double v = std::numeric_limits<double>::quiet_NaN();
       if (idx[k] >= 0) {
-        const std::string& s = f[static_cast<std::size_t>(idx[k])];
-        char* end = nullptr;
-        v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v))
-          throw error(source + ": line " + std::to_string(n) + ", column " + cols[static_cast<std::size_t>(idx[k])] +
-                      ": '" + s + "'; expected a finite number >= 0");
+        v = detail::parse_real(f[static_cast<std::size_t>(idx[k])],
+                               source + ": line " + std::to_string(n) + ", column " +
+                                   cols[static_cast<std::size_t>(idx[k])],
+                               detail::real_domain::non_negative());
       }
       dst[k]->push_back(v);
     }

@@ -24,6 +24,7 @@
 #include "moe_residency/cache/registry.hpp"
 #include "moe_residency/core.hpp"
 #include "moe_residency/detail/format.hpp"
+#include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/predict/history.hpp"
 #include "moe_residency/trace.hpp"
@@ -210,11 +211,20 @@ inline void replay_dispatch(const replay_input& in, const std::string& full, rep
 
 }  // namespace detail
 
-/// Throws error on an unknown policy name, a budget <= 0 (or not finite).
+/// The largest cache budget a replay takes, MiB (about an exbibyte: far
+/// above any model, and its bytes still fit a 64-bit count).
+constexpr double max_budget_mib = 1e12;
+
+/// The budgets a replay takes: (0, max_budget_mib] MiB.
+inline detail::real_domain budget_mib_domain() { return detail::real_domain::open_closed(0, max_budget_mib); }
+
+/// Throws error on an unknown policy name, or a budget outside
+/// budget_mib_domain() (<= 0, not finite, or beyond max_budget_mib).
 inline void check_replay_cell(const std::string& policy, double budget_mib) {
   detail::parse_replay_policy(policy);
-  if (!(budget_mib > 0) || budget_mib > 1e12)
-    throw error("replay: budget " + std::to_string(budget_mib) + " MiB; expected a finite budget > 0 MiB");
+  if (!budget_mib_domain().contains(budget_mib))
+    throw error("replay: budget " + detail::show_number(budget_mib) + " MiB; expected " +
+                budget_mib_domain().describe() + " (MiB)");
 }
 
 /// Replays one cell. Throws error on a bad policy or budget, or (guard

@@ -16,6 +16,7 @@
 
 #include "moe_residency/cache.hpp"
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/plan.hpp"
 #include "moe_residency/predict/history.hpp"
@@ -161,11 +162,7 @@ inline replay_speculation parse_replay_speculation(const std::string& text) {
   } else if (text.rfind("oracle:", 0) == 0) {
     s.source = speculation_source::oracle;
     const std::string v = text.substr(7);
-    char* end = nullptr;
-    const double p = std::strtod(v.c_str(), &end);
-    if (v.empty() || end != v.c_str() + v.size() || !(p >= 0.0 && p <= 1.0))
-      throw error("--speculate: '" + text + "': P = '" + v + "'; expected oracle:P with 0 <= P <= 1");
-    s.oracle_p = p;
+    s.oracle_p = detail::parse_real(v, "--speculate: '" + text + "': P of oracle:P", detail::real_domain::closed(0, 1));
   } else {
     throw error("--speculate: '" + text + "'; expected prev-token, frequency or oracle:P (0 <= P <= 1)");
   }

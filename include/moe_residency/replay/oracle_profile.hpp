@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
@@ -47,10 +48,7 @@ inline std::vector<double> parse_oracle_profile(const std::string& text, const s
     const std::string where = source + ": line " + std::to_string(n) + ": ";
     const auto comma = line.find(',');
     const std::string pv = trim(comma == std::string::npos ? line : line.substr(comma + 1));
-    char* end = nullptr;
-    const double p = std::strtod(pv.c_str(), &end);
-    if (pv.empty() || end != pv.c_str() + pv.size() || !(p >= 0 && p <= 1))
-      throw error(where + "P '" + pv + "'; expected a probability in [0, 1]");
+    const double p = detail::parse_real(pv, where + "P (a probability)", detail::real_domain::closed(0, 1));
     if (comma == std::string::npos) {
       if (keyed_line)
         throw error(where + "'" + line + "' without a layer; expected layer,P like line " +
@@ -64,11 +62,8 @@ inline std::vector<double> parse_oracle_profile(const std::string& text, const s
                   std::to_string(plain_line) + " (one form per file)");
     keyed_line = n;
     const std::string lv = trim(line.substr(0, comma));
-    const bool digits = !lv.empty() && lv.size() <= 9 &&
-                        lv.find_first_not_of("0123456789") == std::string::npos;
-    const std::size_t l = digits ? static_cast<std::size_t>(std::strtoul(lv.c_str(), nullptr, 10)) : 0;
-    if (!digits || l >= n_layers)
-      throw error(where + "layer '" + lv + "'; expected a whole number in [0, " + std::to_string(n_layers) + ")");
+    if (n_layers == 0) throw error(where + "a layer, but the model has no layers");
+    const std::size_t l = detail::parse_whole<std::size_t>(lv, where + "layer", 0, n_layers - 1);
     if (layer_line[l])
       throw error(where + "layer " + lv + " again (first on line " + std::to_string(layer_line[l]) +
                   "); expected every layer once");

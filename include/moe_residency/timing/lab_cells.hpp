@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/timing/lab.hpp"
 
@@ -88,14 +89,7 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
       throw error(where + ", config: " + e.what());
     }
     auto number = [&](const std::string& s, const char* col, double max) {
-      char* end = nullptr;
-      const double v = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size() || !(v >= 0) || !std::isfinite(v) || v > max) {
-        char bound[64] = "";
-        if (std::isfinite(max)) std::snprintf(bound, sizeof bound, " and <= %g", max);
-        throw error(where + ", " + col + " '" + s + "'; expected a finite number >= 0" + bound);
-      }
-      return v;
+      return detail::parse_real(s, where + ", " + col, detail::real_domain::closed(0, max));
     };
     const double none = HUGE_VAL;
     c.limit_mib = number(f[2], "limit_mib", none);
@@ -154,10 +148,7 @@ std::vector<std::array<double, N>> parse_walk_rows(const std::string& text, cons
       throw error(where + ": " + std::to_string(f.size()) + " fields; expected " + std::to_string(N) + ": " + names);
     std::array<double, N> v{};
     for (std::size_t k = 0; k < N; ++k) {
-      char* end = nullptr;
-      v[k] = std::strtod(f[k].c_str(), &end);
-      if (f[k].empty() || end != f[k].c_str() + f[k].size() || !(v[k] >= 0) || !std::isfinite(v[k]))
-        throw error(where + ", " + cols[k] + " '" + f[k] + "'; expected a finite number >= 0");
+      v[k] = detail::parse_real(f[k], where + ", " + cols[k], detail::real_domain::non_negative());
     }
     out.push_back(v);
   });

@@ -51,6 +51,7 @@
 
 #include "moe_residency/adapters/llama_cpp/structure.hpp"
 #include "moe_residency/detail/format.hpp"
+#include "moe_residency/detail/numbers.hpp"
 
 namespace moe_residency::llama_cpp {
 
@@ -553,8 +554,9 @@ class observer {
     expect("expert_count", key("expert_count"), std::to_string(spec.n_experts));
     const std::string scale = key("expert_weights_scale");
     if (!scale.empty() && spec.scale_weights) {
-      const double v = std::strtod(scale.c_str(), nullptr);
-      if (std::fabs(v - static_cast<double>(spec.weight_scale)) > 1e-6 * std::fabs(v))
+      double v = 0;
+      if (!moe_residency::detail::real_problem(scale, moe_residency::detail::real_domain::any(), &v).empty() ||
+          std::fabs(v - static_cast<double>(spec.weight_scale)) > 1e-6 * std::fabs(v))
         expect("expert_weights_scale", scale, moe_residency::detail::format_number(spec.weight_scale));
     }
     if (problem.empty()) return;
