@@ -189,6 +189,61 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_error_test(whatif_spec_cap_alone
     "whatif|--trace|${_mr_g}|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--spec-cap|4"
     "moe-residency: --spec-cap: has no effect without --speculate@@--speculate is 'none'" "${_mr_g}" "")
+  # Issue 35: numbers. Every numeric option goes through one checked parser
+  # (detail/numbers.hpp): a negative, non-finite, fractional or too large
+  # value is refused naming the option, the text and the limits, in every
+  # subcommand, never wrapped into an unsigned value or clamped.
+  set(_mr_cfg "${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg")
+  moe_residency_cli_error_test(number_replay_threads
+    "replay|--trace|${_mr_g}|--threads|-1"
+    "moe-residency: --threads: '-1' is negative; expected a whole number from 0 to 4096" "" "")
+  moe_residency_cli_error_test(number_replay_seed_wrap
+    "replay|--trace|${_mr_g}|--policies|random|--seed|18446744073709551616"
+    "moe-residency: --seed: '18446744073709551616' is too large; expected a whole number >= 0" "" "")
+  moe_residency_cli_error_test(number_replay_budget_nan
+    "replay|--trace|${_mr_g}|--budgets|1000,nan"
+    "moe-residency: --budgets \\(MiB\\): 'nan' is not finite; expected a number in \\(0, 1e\\+12\\]" "${_mr_g}" "")
+  moe_residency_cli_error_test(number_replay_oracle_inf
+    "replay|--trace|${_mr_g}|--budgets|1000|--speculate|oracle:inf"
+    "moe-residency: --speculate: 'oracle:inf': P of oracle:P: 'inf' is not finite; expected a number from 0 to 1"
+    "${_mr_g}" "")
+  moe_residency_cli_error_test(number_whatif_lanes
+    "whatif|--trace|${_mr_g}|--config|${_mr_cfg}|--lanes|2,1.5"
+    "moe-residency: --lanes: '1.5' is not a whole number in decimal digits; expected a whole number from 1 to 64"
+    "${_mr_g}" "")
+  moe_residency_cli_error_test(number_whatif_drops
+    "whatif|--trace|${_mr_g}|--config|${_mr_cfg}|--drops|off,-0.5"
+    "moe-residency: --drops \\(a fraction F, or off\\): '-0.5' is out of range; expected a number in \\(0, 1\\]"
+    "${_mr_g}" "")
+  moe_residency_cli_error_test(number_whatif_config
+    "whatif|--trace|${_mr_g}|--config|${_mr_b}/cli-nan.cfg"
+    "moe-residency: [^\n]*cli-nan\\.cfg: line 1: compute_ms_per_token: 'nan' is not finite; expected a finite number"
+    "${_mr_g}" "" "write|${_mr_b}/cli-nan.cfg|compute_ms_per_token = nan")
+  moe_residency_cli_error_test(number_drop_thresholds
+    "drop|--trace|${_mr_g}|--thresholds|0.5,0"
+    "moe-residency: --thresholds: '0' is out of range; expected a number in \\(0, 1\\]" "${_mr_g}" "")
+  moe_residency_cli_error_test(number_drop_keep_k
+    "drop|--trace|${_mr_g}|--keep-k|-1"
+    "moe-residency: --keep-k: '-1' is negative; expected a whole number from 1 to 32" "${_mr_g}" "")
+  moe_residency_cli_error_test(number_score_decay
+    "score|--trace|${_mr_g}|--decay|nan"
+    "moe-residency: --decay: 'nan' is not finite; expected a number in \\(0, 1\\]" "${_mr_g}" "")
+  moe_residency_cli_error_test(number_calibrate_budget
+    "calibrate|--trace|${_mr_g}|--metrics|${_mr_t}/gptoss.metrics.csv|--budget|-3000"
+    "moe-residency: --budget: '-3000' is out of range; expected a number in \\(0, 1e\\+12\\]" "" "")
+  moe_residency_cli_error_test(number_demo_tokens
+    "demo|--tokens|-1"
+    "moe-residency: --tokens: '-1' is negative; expected a whole number from 1 to 10000000" "" "")
+  moe_residency_cli_error_test(number_demo_compute
+    "demo|--streamed|--compute-ms|1e400"
+    "moe-residency: --compute-ms: '1e400' is not finite; expected a number from 0 to 1000" "" "")
+  moe_residency_cli_error_test(demo_budget_without_streamed
+    "demo|--budget|100" "moe-residency: --budget requires --streamed" "" "")
+  moe_residency_cli_error_test(number_shape_k
+    "shape|--k|0" "moe-residency: --k: '0' is out of range; expected a whole number from 1 to 32" "" "")
+  moe_residency_cli_error_test(number_lab_predict_overlap
+    "lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|x.csv|--fit|exact@2.5|--overlap|1.5"
+    "moe-residency: --overlap: '1.5' is out of range; expected a number from 0 to 1" "" "")
   # --plot writes the SVG through files of its own beside it (gnuplot: in CI by install-deps).
   find_program(_mr_gnuplot gnuplot)
   if(_mr_gnuplot)

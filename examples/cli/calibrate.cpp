@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "output.hpp"
 #include "moe_residency/timing.hpp"
@@ -102,7 +103,9 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--trace", a->trace, "route trace of the run, CSV or binary")->required();
       sub.add_option("--metrics", a->metrics, "the run's per-token metrics CSV (wall_ms, stall_ms, mgmt_ms, ...)")
           ->required();
-      sub.add_option("--budget", a->budget, "the run's cache budget, MiB")->required();
+      sub.add_option("--budget", a->budget, "the run's cache budget, MiB")
+          ->required()
+          ->check(moe_residency_cli::real(moe_residency::budget_mib_domain()));
       sub.add_option("--policy", a->policy, "the run's cache policy")->capture_default_str();
       sub.add_option("--config", a->config, "timing config (key = value) with the fixed parameters: lanes, curve, ...");
       sub.add_option("--split", a->split, "halves (first half fitted, second held out) | interleaved | all")

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checked_options.hpp"
 #include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
 
@@ -44,24 +45,6 @@ inline std::string read_whole_file(const std::string& path, const char* option) 
     return moe_residency::detail::read_input_file(path, "a regular file");
   } catch (const moe_residency::error& e) {
     throw moe_residency::error(std::string(option) + ": " + e.what());
-  }
-}
-
-/// The comma-separated items of `option`'s value `s`. An empty value or an
-/// empty item (",," or a comma at either end) is an error naming the option:
-/// a skipped item would silently leave a cell out of the run.
-inline std::vector<std::string> split_list(const std::string& s, const std::string& option) {
-  if (s.empty()) throw moe_residency::error(option + ": empty; expected a comma-separated list");
-  std::vector<std::string> out;
-  for (std::size_t start = 0;;) {
-    const std::size_t comma = s.find(',', start);
-    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item.empty())
-      throw moe_residency::error(option + ": item " + std::to_string(out.size() + 1) + " of '" + s +
-                                 "' is empty; expected items separated by single commas");
-    out.push_back(std::move(item));
-    if (comma == std::string::npos) return out;
-    start = comma + 1;
   }
 }
 

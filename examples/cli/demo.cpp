@@ -9,6 +9,7 @@
 #include <thread>
 #include <tuple>
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
@@ -165,36 +166,42 @@ const moe_residency_cli::command_registrar reg{
     [](CLI::App& sub) {
       auto a = std::make_shared<demo_args>();
       sub.add_option("--preset", a->preset, "qwen3-30b | gpt-oss-120b")->capture_default_str();
-      sub.add_option("--tokens", a->tokens, "decode tokens (scored)")->capture_default_str();
+      sub.add_option("--tokens", a->tokens, "decode tokens (scored)")->check(moe_residency_cli::whole(1, 10000000))->capture_default_str();
       sub.add_option("--prompt", a->prompt, "prompt tokens, one prefill batch (not scored)")
-          ->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 1000000))->capture_default_str();
       sub.add_option("--router", a->router,
                      "router element type f32 | f16 | bf16 (default: f16 for qwen3-30b, f32 for "
                      "gpt-oss-120b)");
       sub.add_option("--format", a->format, "table | json | csv")->capture_default_str();
-      sub.add_option("--seed", a->seed, "workload seed")->capture_default_str();
-      sub.add_flag("--streamed", a->streamed,
-                   "read experts from a simulated flash through a cache, with speculation");
+      sub.add_option("--seed", a->seed, "workload seed")->check(moe_residency_cli::whole())->capture_default_str();
+      CLI::Option* streamed = sub.add_flag("--streamed", a->streamed,
+                                           "read experts from a simulated flash through a cache, with speculation");
       sub.add_option("--budget", a->budget_mib, "--streamed: cache budget, MiB")
-          ->capture_default_str();
+          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1e12)))->capture_default_str();
       sub.add_option("--lanes", a->lanes, "--streamed: read lanes (0 = synchronous)")
-          ->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 64))->capture_default_str();
       sub.add_option("--cap", a->cap, "--streamed: speculative reads per layer")
-          ->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 32))->capture_default_str();
       sub.add_option("--horizon", a->horizon, "--streamed: speculate this many MoE layers ahead (the stale-gate ranks only the next one, so 2 is refused)")
-          ->capture_default_str();
+          ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
       sub.add_option("--drop", a->drop, "--streamed: drop fraction F in (0, 1]; 0 = off")
+          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))
           ->capture_default_str();
       sub.add_flag("--no-speculation", a->no_speculation,
                    "--streamed: the control arm (same cache and drops, no speculative reads)");
       sub.add_option("--compute-ms", a->compute_ms,
                      "--streamed: simulated compute per MoE layer, ms")
+          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1000)))
           ->capture_default_str();
       sub.add_option("--flash-mibps", a->flash_mibps, "--streamed: device bandwidth, MiB/s")
-          ->capture_default_str();
+          ->check(moe_residency_cli::positive())->capture_default_str();
       sub.add_option("--lane-mibps", a->lane_mibps,
                      "--streamed: bandwidth of one lane alone, MiB/s")
-          ->capture_default_str();
+          ->check(moe_residency_cli::positive())->capture_default_str();
+      // The --streamed options do nothing without it: "--budget requires --streamed".
+      for (const char* o : {"--budget", "--lanes", "--cap", "--horizon", "--drop", "--no-speculation", "--compute-ms",
+                            "--flash-mibps", "--lane-mibps"})
+        sub.get_option(o)->needs(streamed);
       sub.callback([a] { run_demo(*a); });
     }};
 

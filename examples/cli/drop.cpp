@@ -24,28 +24,16 @@ struct drop_args {
   std::string format = "table";
 };
 
-// An empty value is no list (--keep-k's default); an empty item is an error.
-std::vector<double> parse_list(const std::string& s, const std::string& option) {
-  std::vector<double> out;
-  if (s.empty()) return out;
-  for (const std::string& item : moe_residency_cli::split_list(s, option)) {
-    char* end = nullptr;
-    const double v = std::strtod(item.c_str(), &end);
-    if (end == item.c_str() || *end != '\0')
-      throw error(option + ": '" + item + "' is not a number; expected a comma-separated list like 0.5,0.75,1.0");
-    out.push_back(v);
-  }
-  return out;
-}
-
 void run(const drop_args& a) {
   if (a.format != "table" && a.format != "csv")
     throw error("--format: '" + a.format + "'; expected table or csv");
-  const auto fractions = parse_list(a.thresholds, "--thresholds");
-  const auto ks = parse_list(a.keep_k, "--keep-k");
-  for (double k : ks)
-    if (k != static_cast<double>(static_cast<std::size_t>(k)))
-      throw error("--keep-k: " + std::to_string(k) + "; expected whole numbers like 5,4,3");
+  std::vector<double> fractions;
+  for (const std::string& f : moe_residency_cli::split_list(a.thresholds, "--thresholds"))
+    fractions.push_back(detail::parse_real(f, "--thresholds", detail::real_domain::open_closed(0, 1)));
+  std::vector<std::size_t> ks;  // --keep-k's default is no list
+  if (!a.keep_k.empty())
+    for (const std::string& k : moe_residency_cli::split_list(a.keep_k, "--keep-k"))
+      ks.push_back(detail::parse_whole<std::size_t>(k, "--keep-k", 1, 32));
   const route_trace t = read_route_trace(a.trace);
   moe_residency_cli::require_decode_tokens(
       static_cast<std::size_t>(std::count_if(t.rows.begin(), t.rows.end(),
@@ -55,7 +43,7 @@ void run(const drop_args& a) {
   const recorded_routings rr = read_recorded_routings(t);
   std::vector<static_drop_row> rows;
   for (double f : fractions) rows.push_back(static_drop_replay(shape, rr, f));
-  for (double k : ks) rows.push_back(static_keep_k_replay(shape, rr, static_cast<std::size_t>(k)));
+  for (std::size_t k : ks) rows.push_back(static_keep_k_replay(shape, rr, k));
   if (!rows.empty() && !rows.front().warning.empty()) std::cerr << "moe-residency drop: " << rows.front().warning << "\n";
   if (a.format == "csv") {
     std::cout << static_drop_csv(rows);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
@@ -102,6 +103,8 @@ void run(const lab_args& a) {
   // The manager's own cost, measured with every expert resident (timing/lab.hpp).
   lab_manager_cost mc;
   const bool have_mc = !a.manager_runs.empty();
+  if (!have_mc && a.manager_budget != 0)  // the option refuses 0, so non-zero means given
+    throw error("--manager-budget has no effect without --manager-runs; give both, or neither");
   if (have_mc) {
     std::vector<std::string> f;
     std::stringstream ml(a.manager_runs);
@@ -273,30 +276,39 @@ const moe_residency_cli::command_registrar reg{
                      "FILE;FILE;... for a cell measured in several runs)")->required();
       sub.add_option("--fit", a->fit, "the calibration cell, CONFIG@RATIO (e.g. exact@2.5)")->required();
       sub.add_option("--overhead-mib", a->overhead_mib, "the cgroup's memory besides the model's pages (assumed)")
+          ->check(moe_residency_cli::non_negative())
           ->capture_default_str();
-      sub.add_option("--readaround-mib", a->readaround_mib, "a fault's read-around window")->capture_default_str();
-      sub.add_option("--lanes", a->lanes, "the manager's read lanes")->capture_default_str();
-      sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")->capture_default_str();
+      sub.add_option("--readaround-mib", a->readaround_mib, "a fault's read-around window")
+          ->check(moe_residency_cli::non_negative())
+          ->capture_default_str();
+      sub.add_option("--lanes", a->lanes, "the manager's read lanes")->check(moe_residency_cli::whole(1, 64))->capture_default_str();
+      sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")
+          ->check(moe_residency_cli::whole(0, 32))
+          ->capture_default_str();
       sub.add_option("--free", a->free, "parameters fitted: compute,latency,overlap,mgmt,bandwidth,kernel (read_cpu_ms_per_mib: fitted "
                      "only when the cell's metrics record sys_ms)")
           ->capture_default_str();
       sub.add_option("--overlap", a->overlap,
                      "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")
+          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))
           ->capture_default_str();
       sub.add_option("--bandwidth-scale", a->bandwidth_scale,
                      "β when not fitted (a fault cell calibrates β_f): the lanes curve's share the manager's reads get")
+          ->check(moe_residency_cli::positive())
           ->capture_default_str();
       sub.add_option("--fault-bandwidth-scale", a->fault_bandwidth_scale,
                      "β_f when not fitted (a lanes cell calibrates β, a fault cell β_f): the curve top's share the "
                      "page faults' read-around gets (1: as measured); 0: tied to β, one scale for both paths, "
                      "whichever cell calibrates")
+          ->check(moe_residency_cli::non_negative())
           ->capture_default_str();
       sub.add_option("--manager-runs", a->manager_runs,
                      "BASELINE,EXACT,CACHE: metrics of runs without a limit, page cache warm (memlab's resident-all, "
                      "manager-exact, manager-cache): the manager's own cost per requested expert and per pin, "
                      "equation (6)'s ν_q and ν_p (default: none, both 0); each may be FILE;FILE;... (repeated runs, "
                      "means over all)");
-      sub.add_option("--manager-budget", a->manager_budget, "the manager-cache run's cache budget, MiB");
+      sub.add_option("--manager-budget", a->manager_budget, "the manager-cache run's cache budget, MiB")
+          ->check(moe_residency_cli::positive());
       sub.add_option("--fault-walk", a->fault_walk,
                      "fault-walk.csv (memlab's moe-disk-lanes --fault-walk in each ratio's limit; FILE;FILE;... "
                      "for several runs, means over all): the fault cells' reads cost what the walk measured in "

@@ -21,7 +21,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // A refused option exits 2 and is worded as every other refusal.
+    std::cerr << "moe-residency: " << e.what() << "\nRun with --help for more information.\n";
+    return 2;
   } catch (const moe_residency::error& e) {
     std::cerr << "moe-residency: " << e.what() << "\n";
     return 2;

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "output.hpp"
 #include "moe_residency/replay.hpp"
@@ -55,14 +56,8 @@ struct replay_args {
 std::vector<double> parse_budgets(const std::string& s) {
   std::vector<double> out;
   for (const auto& item : moe_residency_cli::split_list(s, "--budgets")) {
-    char* end = nullptr;
-    const double v = std::strtod(item.c_str(), &end);
-    if (end == item.c_str() || *end != '\0')
-      throw error("--budgets: '" + item + "' is not a number; expected MiB values like 500,1000,4000");
-    if (!(v > 0)) throw error("--budgets: " + item + " MiB; expected a budget > 0 MiB");
-    out.push_back(v);
+    out.push_back(detail::parse_real(item, "--budgets (MiB)", budget_mib_domain()));
   }
-  if (out.empty()) throw error("--budgets: empty; expected MiB values like 500,1000,4000");
   return out;
 }
 
@@ -292,17 +287,22 @@ const moe_residency_cli::command_registrar reg{
       sub.footer("Policies:\n" + cache_policy_help());
       sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
       sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
-      sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")->capture_default_str();
-      sub.add_option("--seed", a->seed, "seed of the random policy")->capture_default_str();
+      sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")
+          ->check(moe_residency_cli::whole(0, 4096))->capture_default_str();
+      sub.add_option("--seed", a->seed, "seed of the random policy")->check(moe_residency_cli::whole())->capture_default_str();
       sub.add_option("--decay", a->decay, "usage decay per token of the cycle policy, in (0, 1)")
+          ->check(moe_residency_cli::real(detail::real_domain::open(0, 1)))
           ->capture_default_str();
       sub.add_option("--drop", a->drop, "cache-aware drop at fraction F (0 < F <= 1): a dropped expert is never "
-                     "read and never enters the cache");
+                     "read and never enters the cache; 0 = off")
+          ->check(moe_residency_cli::real(detail::real_domain::closed(0, 1)));
       sub.add_option("--speculate", a->speculate,
                      "speculative reads from prev-token, frequency, oracle:P or oracle:P,FILE (a per-layer profile)");
       sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer (the planner's cap)")
+          ->check(moe_residency_cli::whole(0, 32))
           ->capture_default_str();
-      sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")->capture_default_str();
+      sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")
+          ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
       sub.add_option("--oracle-profile", a->oracle_profile,
                      "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
       sub.callback([a, &sub] { run(sub, *a); });

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "moe_residency/predict/history.hpp"
 #include "moe_residency/score.hpp"
@@ -70,6 +71,7 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
       sub.add_option("--decay", a->decay,
                      "frequency: per-routing decay of the counts, (0, 1]; 1 = running counts")
+          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1)))
           ->capture_default_str();
       sub.add_flag("--unpaired", a->unpaired,
                    "offer every routing to every predictor; by default a routing is scored only "

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "moe_residency/core.hpp"
 
@@ -41,7 +42,7 @@ const moe_residency_cli::command_registrar reg{
       auto k = std::make_shared<std::size_t>(0);
       sub.add_option("--preset", *preset, "qwen3-30b | gpt-oss-120b | qwen3.6-35b")
           ->capture_default_str();
-      sub.add_option("--k", *k, "top-k (default: the model's own)");
+      sub.add_option("--k", *k, "top-k (default: the model's own)")->check(moe_residency_cli::whole(1, 32));
       sub.callback([preset, k] { print_shape(preset_by_name(*preset, *k)); });
     }};
 

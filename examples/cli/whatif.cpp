@@ -14,6 +14,7 @@
 #include <vector>
 
 
+#include "checked_options.hpp"
 #include "command.hpp"
 #include "output.hpp"
 #include "moe_residency/timing.hpp"
@@ -37,13 +38,6 @@ struct whatif_args {
   std::string plot;
 };
 
-
-double number(const std::string& s, const std::string& option) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size()) throw error(option + ": '" + s + "' is not a number");
-  return v;
-}
 
 struct cell {
   dynamic_replay_options replay;
@@ -133,18 +127,17 @@ void run(const CLI::App& sub, const whatif_args& a) {
 
   using moe_residency_cli::split_list;
   std::vector<double> budgets;
-  for (const auto& b : split_list(a.budgets, "--budgets")) budgets.push_back(number(b, "--budgets"));
+  for (const auto& b : split_list(a.budgets, "--budgets")) budgets.push_back(detail::parse_real(b, "--budgets (MiB)", budget_mib_domain()));
   std::vector<std::size_t> lanes;  // none given: the config's
   for (const auto& l : a.lanes.empty() ? std::vector<std::string>() : split_list(a.lanes, "--lanes")) {
-    const double v = number(l, "--lanes");
-    if (!(v >= 1 && v <= 64) || v != static_cast<double>(static_cast<std::size_t>(v)))
-      throw error("--lanes: " + l + "; expected whole numbers 1 to 64");
-    lanes.push_back(static_cast<std::size_t>(v));
+    lanes.push_back(detail::parse_whole<std::size_t>(l, "--lanes", 1, 64));
   }
   if (lanes.empty()) lanes.push_back(device.lanes);
   std::vector<std::optional<double>> drops;
   for (const auto& d : split_list(a.drops, "--drops"))
-    drops.push_back(d == "off" ? std::optional<double>() : number(d, "--drops"));
+    drops.push_back(d == "off" ? std::optional<double>()
+                              : detail::parse_real(d, "--drops (a fraction F, or off)",
+                                                   detail::real_domain::open_closed(0, 1)));
   const auto specs = split_list(a.speculate, "--speculate"), policies = split_list(a.policies, "--policies");
   check_option_effects(sub, a, specs, policies);
 
@@ -220,9 +213,11 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--speculate", a->speculate,
                      "none, prev-token, frequency, oracle:P, full (oracle:1 at cap k), comma-separated")
           ->capture_default_str();
-      sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer")->capture_default_str();
-      sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")->capture_default_str();
-      sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")->capture_default_str();
+      sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer")->check(moe_residency_cli::whole(0, 32))->capture_default_str();
+      sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")
+          ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
+      sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")
+          ->check(moe_residency_cli::whole())->capture_default_str();
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.add_option("--plot", a->plot, "write an SVG of predicted tok/s vs budget per configuration (gnuplot)");
       sub.callback([a, &sub] { run(sub, *a); });

@@ -92,6 +92,7 @@
 
 #include "gguf.h"
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
+#include "checked_options.hpp"
 #include "proc_counters.hpp"
 
 namespace {
@@ -121,16 +122,8 @@ struct file_mapping {
 
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 256)
-      throw std::invalid_argument("--readers: '" + item + "' in '" + s + "'; expected integers in [1, 256]");
-    out.push_back(static_cast<int>(v));
-  }
-  if (out.empty()) throw std::invalid_argument("--readers: empty list");
+  for (const std::string& item : moe_residency_cli::split_list(s, "--readers"))
+    out.push_back(moe_residency::detail::parse_whole<int>(item, "--readers", 1, 256));
   return out;
 }
 
@@ -559,13 +552,19 @@ int main(int argc, char** argv) {
   CLI::App app{"moe-disk-lanes: cold random-read bandwidth (O_DIRECT pread) against concurrent readers"};
   app.add_option("--file", file, "A large file on the disk to measure (read only)")->required();
   app.add_option("--readers", readers, "Comma list of reader counts")->capture_default_str();
-  app.add_option("--block-mib", block_mib, "Size of one read in MiB")->capture_default_str();
-  app.add_option("--reads", reads, "Reads per reader count (split between the readers)")->capture_default_str();
-  app.add_option("--seed", seed, "Seed of the block draws")->capture_default_str();
+  app.add_option("--block-mib", block_mib, "Size of one read in MiB")
+      ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1024)))
+      ->capture_default_str();
+  app.add_option("--reads", reads, "Reads per reader count (split between the readers)")
+      ->check(moe_residency_cli::whole(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--seed", seed, "Seed of the block draws")->check(moe_residency_cli::whole())->capture_default_str();
   app.add_option("--path-cost", path_kib,
                  "Instead: the calling thread's CPU per MiB read, manager path against fault path, for slices of "
-                 "this many KiB (run it inside the memory limit studied)");
+                 "this many KiB (run it inside the memory limit studied)")
+      ->check(moe_residency_cli::whole(1, 1 << 20));
   app.add_option("--path-read-mib", path_read_mib, "--path-cost: MiB to read from the device on each path")
+      ->check(moe_residency_cli::positive())
       ->capture_default_str();
   bool walk = false, walk_pin = false;
   int walk_tokens = 16, walk_skip = 2;
@@ -573,10 +572,12 @@ int main(int argc, char** argv) {
   app.add_flag("--fault-walk", walk,
                "Instead: llama.cpp's decode fault path through mmap, without llama.cpp (run it inside the "
                "memory limit studied, page cache dropped)");
-  app.add_option("--walk-tokens", walk_tokens, "--fault-walk: tokens walked")->capture_default_str();
+  app.add_option("--walk-tokens", walk_tokens, "--fault-walk: tokens walked")->check(moe_residency_cli::whole(1, 1 << 16))->capture_default_str();
   app.add_option("--walk-skip", walk_skip, "--fault-walk: first tokens left out of the figures")
+      ->check(moe_residency_cli::whole(0, 1 << 16))
       ->capture_default_str();
   app.add_option("--walk-gap-us", walk_gap_us, "--fault-walk: CPU spent after each expert tensor, us")
+      ->check(moe_residency_cli::non_negative())
       ->capture_default_str();
   app.add_flag("--walk-pin-dense", walk_pin, "--fault-walk: mlock the non-expert tensors first");
   bool inline_on = false;
@@ -585,10 +586,12 @@ int main(int argc, char** argv) {
                "Instead: the residency manager's inline `cache` path (WILLNEED a layer's misses, then mlock each; "
                "an LRU pinned cache of --walk-budget-mib), without llama.cpp (run it inside the memory limit "
                "studied, page cache dropped)");
-  app.add_option("--walk-budget-mib", walk_budget, "--inline-walk: the pinned cache's budget, MiB");
+  app.add_option("--walk-budget-mib", walk_budget, "--inline-walk: the pinned cache's budget, MiB")->check(moe_residency_cli::positive());
   CLI11_PARSE(app, argc, argv);
   try {
     if (walk && inline_on) throw std::invalid_argument("--fault-walk and --inline-walk: expected one of them");
+    if (walk_budget != 0 && !inline_on)  // the option refuses 0, so non-zero means given
+      throw std::invalid_argument("--walk-budget-mib has no effect without --inline-walk");
     if (inline_on) {
       inline_walk(file, walk_tokens, walk_skip, walk_gap_us, walk_budget, seed);
       return 0;

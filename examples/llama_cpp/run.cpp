@@ -27,6 +27,7 @@
 
 #include "moe_residency/adapters/llama_cpp.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
+#include "checked_options.hpp"
 #include "proc_counters.hpp"
 
 namespace {
@@ -369,10 +370,8 @@ int run(run_args a) {
   mrl::residency_options probe;
   const bool manages = parse_residency(a.residency, probe);  // refuse a bad list before loading anything
   if (a.budget != "auto") {
-    char* end = nullptr;
-    const double v = std::strtod(a.budget.c_str(), &end);
-    if (a.budget.empty() || *end != '\0' || !(v > 0) || v > 1e9)
-      throw error("--budget: '" + a.budget + "'; expected auto or MiB > 0");
+    (void)moe_residency::detail::parse_real(a.budget, "--budget (auto, or MiB)",
+                                            moe_residency::detail::real_domain::open_closed(0, 1e9));
     if (!manages || !probe.cache)
       throw error("--budget " + a.budget + " with --residency " + a.residency +
                   ": the budget is the cache's, and the cache is not on; expected --residency all or a list with cache");
@@ -417,18 +416,18 @@ int main(int argc, char** argv) {
   app.add_option("-m,--model", a.model, "The GGUF model (a split model: its first file, ...-00001-of-0000N.gguf)")
       ->required()->check(CLI::ExistingFile);
   app.add_option("-p,--prompt", a.prompt, "The prompt")->required();
-  app.add_option("-n,--n-predict", a.n_predict, "Tokens to generate")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("-t,--threads", a.threads, "Threads (default: every core)")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("-n,--n-predict", a.n_predict, "Tokens to generate")->check(moe_residency_cli::whole(1, 1 << 20))->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "Threads (default: every core)")->check(moe_residency_cli::whole(1, 1024))->capture_default_str();
   app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")->capture_default_str();
   app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")->capture_default_str();
   app.add_flag("--chat", a.chat, "Apply the model's chat template to the prompt (one user turn)");
   app.add_flag("--pool", a.pool,
                "Keep the cache's experts in an expert pool (read past the page cache into memory allocated once, "
                "the next layer's predicted experts placed ahead) instead of locked page cache; Linux");
-  app.add_option("--temp", a.temp, "Temperature; 0: greedy")->check(CLI::Range(0.0f, 100.0f))->capture_default_str();
-  app.add_option("--top-k", a.top_k, "Top-k (with --temp)")->check(CLI::Range(1, 1 << 30))->capture_default_str();
-  app.add_option("--top-p", a.top_p, "Top-p (with --temp)")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  app.add_option("--seed", a.seed, "Sampler seed (with --temp)")->capture_default_str();
+  app.add_option("--temp", a.temp, "Temperature; 0: greedy")->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 100)))->capture_default_str();
+  app.add_option("--top-k", a.top_k, "Top-k (with --temp)")->check(moe_residency_cli::whole(1, 1 << 30))->capture_default_str();
+  app.add_option("--top-p", a.top_p, "Top-p (with --temp)")->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))->capture_default_str();
+  app.add_option("--seed", a.seed, "Sampler seed (with --temp)")->check(moe_residency_cli::whole(0, UINT32_MAX))->capture_default_str();
   app.add_flag("--compare", a.compare,
                "Run residency off, drop the page cache, run it on: both summaries, the ratio, and whether the texts match");
   app.add_flag("--ignore-eos", a.ignore_eos, "Do not stop at an end-of-generation token");
@@ -437,12 +436,18 @@ int main(int argc, char** argv) {
                "the repacked experts are copies outside the file's mapping, left to llama.cpp; the rest managed");
   app.add_option("--n-gpu-layers,--ngl", a.n_gpu_layers,
                  "Layers to offload to a GPU (a llama.cpp built with one): their experts are left to llama.cpp, the rest managed")
-      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+      ->check(moe_residency_cli::whole(0, 1 << 20))->capture_default_str();
   app.add_flag("--no-mmap", a.no_mmap, "Load the weights into memory (llama.cpp's --no-mmap): nothing to manage, runs stock");
-  app.add_option("--batch", a.batch, "Prompt batch (tokens per graph)")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--batch", a.batch, "Prompt batch (tokens per graph)")->check(moe_residency_cli::whole(1, 1 << 16))->capture_default_str();
   app.add_flag("-q,--quiet", a.quiet, "No text to stdout (the summary lines only)");
   CLI11_PARSE(app, argc, argv);
   try {
+    // The sampler's options act only when sampling: greedy decoding ignores them.
+    if (!(a.temp > 0))
+      for (const char* o : {"--top-k", "--top-p", "--seed"})
+        if (app.count(o) != 0)
+          throw error(std::string(o) + " has no effect without --temp above 0 (greedy decoding); give --temp, or drop " +
+                      o);
     return run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moe-run: %s\n", e.what());

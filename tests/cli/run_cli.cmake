@@ -28,7 +28,7 @@ if(DEFINED HEAD AND NOT HEAD STREQUAL "")
   file(WRITE "${_dst}" "${_text}\n")
 endif()
 # PREP makes a file the test needs, in the build tree: "mkfifo|path",
-# "symlink|target|link", "copy|src|dst" or "empty|path".
+# "symlink|target|link", "copy|src|dst", "empty|path" or "write|path|one line".
 if(DEFINED PREP AND NOT PREP STREQUAL "")
   string(REPLACE "|" ";" _prep "${PREP}")
   list(GET _prep 0 _what)
@@ -48,6 +48,9 @@ if(DEFINED PREP AND NOT PREP STREQUAL "")
     configure_file("${_p1}" "${_p2}" COPYONLY)
   elseif(_what STREQUAL "empty")
     file(WRITE "${_p1}" "")
+  elseif(_what STREQUAL "write")
+    list(GET _prep 2 _p2)
+    file(WRITE "${_p1}" "${_p2}\n")
   else()
     message(FATAL_ERROR "PREP: unknown step '${_what}'")
   endif()

@@ -101,8 +101,12 @@ fi
 # Refusals, one line each, naming what and why.
 refuse residency "--residency: 'bogus' in 'bogus'; expected all, off, or a comma list of dense, exact, predicted, cache" \
   "$run" -m one.gguf "${common[@]}" --residency bogus && fail "a bad --residency exited 0"
-refuse budget "--budget: '-5'; expected auto or MiB > 0" "$run" -m one.gguf "${common[@]}" --budget=-5 &&
+refuse budget "--budget (auto, or MiB): '-5' is out of range; expected a number in (0, 1e+09]" "$run" -m one.gguf "${common[@]}" --budget=-5 &&
   fail "a bad --budget exited 0"
+refuse threads "--threads: '-1' is negative; expected a whole number from 1 to 1024" \
+  "$run" -m one.gguf -p x --threads=-1 && fail "--threads -1 exited 0"
+refuse seed-greedy "--seed has no effect without --temp above 0 (greedy decoding)" \
+  "$run" -m one.gguf -p x --seed 3 && fail "--seed without --temp exited 0"
 refuse budget-no-cache "--budget 8 with --residency exact: the budget is the cache's, and the cache is not on" \
   "$run" -m one.gguf "${common[@]}" --residency exact --budget 8 && fail "--budget without the cache exited 0"
 refuse pool-no-cache "--pool with --residency exact: the pool holds the cache's experts, and the cache is not on" \

@@ -1,0 +1,61 @@
+#pragma once
+// CLI11 validators built on the library's checked number parsers
+// (moe_residency/detail/numbers.hpp), so every numeric option of every
+// program refuses a negative, non-finite, fractional or wrapped value the
+// same way, naming the option, the text and the limits:
+//   --threads: '-1' is negative; expected a whole number from 0 to 1024
+// and the comma lists every program's list options share (split_list).
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "moe_residency/error.hpp"
+
+#include "moe_residency/detail/numbers.hpp"
+
+namespace moe_residency_cli {
+
+/// A whole number from `lo` to `hi`, in decimal digits.
+inline CLI::Validator whole(std::uint64_t lo = 0, std::uint64_t hi = std::numeric_limits<std::uint64_t>::max()) {
+  const std::string desc = hi == std::numeric_limits<std::uint64_t>::max()
+                               ? "WHOLE >= " + std::to_string(lo)
+                               : "WHOLE " + std::to_string(lo) + ".." + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi](std::string& s) { return moe_residency::detail::whole_problem(s, lo, hi); }, desc);
+}
+
+/// A finite real in `d`.
+inline CLI::Validator real(const moe_residency::detail::real_domain& d) {
+  return CLI::Validator([d](std::string& s) { return moe_residency::detail::real_problem(s, d); },
+                        "REAL: " + d.describe());
+}
+
+/// A finite real > 0.
+inline CLI::Validator positive() { return real(moe_residency::detail::real_domain::positive()); }
+
+/// A finite real >= 0.
+inline CLI::Validator non_negative() { return real(moe_residency::detail::real_domain::non_negative()); }
+
+/// The comma-separated items of `option`'s value `s`. An empty value or an
+/// empty item (",," or a comma at either end) is an error naming the option:
+/// a skipped item would silently leave a cell out of the run.
+inline std::vector<std::string> split_list(const std::string& s, const std::string& option) {
+  if (s.empty()) throw moe_residency::error(option + ": empty; expected a comma-separated list");
+  std::vector<std::string> out;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty())
+      throw moe_residency::error(option + ": item " + std::to_string(out.size() + 1) + " of '" + s +
+                                 "' is empty; expected items separated by single commas");
+    out.push_back(std::move(item));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+}  // namespace moe_residency_cli
