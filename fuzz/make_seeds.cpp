@@ -197,12 +197,20 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
       inline_header + "939,235.0,22,79.0,36.4,64.18,51.82,33.07,0.3400,0.9097\n"
                       "563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097\n");
 
-  // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration).
+  // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration,
+  // 3 numbers).
   for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic"})
     put("fuzz_cli_specs", std::string("speculate-") + s, std::string(1, '\0') + s);
   for (const std::string& p : replay_policy_names())
     for (const char* suffix : {"", "+prev", "+oracle"}) put("fuzz_cli_specs", "policy-" + p + suffix, "\x01" + p + suffix);
   for (const char* c : {"exact", "resident", "resident-all"}) put("fuzz_cli_specs", std::string("lab-") + c, std::string("\x02") + c);
+  // 3: the checked number parsers, at their boundaries (the byte after 3 picks domain and range).
+  int k = 0;
+  for (const char* t : {"0", "1", "-1", "0.5", "1e12", "1e400", "nan", "-inf", "0x1p3", "4.9e-324", " 1", "1.5", "",
+                        "64", "65", "4294967296", "18446744073709551615", "18446744073709551616", "007", "+3"}) {
+    const int i = k++;
+    put("fuzz_cli_specs", "number-" + std::to_string(i), std::string("\x03") + char('0' + i % 8) + t);
+  }
   return n;
 }
 
