@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <random>
@@ -537,6 +539,98 @@ TEST_CASE("binary: magic, version, truncation, records") {
                          error);
     std::remove(path.c_str());
   }
+}
+
+TEST_CASE("read_route_trace checks a file's head before reading the rest, with the whole parse's message") {
+  const route_trace t = parse(join(base_lines));
+  const std::string bin = binary_of(t), v1 = binary_v1_of(t), csv = join(base_lines);
+  const std::string path = "test_trace_errors_head.trace";
+  auto write = [&](const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << bytes;
+  };
+  auto verdict = [](auto&& read) -> std::string {
+    try {
+      read();
+      return "accepted";
+    } catch (const error& e) {
+      return e.what();
+    }
+  };
+  // Every cut and every one-byte change of the binary forms' first 128 bytes,
+  // every cut of the CSV's first line: the file reader gives exactly the
+  // in-memory parser's verdict, whether the head check or the parse refuses.
+  std::vector<std::string> files;
+  for (const std::string* g : {&bin, &v1}) {
+    for (std::size_t n = 0; n <= g->size(); n += (n < 130 ? 1 : 37)) files.push_back(g->substr(0, n));
+    for (std::size_t i = 0; i < 128; ++i)
+      for (unsigned char x : {0x01, 0x80, 0xff}) {
+        std::string d = *g;
+        d[i] = static_cast<char>(static_cast<unsigned char>(d[i]) ^ x);
+        files.push_back(d);
+      }
+    files.push_back(*g + "x");
+  }
+  for (std::size_t n = 0; n < 40; ++n) files.push_back(csv.substr(0, n));
+  files.push_back("\n" + csv);
+  files.push_back(std::string(100000, 'x'));  // a first line longer than the head
+  std::size_t refused = 0;
+  for (const std::string& f : files) {
+    write(f);
+    const std::string from_file = verdict([&] { (void)read_route_trace(path, [](auto&&) {}); });
+    const std::string in_memory = verdict([&] {
+      (void)(!f.empty() && static_cast<unsigned char>(f[0]) == 0x89 ? parse_route_trace_binary(f, path, [](auto&&) {})
+                                                                      : parse_route_trace_csv(f, path));
+    });
+    REQUIRE_MESSAGE(from_file == in_memory, "a file of ", f.size(), " bytes");
+    refused += from_file != "accepted";
+  }
+  CHECK(refused > files.size() / 2);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("read_route_trace refuses a huge sparse file from its head, without reading or allocating it whole") {
+  // A 1 TiB file of zeros (sparse: no disk blocks) and one whose binary header
+  // claims a few records: read whole, either would fail for memory, not with
+  // the trace's message.
+  const std::string path = "test_trace_errors_sparse.trace";
+  const std::uint64_t tib = std::uint64_t{1} << 40;
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  }
+  std::error_code ec;
+  std::filesystem::resize_file(path, tib, ec);
+  if (ec) {
+    MESSAGE("SKIPPED: this file system cannot hold a 1 TiB sparse file: " << ec.message());
+    std::remove(path.c_str());
+    return;
+  }
+  CHECK_THROWS_WITH_AS(read_route_trace(path), doctest::Contains((path + ": line 1, column 1: missing magic line").c_str()),
+                       error);
+  const route_trace t = parse(join(base_lines));
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    const std::string bin = binary_of(t);
+    f.write(bin.data(), static_cast<std::streamsize>(bin.size()));
+  }
+  CHECK_THROWS_WITH_AS(read_route_trace(path),
+                       (path + ": " + std::to_string(tib - binary_of(t).size()) +
+                        " bytes after the last checksum of 22 records; expected the file to end there")
+                           .c_str(),
+                       error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("text inputs: binary data in a configuration's head is refused before the rest is read") {
+  const std::string path = "test_trace_errors_nul.cfg";
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << std::string("lanes = 2\n\0\0", 12);
+  }
+  CHECK_THROWS_WITH_AS(detail::read_input_file(path, "a config", detail::text_head(path, "a text file")),
+                       (path + ": holds binary data (a NUL byte at offset 10); expected a text file").c_str(), error);
+  CHECK(detail::read_input_file(path, "a config").size() == 12);  // without the check: the bytes as they are
+  std::remove(path.c_str());
 }
 
 TEST_CASE("binary: XXH64 gives the published values") {

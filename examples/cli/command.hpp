@@ -42,7 +42,8 @@ struct command_registrar {
 /// (with the system's reason).
 inline std::string read_whole_file(const std::string& path, const char* option) {
   try {
-    return moe_residency::detail::read_input_file(path, "a regular file");
+    return moe_residency::detail::read_input_file(path, "a regular file",
+                                                  moe_residency::detail::text_head(path, "a text file"));
   } catch (const moe_residency::error& e) {
     throw moe_residency::error(std::string(option) + ": " + e.what());
   }

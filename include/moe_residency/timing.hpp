@@ -323,7 +323,8 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
       } else if (key == "curve") {
         p.curve = storage_curve::parse_list(value);
       } else if (key == "curve_file") {
-        p.curve = storage_curve::parse_csv(detail::read_input_file(value, "a lanes CSV file"), value);
+        p.curve = storage_curve::parse_csv(detail::read_input_file(value, "a lanes CSV file",
+                                                                   detail::text_head(value, "a lanes CSV file")), value);
       } else if (key == "read_latency_ms") {
         p.read_latency_ms = number();
       } else if (key == "bandwidth_scale") {

@@ -16,9 +16,11 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 #include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
@@ -30,12 +32,34 @@
 
 namespace moe_residency {
 
+namespace detail {
+
+/// Refuses, from its first bytes and its size alone, a file that cannot be a
+/// route trace, with the message the whole parse would give: a binary
+/// trace's fixed header must describe the file's size exactly, and a CSV
+/// must begin with its magic line. A reader calls it before reading the rest
+/// (read_input_file's head check), so a large file that is not a trace is
+/// never read whole.
+inline void check_route_trace_head(std::string_view head, std::uint64_t size, const std::string& source) {
+  if (!head.empty() && static_cast<unsigned char>(head[0]) == 0x89) {
+    (void)read_binary_trace_frame(head, size, source);
+    return;
+  }
+  csv_parser(head, source).check_magic();
+}
+
+}  // namespace detail
+
 /// Reads a trace file, CSV or binary (detected by its first bytes). Throws
-/// `error` (naming the path, line/record, column and value) on any defect.
-/// Warnings (a binary file of version 1, which has no checksums) go to
-/// `on_warning`, or to stderr when it is empty.
+/// `error` (naming the path, line/record, column and value) on any defect;
+/// a file whose first bytes show it is no trace is refused before the rest
+/// is read. Warnings (a binary file of version 1, which has no checksums)
+/// go to `on_warning`, or to stderr when it is empty.
 inline validated_route_trace read_route_trace(const std::string& path, const warning_sink& on_warning = {}) {
-  const std::string bytes = detail::read_input_file(path, "a route trace file (CSV or binary)");
+  const std::string bytes =
+      detail::read_input_file(path, "a route trace file (CSV or binary)", [&path](std::string_view head, std::uint64_t size) {
+        detail::check_route_trace_head(head, size, path);
+      });
   if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89) return parse_route_trace_binary(bytes, path, on_warning);
   return parse_route_trace_csv(bytes, path);
 }

@@ -305,7 +305,7 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
     if (py::isinstance<py::str>(oracle_profile) || py::isinstance<py::bytes>(oracle_profile) ||
         py::hasattr(oracle_profile, "__fspath__")) {
       const std::string path = fspath(oracle_profile);
-      base.speculation.oracle_profile = parse_oracle_profile(read_file(path), path, in.shape().n_layers());
+      base.speculation.oracle_profile = parse_oracle_profile(read_file(path, detail::text_head(path, "a text file")), path, in.shape().n_layers());
     } else {  // a sequence of P, one per layer: the file's first form
       std::string text;
       for (auto p : oracle_profile) text += detail::format_printf("%.17g\n", p.cast<double>());

@@ -69,7 +69,7 @@ timing_params device_params(const py::object& config) {
     return text.empty() ? timing_params{} : parse_timing_config(text, "config");
   }
   const std::string path = fspath(config);
-  return parse_timing_config(read_file(path), path);
+  return parse_timing_config(read_file(path, detail::text_head(path, "a text file")), path);
 }
 
 py::dict params_dict(const timing_params& p) {
@@ -189,7 +189,7 @@ py::dict calibrate(const trace_object& t, const py::object& metrics, double budg
   }
   const timing_params start = device_params(config);
   const std::string metrics_path = fspath(metrics);
-  const token_metrics m = parse_token_metrics(read_file(metrics_path), metrics_path);
+  const token_metrics m = parse_token_metrics(read_file(metrics_path, detail::text_head(metrics_path, "a text file")), metrics_path);
   const routed_replay_input& in = t.routed_input();
   dynamic_replay_options o;
   o.policy = policy;

@@ -38,7 +38,9 @@ static_assert(sizeof(layer_id) == 2 && sizeof(expert_id) == 2 && sizeof(run_phas
 
 std::shared_ptr<trace_object> read_trace(const py::object& path_like) {
   const std::string path = fspath(path_like);
-  std::string bytes = read_file(path);
+  std::string bytes = read_file(path, [&path](std::string_view head, std::uint64_t size) {
+    detail::check_route_trace_head(head, size, path);
+  });
   std::unique_ptr<validated_route_trace> t;
   std::vector<std::string> warnings;  // raised as Python warnings once the GIL is back
   {

@@ -11,6 +11,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "moe_residency/detail/files.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/trace.hpp"
 
@@ -48,7 +49,9 @@ class trace_object {
 std::string fspath(const py::handle& p);
 /// Reads a whole file; raises OSError (errno, message, path) when it cannot be
 /// opened or is a directory, so Python code can catch FileNotFoundError.
-std::string read_file(const std::string& path);
+/// `check_head` (when given) sees the file's first bytes and its size before
+/// the rest is read, and may throw to refuse it.
+std::string read_file(const std::string& path, const moe_residency::detail::input_head_check& check_head = {});
 /// Raises OSError for `path` from errno (the caller's failed call set it).
 [[noreturn]] void raise_os_error(const std::string& path);
 

@@ -42,7 +42,7 @@ void raise_os_error(const std::string& path) {
   throw py::error_already_set();
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, const moe_residency::detail::input_head_check& check_head) {
   // A FIFO would block the open; a device or socket is no file to read whole.
   if (const std::string p = moe_residency::detail::input_file_problem(path); !p.empty() && p != "is a directory")
     throw moe_residency::error(path + ": " + p + "; expected a regular file");
@@ -62,6 +62,7 @@ std::string read_file(const std::string& path) {
   }
   std::string out;
   char buf[1 << 16];
+  bool head_checked = !check_head;
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
@@ -71,8 +72,20 @@ std::string read_file(const std::string& path) {
       errno = e;
       raise_os_error(path);
     }
+    if (n > 0) out.append(buf, static_cast<std::size_t>(n));
+    // The head alone first: a file that is not what was asked for is refused
+    // from its first bytes, not read whole (a large sparse file, a model).
+    if (!head_checked && (n == 0 || out.size() >= moe_residency::detail::input_head_bytes)) {
+      head_checked = true;
+      try {
+        check_head(std::string_view(out).substr(0, moe_residency::detail::input_head_bytes),
+                   static_cast<std::uint64_t>(st.st_size));
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+    }
     if (n == 0) break;
-    out.append(buf, static_cast<std::size_t>(n));
   }
   ::close(fd);
   return out;

@@ -182,3 +182,20 @@ def test_fifo_is_refused_not_waited_on(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match=r"pipe\.csv: is a FIFO \(named pipe\); expected a regular file"):
         mr.read_trace(fifo)
+
+
+def test_a_file_is_refused_from_its_head_not_read_whole(tmp_path):
+    # A 1 TiB sparse file: read whole it would fail for memory, not with the
+    # trace's own message.
+    big = tmp_path / "sparse.csv"
+    with open(big, "wb") as f:
+        try:
+            f.truncate(1 << 40)
+        except OSError as e:
+            pytest.skip(f"this file system cannot hold a 1 TiB sparse file: {e}")
+    with pytest.raises(ValueError, match=r"sparse\.csv: line 1, column 1: missing magic line"):
+        mr.read_trace(big)
+    cfg = tmp_path / "nul.cfg"
+    cfg.write_bytes(b"lanes = 2\n\0")
+    with pytest.raises(ValueError, match=r"nul\.cfg: holds binary data \(a NUL byte at offset 10\); expected a text file"):
+        mr.timing_params(cfg)

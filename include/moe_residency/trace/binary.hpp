@@ -581,60 +581,92 @@ inline void check_binary_checksums(const unsigned char* b, std::size_t layers_en
 /// benchmark's and the tests' reference).
 enum class binary_rows_pass : std::uint8_t { scan_then_decode, exact };
 
-inline validated_route_trace parse_route_trace_binary_with(std::string_view bytes, const std::string& source_name,
-                                                           binary_rows_pass pass) {
-  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
-  const std::size_t size = bytes.size();
+/// What a binary trace's fixed header says about the file: its version, the
+/// lengths of its parts, and where its records begin.
+struct binary_trace_frame {
+  std::uint32_t version = 0;
+  bool checked = false;  ///< version 2: checksums after the records
+  std::uint32_t flags = 0;
+  std::uint32_t n_layer = 0, n_expert = 0, n_expert_used = 0;
+  std::uint64_t n_rows = 0;
+  std::uint32_t model_len = 0, arch_len = 0;
+  binary_trace_extent extent{};
+};
+
+/// Reads and checks the fixed header (the first binary_trace_fixed_header
+/// bytes of `head`) against the file's total `size`: magic, version, record
+/// size, flags, layer count, and that the header, the records and their
+/// checksums fill the file exactly. Needs only the file's first bytes, so a
+/// reader can refuse a large file that is not a trace before reading it
+/// whole. Throws `error` prefixed with `source_name`.
+inline binary_trace_frame read_binary_trace_frame(std::string_view head, std::uint64_t size,
+                                                  const std::string& source_name) {
+  const auto* b = reinterpret_cast<const unsigned char*>(head.data());
   auto fail = [&](const std::string& m) -> error { return error(source_name + ": " + m); };
-  if (size < 8 || std::memcmp(b, binary_trace_magic, 8) != 0)
-    throw fail("not a binary route trace: bad magic " + quote_field(bytes.substr(0, 8)) + "; expected '\\x89MRTRACE'");
-  if (size < binary_trace_fixed_header)
+  if (size < 8 || head.size() < 8 || std::memcmp(b, binary_trace_magic, 8) != 0)
+    throw fail("not a binary route trace: bad magic " + quote_field(head.substr(0, 8)) + "; expected '\\x89MRTRACE'");
+  if (size < binary_trace_fixed_header || head.size() < binary_trace_fixed_header)
     throw fail("truncated: " + std::to_string(size) + " bytes; the fixed header alone is " +
                std::to_string(binary_trace_fixed_header));
-  const std::uint32_t version = load_le<std::uint32_t>(b + 8);
-  if (version != binary_trace_version && version != binary_trace_version_unchecked)
-    throw fail("unsupported binary version " + std::to_string(version) + "; this reader supports " +
+  binary_trace_frame f;
+  f.version = load_le<std::uint32_t>(b + 8);
+  if (f.version != binary_trace_version && f.version != binary_trace_version_unchecked)
+    throw fail("unsupported binary version " + std::to_string(f.version) + "; this reader supports " +
                std::to_string(binary_trace_version_unchecked) + " and " + std::to_string(binary_trace_version));
-  const bool checked = version == binary_trace_version;
+  f.checked = f.version == binary_trace_version;
   const std::uint32_t record_size = load_le<std::uint32_t>(b + 12);
   if (record_size != binary_trace_record_size)
     throw fail("record size " + std::to_string(record_size) + "; expected " +
-               std::to_string(binary_trace_record_size) + " for version " + std::to_string(version));
-  const std::uint32_t flags = load_le<std::uint32_t>(b + 16);
-  if (flags > 1) throw fail("header flags " + std::to_string(flags) + " have unknown bits; expected 0 or 1");
-  route_trace t;
-  t.binary_version = version;
-  trace_header& h = t.header;
-  h.has_dropped_column = flags & 1;
-  h.n_layer = load_le<std::uint32_t>(b + 20);
-  h.n_expert = load_le<std::uint32_t>(b + 24);
-  h.n_expert_used = load_le<std::uint32_t>(b + 28);
-  const std::uint64_t n_rows = load_le<std::uint64_t>(b + 32);
-  const std::uint32_t model_len = load_le<std::uint32_t>(b + 40);
-  const std::uint32_t arch_len = load_le<std::uint32_t>(b + 44);
-  if (h.n_layer < 1 || h.n_layer > 65535)
-    throw fail("header: n_layer " + std::to_string(h.n_layer) + " out of range [1, 65535]");
+               std::to_string(binary_trace_record_size) + " for version " + std::to_string(f.version));
+  f.flags = load_le<std::uint32_t>(b + 16);
+  if (f.flags > 1) throw fail("header flags " + std::to_string(f.flags) + " have unknown bits; expected 0 or 1");
+  f.n_layer = load_le<std::uint32_t>(b + 20);
+  f.n_expert = load_le<std::uint32_t>(b + 24);
+  f.n_expert_used = load_le<std::uint32_t>(b + 28);
+  f.n_rows = load_le<std::uint64_t>(b + 32);
+  f.model_len = load_le<std::uint32_t>(b + 40);
+  f.arch_len = load_le<std::uint32_t>(b + 44);
+  if (f.n_layer < 1 || f.n_layer > 65535)
+    throw fail("header: n_layer " + std::to_string(f.n_layer) + " out of range [1, 65535]");
   // In 64 bits, and compared with the size before any offset becomes a size_t.
-  const binary_trace_extent extent =
-      binary_trace_header_extent(model_len, arch_len, static_cast<std::uint32_t>(h.n_layer));
-  if (size < extent.layers_end)
-    throw fail("truncated: " + std::to_string(size) + " bytes; the header needs " + std::to_string(extent.layers_end));
-  const std::size_t strings_end = static_cast<std::size_t>(extent.strings_end);
-  const std::size_t layers_end = static_cast<std::size_t>(extent.layers_end);
-  const std::uint64_t body = size - layers_end;
-  if (body / binary_trace_record_size < n_rows)
-    throw fail("truncated: " + std::to_string(body) + " bytes of records for " + std::to_string(n_rows) +
-               " rows; expected " + std::to_string(n_rows * binary_trace_record_size) +
-               (checked ? " and their checksums" : ""));
+  f.extent = binary_trace_header_extent(f.model_len, f.arch_len, f.n_layer);
+  if (size < f.extent.layers_end)
+    throw fail("truncated: " + std::to_string(size) + " bytes; the header needs " + std::to_string(f.extent.layers_end));
+  const std::uint64_t body = size - f.extent.layers_end;
+  if (body / binary_trace_record_size < f.n_rows)
+    throw fail("truncated: " + std::to_string(body) + " bytes of records for " + std::to_string(f.n_rows) +
+               " rows; expected " + std::to_string(f.n_rows * binary_trace_record_size) +
+               (f.checked ? " and their checksums" : ""));
   // n_rows <= body / 20 from here: nothing below wraps.
   const std::uint64_t expected_body =
-      n_rows * binary_trace_record_size + (checked ? binary_trace_trailer_size(n_rows) : 0);
+      f.n_rows * binary_trace_record_size + (f.checked ? binary_trace_trailer_size(f.n_rows) : 0);
   if (body < expected_body)
-    throw fail("truncated: " + std::to_string(body) + " bytes of records and checksums for " + std::to_string(n_rows) +
-               " rows; expected " + std::to_string(expected_body));
+    throw fail("truncated: " + std::to_string(body) + " bytes of records and checksums for " +
+               std::to_string(f.n_rows) + " rows; expected " + std::to_string(expected_body));
   if (body != expected_body)
-    throw fail(std::to_string(body - expected_body) + " bytes after the last " + (checked ? "checksum of " : "of ") +
-               std::to_string(n_rows) + " records; expected the file to end there");
+    throw fail(std::to_string(body - expected_body) + " bytes after the last " +
+               (f.checked ? "checksum of " : "of ") + std::to_string(f.n_rows) +
+               " records; expected the file to end there");
+  return f;
+}
+
+inline validated_route_trace parse_route_trace_binary_with(std::string_view bytes, const std::string& source_name,
+                                                           binary_rows_pass pass) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  auto fail = [&](const std::string& m) -> error { return error(source_name + ": " + m); };
+  const binary_trace_frame f = read_binary_trace_frame(bytes, bytes.size(), source_name);
+  route_trace t;
+  t.binary_version = f.version;
+  trace_header& h = t.header;
+  h.has_dropped_column = f.flags & 1;
+  h.n_layer = f.n_layer;
+  h.n_expert = f.n_expert;
+  h.n_expert_used = f.n_expert_used;
+  const std::uint64_t n_rows = f.n_rows;
+  const std::uint32_t model_len = f.model_len, arch_len = f.arch_len;
+  const bool checked = f.checked;
+  const std::size_t strings_end = static_cast<std::size_t>(f.extent.strings_end);
+  const std::size_t layers_end = static_cast<std::size_t>(f.extent.layers_end);
   if (checked) check_binary_checksums(b, layers_end, n_rows, source_name);
   // The layout's padding is zero; anything else means the lengths do not describe the file.
   auto check_padding = [&](std::uint64_t from, std::uint64_t to, const char* after) {

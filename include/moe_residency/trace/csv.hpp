@@ -53,6 +53,10 @@ class csv_parser {
     return trace_access::make(std::move(t));
   }
 
+  /// The magic line alone, as parse() checks it first: a reader refuses a
+  /// file that is no CSV trace from its first bytes (check_route_trace_head).
+  void check_magic() { parse_magic(); }
+
  private:
   [[noreturn]] void fail(std::size_t column, const std::string& message) const {
     throw error(source_ + ": line " + std::to_string(line_no_) + ", column " + std::to_string(column) + ": " +
