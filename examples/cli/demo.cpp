@@ -166,7 +166,8 @@ const moe_residency_cli::command_registrar reg{
     [](CLI::App& sub) {
       auto a = std::make_shared<demo_args>();
       sub.add_option("--preset", a->preset, "qwen3-30b | gpt-oss-120b")->capture_default_str();
-      sub.add_option("--tokens", a->tokens, "decode tokens (scored)")->check(moe_residency_cli::whole(1, 10000000))->capture_default_str();
+      sub.add_option("--tokens", a->tokens, "decode tokens (scored)")
+          ->check(moe_residency_cli::whole(1, 10000000))->capture_default_str();
       sub.add_option("--prompt", a->prompt, "prompt tokens, one prefill batch (not scored)")
           ->check(moe_residency_cli::whole(0, 1000000))->capture_default_str();
       sub.add_option("--router", a->router,

@@ -281,7 +281,8 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--readaround-mib", a->readaround_mib, "a fault's read-around window")
           ->check(moe_residency_cli::non_negative())
           ->capture_default_str();
-      sub.add_option("--lanes", a->lanes, "the manager's read lanes")->check(moe_residency_cli::whole(1, 64))->capture_default_str();
+      sub.add_option("--lanes", a->lanes, "the manager's read lanes")
+          ->check(moe_residency_cli::whole(1, 64))->capture_default_str();
       sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")
           ->check(moe_residency_cli::whole(0, 32))
           ->capture_default_str();

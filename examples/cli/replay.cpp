@@ -289,7 +289,8 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
       sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")
           ->check(moe_residency_cli::whole(0, 4096))->capture_default_str();
-      sub.add_option("--seed", a->seed, "seed of the random policy")->check(moe_residency_cli::whole())->capture_default_str();
+      sub.add_option("--seed", a->seed, "seed of the random policy")
+          ->check(moe_residency_cli::whole())->capture_default_str();
       sub.add_option("--decay", a->decay, "usage decay per token of the cycle policy, in (0, 1)")
           ->check(moe_residency_cli::real(detail::real_domain::open(0, 1)))
           ->capture_default_str();

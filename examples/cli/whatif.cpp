@@ -127,7 +127,8 @@ void run(const CLI::App& sub, const whatif_args& a) {
 
   using moe_residency_cli::split_list;
   std::vector<double> budgets;
-  for (const auto& b : split_list(a.budgets, "--budgets")) budgets.push_back(detail::parse_real(b, "--budgets (MiB)", budget_mib_domain()));
+  for (const auto& b : split_list(a.budgets, "--budgets"))
+    budgets.push_back(detail::parse_real(b, "--budgets (MiB)", budget_mib_domain()));
   std::vector<std::size_t> lanes;  // none given: the config's
   for (const auto& l : a.lanes.empty() ? std::vector<std::string>() : split_list(a.lanes, "--lanes")) {
     lanes.push_back(detail::parse_whole<std::size_t>(l, "--lanes", 1, 64));
@@ -213,7 +214,8 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--speculate", a->speculate,
                      "none, prev-token, frequency, oracle:P, full (oracle:1 at cap k), comma-separated")
           ->capture_default_str();
-      sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer")->check(moe_residency_cli::whole(0, 32))->capture_default_str();
+      sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer")
+          ->check(moe_residency_cli::whole(0, 32))->capture_default_str();
       sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")
           ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
       sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")

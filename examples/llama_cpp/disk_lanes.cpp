@@ -543,6 +543,8 @@ void inline_walk(const std::string& file, int tokens, int skip, double gap_us, d
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace opt = moe_residency_cli;  // checked_options.hpp: the numbers every option takes
+  using moe_residency::detail::real_domain;
   std::string file, readers = "1,2,4,8";
   double block_mib = 4;
   int reads = 256;
@@ -553,18 +555,18 @@ int main(int argc, char** argv) {
   app.add_option("--file", file, "A large file on the disk to measure (read only)")->required();
   app.add_option("--readers", readers, "Comma list of reader counts")->capture_default_str();
   app.add_option("--block-mib", block_mib, "Size of one read in MiB")
-      ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1024)))
+      ->check(opt::real(real_domain::open_closed(0, 1024)))
       ->capture_default_str();
   app.add_option("--reads", reads, "Reads per reader count (split between the readers)")
-      ->check(moe_residency_cli::whole(1, 1 << 24))
+      ->check(opt::whole(1, 1 << 24))
       ->capture_default_str();
-  app.add_option("--seed", seed, "Seed of the block draws")->check(moe_residency_cli::whole())->capture_default_str();
+  app.add_option("--seed", seed, "Seed of the block draws")->check(opt::whole())->capture_default_str();
   app.add_option("--path-cost", path_kib,
                  "Instead: the calling thread's CPU per MiB read, manager path against fault path, for slices of "
                  "this many KiB (run it inside the memory limit studied)")
-      ->check(moe_residency_cli::whole(1, 1 << 20));
+      ->check(opt::whole(1, 1 << 20));
   app.add_option("--path-read-mib", path_read_mib, "--path-cost: MiB to read from the device on each path")
-      ->check(moe_residency_cli::positive())
+      ->check(opt::positive())
       ->capture_default_str();
   bool walk = false, walk_pin = false;
   int walk_tokens = 16, walk_skip = 2;
@@ -572,12 +574,13 @@ int main(int argc, char** argv) {
   app.add_flag("--fault-walk", walk,
                "Instead: llama.cpp's decode fault path through mmap, without llama.cpp (run it inside the "
                "memory limit studied, page cache dropped)");
-  app.add_option("--walk-tokens", walk_tokens, "--fault-walk: tokens walked")->check(moe_residency_cli::whole(1, 1 << 16))->capture_default_str();
+  app.add_option("--walk-tokens", walk_tokens, "--fault-walk: tokens walked")
+      ->check(opt::whole(1, 1 << 16))->capture_default_str();
   app.add_option("--walk-skip", walk_skip, "--fault-walk: first tokens left out of the figures")
-      ->check(moe_residency_cli::whole(0, 1 << 16))
+      ->check(opt::whole(0, 1 << 16))
       ->capture_default_str();
   app.add_option("--walk-gap-us", walk_gap_us, "--fault-walk: CPU spent after each expert tensor, us")
-      ->check(moe_residency_cli::non_negative())
+      ->check(opt::non_negative())
       ->capture_default_str();
   app.add_flag("--walk-pin-dense", walk_pin, "--fault-walk: mlock the non-expert tensors first");
   bool inline_on = false;
@@ -586,7 +589,8 @@ int main(int argc, char** argv) {
                "Instead: the residency manager's inline `cache` path (WILLNEED a layer's misses, then mlock each; "
                "an LRU pinned cache of --walk-budget-mib), without llama.cpp (run it inside the memory limit "
                "studied, page cache dropped)");
-  app.add_option("--walk-budget-mib", walk_budget, "--inline-walk: the pinned cache's budget, MiB")->check(moe_residency_cli::positive());
+  app.add_option("--walk-budget-mib", walk_budget, "--inline-walk: the pinned cache's budget, MiB")
+      ->check(opt::positive());
   CLI11_PARSE(app, argc, argv);
   try {
     if (walk && inline_on) throw std::invalid_argument("--fault-walk and --inline-walk: expected one of them");

@@ -780,21 +780,29 @@ int probe(const probe_args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace opt = moe_residency_cli;  // checked_options.hpp: the numbers every option takes
+  using moe_residency::detail::real_domain;
   probe_args a;
   CLI::App app{"moe-llama-probe: observe llama.cpp's MoE routing, score predictors, replay a cache"};
   app.add_option("--model", a.model_path, "A GGUF model file (loaded with mmap)");
   app.add_option("--random", a.random_arch, "A random-weight model of this architecture: qwen3moe, deepseek2, gpt-oss; qwen3 (dense, no experts: for --save-only)");
-  app.add_option("--layers", a.spec.n_layer, "Random model: layers")->check(moe_residency_cli::whole(2, 4096))->capture_default_str();
-  app.add_option("--experts", a.spec.n_expert, "Random model: experts per layer")->check(moe_residency_cli::whole(1, 65536))->capture_default_str();
-  app.add_option("--k", a.spec.n_expert_used, "Random model: experts used per token")->check(moe_residency_cli::whole(1, 32))->capture_default_str();
-  app.add_option("--embd", a.spec.n_embd, "Random model: embedding length (multiple of 64)")->check(moe_residency_cli::whole(64, 1 << 20))->capture_default_str();
-  app.add_option("--expert-ff", a.spec.n_ff_exp, "Random model: width of one expert")->check(moe_residency_cli::whole(1, 1 << 20))->capture_default_str();
+  app.add_option("--layers", a.spec.n_layer, "Random model: layers")->check(opt::whole(2, 4096))->capture_default_str();
+  app.add_option("--experts", a.spec.n_expert, "Random model: experts per layer")
+      ->check(opt::whole(1, 65536))->capture_default_str();
+  app.add_option("--k", a.spec.n_expert_used, "Random model: experts used per token")
+      ->check(opt::whole(1, 32))->capture_default_str();
+  app.add_option("--embd", a.spec.n_embd, "Random model: embedding length (multiple of 64)")
+      ->check(opt::whole(64, 1 << 20))->capture_default_str();
+  app.add_option("--expert-ff", a.spec.n_ff_exp, "Random model: width of one expert")
+      ->check(opt::whole(1, 1 << 20))->capture_default_str();
   app.add_option("--router", a.router, "Random model: router type f32, f16 or bf16")->capture_default_str();
   app.add_option("--prompt", a.prompt, "Prompt text (needs a model with a vocabulary)");
-  app.add_option("--tokens", a.tokens, "Prompt length in random tokens when no --prompt")->check(moe_residency_cli::whole(1, 1 << 20))->capture_default_str();
-  app.add_option("--decode", a.decode, "Tokens to decode after the prompt")->check(moe_residency_cli::whole(0, 1 << 20))->capture_default_str();
+  app.add_option("--tokens", a.tokens, "Prompt length in random tokens when no --prompt")
+      ->check(opt::whole(1, 1 << 20))->capture_default_str();
+  app.add_option("--decode", a.decode, "Tokens to decode after the prompt")
+      ->check(opt::whole(0, 1 << 20))->capture_default_str();
   app.add_option("--budget-mib", a.budget_mib, "LRU cache budget in MiB (default: half of all experts)")
-      ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1e12)));
+      ->check(opt::real(real_domain::open_closed(0, 1e12)));
   app.add_option("--trace-out", a.trace_out, "Write the route trace (route_trace v1 CSV)");
   app.add_option("--warm", a.warm, "Read every missed expert from the GGUF file: pread or fadvise");
   app.add_option("--save-model", a.save_model,
@@ -803,7 +811,7 @@ int main(int argc, char** argv) {
   app.add_option("--splits", a.splits,
                  "Random model: write --save-model as N splits, as llama.cpp's gguf-split names them "
                  "(--save-model must end in -00001-of-0000N.gguf)")
-      ->check(moe_residency_cli::whole(1, 99))->capture_default_str();
+      ->check(opt::whole(1, 99))->capture_default_str();
   app.add_flag("--text-vocab", a.spec.text_vocab,
                "Random model: a text vocabulary (SentencePiece, byte tokens), so --prompt text tokenizes (needs --vocab >= 512)");
   app.add_option("--expert-type", a.expert_type,
@@ -813,17 +821,21 @@ int main(int argc, char** argv) {
   app.add_option("--dense-type", a.dense_type,
                  "Random model: 2-D dense weights (attention, embedding, output) f32, or quantised (rows from a pool)")
       ->capture_default_str();
-  app.add_option("--heads", a.spec.n_head, "Random model: attention query heads (0: embedding / 64)")->check(moe_residency_cli::whole(0, 1 << 16))->capture_default_str();
-  app.add_option("--heads-kv", a.spec.n_head_kv, "Random model: attention key/value heads")->check(moe_residency_cli::whole(1, 1 << 16))->capture_default_str();
-  app.add_option("--head-dim", a.spec.head_dim, "Random model: width of one attention head")->check(moe_residency_cli::whole(1, 1 << 16))->capture_default_str();
-  app.add_option("--vocab", a.spec.n_vocab, "Random model: vocabulary size")->check(moe_residency_cli::whole(1, 1 << 24))->capture_default_str();
+  app.add_option("--heads", a.spec.n_head, "Random model: attention query heads (0: embedding / 64)")
+      ->check(opt::whole(0, 1 << 16))->capture_default_str();
+  app.add_option("--heads-kv", a.spec.n_head_kv, "Random model: attention key/value heads")
+      ->check(opt::whole(1, 1 << 16))->capture_default_str();
+  app.add_option("--head-dim", a.spec.head_dim, "Random model: width of one attention head")
+      ->check(opt::whole(1, 1 << 16))->capture_default_str();
+  app.add_option("--vocab", a.spec.n_vocab, "Random model: vocabulary size")
+      ->check(opt::whole(1, 1 << 24))->capture_default_str();
   app.add_option("--shape", a.shape,
                  "Random model: a real model's shape, every size above taken from it: qwen3-30b-a3b, qwen3-30b-a3b-half")
       ->excludes("--layers")->excludes("--experts")->excludes("--k")->excludes("--embd")->excludes("--expert-ff")
       ->excludes("--dense-type")->excludes("--expert-type")->excludes("--heads")->excludes("--heads-kv")
       ->excludes("--head-dim")->excludes("--vocab")->excludes("--router");
   app.add_option("--expert-pool", a.spec.expert_pool, "Random model: distinct quantised experts per kind")
-      ->check(moe_residency_cli::whole(1, 1 << 20))->capture_default_str();
+      ->check(opt::whole(1, 1 << 20))->capture_default_str();
   app.add_option("--load-mode", a.load_mode,
                  "How llama.cpp loads --model: mmap (default), or a stock baseline: no-mmap (read into memory), "
                  "mlock (mmap and lock it all), direct-io (O_DIRECT reads into memory)")
@@ -837,7 +849,7 @@ int main(int argc, char** argv) {
   app.add_option("--residency-budget", a.residency_budget,
                  "Pinned expert cache budget in MiB, or auto (from the memory limit)")
       ->capture_default_str();
-  app.add_option("--lanes", a.lanes, "Residency: read lanes")->check(moe_residency_cli::whole(0, 64))->capture_default_str();
+  app.add_option("--lanes", a.lanes, "Residency: read lanes")->check(opt::whole(0, 64))->capture_default_str();
   app.add_flag("--serial", a.serial,
                "Residency: the eval thread waits for every read of a layer before its matmuls (no overlap)");
   app.add_flag("--owned-reads", a.owned_reads,
@@ -846,10 +858,11 @@ int main(int argc, char** argv) {
   app.add_flag("--pool", a.pool,
                "Residency: the cache's experts in an expert pool the manager owns (read past the page cache with "
                "O_DIRECT into memory allocated once, mapped over the expert's pages), not locked page cache; needs cache");
-  app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")->check(moe_residency_cli::whole(0, 32))->capture_default_str();
+  app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")
+      ->check(opt::whole(0, 32))->capture_default_str();
   app.add_option("--degrade", a.degrade,
                  "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")
-      ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))->capture_default_str();
+      ->check(opt::real(real_domain::closed(0, 1)))->capture_default_str();
   app.add_flag("--no-hit-measure", a.no_hit_measure,
                "Residency: no mincore of the routed experts at each routing (hit_pct stays empty)");
   app.add_option("--residency-when-fits", a.when_fits,
@@ -866,10 +879,11 @@ int main(int argc, char** argv) {
                  "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms "
                  "(cpu_ms: the eval thread's CPU time; sys_ms: the part of it in the kernel; "
                  "stall_ms = wall_ms - cpu_ms)");
-  app.add_option("--threads", a.threads, "llama.cpp threads")->check(moe_residency_cli::whole(1, 1024))->capture_default_str();
-  app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->check(moe_residency_cli::whole())->capture_default_str();
+  app.add_option("--threads", a.threads, "llama.cpp threads")->check(opt::whole(1, 1024))->capture_default_str();
+  app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->check(opt::whole())->capture_default_str();
   app.add_flag("--cost", a.cost, "Also measure decode time without and with the observer (ratio)");
-  app.add_option("--cost-rounds", a.cost_rounds, "Rounds of the --cost measurement")->check(moe_residency_cli::whole(1, 1000))->capture_default_str();
+  app.add_option("--cost-rounds", a.cost_rounds, "Rounds of the --cost measurement")
+      ->check(opt::whole(1, 1000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return probe(a);

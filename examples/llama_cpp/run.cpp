@@ -411,23 +411,30 @@ int run(run_args a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  namespace opt = moe_residency_cli;  // checked_options.hpp: the numbers every option takes
+  using moe_residency::detail::real_domain;
   run_args a;
   CLI::App app{"moe-run: generate text from a MoE GGUF with expert residency on"};
   app.add_option("-m,--model", a.model, "The GGUF model (a split model: its first file, ...-00001-of-0000N.gguf)")
       ->required()->check(CLI::ExistingFile);
   app.add_option("-p,--prompt", a.prompt, "The prompt")->required();
-  app.add_option("-n,--n-predict", a.n_predict, "Tokens to generate")->check(moe_residency_cli::whole(1, 1 << 20))->capture_default_str();
-  app.add_option("-t,--threads", a.threads, "Threads (default: every core)")->check(moe_residency_cli::whole(1, 1024))->capture_default_str();
+  app.add_option("-n,--n-predict", a.n_predict, "Tokens to generate")
+      ->check(opt::whole(1, 1 << 20))->capture_default_str();
+  app.add_option("-t,--threads", a.threads, "Threads (default: every core)")
+      ->check(opt::whole(1, 1024))->capture_default_str();
   app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")->capture_default_str();
   app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")->capture_default_str();
   app.add_flag("--chat", a.chat, "Apply the model's chat template to the prompt (one user turn)");
   app.add_flag("--pool", a.pool,
                "Keep the cache's experts in an expert pool (read past the page cache into memory allocated once, "
                "the next layer's predicted experts placed ahead) instead of locked page cache; Linux");
-  app.add_option("--temp", a.temp, "Temperature; 0: greedy")->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 100)))->capture_default_str();
-  app.add_option("--top-k", a.top_k, "Top-k (with --temp)")->check(moe_residency_cli::whole(1, 1 << 30))->capture_default_str();
-  app.add_option("--top-p", a.top_p, "Top-p (with --temp)")->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))->capture_default_str();
-  app.add_option("--seed", a.seed, "Sampler seed (with --temp)")->check(moe_residency_cli::whole(0, UINT32_MAX))->capture_default_str();
+  app.add_option("--temp", a.temp, "Temperature; 0: greedy")
+      ->check(opt::real(real_domain::closed(0, 100)))->capture_default_str();
+  app.add_option("--top-k", a.top_k, "Top-k (with --temp)")->check(opt::whole(1, 1 << 30))->capture_default_str();
+  app.add_option("--top-p", a.top_p, "Top-p (with --temp)")
+      ->check(opt::real(real_domain::closed(0, 1)))->capture_default_str();
+  app.add_option("--seed", a.seed, "Sampler seed (with --temp)")
+      ->check(opt::whole(0, UINT32_MAX))->capture_default_str();
   app.add_flag("--compare", a.compare,
                "Run residency off, drop the page cache, run it on: both summaries, the ratio, and whether the texts match");
   app.add_flag("--ignore-eos", a.ignore_eos, "Do not stop at an end-of-generation token");
@@ -436,9 +443,10 @@ int main(int argc, char** argv) {
                "the repacked experts are copies outside the file's mapping, left to llama.cpp; the rest managed");
   app.add_option("--n-gpu-layers,--ngl", a.n_gpu_layers,
                  "Layers to offload to a GPU (a llama.cpp built with one): their experts are left to llama.cpp, the rest managed")
-      ->check(moe_residency_cli::whole(0, 1 << 20))->capture_default_str();
+      ->check(opt::whole(0, 1 << 20))->capture_default_str();
   app.add_flag("--no-mmap", a.no_mmap, "Load the weights into memory (llama.cpp's --no-mmap): nothing to manage, runs stock");
-  app.add_option("--batch", a.batch, "Prompt batch (tokens per graph)")->check(moe_residency_cli::whole(1, 1 << 16))->capture_default_str();
+  app.add_option("--batch", a.batch, "Prompt batch (tokens per graph)")
+      ->check(opt::whole(1, 1 << 16))->capture_default_str();
   app.add_flag("-q,--quiet", a.quiet, "No text to stdout (the summary lines only)");
   CLI11_PARSE(app, argc, argv);
   try {
