@@ -12,12 +12,13 @@ if(TARGET moe_residency_cli)
   endfunction()
   # A refused input: the tool must exit 2 with the message `expect`; `head`
   # ("src|lines|dst", or "") first writes a real trace's first lines to dst.
-  # An optional sixth argument is run_cli.cmake's PREP step ("mkfifo|path", ...).
+  # An optional sixth argument is run_cli.cmake's PREP step ("mkfifo|path", ...),
+  # a seventh its POST check of what the run must have left alone ("fifo|path", ...).
   function(moe_residency_cli_error_test name args expect needs head)
     add_test(NAME cli_error_${name}
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
               "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DEXPECT_RC=2" "-DHEAD=${head}" "-DPREP=${ARGV5}"
-              -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+              "-DPOST=${ARGV6}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_error_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()
 
@@ -155,7 +156,23 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_error_test(output_symlink
     "convert|--in|${_mr_g}|--out|${_mr_b}/cli-link.bin"
     "moe-residency: --out: '[^\n]*cli-link\\.bin' is a symbolic link@@expected a regular file or a new path \\(the link would be replaced, not its target written\\)"
-    "${_mr_g}" "" "symlink|${_mr_b}/cli-link-target.txt|${_mr_b}/cli-link.bin")
+    "${_mr_g}" "" "symlink|${_mr_b}/cli-link-target.txt|${_mr_b}/cli-link.bin" "absent|${_mr_b}/cli-link-target.txt")
+  moe_residency_cli_error_test(output_symlink_kept
+    "convert|--in|${_mr_g}|--out|${_mr_b}/cli-link.bin"
+    "moe-residency: --out: '[^\n]*cli-link\\.bin' is a symbolic link" "${_mr_g}" ""
+    "symlink|${_mr_b}/cli-link-target.txt|${_mr_b}/cli-link.bin" "symlink|${_mr_b}/cli-link.bin")
+  moe_residency_cli_error_test(output_fifo
+    "convert|--in|${_mr_g}|--out|${_mr_b}/cli-out-fifo.bin"
+    "moe-residency: --out: '[^\n]*cli-out-fifo\\.bin' is a FIFO \\(named pipe\\)@@expected a regular file or a new path"
+    "${_mr_g}" "" "mkfifo|${_mr_b}/cli-out-fifo.bin" "fifo|${_mr_b}/cli-out-fifo.bin")
+  # A device is only looked at (lstat), never opened: /dev/null stands for any.
+  moe_residency_cli_error_test(output_device
+    "convert|--in|${_mr_g}|--out|/dev/null"
+    "moe-residency: --out: '/dev/null' is a device@@expected a regular file or a new path" "${_mr_g}" "")
+  moe_residency_cli_error_test(plot_is_input_kept
+    "replay|--trace|${_mr_b}/cli-plot-in.csv|--budgets|1000|--plot|${_mr_b}/cli-plot-in.csv"
+    "moe-residency: --plot: '[^\n]*cli-plot-in\\.csv' is the input given by --trace"
+    "" "" "write|${_mr_b}/cli-plot-in.csv|not a trace" "content|${_mr_b}/cli-plot-in.csv|not a trace")
   moe_residency_cli_error_test(output_is_input
     "convert|--in|${_mr_b}/cli-same.csv|--out|${_mr_b}/./cli-same.csv"
     "moe-residency: --out: '[^\n]*cli-same\\.csv' is the input given by --in@@expected another file \\(writing it would destroy the input\\)"

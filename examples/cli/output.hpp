@@ -24,6 +24,7 @@
 #include <system_error>
 #include <vector>
 
+#include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
 
 extern char** environ;  // POSIX: the process environment, for posix_spawnp
@@ -43,24 +44,8 @@ inline void check_output_path(const std::string& path, const std::string& option
   namespace fs = std::filesystem;
   using moe_residency::error;
   if (path.empty()) throw error(option + ": empty path; expected a file to write");
-  std::error_code ec;
-  const fs::file_status st = fs::symlink_status(path, ec);
   const std::string named = option + ": '" + path + "' ";
-  const char* expected = "; expected a regular file or a new path";
-  switch (st.type()) {
-    case fs::file_type::not_found:
-    case fs::file_type::regular: break;
-    case fs::file_type::symlink:
-      throw error(named + "is a symbolic link" + expected + " (the link would be replaced, not its target written)");
-    case fs::file_type::directory: throw error(named + "is a directory" + expected);
-    case fs::file_type::fifo: throw error(named + "is a FIFO (named pipe)" + expected);
-    case fs::file_type::block:
-    case fs::file_type::character: throw error(named + "is a device" + expected);
-    case fs::file_type::socket: throw error(named + "is a socket" + expected);
-    case fs::file_type::none: throw error(named + "cannot be examined: " + ec.message());
-    default: throw error(named + "is not a regular file" + expected);
-  }
-  if (st.type() != fs::file_type::regular) return;
+  if (const std::string p = moe_residency::detail::output_file_problem(path); !p.empty()) throw error(named + p);
   for (const named_input& in : inputs) {
     std::error_code e;
     if (!in.path.empty() && fs::equivalent(path, in.path, e))

@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
+#include <filesystem>
 #include <sstream>
+#include <system_error>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -61,6 +63,14 @@ void write_trace(const trace_object& t, const py::object& path_like, const std::
   const std::string path = fspath(path_like);
   if (format != "csv" && format != "binary")
     throw error("write_trace: format '" + format + "'; expected 'csv' or 'binary'");
+  // As the tool's outputs: never through a link, a FIFO, a device or a
+  // directory, and never over the file the trace was read from.
+  if (const std::string p = detail::output_file_problem(path); !p.empty())
+    throw error("write_trace: '" + path + "' " + p);
+  std::error_code same_ec;
+  if (!t.source().empty() && std::filesystem::equivalent(path, t.source(), same_ec))
+    throw error("write_trace: '" + path + "' is the file this trace was read from; expected another file "
+                "(writing it would replace the input)");
   std::ostringstream bytes;
   {
     py::gil_scoped_release nogil;

@@ -3,6 +3,7 @@ message: OSError (with the path) for files, ValueError for values, TypeError for
 
 import errno
 import os
+import stat
 
 import pytest
 
@@ -199,3 +200,29 @@ def test_a_file_is_refused_from_its_head_not_read_whole(tmp_path):
     cfg.write_bytes(b"lanes = 2\n\0")
     with pytest.raises(ValueError, match=r"nul\.cfg: holds binary data \(a NUL byte at offset 10\); expected a text file"):
         mr.timing_params(cfg)
+
+
+def test_write_never_goes_through_a_link_a_fifo_or_over_its_input(tmp_path, small):
+    """write_trace refuses, before writing anything, a symbolic link (renaming over it
+    would replace the link), a FIFO, a directory and the file the trace was read from;
+    each is left exactly as it was."""
+    t = mr.read_trace(small)
+    target = tmp_path / "target.txt"
+    target.write_text("the user's file")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    with pytest.raises(ValueError, match=r"link\.csv' is a symbolic link; expected a regular file or a new path"):
+        mr.write_trace(t, link)
+    assert link.is_symlink() and target.read_text() == "the user's file"
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match=r"pipe\.csv' is a FIFO \(named pipe\); expected a regular file"):
+        mr.write_trace(t, fifo)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    with pytest.raises(ValueError, match=r"' is a directory; expected a regular file or a new path"):
+        mr.write_trace(t, tmp_path)
+    before = open(small, "rb").read()
+    with pytest.raises(ValueError, match=r"is the file this trace was read from"):
+        mr.write_trace(t, small, format="binary")
+    assert open(small, "rb").read() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "pipe.csv", "small.csv", "target.txt"]

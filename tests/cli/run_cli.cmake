@@ -1,6 +1,6 @@
 # Runs the moe-residency tool once and checks its output. Invoked by CTest:
 #   cmake -DEXE=… -DARGS="a|b|c" -DEXPECT="regex1@@regex2" [-DNEEDS=file] [-DEMULATOR="qemu|-L|…"]
-#         [-DEXPECT_RC=2] [-DHEAD="src|lines|dst"] [-DPREP="mkfifo|path"] -P run_cli.cmake
+#         [-DEXPECT_RC=2] [-DHEAD="src|lines|dst"] [-DPREP="mkfifo|path"] [-DPOST="fifo|path"] -P run_cli.cmake
 # EXPECT_RC is the exit status the tool must end with (default 0). HEAD first
 # writes the first `lines` lines of `src` to `dst` (a real trace cut short,
 # made at test time: the traces are never copied into the repository).
@@ -71,4 +71,34 @@ foreach(re IN LISTS _expect)
     message(FATAL_ERROR "moe-residency ${ARGS}: output does not match '${re}'\n${all}")
   endif()
 endforeach()
+# POST checks what the run must have left alone: "fifo|path" (still a FIFO),
+# "symlink|path" (still a symbolic link), "absent|path", "content|path|line"
+# (the file holds exactly that line).
+if(DEFINED POST AND NOT POST STREQUAL "")
+  string(REPLACE "|" ";" _post "${POST}")
+  list(GET _post 0 _what)
+  list(GET _post 1 _p1)
+  if(_what STREQUAL "fifo")
+    execute_process(COMMAND test -p "${_p1}" RESULT_VARIABLE _rc)
+    if(NOT _rc EQUAL 0)
+      message(FATAL_ERROR "POST: ${_p1} is no longer a FIFO")
+    endif()
+  elseif(_what STREQUAL "symlink")
+    if(NOT IS_SYMLINK "${_p1}")
+      message(FATAL_ERROR "POST: ${_p1} is no longer a symbolic link")
+    endif()
+  elseif(_what STREQUAL "absent")
+    if(EXISTS "${_p1}")
+      message(FATAL_ERROR "POST: ${_p1} exists; the run wrote it")
+    endif()
+  elseif(_what STREQUAL "content")
+    list(GET _post 2 _p2)
+    file(READ "${_p1}" _got)
+    if(NOT _got STREQUAL "${_p2}\n")
+      message(FATAL_ERROR "POST: ${_p1} holds '${_got}'; expected '${_p2}' as it was")
+    endif()
+  else()
+    message(FATAL_ERROR "POST: unknown check '${_what}'")
+  endif()
+endif()
 message("${out}")

@@ -42,6 +42,32 @@ inline std::string input_file_problem(const std::string& path) {
   }
 }
 
+/// What `path` is that an output must not be written through, as the end of
+/// a sentence naming it ("is a symbolic link; expected ..."); "" for a new
+/// path or an existing regular file. Renaming a finished file over a link
+/// would replace the link, not write its target; a FIFO, a device or a
+/// directory is no file to replace.
+inline std::string output_file_problem(const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return "is empty; expected a file to write";
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  const char* expected = "; expected a regular file or a new path";
+  switch (st.type()) {
+    case fs::file_type::not_found:
+    case fs::file_type::regular: return {};
+    case fs::file_type::symlink:
+      return std::string("is a symbolic link") + expected + " (the link would be replaced, not its target written)";
+    case fs::file_type::directory: return std::string("is a directory") + expected;
+    case fs::file_type::fifo: return std::string("is a FIFO (named pipe)") + expected;
+    case fs::file_type::block:
+    case fs::file_type::character: return std::string("is a device") + expected;
+    case fs::file_type::socket: return std::string("is a socket") + expected;
+    case fs::file_type::none: return "cannot be examined: " + ec.message();
+    default: return std::string("is not a regular file") + expected;
+  }
+}
+
 /// How many bytes of an input its head check sees before the rest is read.
 constexpr std::size_t input_head_bytes = 64 * 1024;
 
