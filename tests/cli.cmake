@@ -4,21 +4,23 @@ if(TARGET moe_residency_cli)
   set(_mr_t "${MOE_RESIDENCY_TRACES_DIR}")
   # Cross builds run the tool through CMAKE_CROSSCOMPILING_EMULATOR (qemu), '|'-separated.
   string(REPLACE ";" "|" _mr_emulator "${CMAKE_CROSSCOMPILING_EMULATOR}")
+  # An optional fifth argument is a file given as the tool's standard input.
   function(moe_residency_cli_test name args expect needs)
     add_test(NAME cli_${name}
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
-              "-DEXPECT=${expect}" "-DNEEDS=${needs}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+              "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DSTDIN=${ARGV4}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()
   # A refused input: the tool must exit 2 with the message `expect`; `head`
   # ("src|lines|dst", or "") first writes a real trace's first lines to dst.
   # An optional sixth argument is run_cli.cmake's PREP step ("mkfifo|path", ...),
-  # a seventh its POST check of what the run must have left alone ("fifo|path", ...).
+  # a seventh its POST check of what the run must have left alone ("fifo|path", ...),
+  # an eighth a file given as the tool's standard input.
   function(moe_residency_cli_error_test name args expect needs head)
     add_test(NAME cli_error_${name}
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
               "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DEXPECT_RC=2" "-DHEAD=${head}" "-DPREP=${ARGV5}"
-              "-DPOST=${ARGV6}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+              "-DPOST=${ARGV6}" "-DSTDIN=${ARGV7}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_error_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()
 
@@ -44,6 +46,15 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_test(replay_gptoss
     "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|3000|--policies|lru"
     "\n3000 +44\\.8 \\( +32\\.4\\)" "${_mr_t}/gptoss.route.csv")
+  # `--trace -` reads the trace from standard input (a pipe from a decompressor):
+  # the same figure as from the file; `convert --out -` writes it to standard output.
+  moe_residency_cli_test(replay_gptoss_stdin
+    "replay|--trace|-|--budgets|3000|--policies|lru"
+    "\n3000 +44\\.8 \\( +32\\.4\\)" "${_mr_t}/gptoss.route.csv" "${_mr_t}/gptoss.route.csv")
+  moe_residency_cli_test(convert_stdin_stdout
+    "convert|--in|-|--out|-|--to|csv"
+    "^# route_trace v1\n# model=[^\n]*gpt-oss-120b@@- -> - \\(csv\\): 10560 rows" "${_mr_t}/gptoss.route.csv"
+    "${_mr_t}/gptoss.route.csv")
   # Issue 3: the demo's report, with the control at exactly 100.0% and '-' for layer 0 of stale-gate.
   moe_residency_cli_test(demo
     "demo|--tokens|4"
@@ -181,6 +192,9 @@ if(TARGET moe_residency_cli)
     "calibrate|--trace|${_mr_t}/qwen.route.csv|--metrics|${_mr_b}/cli-metrics.csv|--budget|4000|--write-config|${_mr_b}/cli-metrics.csv"
     "moe-residency: --write-config: '[^\n]*cli-metrics\\.csv' is the input given by --metrics"
     "${_mr_t}/qwen.metrics.csv" "" "copy|${_mr_t}/qwen.metrics.csv|${_mr_b}/cli-metrics.csv")
+  moe_residency_cli_error_test(stdin_not_a_trace
+    "score|--trace|-" "moe-residency: <stdin>: line 1, column 1: missing magic line: found '# fitted by" "" "" "" ""
+    "${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg")
   moe_residency_cli_error_test(empty_list_item
     "replay|--trace|${_mr_g}|--budgets|500,,1000"
     "moe-residency: --budgets: item 2 of '500,,1000' is empty@@expected items separated by single commas" "${_mr_g}" "")

@@ -37,7 +37,7 @@ void run(const calibrate_args& a) {
   timing_params start;
   if (!a.config.empty()) start = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const token_metrics m = parse_token_metrics(moe_residency_cli::read_whole_file(a.metrics, "--metrics"), a.metrics);
-  const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  const routed_replay_input in = routed_replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
   dynamic_replay_options o;
   o.policy = a.policy;
   o.budget_mib = a.budget;
@@ -100,7 +100,7 @@ const moe_residency_cli::command_registrar reg{
     "calibrate", "Fit the timing model to recorded per-token metrics; score it on held-out tokens",
     [](CLI::App& sub) {
       auto a = std::make_shared<calibrate_args>();
-      sub.add_option("--trace", a->trace, "route trace of the run, CSV or binary")->required();
+      sub.add_option("--trace", a->trace, "route trace of the run, CSV or binary; - for standard input")->required();
       sub.add_option("--metrics", a->metrics, "the run's per-token metrics CSV (wall_ms, stall_ms, mgmt_ms, ...)")
           ->required();
       sub.add_option("--budget", a->budget, "the run's cache budget, MiB")

@@ -4,8 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -13,6 +18,7 @@
 #include "checked_options.hpp"
 #include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
+#include "moe_residency/trace.hpp"
 
 namespace moe_residency_cli {
 
@@ -47,6 +53,33 @@ inline std::string read_whole_file(const std::string& path, const char* option) 
   } catch (const moe_residency::error& e) {
     throw moe_residency::error(std::string(option) + ": " + e.what());
   }
+}
+
+/// The route trace at `path`, or on standard input for "-" (a trace piped
+/// from a decompressor or another tool: `zcat t.csv.gz | moe-residency
+/// replay --trace -`), named "<stdin>" in messages. A CSV's magic line is
+/// checked in the first 64 KiB, before the rest is read.
+inline moe_residency::validated_route_trace read_trace(const std::string& path) {
+  using namespace moe_residency;
+  if (path != "-") return read_route_trace(path);
+  const std::string source = "<stdin>";
+  std::string bytes;
+  auto read_up_to = [&](std::size_t limit) {  // fread: no per-character stream syncing
+    char buf[1 << 16];
+    while (bytes.size() < limit) {
+      const std::size_t n = std::fread(buf, 1, std::min(sizeof buf, limit - bytes.size()), stdin);
+      bytes.append(buf, n);
+      if (n == 0) break;
+    }
+    if (std::ferror(stdin))
+      throw error(source + ": read failed after " + std::to_string(bytes.size()) + " bytes: " + std::strerror(errno));
+  };
+  read_up_to(detail::input_head_bytes);
+  const bool binary = !bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89;
+  if (!binary) detail::csv_parser(bytes, source).check_magic();  // a binary frame needs the size: checked whole
+  read_up_to(std::numeric_limits<std::size_t>::max());
+  if (binary) return parse_route_trace_binary(bytes, source);
+  return parse_route_trace_csv(bytes, source);
 }
 
 /// Commands whose figures are per decode token (decode hit %, MiB or ms per

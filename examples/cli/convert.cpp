@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <string>
 
@@ -18,23 +19,32 @@ using moe_residency_cli::write_output_file;
 
 void convert(const std::string& in, const std::string& out, std::string to) {
   if (!to.empty() && to != "csv" && to != "binary") throw error("--to: unknown form '" + to + "'; expected csv or binary");
-  check_output_path(out, "--out", {{"--in", in}});  // before the input is read
-  const validated_route_trace t = read_route_trace(in);  // validated once, written without a second pass
+  const bool to_stdout = out == "-";
+  if (!to_stdout) check_output_path(out, "--out", {{"--in", in}});  // before the input is read
+  const validated_route_trace t = moe_residency_cli::read_trace(in);  // validated once, written without a second pass
   if (to.empty()) to = t.binary_version() != 0 ? "csv" : "binary";
   if (t.noncanonical_weights())
     std::fprintf(stderr,
                  "moe-residency: warning: %zu weights in %s are not in the engine's %%g form; they are written as "
                  "the nearest float in %%g (6 significant digits), not as their original text\n",
                  t.noncanonical_weights(), in.c_str());
-  write_output_file(out, "--out", {{"--in", in}}, [&](std::ostream& f) {
+  auto write = [&](std::ostream& f) {
     if (to == "csv") write_route_trace_csv(t, f);
     else write_route_trace_binary(t, f);
-  });
-  std::printf("%s -> %s (%s): %zu rows\n", in.c_str(), out.c_str(), to.c_str(), t.rows().size());
+  };
+  if (to_stdout) {  // the trace is the output: the summary goes to stderr
+    write(std::cout);
+    std::cout.flush();
+    if (!std::cout) throw error("--out -: writing to standard output failed");
+  } else {
+    write_output_file(out, "--out", {{"--in", in}}, write);
+  }
+  std::fprintf(to_stdout ? stderr : stdout, "%s -> %s (%s): %zu rows\n", in.c_str(), out.c_str(), to.c_str(),
+               t.rows().size());
 }
 
 void trace_info(const std::string& path) {
-  const validated_route_trace t = read_route_trace(path);
+  const validated_route_trace t = moe_residency_cli::read_trace(path);
   const trace_header& h = t.header();
   const std::vector<trace_row>& rows = t.rows();
   std::printf("%s: %s (%s)\n", path.c_str(), h.arch.c_str(), h.model.c_str());
@@ -99,8 +109,8 @@ const moe_residency_cli::command_registrar convert_reg{
       auto in = std::make_shared<std::string>();
       auto out = std::make_shared<std::string>();
       auto to = std::make_shared<std::string>();
-      sub.add_option("--in", *in, "input trace (CSV or binary, detected by content)")->required();
-      sub.add_option("--out", *out, "output file")->required();
+      sub.add_option("--in", *in, "input trace (CSV or binary, detected by content); - for standard input")->required();
+      sub.add_option("--out", *out, "output file; - for standard output")->required();
       sub.add_option("--to", *to, "csv | binary (default: the other form than the input)");
       sub.callback([in, out, to] { convert(*in, *out, *to); });
     }};
@@ -108,7 +118,7 @@ const moe_residency_cli::command_registrar convert_reg{
 const moe_residency_cli::command_registrar info_reg{
     "trace-info", "Print a route trace's shape, rows, load batches and token cycle", [](CLI::App& sub) {
       auto path = std::make_shared<std::string>();
-      sub.add_option("--trace", *path, "route trace (CSV or binary)")->required();
+      sub.add_option("--trace", *path, "route trace (CSV or binary); - for standard input")->required();
       sub.callback([path] { trace_info(*path); });
     }};
 

@@ -34,7 +34,7 @@ void run(const drop_args& a) {
   if (!a.keep_k.empty())
     for (const std::string& k : moe_residency_cli::split_list(a.keep_k, "--keep-k"))
       ks.push_back(detail::parse_whole<std::size_t>(k, "--keep-k", 1, 32));
-  const route_trace t = read_route_trace(a.trace);
+  const route_trace t = moe_residency_cli::read_trace(a.trace);
   moe_residency_cli::require_decode_tokens(
       static_cast<std::size_t>(std::count_if(t.rows.begin(), t.rows.end(),
                                              [](const trace_row& r) { return r.phase == run_phase::decode; })),
@@ -58,7 +58,7 @@ const moe_residency_cli::command_registrar reg{
     "drop", "Static drop replay over the recorded residency (io saved %, router weight lost %)",
     [](CLI::App& sub) {
       auto a = std::make_shared<drop_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary")->required();
+      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
       sub.add_option("--thresholds", a->thresholds, "drop fractions F, comma-separated (0 < F <= 1)")
           ->capture_default_str();
       sub.add_option("--keep-k", a->keep_k, "static top-k baselines, comma-separated (e.g. 5,4,3)");

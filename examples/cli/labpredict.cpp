@@ -94,7 +94,7 @@ void run(const lab_args& a) {
   const lab_config fit_config = parse_lab_config(a.fit.substr(0, at));
   const std::string fit_ratio = a.fit.substr(at + 1);
 
-  const route_trace trace = read_route_trace(a.trace);
+  const route_trace trace = moe_residency_cli::read_trace(a.trace);
   double dense = 0;
   for (std::uint64_t b : trace.header.dense_bytes) dense += to_mib(b);
   std::vector<cell> cells = read_cells(a.cells, a);

@@ -48,7 +48,7 @@ inline void check_output_path(const std::string& path, const std::string& option
   if (const std::string p = moe_residency::detail::output_file_problem(path); !p.empty()) throw error(named + p);
   for (const named_input& in : inputs) {
     std::error_code e;
-    if (!in.path.empty() && fs::equivalent(path, in.path, e))
+    if (!in.path.empty() && in.path != "-" && fs::equivalent(path, in.path, e))  // "-": standard input
       throw error(named + "is the input given by " + in.option +
                   "; expected another file (writing it would destroy the input)");
   }

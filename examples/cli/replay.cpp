@@ -122,7 +122,7 @@ std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_l
 
 // `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.
 void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const std::vector<std::string>& policies) {
-  const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  const routed_replay_input in = routed_replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
   moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   dynamic_replay_options base;
   if (a.drop != 0) base.drop = a.drop;
@@ -214,7 +214,7 @@ void run(const CLI::App& sub, const replay_args& a) {
   }
   if (!a.plot.empty())  // before the replay, not after it
     moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}});
-  const replay_input in = replay_input::from_file(a.trace);
+  const replay_input in = replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
   moe_residency_cli::require_decode_tokens(
       static_cast<std::size_t>(std::count_if(in.batches().batches.begin(), in.batches().batches.end(),
                                              [](const load_batch& b) { return b.phase == run_phase::decode; })),
@@ -278,7 +278,7 @@ void run(const CLI::App& sub, const replay_args& a) {
 const moe_residency_cli::command_registrar reg{
     "replay", "Replay a route trace through cache policies x budgets (hit %, MiB read)", [](CLI::App& sub) {
       auto a = std::make_shared<replay_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary")->required();
+      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
       sub.add_option("--budgets", a->budgets, "cache budgets in MiB (1 MiB = 1048576 bytes), comma-separated")
           ->capture_default_str();
       sub.add_option("--policies", a->policies,

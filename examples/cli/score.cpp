@@ -34,7 +34,7 @@ void run_score(const score_args& a) {
   } catch (const error& e) {
     throw error(std::string("--") + e.what());  // "predictors: ..." names the option
   }
-  const route_trace t = read_route_trace(a.trace);
+  const route_trace t = moe_residency_cli::read_trace(a.trace);
   const trace_routings routings = collect_routings(t);
   const model_shape shape = t.shape();
   scorer_options options;
@@ -61,9 +61,7 @@ const moe_residency_cli::command_registrar reg{
     "score", "Score routing-history predictors on a recorded route trace (decode, slot overlap)",
     [](CLI::App& sub) {
       auto a = std::make_shared<score_args>();
-      sub.add_option("--trace", a->trace, "route_trace v1 file (CSV or binary)")
-          ->required()
-          ->check(CLI::ExistingFile);
+      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
       sub.add_option("--predictors", a->predictors,
                      "comma-separated: prev-token, frequency, static-hottest")
           ->delimiter(',')

@@ -121,7 +121,7 @@ void run(const CLI::App& sub, const whatif_args& a) {
   if (!a.plot.empty())  // before the replays, not after them
     moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}, {"--config", a.config}});
   const timing_params device = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
-  const routed_replay_input in = routed_replay_input::from_file(a.trace);
+  const routed_replay_input in = routed_replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
   moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   const model_shape& shape = in.shape();
 
@@ -202,7 +202,7 @@ const moe_residency_cli::command_registrar reg{
     "whatif", "Predicted decode s/token of configurations side by side (replay + timing model)",
     [](CLI::App& sub) {
       auto a = std::make_shared<whatif_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary")->required();
+      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
       sub.add_option("--config", a->config, "timing config (key = value), e.g. from calibrate --write-config")
           ->required();
       sub.add_option("--budgets", a->budgets, "cache budgets, MiB, comma-separated")->capture_default_str();

@@ -1,6 +1,7 @@
 # Runs the moe-residency tool once and checks its output. Invoked by CTest:
 #   cmake -DEXE=… -DARGS="a|b|c" -DEXPECT="regex1@@regex2" [-DNEEDS=file] [-DEMULATOR="qemu|-L|…"]
-#         [-DEXPECT_RC=2] [-DHEAD="src|lines|dst"] [-DPREP="mkfifo|path"] [-DPOST="fifo|path"] -P run_cli.cmake
+#         [-DEXPECT_RC=2] [-DHEAD="src|lines|dst"] [-DPREP="mkfifo|path"] [-DPOST="fifo|path"] [-DSTDIN=file]
+#         -P run_cli.cmake
 # EXPECT_RC is the exit status the tool must end with (default 0). HEAD first
 # writes the first `lines` lines of `src` to `dst` (a real trace cut short,
 # made at test time: the traces are never copied into the repository).
@@ -60,7 +61,13 @@ if(NOT DEFINED EXPECT_RC OR EXPECT_RC STREQUAL "")
 endif()
 string(REPLACE "|" ";" _args "${ARGS}")
 string(REPLACE "|" ";" _emulator "${EMULATOR}")  # empty unless cross-compiled (qemu)
-execute_process(COMMAND ${_emulator} "${EXE}" ${_args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+# STDIN: a file given to the tool as its standard input (`--trace -`).
+set(_stdin)
+if(DEFINED STDIN AND NOT STDIN STREQUAL "")
+  set(_stdin INPUT_FILE "${STDIN}")
+endif()
+execute_process(COMMAND ${_emulator} "${EXE}" ${_args} ${_stdin} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE err)
 set(all "${out}${err}")
 if(NOT rc EQUAL EXPECT_RC)
   message(FATAL_ERROR "moe-residency ${ARGS} exited ${rc}; expected ${EXPECT_RC}\n${all}")
