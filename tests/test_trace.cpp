@@ -255,7 +255,7 @@ TEST_CASE("weights: nan round-trips; non-canonical text is counted, not hidden")
                              "0,1,0,0,0,3,nan,0,100\n"
                              "0,1,0,0,1,4,-nan,1,0\n"
                              "0,1,0,1,0,3,1e-05,0,200\n"
-                             "0,1,0,1,1,5,inf,2,0\n"
+                             "0,1,0,1,1,5,3.40282e+38,2,0\n"
                              "0,1,1,0,0,3,1.4013e-45,1,0\n"
                              "0,1,1,0,1,7,0.5,1,0\n"
                              "0,1,1,1,0,2,0.25,1,0\n"
@@ -269,6 +269,28 @@ TEST_CASE("weights: nan round-trips; non-canonical text is counted, not hidden")
     const route_trace b = parse_route_trace_binary(to_binary(t), "mem.bin");
     CHECK(std::isnan(b.rows[0].weight));
     CHECK(to_csv(b) == text);
+  }
+  SUBCASE("a negative or infinite weight is refused; -0 is a weight of 0") {
+    auto row = [&](const char* w) {
+      return head + "0,1,0,0,0,3," + w + ",0,100\n0,1,0,0,1,4,0.5,1,0\n0,1,0,1,0,3,0.5,0,200\n0,1,0,1,1,5,0.5,1,0\n";
+    };
+    CHECK_THROWS_WITH_AS(parse_route_trace_csv(row("-0.5"), "w.csv"),
+                         "w.csv: line 6, column 7: weight -0.5 is negative; expected a finite weight >= 0 (or nan, an "
+                         "unrecorded weight)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_route_trace_csv(row("inf"), "w.csv"),
+                         "w.csv: line 6, column 7: weight inf is not finite; expected a finite weight >= 0 (or nan, an "
+                         "unrecorded weight)",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_route_trace_csv(row("-inf"), "w.csv"), doctest::Contains("weight -inf is not finite"),
+                         error);
+    CHECK(std::signbit(parse_route_trace_csv(row("-0"), "w.csv").rows()[0].weight));
+    // A hand-built trace too (the binary reader: tests/test_trace_errors.cpp).
+    route_trace t = parse_route_trace_csv(row("0.5"), "w.csv");
+    t.rows[2].weight = -1.0f;
+    CHECK_THROWS_WITH_AS(validate_route_trace(t, "hand"), doctest::Contains("hand: rows[2], column weight: weight -1 "
+                                                                            "is negative"),
+                         error);
   }
   SUBCASE("0.50 and 5e-1 parse as 0.5 and are reported as non-canonical") {
     const std::string text = head +

@@ -310,7 +310,7 @@ class binary_record_scanner {
   }
 
   /// The checks of each record against the header alone: layer, expert and
-  /// slot in range, the (phase, residency, bits) bytes accepted. Four records
+  /// slot in range, the weight in its domain, the (phase, residency, bits) bytes accepted. Four records
   /// at a time in 16-bit lanes where the compiler has vector extensions on a
   /// little-endian host (check_values_vector), else one by one
   /// (check_values_scalar, the twin; the tests hold them to the same verdict).
@@ -332,10 +332,14 @@ class binary_record_scanner {
       const auto expert = static_cast<std::uint32_t>(w >> 16) & 0xffffu;
       const auto slot = static_cast<std::uint32_t>(w >> 32) & 0xffu;
       const auto x = static_cast<std::uint32_t>(w >> 40);  // phase | residency << 8 | bits << 16
-      if (layer >= n_layer || expert >= n_expert || slot >= k || combo_[combo_index(x)] != x) return false;
+      if (layer >= n_layer || expert >= n_expert || slot >= k || combo_[combo_index(x)] != x ||
+          !weight_bits_in_domain(load_le<std::uint32_t>(rp + 8)))
+        return false;
     }
     return true;
   }
+
+
 
 #if MOE_RESIDENCY_BINARY_SCAN_VECTOR
   /// check_values_scalar's checks as compares of 16-bit lanes, four records
@@ -346,6 +350,7 @@ class binary_record_scanner {
 #endif
   bool check_values_vector(const unsigned char* rp, std::size_t n) const noexcept {
     typedef std::uint16_t u16x16 __attribute__((vector_size(32)));
+    typedef std::uint32_t u32x4 __attribute__((vector_size(16)));
     typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
     // Per lane of a record: (v & m1) <= l1, ((v - s2) & m2) <= l2, (v & m3) <= l3.
     //   layer <= n_layer - 1; expert <= n_expert - 1; slot <= k - 1 and
@@ -374,6 +379,11 @@ class binary_record_scanner {
     splat(vm3, m3);
     splat(vl3, l3);
     u16x16 ok = vm1 | ~vm1;  // all lanes set: a <= b is a saturating subtraction and one compare
+    // The four weights (bytes 8-11) in 32-bit lanes: weight_bits_in_domain.
+    const u32x4 inf = {0x7f800000u, 0x7f800000u, 0x7f800000u, 0x7f800000u},
+                magnitude = {0x7fffffffu, 0x7fffffffu, 0x7fffffffu, 0x7fffffffu},
+                negative_zero = {0x80000000u, 0x80000000u, 0x80000000u, 0x80000000u};
+    u32x4 weights_ok = ~(inf ^ inf);  // all lanes set
     std::size_t i = 0;
     for (; i + 4 <= n; i += 4, rp += 4 * binary_trace_record_size) {
       std::uint64_t w[4];
@@ -384,12 +394,23 @@ class binary_record_scanner {
       u16x16 v;
       std::memcpy(&v, w, sizeof v);
       ok &= (u16x16)((v & vm1) <= vl1) & (u16x16)(((v - vs2) & vm2) <= vl2) & (u16x16)((v & vm3) <= vl3);
+      std::uint32_t g[4];
+      std::memcpy(&g[0], rp + 8, 4);
+      std::memcpy(&g[1], rp + 28, 4);
+      std::memcpy(&g[2], rp + 48, 4);
+      std::memcpy(&g[3], rp + 68, 4);
+      u32x4 b;
+      std::memcpy(&b, g, sizeof b);
+      weights_ok &= (u32x4)(b < inf) | (u32x4)((b & magnitude) > inf) | (u32x4)(b == negative_zero);
     }
     u64x4 o4;
     std::memcpy(&o4, &ok, sizeof o4);
     std::uint64_t o[4];
     std::memcpy(o, &o4, sizeof o);
-    if ((o[0] & o[1] & o[2] & o[3]) != ~std::uint64_t{0}) return false;
+    std::uint32_t wo[4];
+    std::memcpy(wo, &weights_ok, sizeof wo);
+    if ((o[0] & o[1] & o[2] & o[3]) != ~std::uint64_t{0} || (wo[0] & wo[1] & wo[2] & wo[3]) != 0xffffffffu)
+      return false;
     return check_values_scalar(rp, n - i);
   }
 #endif

@@ -308,8 +308,8 @@ class csv_parser {
       const std::uint64_t layer = row_u64(p, eol, trace_column::layer, false);
       const std::uint64_t slot = row_u64(p, eol, trace_column::slot, false);
       const std::uint64_t expert = row_u64(p, eol, trace_column::expert, false);
+      float w = 0;
       {
-        float w = 0;
         const char* end = nullptr;
         const number_status st = parse_float(p, eol, w, &end);
         if (st != number_status::ok) number_error(st, trace_column::weight, p, eol, "a float ('%g', or 'nan')");
@@ -325,7 +325,8 @@ class csv_parser {
       const std::uint64_t dropped = h.has_dropped_column ? row_u64(p, eol, trace_column::dropped, true) : 0;
       // The checker's own range checks, on the values before they are narrowed.
       const trace_row_checker::wide_row v{phase, layer, slot, expert, residency, bytes,
-                                          h.has_dropped_column ? static_cast<std::int64_t>(std::min<std::uint64_t>(dropped, 2)) : -1};
+                                          h.has_dropped_column ? static_cast<std::int64_t>(std::min<std::uint64_t>(dropped, 2)) : -1,
+                                          w};
       if (!checker.check_values(v, issue)) fail_value(issue, dropped);
       r.turn = static_cast<std::uint32_t>(turn);
       r.phase = static_cast<run_phase>(phase);

@@ -5,6 +5,7 @@
 /// `validated_route_trace`. The rules are in docs/traces.md ("Row order").
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/trace_text.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace/types.hpp"
 
@@ -49,6 +51,22 @@ inline std::string phase_message(std::uint64_t v) {
 inline std::string residency_message(std::uint64_t v) {
   return "residency " + std::to_string(v) +
          " out of range; expected 0 (miss), 1 (hit) or 2 (hit thanks to a speculative read)";
+}
+/// A gate weight is the share of a token's output an expert carries: finite
+/// and >= 0 (-0 included), or NaN for an engine that records no weights. A
+/// negative or infinite one would flow into the drop policy's mass accounting.
+inline bool weight_in_domain(float w) noexcept { return std::isnan(w) || (w >= 0.0f && w < HUGE_VALF); }
+/// weight_in_domain on the weight's IEEE-754 bits (the binary scanner's form).
+/// Below +inf with the sign clear, a NaN of either sign, or -0; three
+/// compares without a branch, as the scanner's vector lanes do them.
+inline bool weight_bits_in_domain(std::uint32_t bits) noexcept {
+  return (bits < 0x7f800000u) | ((bits & 0x7fffffffu) > 0x7f800000u) | (bits == 0x80000000u);
+}
+inline std::string weight_message(float w) {
+  char buf[32];
+  const std::string text(buf, format_weight(w, buf));
+  return "weight " + text + (std::isinf(w) ? " is not finite" : " is negative") +
+         "; expected a finite weight >= 0 (or nan, an unrecorded weight)";
 }
 inline std::string dropped_message(std::uint64_t v) {
   return "dropped " + std::to_string(v) + " out of range; expected 0 or 1";
@@ -153,7 +171,7 @@ class trace_row_checker {
     const fault f = find_fault(r);
     if (f == fault::none) return true;
     describe(f, wide_row{static_cast<std::uint8_t>(r.phase), to_index(r.layer), r.slot, to_index(r.expert),
-                         r.residency, r.expert_bytes, r.dropped},
+                         r.residency, r.expert_bytes, r.dropped, r.weight},
              r, issue);
     return false;
   }
@@ -192,12 +210,13 @@ class trace_row_checker {
   struct wide_row {
     std::uint64_t phase, layer, slot, expert, residency, expert_bytes;
     std::int64_t dropped;  ///< -1 when the trace has no dropped column
+    float weight;
   };
   /// The checks of one row against the header alone (ranges, listed layers,
   /// the expert_bytes rule, the dropped column), the same ones check() makes
   /// first: true when they pass, else fills `issue`. Row order is not looked at.
   bool check_values(const wide_row& v, trace_issue& issue) const {
-    const fault f = range_fault(v.phase, v.layer, v.slot, v.expert, v.residency, v.expert_bytes, v.dropped);
+    const fault f = range_fault(v.phase, v.layer, v.slot, v.expert, v.weight, v.residency, v.expert_bytes, v.dropped);
     if (f == fault::none) return true;
     describe(f, v, trace_row{}, issue);
     return false;
@@ -205,7 +224,7 @@ class trace_row_checker {
 
  private:
   enum class fault : std::uint8_t {
-    none, phase, layer_range, layer_unlisted, layer_zero, slot_range, expert_range, residency,
+    none, phase, layer_range, layer_unlisted, layer_zero, slot_range, expert_range, weight, residency,
     bytes_mismatch, bytes_on_hit, dropped_range, dropped_absent, slot_order, slot_start, duplicate_expert,
     turn_back, prefill_after_decode, decode_step_back, decode_layer_back, prefill_step_back, prefill_overlap,
     routing_short, layer_start, layer_skip, token_cut
@@ -214,7 +233,7 @@ class trace_row_checker {
   static std::string phase_word(run_phase p) { return p == run_phase::prefill ? "prefill" : "decode"; }
 
   // The one range check, for parsed values (wide) and rows (widened).
-  fault range_fault(std::uint64_t phase, std::uint64_t layer, std::uint64_t slot, std::uint64_t expert,
+  fault range_fault(std::uint64_t phase, std::uint64_t layer, std::uint64_t slot, std::uint64_t expert, float weight,
                     std::uint64_t residency, std::uint64_t bytes, std::int64_t dropped) const noexcept {
     if (phase > 1) return fault::phase;
     if (layer >= n_layer_) return fault::layer_range;
@@ -224,6 +243,7 @@ class trace_row_checker {
                                                                                            : fault::layer_zero;
     if (slot >= k_) return fault::slot_range;
     if (expert >= n_expert_) return fault::expert_range;
+    if (!weight_in_domain(weight)) return fault::weight;
     if (residency > 2) return fault::residency;
     if (bytes != 0) {
       if (bytes != layer_bytes) return fault::bytes_mismatch;
@@ -237,7 +257,7 @@ class trace_row_checker {
   // The hot path: comparisons only, state updated only when the row passes.
   fault find_fault(const trace_row& r) noexcept {
     const fault f = range_fault(static_cast<std::uint8_t>(r.phase), to_index(r.layer), r.slot,
-                                to_index(r.expert), r.residency, r.expert_bytes, r.dropped);
+                                to_index(r.expert), r.weight, r.residency, r.expert_bytes, r.dropped);
     if (f != fault::none) return f;
     const std::size_t expert = to_index(r.expert);
     const bool same_routing = has_prev_ && r.turn == prev_turn_ && r.phase == prev_phase_ &&
@@ -334,6 +354,7 @@ class trace_row_checker {
       case fault::expert_range:
         set(trace_column::expert, range_message("expert", v.expert, h_.n_expert));
         break;
+      case fault::weight: set(trace_column::weight, weight_message(v.weight)); break;
       case fault::residency: set(trace_column::residency, residency_message(v.residency)); break;
       case fault::bytes_mismatch:
         set(trace_column::expert_bytes, "expert_bytes " + to_string(v.expert_bytes) + " for layer " +
