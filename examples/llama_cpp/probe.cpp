@@ -31,6 +31,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -886,6 +887,22 @@ int main(int argc, char** argv) {
       ->check(opt::whole(1, 1000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    // An option that acts only with another is an error naming both, not ignored.
+    auto needs = [&app](std::initializer_list<const char*> options, bool with, const char* other) {
+      for (const char* o : options)
+        if (app.count(o) != 0 && !with)
+          throw error(std::string(o) + " has no effect without " + other + "; give " + other + ", or drop " + o);
+    };
+    needs({"--layers", "--experts", "--k", "--embd", "--expert-ff", "--router", "--heads", "--heads-kv", "--head-dim",
+           "--vocab", "--shape", "--expert-pool", "--expert-type", "--dense-type", "--text-vocab", "--save-model",
+           "--splits"},
+          !a.random_arch.empty(), "--random (they shape a random-weight model)");
+    needs({"--residency-budget", "--lanes", "--serial", "--owned-reads", "--pool", "--spec-cap", "--degrade",
+           "--no-hit-measure", "--residency-when-fits"},
+          a.residency != "none", "--residency (the manager's parts)");
+    if (app.count("--tokens") != 0 && !a.prompt.empty())
+      throw error("--tokens and --prompt: --tokens sizes a random prompt, --prompt gives the text; give one of them");
+    needs({"--cost-rounds"}, a.cost, "--cost");
     return probe(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moe-llama-probe: %s\n", e.what());

@@ -128,3 +128,21 @@ if(rc EQUAL 0 OR NOT "${err}" MATCHES "--residency-when-fits: 'sometimes'; expec
   message(FATAL_ERROR "--residency-when-fits sometimes: not refused as expected (exit ${rc})\n${out}\n${err}")
 endif()
 message(STATUS "--residency-when-fits: stands down by default, acts when told, refuses 'sometimes'")
+
+# An option that acts only with another is refused naming both (issue 35), and a
+# number out of its domain is refused naming the option, the text and the limits.
+foreach(_case
+    "--model;${gguf};--lanes;4|--lanes has no effect without --residency"
+    "--model;${gguf};--layers;8|--layers has no effect without --random"
+    "--model;${gguf};--residency;exact;--spec-cap;33|--spec-cap: '33' is out of range; expected a whole number from 0 to 32")
+  string(FIND "${_case}" "|" _bar)
+  string(SUBSTRING "${_case}" 0 ${_bar} _args)  # a list: the probe's arguments
+  math(EXPR _bar "${_bar} + 1")
+  string(SUBSTRING "${_case}" ${_bar} -1 _want)
+  execute_process(COMMAND "${PROBE}" ${_args} --decode 1 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(FIND "${err}" "${_want}" _at)
+  if(rc EQUAL 0 OR _at EQUAL -1)
+    message(FATAL_ERROR "moe-llama-probe ${_args}: expected a refusal with '${_want}' (exit ${rc})\n${out}\n${err}")
+  endif()
+endforeach()
+message(STATUS "refusals: an option without the one it needs, a number out of its domain")
