@@ -162,6 +162,20 @@ if [[ -n "$decode_override" ]]; then
   [[ "$decode_override" =~ ^[1-9][0-9]*$ ]] || die "--decode: '$decode_override'; expected a whole number of decode tokens, at least 1"
   decode=$decode_override
 fi
+# Numbers: whole, positive, in range, or refused naming the option (no wrap, no 0 limit).
+[[ "$threads" =~ ^[1-9][0-9]{0,3}$ && "$threads" -le 1024 ]] || die "--threads: '$threads'; expected a whole number from 1 to 1024"
+[[ "$run_timeout" =~ ^[1-9][0-9]*$ ]] || die "--run-timeout: '$run_timeout'; expected a whole number of seconds, at least 1"
+for r in ${ratios//,/ }; do
+  [[ "$r" =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v r="$r" 'BEGIN{exit !(r >= 1 && r <= 100)}' ||
+    die "--ratios: '$r' in '$ratios'; expected ratios of the model's size to the memory limit, from 1 to 100"
+done
+[[ -n "${ratios//[ ,]/}" && "$ratios" != *,,* && "$ratios" != ,* && "$ratios" != *, ]] ||
+  die "--ratios: '$ratios'; expected a comma list of ratios like 1.5,2.5"
+if [[ "$budget" != auto ]]; then
+  [[ "$budget" =~ ^[0-9]+(\.[0-9]+)?%?$ ]] && awk -v b="${budget%\%}" 'BEGIN{exit !(b > 0)}' &&
+    { [[ "$budget" != *% ]] || awk -v b="${budget%\%}" 'BEGIN{exit !(b < 100)}'; } ||
+    die "--budget: '$budget'; expected MiB > 0, auto, or a share of the limit like 40% (above 0, below 100)"
+fi
 for c in ${configs//,/ }; do
   case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|degraded-pool|resident|resident-all|manager-exact|manager-cache) ;;
     *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, all-pool, cache-pool, degraded, degraded-pool, resident, resident-all, manager-exact or manager-cache" ;;

@@ -61,6 +61,14 @@ if ! grep -q -e '--residency' <<<"$probe_help"; then
 fi
 
 mkdir -p "$work"
+# A number out of its domain is refused before anything runs, naming the option.
+for bad in "--ratios 0.5|--ratios: '0.5' in '0.5'; expected ratios" "--threads 0|--threads: '0'; expected a whole number from 1 to 1024" \
+           "--budget 100%|--budget: '100%'; expected MiB > 0, auto, or a share"; do
+  args="${bad%%|*}" want="${bad#*|}"
+  # shellcheck disable=SC2086 # the option and its value, split on purpose
+  out="$(bash "$memlab" --smoke $args --probe "$probe" 2>&1)" && fail "memlab.sh $args exited 0"
+  grep -qF -- "$want" <<<"$out" || fail "memlab.sh $args: no '$want' in: $out"
+done
 csv="$work/memlab-smoke.csv"
 rm -f "$csv"
 bash "$memlab" --smoke --rounds 2 --probe "$probe" --csv "$csv" --csv-extended --no-plot 2> "$work/memlab.err" ||

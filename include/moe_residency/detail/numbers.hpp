@@ -134,8 +134,14 @@ inline double parse_real(const std::string& text, const std::string& what, const
 template <class T>
 T parse_whole(const std::string& text, const std::string& what, T lo = 0, T hi = std::numeric_limits<T>::max()) {
   static_assert(std::is_integral<T>::value, "parse_whole: T must be an integer type");
-  const std::uint64_t l = lo < 0 ? 0 : static_cast<std::uint64_t>(lo);
-  const std::uint64_t h = hi < 0 ? 0 : static_cast<std::uint64_t>(hi);
+  std::uint64_t l = 0, h = 0;  // a negative bound of a signed T is 0: the text has no sign
+  if constexpr (std::is_signed<T>::value) {
+    l = lo < 0 ? 0 : static_cast<std::uint64_t>(lo);
+    h = hi < 0 ? 0 : static_cast<std::uint64_t>(hi);
+  } else {
+    l = static_cast<std::uint64_t>(lo);
+    h = static_cast<std::uint64_t>(hi);
+  }
   std::uint64_t v = 0;
   const std::string p = whole_problem(text, l, h, &v);
   if (!p.empty()) throw error(what + ": " + p);
