@@ -3,7 +3,7 @@
 // (moe_residency/detail/numbers.hpp), so every numeric option of every
 // program refuses a negative, non-finite, fractional or wrapped value the
 // same way, naming the option, the text and the limits:
-//   --threads: '-1' is negative; expected a whole number from 0 to 1024
+//   --threads: '-1' is negative; expected a whole number from 0 to 4096
 // and the comma lists every program's list options share (split_list).
 
 #include <CLI/CLI.hpp>
@@ -13,9 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "moe_residency/error.hpp"
-
 #include "moe_residency/detail/numbers.hpp"
+#include "moe_residency/error.hpp"
 
 namespace moe_residency_cli {
 
