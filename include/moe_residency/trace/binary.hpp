@@ -18,6 +18,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -384,23 +385,21 @@ class binary_record_scanner {
                 magnitude = {0x7fffffffu, 0x7fffffffu, 0x7fffffffu, 0x7fffffffu},
                 negative_zero = {0x80000000u, 0x80000000u, 0x80000000u, 0x80000000u};
     u32x4 weights_ok = ~(inf ^ inf);  // all lanes set
+    // One vector of the same bytes of four records (a quarter of the vector
+    // each, from `p` on, one record apart).
+    auto gather4 = [](auto& vec, const unsigned char* p) {
+      constexpr std::size_t size = sizeof(std::remove_reference_t<decltype(vec)>), field = size / 4;
+      unsigned char bytes[size];
+      for (std::size_t r = 0; r < 4; ++r) std::memcpy(bytes + r * field, p + r * binary_trace_record_size, field);
+      std::memcpy(&vec, bytes, size);
+    };
     std::size_t i = 0;
     for (; i + 4 <= n; i += 4, rp += 4 * binary_trace_record_size) {
-      std::uint64_t w[4];
-      std::memcpy(&w[0], rp + 12, 8);
-      std::memcpy(&w[1], rp + 32, 8);
-      std::memcpy(&w[2], rp + 52, 8);
-      std::memcpy(&w[3], rp + 72, 8);
-      u16x16 v;
-      std::memcpy(&v, w, sizeof v);
+      u16x16 v;  // bytes 12-19: layer, expert, slot | phase << 8, residency | bits << 8
+      gather4(v, rp + 12);
       ok &= (u16x16)((v & vm1) <= vl1) & (u16x16)(((v - vs2) & vm2) <= vl2) & (u16x16)((v & vm3) <= vl3);
-      std::uint32_t g[4];
-      std::memcpy(&g[0], rp + 8, 4);
-      std::memcpy(&g[1], rp + 28, 4);
-      std::memcpy(&g[2], rp + 48, 4);
-      std::memcpy(&g[3], rp + 68, 4);
-      u32x4 b;
-      std::memcpy(&b, g, sizeof b);
+      u32x4 b;  // bytes 8-11: the weight
+      gather4(b, rp + 8);
       weights_ok &= (u32x4)(b < inf) | (u32x4)((b & magnitude) > inf) | (u32x4)(b == negative_zero);
     }
     u64x4 o4;
