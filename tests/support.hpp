@@ -264,6 +264,48 @@ cache_stats run_checked(const model_shape& s, const std::vector<batch>& tr, std:
   return c.stats();
 }
 
+/// P that also records every slot it is told was evicted, in order.
+template <class P>
+struct recording : P {
+  using P::P;
+  recording() = default;
+  explicit recording(P p) : P(std::move(p)) {}
+  std::vector<std::uint32_t> evicted;
+  void on_evict(std::uint32_t s) noexcept {
+    evicted.push_back(s);  // test only: may allocate
+    P::on_evict(s);
+  }
+};
+
+/// Runs `fast` and `twin` (expert_caches of recording<> policies) side by side
+/// on `trace`, calling `between(i)` after batch i on both (a preload, a pin,
+/// an invalidation), and returns the number of batches after which their
+/// evictions so far (every slot, in order), bytes or hits differ, or, every
+/// `full_every` batches, their residency of any (layer, expert).
+template <class Fast, class Twin, class Between>
+std::size_t count_divergences(const model_shape& s, Fast& fast, Twin& twin, const std::vector<batch>& trace,
+                              Between&& between, std::size_t full_every = 1) {
+  std::size_t bad = 0, checked = 0;  // evictions compared so far
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    fast.access_batch(trace[i].phase, L(trace[i].layer), trace[i].ids);
+    twin.access_batch(trace[i].phase, L(trace[i].layer), trace[i].ids);
+    between(i);
+    const auto& a = fast.policy().evicted;
+    const auto& b = twin.policy().evicted;
+    bool same = a.size() == b.size() && std::equal(a.begin() + static_cast<std::ptrdiff_t>(checked), a.end(),
+                                                   b.begin() + static_cast<std::ptrdiff_t>(checked));
+    checked = std::min(a.size(), b.size());
+    same = same && fast.resident_bytes() == twin.resident_bytes() && fast.stats().all.hits == twin.stats().all.hits;
+    if (i % full_every == 0 || i + 1 == trace.size())
+      for (std::size_t l = 0; l < s.n_layers() && same; ++l)
+        for (std::size_t e = 0; e < s.n_experts() && same; ++e)
+          same = fast.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e))) ==
+                 twin.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e)));
+    bad += !same;
+  }
+  return bad;
+}
+
 // ---- the drop policy and the planner (from test_plan.cpp) -----------------------
 
 // Residency as a set of expert ids of any layer (tests use one layer at a time).

@@ -29,6 +29,8 @@ layer_id L(int l) { return layer_id(static_cast<std::uint16_t>(l)); }
 expert_id E(int e) { return expert_id(static_cast<std::uint16_t>(e)); }
 
 using moe_residency_test::fixtures::batch;
+using moe_residency_test::fixtures::count_divergences;
+using moe_residency_test::fixtures::recording;
 using moe_residency_test::fixtures::equal_shape;
 using moe_residency_test::fixtures::index_of;
 using moe_residency_test::fixtures::list_lru;
@@ -164,45 +166,6 @@ struct twin_cycle : policy_base {
   }
 };
 
-/// P that also records every slot it is told was evicted, in order.
-template <class P>
-struct recording : P {
-  using P::P;
-  std::vector<std::uint32_t> evicted;
-  void on_evict(std::uint32_t s) noexcept {
-    evicted.push_back(s);  // test only: may allocate
-    P::on_evict(s);
-  }
-};
-
-/// Runs `fast` and `twin` (expert_caches of recording<> policies) side by side
-/// on `trace`, calling `between(i)` after batch i on both (a preload, a pin,
-/// an invalidation), and returns the number of batches after which their
-/// evictions so far (every slot, in order), bytes or hits differ, or, every
-/// `full_every` batches, their residency of any (layer, expert).
-template <class Fast, class Twin, class Between>
-std::size_t cycle_divergences(const model_shape& s, Fast& fast, Twin& twin, const std::vector<batch>& trace,
-                              Between&& between, std::size_t full_every = 1) {
-  std::size_t bad = 0, checked = 0;  // evictions compared so far
-  for (std::size_t i = 0; i < trace.size(); ++i) {
-    fast.access_batch(trace[i].phase, L(trace[i].layer), trace[i].ids);
-    twin.access_batch(trace[i].phase, L(trace[i].layer), trace[i].ids);
-    between(i);
-    const auto& a = fast.policy().evicted;
-    const auto& b = twin.policy().evicted;
-    bool same = a.size() == b.size() && std::equal(a.begin() + static_cast<std::ptrdiff_t>(checked), a.end(),
-                                                   b.begin() + static_cast<std::ptrdiff_t>(checked));
-    checked = std::min(a.size(), b.size());
-    same = same && fast.resident_bytes() == twin.resident_bytes() && fast.stats().all.hits == twin.stats().all.hits;
-    if (i % full_every == 0 || i + 1 == trace.size())
-      for (std::size_t l = 0; l < s.n_layers() && same; ++l)
-        for (std::size_t e = 0; e < s.n_experts() && same; ++e)
-          same = fast.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e))) ==
-                 twin.is_resident(L(static_cast<int>(l)), E(static_cast<int>(e)));
-    bad += !same;
-  }
-  return bad;
-}
 }  // namespace
 
 TEST_CASE("expert_cache: the engine's batch accounting") {
@@ -372,7 +335,8 @@ TEST_CASE("belady equals a rescanning Belady and never loses with equal sizes") 
 
 TEST_CASE_TEMPLATE("invariants hold for every policy on random traces", P, lru_policy, lfu_policy, random_policy,
                    layer_lru_policy, layer_lfu_policy, arc_policy, s3fifo_policy, sieve_policy, cycle_policy,
-                   retention_policy<lru_policy>, retention_policy<cycle_policy>) {
+                   adaptive_policy, retention_policy<lru_policy>, retention_policy<cycle_policy>,
+                   retention_policy<adaptive_policy>) {
   for (std::uint32_t seed : {21u, 22u}) {
     const model_shape s("mixed", 16, 3, {100, 150, 100, 250});
     const auto tr = random_trace(s, seed, 6, 50);
@@ -562,7 +526,7 @@ TEST_CASE("cycle equals its slow obvious twin, entry by entry, on random traces"
           fast.pin(L(1), E(2));
           twin.pin(L(1), E(2));
           std::mt19937 r2(seed * 31 + static_cast<std::uint32_t>(budget));
-          const std::size_t bad = cycle_divergences(s, fast, twin, tr, [&](std::size_t i) {
+          const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
             const int l = static_cast<int>(r2() % s.n_layers()), e = static_cast<int>(r2() % s.n_experts());
             if (i % 5 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
             if (i % 11 == 6) CHECK(fast.invalidate(L(l), E(e)) == twin.invalidate(L(l), E(e)));
@@ -602,7 +566,7 @@ TEST_CASE("cycle equals its slow obvious twin where ties decide") {
         CAPTURE(budget);
         expert_cache<recording<cycle_policy>> fast(s, opts(budget), recording<cycle_policy>{co});
         expert_cache<recording<twin_cycle>> twin(s, opts(budget), recording<twin_cycle>{co});
-        CHECK(cycle_divergences(s, fast, twin, tr, [](std::size_t) {}) == 0);
+        CHECK(count_divergences(s, fast, twin, tr, [](std::size_t) {}) == 0);
         k_ties += twin.policy().k_ties;
       }
     }
@@ -724,7 +688,7 @@ TEST_CASE("cycle equals its slow obvious twin under retention_policy, with prote
         expert_cache<recording<retention_policy<cycle_policy>>> fast(s, opts(budget));
         expert_cache<recording<retention_policy<twin_cycle>>> twin(s, opts(budget));
         std::mt19937 r2(seed);
-        const std::size_t bad = cycle_divergences(s, fast, twin, tr, [&](std::size_t i) {
+        const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
           if (i + 1 >= tr.size()) return;
           // Protect the next batch's ids (a perfect predictor) or random ones.
           const batch& next = tr[i + 1];
@@ -773,7 +737,7 @@ TEST_CASE("cycle: the sorted layer arrays against the twin when a layer fills it
           expert_cache<recording<cycle_policy>> fast(s, opts(budget), recording<cycle_policy>{co});
           expert_cache<recording<twin_cycle>> twin(s, opts(budget), recording<twin_cycle>{co});
           std::mt19937 r2(seed * 17 + static_cast<std::uint32_t>(budget));
-          const std::size_t bad = cycle_divergences(s, fast, twin, tr, [&](std::size_t i) {
+          const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
             for (std::size_t l = 0; l < s.n_layers(); ++l)
               full_rooms += fast.resident_count(L(static_cast<int>(l))) >= s.n_experts() - 1;
             const int l = static_cast<int>(r2() % s.n_layers()), e = static_cast<int>(r2() % s.n_experts());
@@ -826,7 +790,7 @@ TEST_CASE("cycle equals its slow obvious twin on the real traces, batch by batch
       CAPTURE(mib);
       expert_cache<recording<cycle_policy>> fast(s, opts(from_mib(mib)));
       expert_cache<recording<twin_cycle>> twin(s, opts(from_mib(mib)));
-      CHECK(cycle_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
+      CHECK(count_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
       CHECK(fast.stats().all.evictions > 1000);
     }
   }
@@ -924,7 +888,8 @@ TEST_CASE("expert_cache: invalidate() drops an entry exactly, without an evictio
 }
 
 TEST_CASE_TEMPLATE("invalidate() keeps every policy consistent", P, lru_policy, lfu_policy, random_policy,
-                   layer_lru_policy, layer_lfu_policy, arc_policy, s3fifo_policy, sieve_policy, cycle_policy) {
+                   layer_lru_policy, layer_lfu_policy, arc_policy, s3fifo_policy, sieve_policy, cycle_policy,
+                   adaptive_policy) {
   const model_shape s = equal_shape(3, 12, 2, 100);
   const auto tr = random_trace(s, 5, 4, 40);
   expert_cache<P> c(s, opts(700));

@@ -373,7 +373,27 @@ cache.stats().decode.hit_pct();                  // also .all; lookups, hits, mi
   CHECK_THROWS_AS(expert_cache<lru_policy>(presets::qwen3_30b_a3b(6), low), error);
 }
 
-// docs/cache.md, block 2 — keep in sync
+TEST_CASE("docs/cache.md, the adaptive policy") {
+  // docs/cache.md, block 2 — keep in sync
+using namespace moe_residency;
+adaptive_policy_options o;                    // also: window_tokens, margin, first_leader, cycle
+o.objective = adaptive_objective::misses;     // hit rate instead of bytes read
+cache_options co;
+co.budget_bytes = from_mib(2000);
+expert_cache<adaptive_policy> c(presets::qwen3_30b_a3b(6), co, adaptive_policy{o});
+const expert_id routed[] = {expert_id{3}, expert_id{17}, expert_id{40}, expert_id{41}, expert_id{90}, expert_id{127}};
+c.access_batch(run_phase::decode, layer_id{0}, routed);
+const std::string& following = adaptive_rule_names()[c.policy().leader()];  // "cycle" at first
+const cache_stats& alone = c.policy().rule_stats(3);  // what layerlfu alone would have done
+  // ---
+  CHECK(following == "cycle");  // one batch: every rule missed all six, nobody is cheaper
+  CHECK(alone.all.lookups == 6);
+  CHECK(alone.all.misses == 6);
+  CHECK(c.stats().all.misses == 6);
+  CHECK(adaptive_rule_names()[3] == "layerlfu");
+}
+
+// docs/cache.md, block 3 — keep in sync
 struct my_policy : policy_base {            // policy_base: global budget trigger, empty hooks
   static constexpr const char* name = "mine";
   static constexpr bool collapses_below_cycle = false;   // guard applies when true
@@ -546,7 +566,7 @@ TEST_CASE("docs and tests/test_docs.cpp are in sync") {
   // added here and above; speculation.md and llama-cpp.md have their own suites).
   const std::vector<std::pair<std::string, std::size_t>> pages = {
       {"README.md", 1},        {"docs/overview.md", 1}, {"docs/router.md", 1},
-      {"docs/traces.md", 1},   {"docs/session.md", 1},  {"docs/cache.md", 2},
+      {"docs/traces.md", 1},   {"docs/session.md", 1},  {"docs/cache.md", 3},
       {"docs/replay.md", 1},   {"docs/prediction.md", 0}, {"docs/configuration.md", 0},
       {"docs/limitations.md", 0}, {"docs/benchmarks.md", 0}, {"docs/reliability.md", 0}};
   for (const auto& entry : pages) {

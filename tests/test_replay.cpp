@@ -206,7 +206,7 @@ TEST_CASE("the policy registry: names, types, aliases, refusals") {
     return std::vector<int>{a, b == a ? (t * 3 + l + 1) % 8 : b};
   });
   const auto& reg = cache_policy_registry();
-  REQUIRE(reg.size() == 10);
+  REQUIRE(reg.size() == 11);
   cache_policy_args args;
   args.next_use = in.next_use();
   for (const auto& p : reg) {

@@ -4,6 +4,7 @@
 /// for one policy only.
 
 #include "moe_residency/cache/expert_cache.hpp"
+#include "moe_residency/cache/adaptive.hpp"
 #include "moe_residency/cache/arc.hpp"
 #include "moe_residency/cache/belady.hpp"
 #include "moe_residency/cache/cycle.hpp"

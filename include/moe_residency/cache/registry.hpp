@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "moe_residency/cache/adaptive.hpp"
 #include "moe_residency/cache/arc.hpp"
 #include "moe_residency/cache/belady.hpp"
 #include "moe_residency/cache/cycle.hpp"
@@ -40,7 +41,9 @@ struct cache_policy_info {
 /// What the policies that need more than a default constructor are built from.
 struct cache_policy_args {
   std::uint64_t seed = 0x5eed;      ///< random_policy's seed
-  cycle_policy_options cycle{};     ///< cycle_policy's tuning
+  cycle_policy_options cycle{};     ///< cycle_policy's tuning (and the adaptive policy's cycle rule's)
+  /// adaptive_policy's tuning; its `cycle` is replaced by `cycle` above.
+  adaptive_policy_options adaptive{};
   /// belady_policy's next-use index (the trace's future); belady is refused without one.
   std::shared_ptr<const next_use_index> next_use;
 };
@@ -66,6 +69,7 @@ void for_each_registered_policy(F&& f) {
   f(policy_tag<s3fifo_policy>{}, "S3-FIFO as libCacheSim defines it");
   f(policy_tag<sieve_policy>{}, "SIEVE as libCacheSim defines it");
   f(policy_tag<cycle_policy>{}, "this library's token-cycle-aware approximation of Belady (--decay)");
+  f(policy_tag<adaptive_policy>{}, "follows whichever of lru ... cycle read the fewest bytes lately, kept in shadow caches");
 }
 
 inline bool policy_name_is(const char* a, const std::string& b) noexcept { return b == a; }
@@ -76,6 +80,10 @@ P make_registered_policy(const cache_policy_args& a) {
     return random_policy{a.seed};
   } else if constexpr (std::is_same<P, cycle_policy>::value) {
     return cycle_policy{a.cycle};
+  } else if constexpr (std::is_same<P, adaptive_policy>::value) {
+    adaptive_policy_options o = a.adaptive;
+    o.cycle = a.cycle;
+    return adaptive_policy{o};
   } else if constexpr (std::is_same<P, belady_policy>::value) {
     if (!a.next_use)
       throw error("cache policy 'belady': no next-use index; expected cache_policy_args::next_use (the trace's future)");

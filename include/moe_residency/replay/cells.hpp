@@ -69,6 +69,8 @@ struct replay_options {
   std::uint64_t seed = 0x5eed;
   /// Tuning of the cycle policy.
   cycle_policy_options cycle{};
+  /// Tuning of the adaptive policy (its cycle rule takes `cycle`).
+  adaptive_policy_options adaptive{};
   /// Token-cycle guard of each cell's cache. warn (default) runs the cell and
   /// puts the message in replay_result::warning; refuse throws.
   cycle_guard guard = cycle_guard::warn;
@@ -146,10 +148,12 @@ inline replay_policy_name parse_replay_policy(const std::string& full) {
 }
 
 inline cache_policy_args replay_policy_args(const replay_input& in, std::uint64_t seed,
-                                            const cycle_policy_options& cycle) {
+                                            const cycle_policy_options& cycle,
+                                            const adaptive_policy_options& adaptive) {
   cache_policy_args a;
   a.seed = seed;
   a.cycle = cycle;
+  a.adaptive = adaptive;
   a.next_use = in.next_use();
   return a;
 }
@@ -205,7 +209,7 @@ void replay_dispatch_retention(const replay_input& in, Policy p, replay_result& 
 inline void replay_dispatch(const replay_input& in, const std::string& full, replay_result& r,
                             const replay_options& o) {
   const replay_policy_name name = parse_replay_policy(full);
-  with_cache_policy(name.base, replay_policy_args(in, o.seed, o.cycle),
+  with_cache_policy(name.base, replay_policy_args(in, o.seed, o.cycle, o.adaptive),
                     [&](auto policy) { replay_dispatch_retention(in, std::move(policy), r, o, name.pred); });
 }
 

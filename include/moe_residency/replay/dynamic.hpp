@@ -213,6 +213,7 @@ struct dynamic_replay_options {
   cycle_guard guard = cycle_guard::warn;
   std::uint64_t seed = 0x5eed;  ///< of the random policy
   cycle_policy_options cycle{};
+  adaptive_policy_options adaptive{};
 };
 
 /// What a dynamic replay did, decode figures per token.
@@ -274,7 +275,7 @@ void with_replay_policy(const std::string& name, const replay_input& in, const d
   if (name.find('+') != std::string::npos)
     throw error("replay: policy '" + name + "' with --drop/--speculate; expected a base policy: " +
                 cache_policy_names() + " (retention decorators are not combined with speculation)");
-  with_cache_policy(name, replay_policy_args(in, o.seed, o.cycle), std::forward<F>(f));
+  with_cache_policy(name, replay_policy_args(in, o.seed, o.cycle, o.adaptive), std::forward<F>(f));
 }
 
 template <class Policy>

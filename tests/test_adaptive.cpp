@@ -1,0 +1,378 @@
+// The adaptive policy: against its slow obvious twin (same evictions, entry
+// by entry) on random traces and on the real ones, what following a rule
+// guarantees, and its refusals.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moe_residency/cache.hpp"
+#include "moe_residency/trace.hpp"
+#include "support.hpp"
+
+using namespace moe_residency;
+
+namespace {
+
+using moe_residency_test::fixtures::batch;
+using moe_residency_test::fixtures::count_divergences;
+using moe_residency_test::fixtures::E;
+using moe_residency_test::fixtures::L;
+using moe_residency_test::fixtures::opts;
+using moe_residency_test::fixtures::random_trace;
+using moe_residency_test::fixtures::recording;
+
+/// One rule's plain cache, behind a virtual interface so the twin can hold
+/// the eight in a vector and call them by index.
+struct any_rule {
+  virtual ~any_rule() = default;
+  virtual void begin(run_phase p, layer_id l) = 0;
+  virtual void lookup(expert_id e) = 0;
+  virtual void insert(layer_id l, expert_id e, run_phase p) = 0;
+  virtual void end() = 0;
+  virtual bool resident(layer_id l, expert_id e) const = 0;
+  virtual const cache_stats& stats() const = 0;
+  virtual const std::vector<std::uint32_t>& evicted() const = 0;
+};
+template <class P>
+struct rule_of : any_rule {
+  expert_cache<recording<P>> c;
+  rule_of(const model_shape& s, std::uint64_t budget, P p)
+      : c(s, cache_options{budget, cycle_guard::off, {}}, recording<P>(std::move(p))) {}
+  void begin(run_phase p, layer_id l) override { c.begin_batch(p, l); }
+  void lookup(expert_id e) override { c.lookup(e); }
+  void insert(layer_id l, expert_id e, run_phase p) override { c.insert(l, e, p); }
+  void end() override { c.end_batch(); }
+  bool resident(layer_id l, expert_id e) const override { return c.is_resident(l, e); }
+  const cache_stats& stats() const override { return c.stats(); }
+  const std::vector<std::uint32_t>& evicted() const override { return c.policy().evicted; }
+};
+
+/// The slow obvious twin of adaptive_policy: the eight rules as plain caches
+/// that log their evictions, the real cache's entries in maps (orphaned or
+/// not, and a stamp of when each last moved), each rule's cost recomputed
+/// from its counters, and every victim found by scanning every entry.
+class twin_adaptive : public policy_base {
+ public:
+  static constexpr const char* name = "twin-adaptive";
+  static constexpr bool collapses_below_cycle = false;
+  explicit twin_adaptive(adaptive_policy_options o = {}) : o_(o) {}
+
+  void init(const model_shape& s, std::uint64_t budget) {
+    st_ = std::make_shared<state>();
+    state& t = *st_;
+    t.n_experts = static_cast<std::uint32_t>(s.n_experts());
+    t.rules.emplace_back(new rule_of<lru_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<lfu_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<layer_lru_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<layer_lfu_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<arc_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<s3fifo_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<sieve_policy>(s, budget, {}));
+    t.rules.emplace_back(new rule_of<cycle_policy>(s, budget, cycle_policy{o_.cycle}));
+    t.seen.assign(8, 0);
+    t.cost.assign(8, 0.0);
+    t.charged.assign(8, 0);
+    t.leader = o_.first_leader;
+    const double per_batch = o_.window_tokens * static_cast<double>(s.n_moe_layers());
+    t.decay = o_.window_tokens > 0.0 ? 1.0 - 1.0 / std::max(per_batch, 1.0) : 1.0;
+  }
+  void on_batch_begin(run_phase p, std::size_t layer) noexcept {
+    sync();
+    state& t = *st_;
+    t.phase = p;
+    t.layer = static_cast<std::uint32_t>(layer);
+    for (auto& r : t.rules) r->begin(p, L(static_cast<int>(layer)));
+    t.open = true;
+  }
+  void on_hit(std::uint32_t s) noexcept { looked_up(s); }
+  void on_repeat(std::uint32_t s) noexcept { looked_up(s); }
+  void on_insert(std::uint32_t s) noexcept { looked_up(s); }
+  void on_admit(std::uint32_t s) noexcept {
+    state& t = *st_;
+    for (auto& r : t.rules) r->insert(layer_of(s), expert_of(s), t.phase);
+    drain();
+    t.orphan[s] = !t.rules[t.leader]->resident(layer_of(s), expert_of(s));
+    t.stamp[s] = ++t.tick;
+    t.admitting = true;
+  }
+  void on_evict(std::uint32_t s) noexcept {
+    st_->orphan.erase(s);
+    st_->stamp.erase(s);
+  }
+  template <class View>
+  bool over_budget(const View& v, std::size_t) const noexcept {
+    sync();
+    return v.used_bytes() > v.budget_bytes();
+  }
+  void end_eviction() noexcept { st_->admitting = false; }
+  template <class View>
+  std::uint32_t victim(const View& v, std::size_t) const noexcept {
+    for (bool want_orphan : {true, false}) {
+      std::uint32_t best = no_slot;
+      std::uint64_t oldest = std::numeric_limits<std::uint64_t>::max();
+      for (const auto& [s, orphaned] : st_->orphan)
+        if (orphaned == want_orphan && v.evictable(s) && st_->stamp.at(s) < oldest) {
+          oldest = st_->stamp.at(s);
+          best = s;
+        }
+      if (best != no_slot) return best;
+    }
+    return no_slot;
+  }
+  std::uint32_t leader() const { return st_->leader; }
+
+ private:
+  struct state {
+    std::uint32_t n_experts = 1, layer = 0, leader = 0;
+    std::vector<std::unique_ptr<any_rule>> rules;
+    std::vector<std::size_t> seen;  // evictions of each rule already looked at
+    std::vector<double> cost;
+    std::vector<std::uint64_t> charged;
+    std::map<std::uint32_t, bool> orphan;  // the real cache's entries: orphaned?
+    std::map<std::uint32_t, std::uint64_t> stamp;
+    std::uint64_t tick = 0;
+    double decay = 1.0;
+    run_phase phase = run_phase::prefill;
+    bool open = false, admitting = false;
+  };
+  layer_id layer_of(std::uint32_t s) const { return L(static_cast<int>(s / st_->n_experts)); }
+  expert_id expert_of(std::uint32_t s) const { return E(static_cast<int>(s % st_->n_experts)); }
+
+  void looked_up(std::uint32_t s) noexcept {
+    state& t = *st_;
+    for (auto& r : t.rules) r->lookup(E(static_cast<int>(s - t.layer * t.n_experts)));
+    drain();
+    t.orphan[s] = false;
+    t.stamp[s] = ++t.tick;
+  }
+  /// The leader's new evictions orphan the real cache's copies, in order.
+  void drain() const {
+    state& t = *st_;
+    for (std::size_t r = 0; r < t.rules.size(); ++r)
+      for (const auto& log = t.rules[r]->evicted(); t.seen[r] < log.size(); ++t.seen[r]) {
+        const std::uint32_t s = log[t.seen[r]];
+        auto it = t.orphan.find(s);
+        if (r == t.leader && it != t.orphan.end() && !it->second) {
+          it->second = true;
+          t.stamp[s] = ++t.tick;
+        }
+      }
+  }
+  void sync() const {
+    state& t = *st_;
+    if (!t.open || t.admitting) return;
+    t.open = false;
+    for (auto& r : t.rules) r->end();
+    drain();
+    for (std::size_t r = 0; r < t.rules.size(); ++r) {
+      const cache_counters& k = t.rules[r]->stats().all;
+      const std::uint64_t now = o_.objective == adaptive_objective::bytes ? k.bytes_read : k.misses;
+      t.cost[r] = t.cost[r] * t.decay + static_cast<double>(now - t.charged[r]);
+      t.charged[r] = now;
+    }
+    const double low = *std::min_element(t.cost.begin(), t.cost.end());
+    if (!(low < t.cost[t.leader])) return;
+    const auto best = static_cast<std::uint32_t>(std::find(t.cost.begin(), t.cost.end(), low) - t.cost.begin());
+    if (!(low < t.cost[t.leader] * (1.0 - o_.margin))) return;
+    t.leader = best;
+    for (auto& [s, orphaned] : t.orphan) {  // slot order
+      const bool want = !t.rules[best]->resident(layer_of(s), expert_of(s));
+      if (orphaned != want) {
+        orphaned = want;
+        t.stamp[s] = ++t.tick;
+      }
+    }
+  }
+
+  adaptive_policy_options o_;
+  std::shared_ptr<state> st_;
+};
+
+adaptive_policy_options options_of(double window, double margin, adaptive_objective obj, std::uint32_t first) {
+  adaptive_policy_options o;
+  o.window_tokens = window;
+  o.margin = margin;
+  o.objective = obj;
+  o.first_leader = first;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random traces") {
+  // Mixed expert sizes, prefill batches, pins, insert() and invalidate()
+  // between batches, short windows (many switches) and long ones, both
+  // objectives, every first leader.
+  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
+  std::uint64_t switches = 0, evictions = 0;
+  for (std::uint32_t seed : {81u, 82u, 83u}) {
+    const auto tr = random_trace(s, seed, seed == 83u ? 0 : 4, 150);
+    for (const auto& o : {options_of(0, 0, adaptive_objective::bytes, 7), options_of(0.5, 0, adaptive_objective::misses, 0),
+                          options_of(2, 0.1, adaptive_objective::bytes, 3), options_of(8, 0.05, adaptive_objective::misses, 5)}) {
+      for (std::uint64_t budget : {250u, 700u, 1500u, 3200u}) {
+        CAPTURE(seed);
+        CAPTURE(o.window_tokens);
+        CAPTURE(budget);
+        expert_cache<recording<adaptive_policy>> fast(s, opts(budget), recording<adaptive_policy>(o));
+        expert_cache<recording<twin_adaptive>> twin(s, opts(budget), recording<twin_adaptive>(o));
+        fast.pin(L(1), E(2));
+        twin.pin(L(1), E(2));
+        std::mt19937 rng(seed * 7 + static_cast<std::uint32_t>(budget));
+        const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
+          const int l = static_cast<int>(rng() % s.n_layers()), e = static_cast<int>(rng() % s.n_experts());
+          if (i % 5 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
+          if (i % 11 == 6) CHECK(fast.invalidate(L(l), E(e)) == twin.invalidate(L(l), E(e)));
+          if (i % 97 == 40) {
+            fast.pin(L(l), E(e));
+            twin.pin(L(l), E(e));
+          }
+          if (i % 97 == 80) {
+            fast.unpin(L(l), E(e));
+            twin.unpin(L(l), E(e));
+          }
+          REQUIRE(fast.policy().leader() == twin.policy().leader());
+        });
+        CHECK(bad == 0);
+        switches += fast.policy().switches();
+        evictions += fast.stats().all.evictions;
+      }
+    }
+  }
+  CHECK(switches > 500);  // the switch path ran, not just one leader
+  CHECK(evictions > 20000);
+}
+
+TEST_CASE("adaptive: an insert() inside an open batch is followed by every rule") {
+  // A speculative read completing while its layer's batch is open: the
+  // shadows take it inside their open batch too, and the batch's own lookups
+  // still reach them afterwards.
+  const model_shape s = moe_residency_test::fixtures::equal_shape(3, 12, 2, 100);
+  const auto tr = random_trace(s, 9, 2, 60);
+  for (std::uint64_t budget : {700u, 1200u}) {
+    CAPTURE(budget);
+    const adaptive_policy_options o = options_of(1, 0, adaptive_objective::misses, 7);
+    expert_cache<recording<adaptive_policy>> fast(s, opts(budget), recording<adaptive_policy>(o));
+    expert_cache<recording<twin_adaptive>> twin(s, opts(budget), recording<twin_adaptive>(o));
+    std::size_t i = 0;
+    for (const batch& b : tr) {
+      fast.begin_batch(b.phase, L(b.layer));
+      twin.begin_batch(b.phase, L(b.layer));
+      for (std::size_t k = 0; k < b.ids.size(); ++k) {
+        CHECK(fast.lookup(b.ids[k]) == twin.lookup(b.ids[k]));
+        if (k == 0) {
+          const int e = static_cast<int>((i * 5) % 12);
+          CHECK(fast.insert(L((b.layer + 1) % 3), E(e)) == twin.insert(L((b.layer + 1) % 3), E(e)));
+        }
+      }
+      fast.end_batch();
+      twin.end_batch();
+      REQUIRE(fast.policy().evicted == twin.policy().evicted);
+      REQUIRE(fast.stats().all.hits == twin.stats().all.hits);
+      ++i;
+    }
+    const cache_stats& a = fast.stats();
+    CHECK(a.inserted > 30);
+    // Every rule saw every lookup: its lookups equal the real cache's.
+    for (std::uint32_t r = 0; r < 8; ++r) CHECK(fast.policy().rule_stats(r).all.lookups == a.all.lookups);
+  }
+}
+
+TEST_CASE("adaptive: following one rule never hits less than that rule alone") {
+  // Margin just below 1: the first leader keeps the lead. While the rule
+  // holds no more than the budget, the real cache holds everything it holds
+  // (it evicts only what the rule evicted), so every hit of the rule is a hit
+  // of the real cache; with equal sizes and a global budget it holds exactly
+  // the same and the counts are equal. Decode only: a wide prefill batch
+  // makes a layer partition hold more than the budget (its floor of the
+  // batch's entries), and then the real cache must evict what it holds.
+  const model_shape s = moe_residency_test::fixtures::equal_shape(4, 16, 3, 100);
+  for (std::uint32_t seed : {3u, 4u}) {
+    const auto tr = random_trace(s, seed, 0, 120);
+    for (std::uint64_t budget : {1300u, 2500u, 4000u}) {
+      for (std::uint32_t r = 0; r < 8; ++r) {
+        CAPTURE(seed);
+        CAPTURE(budget);
+        CAPTURE(adaptive_rule_names()[r]);
+        expert_cache<adaptive_policy> c(s, opts(budget), adaptive_policy{options_of(0, 0.999999, adaptive_objective::bytes, r)});
+        for (const batch& b : tr) {
+          c.access_batch(b.phase, L(b.layer), b.ids);
+          REQUIRE(c.stats().all.hits >= c.policy().rule_stats(r).all.hits);
+        }
+        CHECK(c.policy().switches() == 0);
+        const bool partition = r == 2 || r == 3;
+        if (!partition) CHECK(c.stats().all.hits == c.policy().rule_stats(r).all.hits);
+      }
+    }
+  }
+}
+
+TEST_CASE("adaptive: the cheapest rule leads, and the objective decides which is cheapest") {
+  // One layer of 8 experts cycling 0..4 with a budget of 4: LRU misses every
+  // time, LFU and the others keep some. The leader must end on a rule whose
+  // cost is the least, and never on lru.
+  const model_shape s = moe_residency_test::fixtures::equal_shape(1, 8, 1, 100);
+  expert_cache<adaptive_policy> c(s, opts(400), adaptive_policy{options_of(0, 0, adaptive_objective::misses, 0)});
+  for (int t = 0; t < 200; ++t) {
+    const expert_id id = E(t % 5);
+    c.access_batch(run_phase::decode, L(0), span<const expert_id>(&id, 1));
+  }
+  const std::uint32_t lead = c.policy().leader();
+  CHECK(lead != 0);
+  for (std::uint32_t r = 0; r < 8; ++r) CHECK(c.policy().rule_cost(lead) <= c.policy().rule_cost(r));
+  CHECK(c.policy().rule_stats(0).all.hits == 0);  // lru: the cycle is longer than the cache
+  CHECK(c.stats().all.hits > 100);
+}
+
+TEST_CASE("adaptive: options out of range are refused, naming them") {
+  adaptive_policy_options o;
+  o.window_tokens = -1;
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("window_tokens -1"), error);
+  o.window_tokens = std::nan("");
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("window_tokens"), error);
+  o = {};
+  o.margin = 1;
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("margin 1"), error);
+  o = {};
+  o.first_leader = 8;
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("first_leader 8"), error);
+  o = {};
+  o.cycle.decay = 1;
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("decay"), error);
+  CHECK(adaptive_rule_names().size() == 8);
+  CHECK(adaptive_rule_names()[o.first_leader] == "cycle");
+}
+
+TEST_CASE("adaptive equals its slow obvious twin on the real traces, batch by batch") {
+  for (const char* name : {"qwen.route.csv", "gptoss.route.csv"}) {
+    const std::string path = moe_residency_test::real_trace(name);
+    if (path.empty()) return;
+    const validated_route_trace t = read_route_trace(path);
+    const model_shape s = t.shape();
+    const load_batches lb = group_load_batches(t);
+    std::vector<batch> tr;
+    for (const load_batch& b : lb.batches) {
+      const auto ids = lb.experts_of(b);
+      tr.push_back({b.phase, static_cast<int>(to_index(b.layer)), std::vector<expert_id>(ids.begin(), ids.end())});
+    }
+    for (double mib : {1000.0, 4000.0}) {
+      for (double window : {8.0, 0.25}) {
+        CAPTURE(name);
+        CAPTURE(mib);
+        CAPTURE(window);
+        const adaptive_policy_options o = options_of(window, window > 1 ? 0.1 : 0.0, adaptive_objective::bytes, 7);
+        expert_cache<recording<adaptive_policy>> fast(s, opts(from_mib(mib)), recording<adaptive_policy>(o));
+        expert_cache<recording<twin_adaptive>> twin(s, opts(from_mib(mib)), recording<twin_adaptive>(o));
+        CHECK(count_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
+        CHECK(fast.stats().all.evictions > 1000);
+      }
+    }
+  }
+}
