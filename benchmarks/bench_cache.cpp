@@ -142,6 +142,8 @@ void BM_synthetic_arc(benchmark::State& st) { synthetic_cell(st, arc_policy{}); 
 void BM_synthetic_s3fifo(benchmark::State& st) { synthetic_cell(st, s3fifo_policy{}); }
 void BM_synthetic_sieve(benchmark::State& st) { synthetic_cell(st, sieve_policy{}); }
 void BM_synthetic_cycle(benchmark::State& st) { synthetic_cell(st, cycle_policy{}); }
+// Eight shadow caches behind every lookup: the price of choosing among them.
+void BM_synthetic_adaptive(benchmark::State& st) { synthetic_cell(st, adaptive_policy{}); }
 void BM_synthetic_belady(benchmark::State& st) {
   static const auto idx = [] {
     auto i = std::make_shared<next_use_index>(synth().shape);
@@ -162,6 +164,7 @@ BENCHMARK(BM_synthetic_arc)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_synthetic_s3fifo)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_synthetic_sieve)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_synthetic_cycle)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_synthetic_adaptive)->Unit(benchmark::kMillisecond);
 
 // ---- one cell of the real Qwen trace (4000 MiB, the phone's budget) --------
 
@@ -198,5 +201,6 @@ BENCHMARK_CAPTURE(BM_qwen_cell, lru, "lru")->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_qwen_cell, layerlfu, "layerlfu")->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_qwen_cell, belady, "belady")->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_qwen_cell, cycle, "cycle")->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_qwen_cell, adaptive, "adaptive")->Unit(benchmark::kMicrosecond);
 
 }  // namespace
