@@ -7,13 +7,15 @@
 /// decayed over a window of tokens, and follows the cheapest: the leader.
 ///
 /// Following means: the real cache evicts first what the leader no longer
-/// holds (the orphans, oldest orphan first), so while one rule leads the real
-/// cache holds what it holds and hits as it hits. Only when nothing is
-/// orphaned (a layer partition leaves part of the budget free, or a switch
-/// left the real cache without some of the new leader's entries) does it
-/// evict its own least recently used entry. A switch costs the misses on the
-/// new leader's entries the real cache lacks; a margin (hysteresis) keeps a
-/// near tie from switching back and forth.
+/// holds (the orphans), so while one rule leads the real cache holds what it
+/// holds and hits as it hits. Among the orphans, and among the leader's own
+/// entries when nothing is orphaned (a layer partition leaves part of the
+/// budget free, or a switch left the real cache without some of the new
+/// leader's entries), it evicts first what the fewest other rules still
+/// hold: the rules vote on what to keep. Ties go to the entry whose use or
+/// vote changed least recently. A switch costs the misses on the new
+/// leader's entries the real cache lacks; a margin (hysteresis) keeps a near
+/// tie from switching back and forth.
 ///
 /// The bound this gives: while one rule leads and holds no more than the
 /// budget, the real cache holds all it holds, so it hits at least as often
@@ -24,15 +26,19 @@
 /// followed as far as the budget allows.
 ///
 /// Cost: every lookup is a lookup in each of the eight shadows (O(1) each,
-/// O(8) in all); each batch's end closes the shadows' batches and compares
-/// eight decayed counters; a switch walks the resident slots once (O(n)),
-/// and happens at most once per batch. State: eight caches' state, a byte of
+/// O(8) in all), and each change of a shadow's residency relinks the entry
+/// (O(1)); each batch's end closes the shadows' batches and compares eight
+/// decayed counters; a switch reorders the 256 vote lists (O(1) in the
+/// number of experts). An eviction looks at the vote lists' tails in order
+/// (at most 256, most of them empty). State: eight caches' state, a byte of
 /// shadow residency and a list link per (layer, expert) slot: bounded in the
 /// number of experts. Never collapses below the token cycle while a rule
 /// that survives there (lfu, layerlfu, cycle) is among the shadows: it is
 /// then the cheapest and leads.
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -105,14 +111,17 @@ class adaptive_shadow : public P {
 class adaptive_core {
  public:
   static constexpr std::uint32_t n_rules = 8;
-  static constexpr std::uint32_t followed = 0, orphaned = 1;  // the real cache's two lists
+  /// The real cache's entries are in one list per vote: the set of rules
+  /// holding the entry (a byte, bit r for rule r).
+  static constexpr std::uint32_t n_votes = 1u << n_rules;
 
   adaptive_core(const model_shape& shape, std::uint64_t budget, const adaptive_policy_options& o)
       : o_(o), leader_(o.first_leader) {
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
     const std::size_t n_slots = shape.n_layers() * shape.n_experts();
     held_.assign(n_slots, 0);
-    lists_.reset(n_slots, 2);
+    lists_.reset(n_slots, n_votes);
+    order_votes();
     const double per_batch = o.window_tokens * static_cast<double>(std::max<std::size_t>(shape.n_moe_layers(), 1));
     decay_ = o.window_tokens > 0.0 ? 1.0 - 1.0 / std::max(per_batch, 1.0) : 1.0;
     const cache_options co{budget, cycle_guard::off, {}};
@@ -139,19 +148,19 @@ class adaptive_core {
     open_ = true;
   }
   /// A lookup of the real cache (hit, miss or repeat): the same lookup in
-  /// every shadow; then the slot is held by the leader (a shadow never
-  /// evicts what its open batch touched) and is the most recent.
+  /// every shadow; then every rule holds the slot (a shadow never evicts what
+  /// its open batch touched) and it is the most recent of its vote.
   void looked_up(std::uint32_t s) noexcept {
     const expert_id e{static_cast<std::uint16_t>(s - base_)};
     each([&](auto& c) { c->lookup(e); });
-    lists_.move_to_front(followed, s);
+    lists_.move_to_front(held_[s], s);
   }
   /// An entry made resident without a lookup: inserted in every shadow.
   void admitted(std::uint32_t s) noexcept {
     const layer_id l{static_cast<std::uint16_t>(s / n_experts_)};
     const expert_id e{static_cast<std::uint16_t>(s % n_experts_)};
     each([&](auto& c) { c->insert(l, e, phase_); });
-    lists_.move_to_front(held_by_leader(s) ? followed : orphaned, s);
+    lists_.move_to_front(held_[s], s);
     admitting_ = true;
   }
   void evicted(std::uint32_t s) noexcept { lists_.erase(s); }
@@ -174,15 +183,20 @@ class adaptive_core {
     std::uint32_t best = leader_;
     for (std::uint32_t r = 0; r < n_rules; ++r)
       if (cost_[r] < cost_[best]) best = r;
-    if (best != leader_ && cost_[best] < cost_[leader_] * (1.0 - o_.margin)) follow(best);
+    if (best != leader_ && cost_[best] < cost_[leader_] * (1.0 - o_.margin)) {
+      leader_ = best;
+      ++switches_;
+      order_votes();
+    }
   }
   void end_eviction() noexcept { admitting_ = false; }
 
-  /// The oldest evictable orphan, else the least recently used evictable entry.
+  /// The first evictable entry of the votes in eviction order (orphans
+  /// first, then fewest other rules), the oldest of its vote.
   template <class View>
   std::uint32_t victim(const View& v) const noexcept {
-    for (std::uint32_t list : {orphaned, followed})
-      for (std::uint32_t s = lists_.tail(list); s != cache_slot_lists::none; s = lists_.newer(s))
+    for (std::uint32_t vote : order_)
+      for (std::uint32_t s = lists_.tail(vote); s != cache_slot_lists::none; s = lists_.newer(s))
         if (v.evictable(s)) return s;
     return no_slot;
   }
@@ -191,11 +205,11 @@ class adaptive_core {
 
   void shadow_holds(std::uint32_t rule, std::uint32_t s) noexcept {
     held_[s] = static_cast<std::uint8_t>(held_[s] | (1u << rule));
-    if (rule == leader_ && lists_.owner(s) == orphaned) lists_.move_to_front(followed, s);
+    if (lists_.owner(s) != cache_slot_lists::none) lists_.move_to_front(held_[s], s);
   }
   void shadow_drops(std::uint32_t rule, std::uint32_t s) noexcept {
     held_[s] = static_cast<std::uint8_t>(held_[s] & ~(1u << rule));
-    if (rule == leader_ && lists_.owner(s) == followed) lists_.move_to_front(orphaned, s);
+    if (lists_.owner(s) != cache_slot_lists::none) lists_.move_to_front(held_[s], s);
   }
 
   // ---- queries -------------------------------------------------------------
@@ -204,7 +218,6 @@ class adaptive_core {
   std::uint64_t switches() const noexcept { return switches_; }
   double cost(std::uint32_t rule) const noexcept { return cost_[rule]; }
   bool held_by(std::uint32_t rule, std::uint32_t s) const noexcept { return (held_[s] >> rule) & 1u; }
-  bool held_by_leader(std::uint32_t s) const noexcept { return held_by(leader_, s); }
   /// The shadow of rule r's counters (what that rule alone would have done).
   const cache_stats& rule_stats(std::uint32_t r) const noexcept {
     const cache_stats* out = nullptr;
@@ -225,17 +238,17 @@ class adaptive_core {
     std::apply([&](const auto&... c) { (f(c), ...); }, rules_);
   }
 
-  /// A new leader: entries it holds are followed, the others orphaned. Those
-  /// that change list go to its front, in slot order; the rest keep their order.
-  void follow(std::uint32_t rule) noexcept {
-    leader_ = rule;
-    ++switches_;
-    for (std::uint32_t s = 0; s < held_.size(); ++s) {
-      const std::uint32_t o = lists_.owner(s);
-      if (o == cache_slot_lists::none) continue;
-      const std::uint32_t want = held_by_leader(s) ? followed : orphaned;
-      if (o != want) lists_.move_to_front(want, s);
-    }
+  /// The votes in eviction order: without the leader before with it, then
+  /// fewer rules before more, then by the vote's bits.
+  void order_votes() noexcept {
+    const auto key = [this](std::uint32_t v) {
+      std::uint32_t n = 0;
+      for (std::uint32_t b = v; b != 0; b &= b - 1) ++n;
+      return (((v >> leader_) & 1u) << 16) | (n << 8) | v;
+    };
+    for (std::uint32_t v = 0; v < n_votes; ++v) order_[v] = v;
+    std::sort(std::begin(order_), std::end(order_),
+              [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
   }
 
   adaptive_policy_options o_;
@@ -250,7 +263,8 @@ class adaptive_core {
              std::optional<expert_cache<adaptive_shadow<cycle_policy>>>>
       rules_;
   std::vector<std::uint8_t> held_;  // bit r: rule r's shadow holds the slot
-  cache_slot_lists lists_;          // the real cache's entries: followed, orphaned
+  cache_slot_lists lists_;          // the real cache's entries, one list per vote
+  std::uint32_t order_[n_votes] = {};  // the votes in eviction order
   double cost_[n_rules] = {};
   std::uint64_t charged_[n_rules] = {};
   double decay_ = 1.0;
