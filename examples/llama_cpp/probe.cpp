@@ -39,6 +39,7 @@
 
 #include "moe_residency/adapters/llama_cpp.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
+#include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
@@ -75,6 +76,8 @@ struct probe_args {
   // The residency manager (mmap_residency): parts, budget, lanes.
   std::string residency = "none";
   std::string residency_budget = "auto";
+  std::string policy = "lru";  // the cache policy (live_cache_policies())
+  bool policy_given = false;   // --policy on the command line: refused without the cache
   std::size_t lanes = 2;
   std::size_t spec_cap = 2;
   bool serial = false;       // overlap off: the eval thread waits for each layer's reads
@@ -286,7 +289,7 @@ double kernel_share_ms(const rusage_split& a, const rusage_split& b, double cpu_
 /// Prompt batch, then `n_decode` tokens sampled from softmax(logits) with a
 /// seeded generator. Times every llama_decode call and, with `record`, samples
 /// the counters around each; digests the logits every decode token produced.
-using residency_manager = mrl::mmap_residency<lru_policy>;
+using residency_manager = mrl::residency_manager;
 
 run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
                std::size_t n_decode, std::uint64_t seed, bool record = false,
@@ -482,6 +485,10 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
                   "'; expected a comma list of dense, exact, predicted, cache, or all, or none");
     any = true;
   }
+  (void)mrl::live_cache_policy(a.policy);  // refused before the model loads
+  if (a.policy_given && !o.cache)
+    throw error("--policy " + a.policy + " with --residency " + a.residency +
+                ": the policy is the cache's, and the cache is not on; expected --residency all or a list with cache");
   if (a.residency_budget != "auto") {
     o.cache_budget_bytes = from_mib(moe_residency::detail::parse_real(
         a.residency_budget, "--residency-budget (auto, or MiB)", moe_residency::detail::real_domain::open_closed(0, 1e9)));
@@ -685,7 +692,7 @@ int probe(const probe_args& a) {
   std::unique_ptr<residency_manager> res;
   if (managed) {
     // Acts at each layer's routing, then hands every event on to the session.
-    res = std::make_unique<residency_manager>(obs, gguf_path, ro, nullptr, &sink);
+    res = mrl::make_residency_manager(a.policy, obs, gguf_path, ro, nullptr, &sink);
     res->activate();  // now, so a refusal (locking limit, budget) stops the run with its figures
     obs.set_sink(res.get());
   } else {
@@ -847,6 +854,8 @@ int main(int argc, char** argv) {
   app.add_option("--residency", a.residency,
                  "Residency manager parts: comma list of dense, exact, predicted, cache; or all; or none")
       ->capture_default_str();
+  app.add_option("--policy", a.policy, "Residency: the expert cache's policy: " + mrl::live_cache_policy_names())
+      ->capture_default_str();
   app.add_option("--residency-budget", a.residency_budget,
                  "Pinned expert cache budget in MiB, or auto (from the memory limit)")
       ->capture_default_str();
@@ -886,6 +895,7 @@ int main(int argc, char** argv) {
   app.add_option("--cost-rounds", a.cost_rounds, "Rounds of the --cost measurement")
       ->check(opt::whole(1, 1000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  a.policy_given = app.count("--policy") != 0;
   try {
     // An option that acts only with another is an error naming both, not ignored.
     auto needs = [&app](std::initializer_list<const char*> options, bool with, const char* other) {
@@ -897,7 +907,7 @@ int main(int argc, char** argv) {
            "--vocab", "--shape", "--expert-pool", "--expert-type", "--dense-type", "--text-vocab", "--save-model",
            "--splits"},
           !a.random_arch.empty(), "--random (they shape a random-weight model)");
-    needs({"--residency-budget", "--lanes", "--serial", "--owned-reads", "--pool", "--spec-cap", "--degrade",
+    needs({"--residency-budget", "--policy", "--lanes", "--serial", "--owned-reads", "--pool", "--spec-cap", "--degrade",
            "--no-hit-measure", "--residency-when-fits"},
           a.residency != "none", "--residency (the manager's parts)");
     if (app.count("--tokens") != 0 && !a.prompt.empty())

@@ -27,6 +27,7 @@
 
 #include "moe_residency/adapters/llama_cpp.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
+#include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
 #include "checked_options.hpp"
 #include "proc_counters.hpp"
 
@@ -42,6 +43,8 @@ struct run_args {
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string budget = "auto";
   std::string residency = "all";
+  std::string policy = "lru";  // the cache policy (live_cache_policies())
+  bool policy_given = false;   // --policy on the command line: refused without the cache
   bool chat = false, compare = false, ignore_eos = false, no_mmap = false, quiet = false, pool = false, repack = false;
   int n_gpu_layers = 0;
   float temp = 0.0f, top_p = 0.95f;
@@ -229,7 +232,7 @@ outcome generate(const run_args& a, bool want_managed) {
   cp.no_perf = true;
 
   mrl::observer obs(model.get());
-  std::unique_ptr<mrl::mmap_residency<>> res;
+  std::unique_ptr<mrl::residency_manager> res;
   bool managed = parts && want_managed;
   if (managed && a.no_mmap) {
     std::fprintf(stderr, "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to "
@@ -274,7 +277,7 @@ outcome generate(const run_args& a, bool want_managed) {
     ro.measure = true;  // the routed experts' residency at routing: the hit figure
     ro.pool = a.pool;
     if (a.pool) ro.spec_cap = 32;  // the pool places the whole predicted top-k ahead (memlab's all-pool)
-    res = std::make_unique<mrl::mmap_residency<>>(obs, a.model, ro);
+    res = mrl::make_residency_manager(a.policy, obs, a.model, ro);
     try {
       res->activate();
     } catch (const std::exception& e) {
@@ -300,7 +303,8 @@ outcome generate(const run_args& a, bool want_managed) {
     if (res->standing_down()) what = "the model fits: nothing advised (" + res->fit_note() + ")";
     else if (ro.cache)
       what = "budget " + std::string(a.budget == "auto" ? "auto " : "") + std::to_string(static_cast<long long>(mib(res->budget_bytes()))) +
-             " MiB" + (res->budget_note().empty() ? std::string() : " (" + res->budget_note() + ")");
+             " MiB" + (res->budget_note().empty() ? std::string() : " (" + res->budget_note() + ")") + ", policy " +
+             res->policy_name();
     else what = "no pinned cache";
     std::fprintf(stderr,
                  "moe-run: managing %zu MoE layers x %zu experts (top-%zu) of %s: experts %.0f MiB, %s %.0f MiB; "
@@ -369,6 +373,10 @@ int run(run_args a) {
   if (a.prompt.empty()) throw error("-p: an empty prompt; expected the text to continue");
   mrl::residency_options probe;
   const bool manages = parse_residency(a.residency, probe);  // refuse a bad list before loading anything
+  (void)mrl::live_cache_policy(a.policy);
+  if (a.policy_given && (!manages || !probe.cache))
+    throw error("--policy " + a.policy + " with --residency " + a.residency +
+                ": the policy is the cache's, and the cache is not on; expected --residency all or a list with cache");
   if (a.budget != "auto") {
     (void)moe_residency::detail::parse_real(a.budget, "--budget (auto, or MiB)",
                                             moe_residency::detail::real_domain::open_closed(0, 1e9));
@@ -424,6 +432,7 @@ int main(int argc, char** argv) {
       ->check(opt::whole(1, 1024))->capture_default_str();
   app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")->capture_default_str();
   app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")->capture_default_str();
+  app.add_option("--policy", a.policy, "The expert cache's policy: " + mrl::live_cache_policy_names())->capture_default_str();
   app.add_flag("--chat", a.chat, "Apply the model's chat template to the prompt (one user turn)");
   app.add_flag("--pool", a.pool,
                "Keep the cache's experts in an expert pool (read past the page cache into memory allocated once, "
@@ -449,6 +458,7 @@ int main(int argc, char** argv) {
       ->check(opt::whole(1, 1 << 16))->capture_default_str();
   app.add_flag("-q,--quiet", a.quiet, "No text to stdout (the summary lines only)");
   CLI11_PARSE(app, argc, argv);
+  a.policy_given = app.count("--policy") != 0;
   try {
     // The sampler's options act only when sampling: greedy decoding ignores them.
     if (!(a.temp > 0))

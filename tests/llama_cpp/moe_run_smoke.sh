@@ -11,7 +11,7 @@
 #   than the model (root and the v1 or v2 memory controller; skipped loudly
 #   otherwise, a failure with CI=true), with the page cache and with --pool;
 # - the refusals: a bad --residency, a bad --budget, --chat without a chat
-#   template, --pool without the cache, --no-mmap, a dense (non-MoE) model, a budget that cannot fit the memory limit, a split
+#   template, --pool without the cache, a layer-partition --policy, --policy without the cache, --no-mmap, a dense (non-MoE) model, a budget that cannot fit the memory limit, a split
 #   that is not the first, RLIMIT_MEMLOCK too low (root without CAP_IPC_LOCK,
 #   through setpriv);
 # - --repack (llama.cpp repacks a model's q4_K layers, not its f16 ones): the repacked experts left
@@ -111,6 +111,10 @@ refuse budget-no-cache "--budget 8 with --residency exact: the budget is the cac
   "$run" -m one.gguf "${common[@]}" --residency exact --budget 8 && fail "--budget without the cache exited 0"
 refuse pool-no-cache "--pool with --residency exact: the pool holds the cache's experts, and the cache is not on" \
   "$run" -m one.gguf "${common[@]}" --residency exact --pool && fail "--pool without the cache exited 0"
+refuse policy-partition "residency manager: cache policy 'layerlfu': a layer partition keeps top-k experts of every layer even above its budget" \
+  "$run" -m one.gguf "${common[@]}" --policy layerlfu && fail "--policy layerlfu exited 0"
+refuse policy-no-cache "--policy adaptive with --residency exact: the policy is the cache's, and the cache is not on" \
+  "$run" -m one.gguf "${common[@]}" --residency exact --policy adaptive && fail "--policy without the cache exited 0"
 refuse chat "--chat: one.gguf has no chat template (tokenizer.chat_template); drop --chat" \
   "$run" -m one.gguf "${common[@]}" --chat && fail "--chat without a template exited 0"
 refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to manage; running stock" \
@@ -148,22 +152,30 @@ else
   [[ "${CI:-}" == true ]] && fail "CI=true but no memory cgroup: the memory-limit run cannot be checked"
   echo "####### moe_run_smoke: SKIPPED the memory-limit run: no memory cgroup #######"; exit 0
 fi
-sync; echo 3 > /proc/sys/vm/drop_caches
-bash -c "echo \$\$ > '$tasks'; exec \"$run\" -m three-00001-of-00003.gguf ${common[*]@Q} --budget 8" > limited.out 2> limited.err ||
-  { cat limited.err; fail "the limited run exited $?"; }
-cat limited.err
-[[ "$(cat limited.out)" == "$(sed -n 1p compare.out)" ]] || fail "the limited run's text differs"
+# limited NAME OPTIONS...: the split model in the cgroup, page cache dropped, with these
+# options; its text must be the unlimited run's.
+limited() {
+  local name=$1; shift
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  bash -c "echo \$\$ > '$tasks'; exec \"$run\" -m three-00001-of-00003.gguf ${common[*]@Q} $*" > "$name.out" 2> "$name.err" ||
+    { cat "$name.err"; fail "the limited run $name ($*) exited $?"; }
+  cat "$name.err"
+  [[ "$(cat "$name.out")" == "$(sed -n 1p compare.out)" ]] || fail "the limited run $name ($*): its text differs"
+}
+limited limited --budget 8
 grep -q "memory limit 48 MiB (cgroup" limited.err || fail "the limited run did not detect the 48 MiB cgroup limit"
 line="$(grep '^moe-run: residency all' limited.err)"
 [[ "$line" =~ $re ]] || fail "summary line does not parse: $line"
 awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
 [[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
-# The expert pool, in the same limit: the same text, read past the page cache.
-sync; echo 3 > /proc/sys/vm/drop_caches
-bash -c "echo \$\$ > '$tasks'; exec \"$run\" -m three-00001-of-00003.gguf ${common[*]@Q} --budget 8 --pool" > pool.out 2> pool.err ||
-  { cat pool.err; fail "the limited run with --pool exited $?"; }
-cat pool.err
-[[ "$(cat pool.out)" == "$(sed -n 1p compare.out)" ]] || fail "the limited run with --pool: its text differs"
+# The adaptive policy, in the same limit: the cache pinned under its name.
+limited adaptive --budget 8 --policy adaptive
+grep -q '^moe-run: managing .* budget 8 MiB, policy adaptive;' adaptive.err || fail "--policy adaptive: not named in the managing line"
+line="$(grep '^moe-run: residency all' adaptive.err)"
+[[ "$line" =~ $re ]] || fail "--policy adaptive: summary line does not parse: $line"
+[[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "--policy adaptive: pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
+# The expert pool, in the same limit: read past the page cache.
+limited pool --budget 8 --pool
 line="$(grep '^moe-run: residency all in the expert pool: ' pool.err)"
 [[ "$line" =~ $re ]] || fail "--pool: summary line does not parse: $line"
 awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "--pool: read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"

@@ -134,7 +134,10 @@ message(STATUS "--residency-when-fits: stands down by default, acts when told, r
 foreach(_case
     "--model;${gguf};--lanes;4|--lanes has no effect without --residency"
     "--model;${gguf};--layers;8|--layers has no effect without --random"
-    "--model;${gguf};--residency;exact;--spec-cap;33|--spec-cap: '33' is out of range; expected a whole number from 0 to 32")
+    "--model;${gguf};--residency;exact;--spec-cap;33|--spec-cap: '33' is out of range; expected a whole number from 0 to 32"
+    "--model;${gguf};--policy;adaptive|--policy has no effect without --residency"
+    "--model;${gguf};--residency;exact;--policy;cycle|--policy cycle with --residency exact: the policy is the cache's"
+    "--model;${gguf};--residency;all;--policy;layer|cache policy 'layer': a layer partition keeps top-k experts")
   string(FIND "${_case}" "|" _bar)
   string(SUBSTRING "${_case}" 0 ${_bar} _args)  # a list: the probe's arguments
   math(EXPR _bar "${_bar} + 1")
@@ -146,3 +149,13 @@ foreach(_case
   endif()
 endforeach()
 message(STATUS "refusals: an option without the one it needs, a number out of its domain")
+
+# --policy: the manager's cache follows the named policy, and says which.
+execute_process(
+  COMMAND "${PROBE}" --model "${gguf}" --tokens 8 --decode 4 --threads 1 --residency all --residency-when-fits act
+          --policy adaptive
+  WORKING_DIRECTORY "${WORK}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT "${out}" MATCHES "cache adaptive [0-9]")
+  message(FATAL_ERROR "--policy adaptive: exit ${rc}, or the summary does not name the policy\n${out}\n${err}")
+endif()
+message(STATUS "--policy adaptive: the cache named in the summary")

@@ -33,6 +33,7 @@
 #include "../source_text.hpp"
 #include "llama_support.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
+#include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
 
 using namespace moe_residency;
 using namespace moe_residency_test;
@@ -1276,6 +1277,86 @@ TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits
     CHECK(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)) == 0);
     MESSAGE(res.summary());
   }
+}
+
+TEST_CASE("mmap residency: every live cache policy, named at run time, keeps the budget and the logits") {
+  // make_residency_manager: the policy by name, the kernel's advice, all
+  // parts on, a budget of 1.5 token cycles (evictions every token): logits
+  // bit-identical to plain mmap, the pinned bytes within the budget, every
+  // decode routing counted once, the policy named in the summary.
+  llama_init_once();
+  temp_model file("res_policies", small_moe_spec());
+  auto model = load_mmap(file.path);
+  std::vector<float> plain;
+  {
+    auto ctx = make_context(model.get(), test_context_params());
+    plain = run_tokens(ctx.get(), model.get(), 6, 12).logits;
+  }
+  std::set<std::uint64_t> hits_seen;
+  for (const std::string& policy : mrl::live_cache_policies()) {
+    CAPTURE(policy);
+    mrl::observer obs(model.get());
+    auto cp = test_context_params();
+    obs.install(cp);
+    auto ctx = make_context(model.get(), cp);
+    {  // one token: the structure, for the expert bytes
+      llama_token t0 = 1;
+      REQUIRE(llama_decode(ctx.get(), llama_batch_get_one(&t0, 1)) == 0);
+      llama_memory_clear(llama_get_memory(ctx.get()), true);
+      obs.set_position(0);
+    }
+    mrl::residency_options o;
+    o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
+    o.pin_dense = o.exact = o.predicted = o.cache = true;
+    o.cache_budget_bytes = 24 * obs.layers()[0].expert_bytes;
+    o.measure = true;
+    const std::unique_ptr<mrl::residency_manager> res = mrl::make_residency_manager(policy, obs, file.path, o);
+    obs.set_sink(res.get());
+    const auto got = run_tokens(ctx.get(), model.get(), 6, 12).logits;
+    res->settle();
+    obs.set_sink(nullptr);
+    CHECK(std::string(res->policy_name()) == policy);
+    CHECK(res->active());
+    CHECK(res->status() == "");
+    const mrl::residency_stats st = res->stats();
+    CHECK(st.advice_errors() == 0);
+    CHECK(st.lock_failed == 0);
+    CHECK(st.evictions > 0);
+    CHECK(st.pinned_peak_bytes <= res->budget_bytes());
+    CHECK(st.cache_hits + st.cache_misses == 12 * 4 * 4);  // decode: 12 tokens x 4 layers x k = 4
+    CHECK(res->summary().find("cache " + policy + " ") != std::string::npos);
+    hits_seen.insert(st.cache_hits);
+    REQUIRE(got.size() == plain.size());
+    CHECK(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)) == 0);
+  }
+  CHECK(hits_seen.size() > 1);  // the policies did decide differently
+}
+
+TEST_CASE("mmap residency: a cache policy the live manager does not take is refused, saying why") {
+  llama_init_once();
+  temp_model file("res_policy_refused", small_moe_spec());
+  auto model = load_mmap(file.path);
+  mrl::observer obs(model.get());
+  const struct {
+    const char* name;
+    const char* why;
+  } cases[] = {{"layerlfu", "a layer partition keeps top-k experts"},
+               {"layer_lfu", "a layer partition keeps top-k experts"},
+               {"belady", "offline"},
+               {"random", "a replay baseline"},
+               {"mru", "unknown"}};
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    try {
+      (void)mrl::make_residency_manager(c.name, obs, file.path, {});
+      FAIL("expected a refusal");
+    } catch (const error& e) {
+      const std::string m = e.what();
+      CHECK(m.find("cache policy '" + std::string(c.name) + "': " + c.why) != std::string::npos);
+      CHECK(m.find("expected one of " + mrl::live_cache_policy_names()) != std::string::npos);
+    }
+  }
+  CHECK(mrl::live_cache_policy("adaptive") == "adaptive");
 }
 
 TEST_CASE("docs/llama-cpp-residency.md: the block is this test's code, and it runs") {

@@ -113,9 +113,32 @@ class eviction_log : public Policy {
 
 }  // namespace detail
 
+/// The residency manager's interface without its cache policy: what
+/// make_residency_manager (residency_policies.hpp) returns for a policy named
+/// at run time. mmap_residency<Policy> below documents each member.
+class residency_manager : public observer_sink {
+ public:
+  virtual void activate() = 0;
+  virtual void settle() noexcept = 0;
+  virtual residency_stats stats() const noexcept = 0;
+  virtual std::string summary() const = 0;
+  virtual bool active() const noexcept = 0;
+  virtual bool standing_down() const noexcept = 0;
+  virtual const std::string& fit_note() const noexcept = 0;
+  virtual const std::string& status() const noexcept = 0;
+  virtual const residency_options& options() const noexcept = 0;
+  virtual std::uint64_t budget_bytes() const noexcept = 0;
+  virtual const std::string& budget_note() const noexcept = 0;
+  virtual std::string unmanaged_note() const = 0;
+  virtual const model_shape& managed_shape() const noexcept = 0;
+  virtual void set_next(observer_sink* next) noexcept = 0;
+  /// The cache policy's name (the registry's, e.g. "lru").
+  virtual const char* policy_name() const noexcept = 0;
+};
+
 /// The residency manager: an observer_sink (see the top of this header).
 template <class Policy = lru_policy>
-class mmap_residency : public observer_sink {
+class mmap_residency final : public residency_manager {
  public:
   using cache_type = expert_cache<detail::eviction_log<Policy>>;
 
@@ -155,7 +178,8 @@ class mmap_residency : public observer_sink {
     pages_.drop_all([this](std::uintptr_t a, std::size_t len) { call(advice::unlock, a, len); });
   }
 
-  void set_next(observer_sink* next) noexcept { next_ = next; }
+  void set_next(observer_sink* next) noexcept override { next_ = next; }
+  const char* policy_name() const noexcept override { return Policy::name; }
 
   /// Reads the mapping's layout and applies the one-time advice (dense lock,
   /// MADV_RANDOM). Throws `error` with the figures when the structure is not
@@ -164,7 +188,7 @@ class mmap_residency : public observer_sink {
   /// some of which are elsewhere are left to llama.cpp, the rest managed;
   /// see unmanaged_note), the locking limit is too low, or the budget cannot
   /// fit. Called automatically otherwise.
-  void activate() {
+  void activate() override {
     if (active_) return;
     if (!obs_->structure_known())
       throw error("mmap_residency: the graph structure is not known yet; evaluate one batch first");
@@ -215,39 +239,39 @@ class mmap_residency : public observer_sink {
     active_ = true;
   }
 
-  bool active() const noexcept { return active_; }
+  bool active() const noexcept override { return active_; }
   /// True when activation found the whole model fits the memory limit
   /// (options().fits == stand_down): nothing is advised, nothing asked.
-  bool standing_down() const noexcept { return standing_down_; }
+  bool standing_down() const noexcept override { return standing_down_; }
   /// Why it stands down, or why not (the figures), after activation.
-  const std::string& fit_note() const noexcept { return fit_note_; }
+  const std::string& fit_note() const noexcept override { return fit_note_; }
   /// Why the manager is inactive after a failed automatic activation ("" otherwise).
-  const std::string& status() const noexcept { return status_; }
-  const residency_options& options() const noexcept { return options_; }
+  const std::string& status() const noexcept override { return status_; }
+  const residency_options& options() const noexcept override { return options_; }
   /// The pinned cache's budget, bytes (0 without a cache or before activation).
-  std::uint64_t budget_bytes() const noexcept { return budget_; }
+  std::uint64_t budget_bytes() const noexcept override { return budget_; }
   /// How the auto budget was computed ("" unless auto).
-  const std::string& budget_note() const noexcept { return budget_note_; }
+  const std::string& budget_note() const noexcept override { return budget_note_; }
   const cache_type* cache() const noexcept { return cache_.get(); }
   /// The tensors it leaves to llama.cpp because they are not in the file's
   /// mapping (offloaded, repacked): the expert ones with their layers, then
   /// the dense ones; "" when it manages every one (or before activation).
-  std::string unmanaged_note() const { return pages_.unmapped_note(); }
+  std::string unmanaged_note() const override { return pages_.unmapped_note(); }
   /// What the cache counts: per layer, the bytes of one expert's tensors in
   /// the mapping (a layer left wholly to llama.cpp: dense here). Valid after activation.
-  const model_shape& managed_shape() const noexcept { return managed_shape_; }
+  const model_shape& managed_shape() const noexcept override { return managed_shape_; }
 
   /// With overlap, the last layer's reads are accounted at the next routing
   /// or batch: call this (between llama_decode calls) before reading stats()
   /// to account them now. Waits for them if they are still on the lanes.
-  void settle() noexcept {
+  void settle() noexcept override {
     if (active_ && !standing_down_) settle_demand();
   }
   /// True when the lanes read with owned reads (advice::read), false when
   /// they populate (options().owned_reads off, or the advice has none).
   bool owned_reads() const noexcept { return owned_; }
 
-  residency_stats stats() const noexcept {
+  residency_stats stats() const noexcept override {
     residency_stats s = stats_;
     if (scheduler_) {
       try {
@@ -265,7 +289,7 @@ class mmap_residency : public observer_sink {
   }
 
   /// One line: what each part did.
-  std::string summary() const {
+  std::string summary() const override {
     const residency_stats s = stats();
     std::ostringstream o;
     o << "residency:";
