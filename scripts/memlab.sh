@@ -16,7 +16,7 @@
 #                      read_mib_per_token,majflt_per_token,hit_pct,pinned_mib,logits_identical,
 #                      roofline_ms,bw_fraction: docs/memlab.md, "The columns")
 #   --configs LIST     comma list of mmap,mmap-128k,no-mmap,mlock,observer,dense,exact,
-#                      predicted,cache,all,all-serial,all-pool,cache-pool,degraded,degraded-pool,
+#                      predicted,cache,all,all-adaptive,all-serial,all-pool,cache-pool,degraded,degraded-pool,
 #                      resident,resident-all,
 #                      manager-exact,manager-cache
 #   --ratios LIST      model size / memory limit ratios (default 1.5,2.5)
@@ -71,6 +71,8 @@
 #   predicted + predicted prefetch of the next layers (--residency predicted)
 #   cache     + the budgeted, pinned expert cache (--residency cache)
 #   all       every part (--residency all)
+#   all-adaptive every part, the cache following the adaptive policy (--policy adaptive;
+#             the others' cache is lru)
 #   all-serial every part, the eval thread waiting for each layer's reads (--serial)
 #   all-pool  every part, the cache's experts in the expert pool (--pool: read past the page
 #             cache into memory allocated once, mapped over the experts' pages), the next
@@ -145,11 +147,11 @@ case "$preset" in
          : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all,manager-exact,manager-cache}"
          : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   quick) spec=(--layers 12 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=16
-         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,degraded,resident,resident-all,manager-exact,manager-cache}"
+         : "${ratios:=1.5,2.5}"; : "${configs:=mmap,observer,dense,exact,predicted,cache,all,all-adaptive,degraded,resident,resident-all,manager-exact,manager-cache}"
          : "${run_timeout:=600}"; : "${budget:=25%}"; disk_reads=64 ;;
   shape) case "$shape" in qwen3-30b-a3b|qwen3-30b-a3b-half) ;; *) die "--shape: '$shape'; expected qwen3-30b-a3b or qwen3-30b-a3b-half" ;; esac
          spec=(--shape "$shape"); tokens=8; decode=16
-         : "${ratios:=2.0,1.5,3}"; : "${configs:=mmap,mmap-128k,observer,dense,exact,predicted,cache,all,all-pool,degraded,degraded-pool,resident}"
+         : "${ratios:=2.0,1.5,3}"; : "${configs:=mmap,mmap-128k,observer,dense,exact,predicted,cache,all,all-adaptive,all-pool,degraded,degraded-pool,resident}"
          : "${run_timeout:=1800}"; : "${budget:=auto}"; disk_reads=256 ;;
   smoke) spec=(--layers 8 --experts 128 --k 8 --embd 1024 --expert-ff 512); tokens=8; decode=12
          : "${ratios:=2}"; : "${configs:=mmap,all,all-serial,all-pool}"; : "${run_timeout:=600}"; : "${budget:=25%}"; disk=0 ;;
@@ -177,8 +179,8 @@ if [[ "$budget" != auto ]]; then
     die "--budget: '$budget'; expected MiB > 0, auto, or a share of the limit like 40% (above 0, below 100)"
 fi
 for c in ${configs//,/ }; do
-  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|degraded-pool|resident|resident-all|manager-exact|manager-cache) ;;
-    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-serial, all-pool, cache-pool, degraded, degraded-pool, resident, resident-all, manager-exact or manager-cache" ;;
+  case "$c" in mmap|mmap-128k|no-mmap|mlock|observer|dense|exact|predicted|cache|all|all-adaptive|all-serial|all-pool|cache-pool|degraded|degraded-pool|resident|resident-all|manager-exact|manager-cache) ;;
+    *) die "--configs: '$c'; expected mmap, mmap-128k, no-mmap, mlock, observer, dense, exact, predicted, cache, all, all-adaptive, all-serial, all-pool, cache-pool, degraded, degraded-pool, resident, resident-all, manager-exact or manager-cache" ;;
   esac
 done
 
@@ -421,6 +423,7 @@ config_args() {  # CONFIG DEGRADE LIMIT_MIB: the probe options of a configuratio
     observer) echo "" ;;
     dense|exact|predicted|cache) echo "--residency $1 --residency-budget $b" ;;
     all) echo "--residency all --residency-budget $b" ;;
+    all-adaptive) echo "--residency all --residency-budget $b --policy adaptive" ;;
     all-serial) echo "--residency all --residency-budget $b --serial" ;;
     all-pool) echo "--residency all --residency-budget $b --pool --spec-cap 8" ;;
     degraded-pool) echo "--residency all --residency-budget $b --pool --spec-cap 8 --degrade $2" ;;
@@ -438,7 +441,7 @@ schedule=()
 for ratio in ${ratios//,/ }; do
   for config in ${configs//,/ }; do
     case "$config" in
-      dense|exact|predicted|cache|all|all-serial|all-pool|cache-pool|degraded|degraded-pool)
+      dense|exact|predicted|cache|all|all-adaptive|all-serial|all-pool|cache-pool|degraded|degraded-pool)
         if [[ $has_residency == 0 ]]; then
           log "r$ratio-$config: skipped — this moe-llama-probe has no --residency (the residency manager is not built in)"
           continue
