@@ -31,6 +31,7 @@
 #include "moe_residency/simulated_flash.hpp"
 #include "moe_residency/speculation.hpp"
 #include "moe_residency/synthetic.hpp"
+#include "moe_residency/trace.hpp"
 #include "source_text.hpp"
 
 namespace moe_residency_test {
@@ -84,6 +85,22 @@ struct batch {
   int layer;
   std::vector<expert_id> ids;
 };
+
+/// A shared real trace's load batches (prefill and decode, in order) and its
+/// shape; empty when the trace is absent (real_trace() says so, or fails in CI).
+inline std::vector<batch> real_trace_batches(const std::string& name, model_shape& shape) {
+  const std::string path = real_trace(name);
+  if (path.empty()) return {};
+  const validated_route_trace t = read_route_trace(path);
+  shape = t.shape();
+  const load_batches lb = group_load_batches(t);
+  std::vector<batch> tr;
+  for (const load_batch& b : lb.batches) {
+    const auto ids = lb.experts_of(b);
+    tr.push_back({b.phase, static_cast<int>(to_index(b.layer)), std::vector<expert_id>(ids.begin(), ids.end())});
+  }
+  return tr;
+}
 
 /// A random trace in the engine's shape: a prefill batch per layer (many
 /// tokens, duplicates), then decode batches of k distinct ids per layer, with

@@ -346,16 +346,9 @@ TEST_CASE("adaptive: options out of range are refused, naming them") {
 
 TEST_CASE("adaptive equals its slow obvious twin on the real traces, batch by batch") {
   for (const char* name : {"qwen.route.csv", "gptoss.route.csv"}) {
-    const std::string path = moe_residency_test::real_trace(name);
-    if (path.empty()) return;
-    const validated_route_trace t = read_route_trace(path);
-    const model_shape s = t.shape();
-    const load_batches lb = group_load_batches(t);
-    std::vector<batch> tr;
-    for (const load_batch& b : lb.batches) {
-      const auto ids = lb.experts_of(b);
-      tr.push_back({b.phase, static_cast<int>(to_index(b.layer)), std::vector<expert_id>(ids.begin(), ids.end())});
-    }
+    model_shape s;
+    const std::vector<batch> tr = moe_residency_test::fixtures::real_trace_batches(name, s);
+    if (tr.empty()) return;
     // 1000 MiB: above both traces' token cycle, where the rules disagree most.
     // (The twin scans every resident entry and asks eight caches per victim:
     // at 4000 MiB that is most of a minute in a debug build.)

@@ -775,16 +775,9 @@ TEST_CASE("cycle equals its slow obvious twin on the real traces, batch by batch
   // The recorded Qwen3-30B and gpt-oss-120b routing (prefill and decode, two
   // expert sizes on Qwen), from below the token cycle to most of the model.
   for (const char* name : {"qwen.route.csv", "gptoss.route.csv"}) {
-    const std::string path = moe_residency_test::real_trace(name);
-    if (path.empty()) return;
-    const validated_route_trace t = read_route_trace(path);
-    const model_shape s = t.shape();
-    const load_batches lb = group_load_batches(t);
-    std::vector<batch> tr;
-    for (const load_batch& b : lb.batches) {
-      const auto ids = lb.experts_of(b);
-      tr.push_back({b.phase, static_cast<int>(to_index(b.layer)), std::vector<expert_id>(ids.begin(), ids.end())});
-    }
+    model_shape s;
+    const std::vector<batch> tr = moe_residency_test::fixtures::real_trace_batches(name, s);
+    if (tr.empty()) return;
     for (double mib : {500.0, 4000.0}) {
       CAPTURE(name);
       CAPTURE(mib);
