@@ -39,6 +39,7 @@ struct any_rule {
   virtual void insert(layer_id l, expert_id e, run_phase p) = 0;
   virtual void end() = 0;
   virtual bool resident(layer_id l, expert_id e) const = 0;
+  virtual std::uint64_t resident_bytes() const = 0;
   virtual const cache_stats& stats() const = 0;
   virtual const std::vector<std::uint32_t>& evicted() const = 0;
 };
@@ -52,6 +53,7 @@ struct rule_of : any_rule {
   void insert(layer_id l, expert_id e, run_phase p) override { c.insert(l, e, p); }
   void end() override { c.end_batch(); }
   bool resident(layer_id l, expert_id e) const override { return c.is_resident(l, e); }
+  std::uint64_t resident_bytes() const override { return c.resident_bytes(); }
   const cache_stats& stats() const override { return c.stats(); }
   const std::vector<std::uint32_t>& evicted() const override { return c.policy().evicted; }
 };
@@ -71,6 +73,7 @@ class twin_adaptive : public policy_base {
     st_ = std::make_shared<state>();
     state& t = *st_;
     t.n_experts = static_cast<std::uint32_t>(s.n_experts());
+    t.budget = budget;
     t.rules.emplace_back(new rule_of<lru_policy>(s, budget, {}));
     t.rules.emplace_back(new rule_of<lfu_policy>(s, budget, {}));
     t.rules.emplace_back(new rule_of<layer_lru_policy>(s, budget, {}));
@@ -139,6 +142,7 @@ class twin_adaptive : public policy_base {
  private:
   struct state {
     std::uint32_t n_experts = 1, layer = 0, leader = 0;
+    std::uint64_t budget = 0;
     std::vector<std::unique_ptr<any_rule>> rules;
     std::vector<std::size_t> seen;  // evictions of each rule already looked at
     std::vector<double> cost;
@@ -180,10 +184,23 @@ class twin_adaptive : public policy_base {
       t.cost[r] = t.cost[r] * t.decay + static_cast<double>(now - t.charged[r]);
       t.charged[r] = now;
     }
-    const double low = *std::min_element(t.cost.begin(), t.cost.end());
-    if (!(low < t.cost[t.leader])) return;
-    const auto best = static_cast<std::uint32_t>(std::find(t.cost.begin(), t.cost.end(), low) - t.cost.begin());
-    if (low < t.cost[t.leader] * (1.0 - o_.margin)) t.leader = best;
+    // Only a rule that kept the budget may lead: the cheapest of them, the
+    // leader on a tie, else the first.
+    std::vector<std::uint32_t> kept;
+    for (std::uint32_t r = 0; r < 8; ++r)
+      if (t.rules[r]->resident_bytes() <= t.budget) kept.push_back(r);
+    if (kept.empty()) return;
+    double low = t.cost[kept[0]];
+    for (std::uint32_t r : kept) low = std::min(low, t.cost[r]);
+    const bool leader_kept = std::find(kept.begin(), kept.end(), t.leader) != kept.end();
+    if (leader_kept && t.cost[t.leader] == low) return;
+    std::uint32_t best = 0;
+    for (std::uint32_t r : kept)
+      if (t.cost[r] == low) {
+        best = r;
+        break;
+      }
+    if (!leader_kept || low < t.cost[t.leader] * (1.0 - o_.margin)) t.leader = best;
   }
 
   adaptive_policy_options o_;
@@ -366,6 +383,33 @@ TEST_CASE("adaptive equals its slow obvious twin on the real traces, batch by ba
         CHECK(count_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
         CHECK(fast.stats().all.evictions > 1000);
       }
+    }
+  }
+}
+
+TEST_CASE("adaptive: below the token cycle it follows a rule that keeps the budget, and does not collapse") {
+  // A layer partition hits most there (it keeps top-k of every layer) but
+  // holds more than the budget; lru collapses to 0%. The policy must follow
+  // a rule that keeps the budget, so it hits at least as often as lfu, a
+  // rule that survives the cycle, and holds no more than the budget.
+  for (const char* name : {"qwen.route.csv", "gptoss.route.csv"}) {
+    model_shape s;
+    const std::vector<batch> tr = moe_residency_test::fixtures::real_trace_batches(name, s);
+    if (tr.empty()) return;
+    for (double mib : {250.0, 500.0, 750.0}) {
+      CAPTURE(name);
+      CAPTURE(mib);
+      REQUIRE(from_mib(mib) < token_cycle_bytes(s));
+      expert_cache<adaptive_policy> c(s, opts(from_mib(mib)));
+      std::size_t over = 0;  // decode batches after which it held more than the budget
+      for (const batch& b : tr) {
+        c.access_batch(b.phase, L(b.layer), b.ids);
+        over += b.phase == run_phase::decode && c.resident_bytes() > from_mib(mib);
+      }
+      const cache_stats& lfu = c.policy().rule_stats(1);
+      CHECK(c.stats().decode.hits >= lfu.decode.hits);
+      CHECK(c.stats().decode.hits > 0);
+      CHECK(over == 0);
     }
   }
 }

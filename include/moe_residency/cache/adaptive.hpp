@@ -4,7 +4,10 @@
 /// layerlfu, arc, s3fifo, sieve, cycle), each with the real cache's budget and
 /// fed the same lookups and admissions. After every batch it charges each
 /// shadow what that rule would have cost (the bytes it read, or its misses),
-/// decayed over a window of tokens, and follows the cheapest: the leader.
+/// decayed over a window of tokens, and follows the cheapest of those that
+/// kept the budget: the leader. (A layer partition keeps top-k entries of
+/// every layer, so below the token cycle it holds more than the budget and
+/// hits at a rate the real cache cannot reach; it does not lead then.)
 ///
 /// Following means: the real cache evicts first what the leader no longer
 /// holds (the orphans), so while one rule leads the real cache holds what it
@@ -32,14 +35,13 @@
 /// number of experts). An eviction looks at the vote lists' tails in order
 /// (at most 256, most of them empty). State: eight caches' state, a byte of
 /// shadow residency and a list link per (layer, expert) slot: bounded in the
-/// number of experts. Never collapses below the token cycle while a rule
-/// that survives there (lfu, layerlfu, cycle) is among the shadows: it is
-/// then the cheapest and leads.
+/// number of experts. Below the token cycle lfu and cycle are the cheapest
+/// rules that keep the budget, and lead: the policy does not collapse there.
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,7 +73,7 @@ struct adaptive_policy_options {
   /// Memory of the cost counters, in tokens (each MoE layer's batch is
   /// 1 / n_moe_layers of a token); 0 = no decay (the whole run so far).
   /// The defaults (8 tokens, margin 0.1) were chosen on the Qwen trace only
-  /// (docs/cache.md, "The adaptive policy").
+  /// (docs/cache.md, "`adaptive`").
   double window_tokens = 8.0;
   /// A rule takes the lead when its cost is below the leader's × (1 − margin).
   double margin = 0.1;
@@ -116,7 +118,7 @@ class adaptive_core {
   static constexpr std::uint32_t n_votes = 1u << n_rules;
 
   adaptive_core(const model_shape& shape, std::uint64_t budget, const adaptive_policy_options& o)
-      : o_(o), leader_(o.first_leader) {
+      : o_(o), budget_(budget), leader_(o.first_leader) {
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
     const std::size_t n_slots = shape.n_layers() * shape.n_experts();
     held_.assign(n_slots, 0);
@@ -166,8 +168,10 @@ class adaptive_core {
   void evicted(std::uint32_t s) noexcept { lists_.erase(s); }
 
   /// Closes the shadows' batch (their own evictions), charges each rule its
-  /// cost and lets the cheapest lead. Once per batch; a no-op otherwise, and
-  /// during an admission's eviction (the batch is still open).
+  /// cost and lets the cheapest that kept the budget lead: it takes the lead
+  /// from a leader that kept the budget when cheaper by the margin, from one
+  /// that did not at once. Once per batch; a no-op otherwise, and during an
+  /// admission's eviction (the batch is still open).
   void sync() noexcept {
     if (!open_ || admitting_) return;
     open_ = false;
@@ -178,12 +182,14 @@ class adaptive_core {
       const std::uint64_t now = o_.objective == adaptive_objective::bytes ? k.bytes_read : k.misses;
       cost_[i] = cost_[i] * decay_ + static_cast<double>(now - charged_[i]);
       charged_[i] = now;
+      kept_[i] = c->resident_bytes() <= budget_;
       ++i;
     });
-    std::uint32_t best = leader_;
+    std::uint32_t best = n_rules;
     for (std::uint32_t r = 0; r < n_rules; ++r)
-      if (cost_[r] < cost_[best]) best = r;
-    if (best != leader_ && cost_[best] < cost_[leader_] * (1.0 - o_.margin)) {
+      if (kept_[r] && (best == n_rules || cost_[r] < cost_[best] || (r == leader_ && cost_[r] == cost_[best]))) best = r;
+    if (best == n_rules || best == leader_) return;  // none kept it (a wide batch): the lead stays
+    if (!kept_[leader_] || cost_[best] < cost_[leader_] * (1.0 - o_.margin)) {
       leader_ = best;
       ++switches_;
       order_votes();
@@ -252,6 +258,7 @@ class adaptive_core {
   }
 
   adaptive_policy_options o_;
+  std::uint64_t budget_ = 0;
   std::uint32_t n_experts_ = 1;
   std::tuple<std::optional<expert_cache<adaptive_shadow<lru_policy>>>,
              std::optional<expert_cache<adaptive_shadow<lfu_policy>>>,
@@ -266,6 +273,7 @@ class adaptive_core {
   cache_slot_lists lists_;          // the real cache's entries, one list per vote
   std::uint32_t order_[n_votes] = {};  // the votes in eviction order
   double cost_[n_rules] = {};
+  bool kept_[n_rules] = {};  // the rule's shadow held no more than the budget after the batch
   std::uint64_t charged_[n_rules] = {};
   double decay_ = 1.0;
   std::uint32_t leader_ = 7;
