@@ -144,7 +144,6 @@ class adaptive_core {
   void begin(run_phase phase, std::size_t layer) noexcept {
     sync();
     phase_ = phase;
-    layer_ = layer;
     base_ = static_cast<std::uint32_t>(layer) * n_experts_;
     each([&](auto& c) { c->begin_batch(phase, layer_id{static_cast<std::uint16_t>(layer)}); });
     open_ = true;
@@ -222,10 +221,14 @@ class adaptive_core {
 
   std::uint32_t leader() const noexcept { return leader_; }
   std::uint64_t switches() const noexcept { return switches_; }
-  double cost(std::uint32_t rule) const noexcept { return cost_[rule]; }
+  double cost(std::uint32_t rule) const noexcept {
+    MOE_RESIDENCY_ASSERT(rule < n_rules);
+    return cost_[rule];
+  }
   bool held_by(std::uint32_t rule, std::uint32_t s) const noexcept { return (held_[s] >> rule) & 1u; }
   /// The shadow of rule r's counters (what that rule alone would have done).
   const cache_stats& rule_stats(std::uint32_t r) const noexcept {
+    MOE_RESIDENCY_ASSERT(r < n_rules);
     const cache_stats* out = nullptr;
     std::uint32_t i = 0;
     each([&](const auto& c) {
@@ -279,7 +282,6 @@ class adaptive_core {
   std::uint32_t leader_ = 7;
   std::uint64_t switches_ = 0;
   run_phase phase_ = run_phase::prefill;
-  std::size_t layer_ = 0;
   std::uint32_t base_ = 0;
   bool open_ = false, admitting_ = false;
 };
@@ -360,9 +362,9 @@ class adaptive_policy : public policy_base {
   std::uint32_t leader() const noexcept { return core_->leader(); }
   /// How many times the lead changed.
   std::uint64_t switches() const noexcept { return core_->switches(); }
-  /// Rule r's decayed cost (bytes or misses, per the objective).
+  /// Rule r's decayed cost (bytes or misses, per the objective); r < 8.
   double rule_cost(std::uint32_t r) const noexcept { return core_->cost(r); }
-  /// What rule r alone would have done on the same lookups.
+  /// What rule r alone would have done on the same lookups; r < 8.
   const cache_stats& rule_stats(std::uint32_t r) const noexcept { return core_->rule_stats(r); }
   const adaptive_policy_options& options() const noexcept { return o_; }
 
