@@ -213,7 +213,7 @@ struct dynamic_replay_options {
   cycle_guard guard = cycle_guard::warn;
   std::uint64_t seed = 0x5eed;  ///< of the random policy
   cycle_policy_options cycle{};
-  adaptive_policy_options adaptive{};
+  adaptive_policy_options adaptive{};  ///< the adaptive policy's tuning (its cycle rule takes `cycle`)
 };
 
 /// What a dynamic replay did, decode figures per token.
