@@ -323,6 +323,25 @@ std::size_t count_divergences(const model_shape& s, Fast& fast, Twin& twin, cons
   return bad;
 }
 
+/// Between batches of a fast-against-twin comparison, the same disturbance to
+/// both, drawn from `rng` for batch i: an insert() of a random (layer,
+/// expert) every 5th batch, an invalidate() every 11th, a pin at 40 mod 97
+/// and its unpin at 80 mod 97.
+template <class Fast, class Twin>
+void disturb_both(Fast& fast, Twin& twin, const model_shape& s, std::mt19937& rng, std::size_t i) {
+  const int l = static_cast<int>(rng() % s.n_layers()), e = static_cast<int>(rng() % s.n_experts());
+  if (i % 5 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
+  if (i % 11 == 6) CHECK(fast.invalidate(L(l), E(e)) == twin.invalidate(L(l), E(e)));
+  if (i % 97 == 40) {
+    fast.pin(L(l), E(e));
+    twin.pin(L(l), E(e));
+  }
+  if (i % 97 == 80) {
+    fast.unpin(L(l), E(e));
+    twin.unpin(L(l), E(e));
+  }
+}
+
 // ---- the drop policy and the planner (from test_plan.cpp) -----------------------
 
 // Residency as a set of expert ids of any layer (tests use one layer at a time).

@@ -238,17 +238,7 @@ TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random trac
         twin.pin(L(1), E(2));
         std::mt19937 rng(seed * 7 + static_cast<std::uint32_t>(budget));
         const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
-          const int l = static_cast<int>(rng() % s.n_layers()), e = static_cast<int>(rng() % s.n_experts());
-          if (i % 5 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
-          if (i % 11 == 6) CHECK(fast.invalidate(L(l), E(e)) == twin.invalidate(L(l), E(e)));
-          if (i % 97 == 40) {
-            fast.pin(L(l), E(e));
-            twin.pin(L(l), E(e));
-          }
-          if (i % 97 == 80) {
-            fast.unpin(L(l), E(e));
-            twin.unpin(L(l), E(e));
-          }
+          moe_residency_test::fixtures::disturb_both(fast, twin, s, rng, i);
           REQUIRE(fast.policy().leader() == twin.policy().leader());
         });
         CHECK(bad == 0);

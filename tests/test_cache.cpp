@@ -526,19 +526,8 @@ TEST_CASE("cycle equals its slow obvious twin, entry by entry, on random traces"
           fast.pin(L(1), E(2));
           twin.pin(L(1), E(2));
           std::mt19937 r2(seed * 31 + static_cast<std::uint32_t>(budget));
-          const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
-            const int l = static_cast<int>(r2() % s.n_layers()), e = static_cast<int>(r2() % s.n_experts());
-            if (i % 5 == 2) CHECK(fast.insert(L(l), E(e)) == twin.insert(L(l), E(e)));
-            if (i % 11 == 6) CHECK(fast.invalidate(L(l), E(e)) == twin.invalidate(L(l), E(e)));
-            if (i % 97 == 40) {  // a pin that comes and goes
-              fast.pin(L(l), E(e));
-              twin.pin(L(l), E(e));
-            }
-            if (i % 97 == 80) {
-              fast.unpin(L(l), E(e));
-              twin.unpin(L(l), E(e));
-            }
-          });
+          const std::size_t bad = count_divergences(
+              s, fast, twin, tr, [&](std::size_t i) { moe_residency_test::fixtures::disturb_both(fast, twin, s, r2, i); });
           CHECK(bad == 0);
           CHECK(fast.stats().all.evictions == twin.stats().all.evictions);
           evictions += fast.stats().all.evictions;
