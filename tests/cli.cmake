@@ -168,10 +168,12 @@ if(TARGET moe_residency_cli)
     "convert|--in|${_mr_g}|--out|${_mr_b}/cli-link.bin"
     "moe-residency: --out: '[^\n]*cli-link\\.bin' is a symbolic link@@expected a regular file or a new path \\(the link would be replaced, not its target written\\)"
     "${_mr_g}" "" "symlink|${_mr_b}/cli-link-target.txt|${_mr_b}/cli-link.bin" "absent|${_mr_b}/cli-link-target.txt")
+  # Its own link and target: CTest runs these two at once, and sharing one
+  # link made the other's PREP fail with "File exists".
   moe_residency_cli_error_test(output_symlink_kept
-    "convert|--in|${_mr_g}|--out|${_mr_b}/cli-link.bin"
-    "moe-residency: --out: '[^\n]*cli-link\\.bin' is a symbolic link" "${_mr_g}" ""
-    "symlink|${_mr_b}/cli-link-target.txt|${_mr_b}/cli-link.bin" "symlink|${_mr_b}/cli-link.bin")
+    "convert|--in|${_mr_g}|--out|${_mr_b}/cli-link-kept.bin"
+    "moe-residency: --out: '[^\n]*cli-link-kept\\.bin' is a symbolic link" "${_mr_g}" ""
+    "symlink|${_mr_b}/cli-link-kept-target.txt|${_mr_b}/cli-link-kept.bin" "symlink|${_mr_b}/cli-link-kept.bin")
   moe_residency_cli_error_test(output_fifo
     "convert|--in|${_mr_g}|--out|${_mr_b}/cli-out-fifo.bin"
     "moe-residency: --out: '[^\n]*cli-out-fifo\\.bin' is a FIFO \\(named pipe\\)@@expected a regular file or a new path"
