@@ -115,8 +115,8 @@ void synthetic_cell(benchmark::State& st, Policy proto) {
   // Heap allocations per lookup on the hot path (after construction): 0.
   st.counters["allocs_per_lookup"] =
       static_cast<double>(allocations) / (static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()));
-  st.counters["lookups/s"] = benchmark::Counter(static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()),
-                                                benchmark::Counter::kIsRate);
+  st.counters["lookups/s"] = benchmark::Counter(
+      static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()), benchmark::Counter::kIsRate);
   st.counters["hit%"] = 100.0 * static_cast<double>(hits) / static_cast<double>(s.ids.size());
 }
 
@@ -128,8 +128,8 @@ void BM_synthetic_naive_list_lru(benchmark::State& st) {
       c.batch(layer_id(static_cast<std::uint16_t>(b % 48)), span<const expert_id>(s.ids.data() + b * 8, 8));
     benchmark::DoNotOptimize(c.hits());
   }
-  st.counters["lookups/s"] = benchmark::Counter(static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()),
-                                                benchmark::Counter::kIsRate);
+  st.counters["lookups/s"] = benchmark::Counter(
+      static_cast<double>(s.ids.size()) * static_cast<double>(st.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_synthetic_naive_list_lru)->Unit(benchmark::kMillisecond);
 

@@ -38,9 +38,7 @@ constexpr std::size_t rows = 128, cols = 2048;
 mr::element_type type_of(std::int64_t i) { return static_cast<mr::element_type>(i); }
 
 ggml_type ggml_type_of(mr::element_type t) {
-  return t == mr::element_type::f32 ? GGML_TYPE_F32
-         : t == mr::element_type::f16 ? GGML_TYPE_F16
-                                      : GGML_TYPE_BF16;
+  return t == mr::element_type::f32 ? GGML_TYPE_F32 : t == mr::element_type::f16 ? GGML_TYPE_F16 : GGML_TYPE_BF16;
 }
 
 /// n_routers routers of type t and an input per router, as ggml tensors in
@@ -58,8 +56,8 @@ struct setup {
   setup(mr::element_type type, std::size_t n_routers) : t(type), n(n_routers) {
     const std::size_t es = mr::element_size(t);
     ggml_init_params ip{};
-    ip.mem_size = n * (rows * cols * es + cols * 4 + rows * 4 + 4 * ggml_tensor_overhead()) +
-                  ggml_graph_overhead() + (1u << 20);
+    ip.mem_size =
+        n * (rows * cols * es + cols * 4 + rows * 4 + 4 * ggml_tensor_overhead()) + ggml_graph_overhead() + (1u << 20);
     ip.mem_buffer = nullptr;
     ip.no_alloc = false;
     ctx = ggml_init(ip);
@@ -105,8 +103,7 @@ struct setup {
   }
   void run_ggml() { ggml_graph_compute(graph, &plan); }
   void run_ours(float* out) const {
-    for (std::size_t l = 0; l < n; ++l)
-      mr::gemv(view(l), static_cast<const float*>(x[l]->data), out + l * rows);
+    for (std::size_t l = 0; l < n; ++l) mr::gemv(view(l), static_cast<const float*>(x[l]->data), out + l * rows);
   }
   /// Rows whose bits agree (all n * rows when identical).
   std::size_t identical_rows() {
@@ -121,8 +118,8 @@ struct setup {
 };
 
 std::string label(mr::element_type t, std::size_t n) {
-  return std::string(mr::to_string(t)) + " " + std::to_string(n) + " x " + std::to_string(rows) +
-         "x" + std::to_string(cols);
+  return std::string(mr::to_string(t)) + " " + std::to_string(n) + " x " + std::to_string(rows) + "x" +
+         std::to_string(cols);
 }
 
 void BM_ggml_mul_mat(benchmark::State& st) {

@@ -47,10 +47,8 @@ double direct_ns_per_load(std::int64_t us) {
     const auto t0 = clock_type::now();
     for (int i = 0; i < loads; ++i)
       for (std::size_t j = 0; j < k; ++j)
-        benchmark::DoNotOptimize(direct(layer_id{}, expert_id(static_cast<std::uint16_t>(j)),
-                                        read_reason::demanded));
-    runs.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() /
-                   loads);
+        benchmark::DoNotOptimize(direct(layer_id{}, expert_id(static_cast<std::uint16_t>(j)), read_reason::demanded));
+    runs.push_back(std::chrono::duration<double, std::nano>(clock_type::now() - t0).count() / loads);
   }
   std::sort(runs.begin(), runs.end());
   return runs[2];

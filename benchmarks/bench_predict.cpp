@@ -79,7 +79,6 @@ std::map<std::string, double>& results() {  // seconds per token (or bytes/s)
   return r;
 }
 
-
 element_type type_of(std::int64_t i) {
   return i == 0 ? element_type::f32 : i == 1 ? element_type::f16 : element_type::bf16;
 }
@@ -193,9 +192,7 @@ void run_session(benchmark::State& state, const std::string& key) {
   state.SetLabel(t + " routers, per token (each iteration also streams them once, timed apart)");
 }
 
-void BM_session_standard(benchmark::State& state) {
-  run_session<standard_session>(state, "standard");
-}
+void BM_session_standard(benchmark::State& state) { run_session<standard_session>(state, "standard"); }
 BENCHMARK(BM_session_standard)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 
 // The engine's routing followed by the observer's events, layer by layer: the
@@ -246,8 +243,7 @@ void BM_engine_then_session(benchmark::State& state) {
   results()["engine+standard/" + ts] = both_secs / n;
   results()["engine+standard_engine/" + ts] = engine_secs / n;
   results()["engine+standard_stream/" + ts] = stream_secs / n;
-  state.SetLabel(std::string(to_string(type_of(state.range(0)))) +
-                 " engine routing then observer, per token");
+  state.SetLabel(std::string(to_string(type_of(state.range(0)))) + " engine routing then observer, per token");
 }
 BENCHMARK(BM_engine_then_session)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 

@@ -24,8 +24,7 @@ void BM_stream_read(benchmark::State& st) { run_stream_read(st, read_compiled); 
 
 void BM_gemv(benchmark::State& st) {
   run_gemv(
-      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
-      mr::gemv_arch_name());
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }, mr::gemv_arch_name());
 }
 
 void BM_gemv_scalar(benchmark::State& st) {
@@ -36,15 +35,13 @@ void BM_gemv_scalar(benchmark::State& st) {
 void BM_stream_read_token(benchmark::State& st) { run_stream_read_token(st, read_compiled); }
 void BM_gemv_token(benchmark::State& st) {
   run_gemv_token(
-      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
-      mr::gemv_arch_name());
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }, mr::gemv_arch_name());
 }
 
 // The two above alternating in one loop: their ratio on the same machine state.
 void BM_token_pair(benchmark::State& st) {
   run_token_pair(
-      st, read_compiled,
-      [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      st, read_compiled, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
       mr::gemv_arch_name());
 }
 
@@ -53,8 +50,7 @@ void BM_token_pair(benchmark::State& st) {
 // BM_gemv ÷ BM_stream_read takes two benchmarks seconds apart.
 void BM_cache_pair(benchmark::State& st) {
   run_token_pair(
-      st, read_compiled,
-      [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
+      st, read_compiled, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
       mr::gemv_arch_name(), 1);
 }
 
@@ -107,21 +103,19 @@ void BM_bound_rows_read(benchmark::State& st) {
       const char* q = base + rr * row_bytes;
       for (std::size_t b = 0; b < row_bytes; b += 64) {
         if constexpr (D > 0)
-          for (std::size_t r = D * R; r < (D + 1) * R; ++r)
-            _mm_prefetch(q + r * row_bytes + b, _MM_HINT_T0);
+          for (std::size_t r = D * R; r < (D + 1) * R; ++r) _mm_prefetch(q + r * row_bytes + b, _MM_HINT_T0);
         for (std::size_t r = 0; r < R; ++r) {
-          s[r][0] = _mm256_add_epi32(
-              s[r][0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * row_bytes + b)));
-          s[r][1] = _mm256_add_epi32(
-              s[r][1],
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * row_bytes + b + 32)));
+          s[r][0] =
+              _mm256_add_epi32(s[r][0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * row_bytes + b)));
+          s[r][1] = _mm256_add_epi32(s[r][1],
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * row_bytes + b + 32)));
         }
       }
     }
     for (; rr < rows; ++rr)
       for (std::size_t b = 0; b < row_bytes; b += 32)
-        s[0][0] = _mm256_add_epi32(
-            s[0][0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + rr * row_bytes + b)));
+        s[0][0] =
+            _mm256_add_epi32(s[0][0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + rr * row_bytes + b)));
     __m256i u = s[0][0];
     for (std::size_t r = 0; r < R; ++r) u = _mm256_add_epi32(u, _mm256_add_epi32(s[r][0], s[r][1]));
     benchmark::DoNotOptimize(u);
@@ -153,8 +147,7 @@ void run_bound(benchmark::State& st, const std::string& what, Body body) {
 void BM_bound_cvt_add(benchmark::State& st) {
   run_bound(st, "load+vcvtph2ps+add", [](bench_acc& a, const char* p, const float*) {
     for (std::size_t k = 0; k < 8; ++k)
-      a[k] = _mm256_add_ps(
-          a[k], _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))));
+      a[k] = _mm256_add_ps(a[k], _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))));
   });
 }
 
@@ -173,9 +166,8 @@ void BM_bound_load_fma(benchmark::State& st) {
 void BM_bound_cvt_fma(benchmark::State& st) {
   run_bound(st, "load+vcvtph2ps+fma", [](bench_acc& a, const char* p, const float* x) {
     for (std::size_t k = 0; k < 8; ++k)
-      a[k] = _mm256_fmadd_ps(
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))),
-          _mm256_loadu_ps(x + 8 * k), a[k]);
+      a[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))),
+                             _mm256_loadu_ps(x + 8 * k), a[k]);
   });
 }
 
@@ -183,9 +175,8 @@ void BM_bound_cvt_fma_xreg(benchmark::State& st) {
   run_bound(st, "load+vcvtph2ps+fma, x in registers", [](bench_acc& a, const char* p, const float* x) {
     const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
     for (std::size_t k = 0; k < 8; ++k)
-      a[k] = _mm256_fmadd_ps(
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))),
-          k % 2 ? x1 : x0, a[k]);
+      a[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * k))),
+                             k % 2 ? x1 : x0, a[k]);
   });
 }
 
@@ -196,8 +187,7 @@ void BM_bound_cvt32_fma_xreg(benchmark::State& st) {
               for (std::size_t k = 0; k < 8; k += 2) {
                 const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
                 a[k] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(v)), x0, a[k]);
-                a[k + 1] =
-                    _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)), x1, a[k + 1]);
+                a[k + 1] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(v, 1)), x1, a[k + 1]);
               }
             });
 }
@@ -207,10 +197,9 @@ void BM_bound_bf16_fma(benchmark::State& st) {
     const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
     for (std::size_t k = 0; k < 8; k += 2) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * k));
-      a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)),
-                             _mm256_loadu_ps(x + 8 * k), a[k]);
-      a[k + 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)),
-                                 _mm256_loadu_ps(x + 8 * k + 8), a[k + 1]);
+      a[k] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), _mm256_loadu_ps(x + 8 * k), a[k]);
+      a[k + 1] =
+          _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), _mm256_loadu_ps(x + 8 * k + 8), a[k + 1]);
     }
   });
 }
@@ -244,8 +233,7 @@ void BM_bound_bf16_add(benchmark::State& st) {
 template <bool Checked>
 void BM_bound_f16_int_fma_xreg(benchmark::State& st) {
   __m256i seen = _mm256_setzero_si256();
-  run_bound(st, Checked ? "load+int convert+inf/NaN check+fma, x in registers"
-                        : "load+int convert+fma, x in registers",
+  run_bound(st, Checked ? "load+int convert+inf/NaN check+fma, x in registers" : "load+int convert+fma, x in registers",
             [&seen](bench_acc& a, const char* p, const float* x) {
               const __m256i m = _mm256_set1_epi32(static_cast<int>(0x8fffe000u));
               const __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
@@ -280,8 +268,8 @@ void BM_bound_f16_int_fma_xreg(benchmark::State& st) {
 // Never a GEMV: the sums are of the wrong elements in the wrong order.
 template <int Kind>
 void BM_l1(benchmark::State& st) {
-  static const char* const names[] = {"L1: cvt+fma", "L1: cvt+mul+add", "L1: shift/and+fma",
-                                      "L1: shift/and+mul+add", "L1: load+fma", "L1: cvt"};
+  static const char* const names[] = {"L1: cvt+fma",           "L1: cvt+mul+add", "L1: shift/and+fma",
+                                      "L1: shift/and+mul+add", "L1: load+fma",    "L1: cvt"};
   const auto t = type_of(st.range(0));
   const auto rows = static_cast<std::size_t>(st.range(1));
   const fixture f(t, rows);
@@ -379,9 +367,9 @@ void BM_bound_mix(benchmark::State& st) {
   };
   if (bf16) run(std::true_type{});
   else run(std::false_type{});
-  set_bytes(st, w, std::string(Fused ? "fma" : "mul+add") + ", x loaded per " + std::to_string(XU) +
-                       " vectors, memory order" +
-                       (PF ? ", prefetch " + std::to_string(PF) + " bytes ahead" : ""));
+  set_bytes(st, w,
+            std::string(Fused ? "fma" : "mul+add") + ", x loaded per " + std::to_string(XU) + " vectors, memory order" +
+                (PF ? ", prefetch " + std::to_string(PF) + " bytes ahead" : ""));
 }
 
 void BM_bound_f16_int_fma(benchmark::State& st) {
@@ -409,49 +397,47 @@ std::string tune_label(std::size_t pf, std::size_t head, bool in_row, int loc, b
   return s + (fused ? " fused" : " unfused");
 }
 
-template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0, bool InRow = false, int Loc = 3, std::size_t G = 4>
+template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused, std::size_t Head = 0,
+          bool InRow = false, int Loc = 3, std::size_t G = 4>
 void BM_gemv_tune(benchmark::State& st) {
   using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc, G>;
   run_gemv(
       st,
       [](const mr::matrix_view& w, const float* x, float* y) {
-        mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
-            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
-            mr::activation_rounding::engine);
+        mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
+                                                                    x, y, mr::activation_rounding::engine);
       },
-      "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) +
-          " " + tune_label(PF, Head, InRow, Loc, Fused) +
+      "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) + " " +
+          tune_label(PF, Head, InRow, Loc, Fused) +
           (G < 4 ? " f16 in sweeps of " + std::to_string(G) + " lane groups" : ""));
 }
 
-template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0, bool InRow = false, int Loc = 3>
+template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused, std::size_t Head = 0,
+          bool InRow = false, int Loc = 3>
 void BM_gemv_token_tune(benchmark::State& st) {
   using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc>;
   run_gemv_token(
       st,
       [](const mr::matrix_view& w, const float* x, float* y) {
-        mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
-            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
-            mr::activation_rounding::engine);
+        mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
+                                                                    x, y, mr::activation_rounding::engine);
       },
-      "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) +
-          " " + tune_label(PF, Head, InRow, Loc, Fused));
+      "rows " + std::to_string(R32) + "/" + std::to_string(R16) + "/" + std::to_string(RB) + " " +
+          tune_label(PF, Head, InRow, Loc, Fused));
 }
 
-template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused,
-          std::size_t Head = 0, bool InRow = false, int Loc = 3, std::size_t G = 4>
+template <std::size_t R32, std::size_t R16, std::size_t RB, std::size_t PF, bool Fused, std::size_t Head = 0,
+          bool InRow = false, int Loc = 3, std::size_t G = 4>
 void tune_kernel(const mr::matrix_view& w, const float* x, float* y) {
   using tune = mr::detail::x86_tune<R32, R16, RB, PF, Head, Head, InRow, InRow, Loc, G>;
-  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(
-      w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
+  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, tune>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+                                                              mr::activation_rounding::engine);
 }
 
 template <class Tune, bool Fused>
 void tuned_kernel(const mr::matrix_view& w, const float* x, float* y) {
-  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, Tune>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
-                                                              x, y, mr::activation_rounding::engine);
+  mr::detail::gemv_x86_impl<xsimd::default_arch, Fused, Tune>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
+                                                              mr::activation_rounding::engine);
 }
 using wide4_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 4>;
 using wide3_tune = mr::detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 3>;
@@ -469,31 +455,30 @@ using l2_next_tune = mr::detail::x86_tune<1, 3, 2, 1, 0, 0, false, false, 1, 4, 
 // taken on the same memory and the same machine load. Counters: each kernel's
 // CPU time over the read's ("u_": unfused, the default build's kernel).
 void BM_token_tunes(benchmark::State& st) {
-  run_token_kernels(
-      st, read_compiled,
-      {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
-       {"f16_head16", tune_kernel<3, 3, 2, 1, true, 16>},  // the f16 default before
-       {"none", tune_kernel<3, 3, 2, 0, true>},
-       {"inrow8", tune_kernel<3, 3, 2, 1, true, 8, true>},
-       {"inrow16", tune_kernel<3, 3, 2, 1, true, 16, true>},
-       {"whole_t2", tune_kernel<3, 3, 2, 1, true, 0, false, 1>},
-       {"bf16_3rows", tune_kernel<3, 3, 3, 1, true, 0>},
-       {"u_default", tune_kernel<3, 3, 2, 1, false, 0>},
-       {"u_f16_head16", tune_kernel<3, 3, 2, 1, false, 16>},
-       {"f16_6x2", tune_kernel<3, 6, 2, 1, true, 0, false, 3, 2>},
-       {"u_f16_6x2", tune_kernel<3, 6, 2, 1, false, 0, false, 3, 2>},
-       // `gemv` takes the 512-bit kernel for f16/bf16 on an AVX-512F CPU (4 rows a pass);
-       // the same shape on the 256-bit kernel only, and the 512-bit one with 6 rows.
-       {"narrow", tuned_kernel<mr::detail::x86_tune_narrow, true>},
-       {"u_narrow", tuned_kernel<mr::detail::x86_tune_narrow, false>},
-       {"u_wide", tuned_kernel<mr::detail::x86_tune_default, false>},
-       {"wide4", tuned_kernel<wide4_tune, true>},
-       {"wide3", tuned_kernel<wide3_tune, true>},
-       // The default before (this TU's): f32 4 rows a pass (3 without AVX-512),
-       // the 16-bit rows one pass ahead into L1; and the default's shape with
-       // the 16-bit rows only one pass ahead, into L2.
-       {"l1_next", tuned_kernel<l1_next_tune, true>},
-       {"l2_next", tuned_kernel<l2_next_tune, true>}});
+  run_token_kernels(st, read_compiled,
+                    {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
+                     {"f16_head16", tune_kernel<3, 3, 2, 1, true, 16>},  // the f16 default before
+                     {"none", tune_kernel<3, 3, 2, 0, true>},
+                     {"inrow8", tune_kernel<3, 3, 2, 1, true, 8, true>},
+                     {"inrow16", tune_kernel<3, 3, 2, 1, true, 16, true>},
+                     {"whole_t2", tune_kernel<3, 3, 2, 1, true, 0, false, 1>},
+                     {"bf16_3rows", tune_kernel<3, 3, 3, 1, true, 0>},
+                     {"u_default", tune_kernel<3, 3, 2, 1, false, 0>},
+                     {"u_f16_head16", tune_kernel<3, 3, 2, 1, false, 16>},
+                     {"f16_6x2", tune_kernel<3, 6, 2, 1, true, 0, false, 3, 2>},
+                     {"u_f16_6x2", tune_kernel<3, 6, 2, 1, false, 0, false, 3, 2>},
+                     // `gemv` takes the 512-bit kernel for f16/bf16 on an AVX-512F CPU (4 rows a pass);
+                     // the same shape on the 256-bit kernel only, and the 512-bit one with 6 rows.
+                     {"narrow", tuned_kernel<mr::detail::x86_tune_narrow, true>},
+                     {"u_narrow", tuned_kernel<mr::detail::x86_tune_narrow, false>},
+                     {"u_wide", tuned_kernel<mr::detail::x86_tune_default, false>},
+                     {"wide4", tuned_kernel<wide4_tune, true>},
+                     {"wide3", tuned_kernel<wide3_tune, true>},
+                     // The default before (this TU's): f32 4 rows a pass (3 without AVX-512),
+                     // the 16-bit rows one pass ahead into L1; and the default's shape with
+                     // the 16-bit rows only one pass ahead, into L2.
+                     {"l1_next", tuned_kernel<l1_next_tune, true>},
+                     {"l2_next", tuned_kernel<l2_next_tune, true>}});
 }
 #endif
 
@@ -602,20 +587,16 @@ void read_avx2_kernel(const mr::matrix_view& w, const float*, float* y) {
   y[0] = static_cast<float>(_mm256_extract_epi32(s, 0));
 }
 void BM_token_kernels(benchmark::State& st) {
-  run_token_kernels(
-      st, read_compiled,
-      {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
-       {"xsimd",
-        [](const mr::matrix_view& w, const float* x, float* y) {
-          mr::detail::gemv_simd_generic<xsimd::default_arch, true>(
-              w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
-              mr::activation_rounding::engine);
-        }},
-       {"u_gemv", tune_kernel<3, 3, 2, 1, false, 0>},
-       {"read_avx2", read_avx2_kernel}});
+  run_token_kernels(st, read_compiled,
+                    {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
+                     {"xsimd",
+                      [](const mr::matrix_view& w, const float* x, float* y) {
+                        mr::detail::gemv_simd_generic<xsimd::default_arch, true>(
+                            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
+                      }},
+                     {"u_gemv", tune_kernel<3, 3, 2, 1, false, 0>},
+                     {"read_avx2", read_avx2_kernel}});
 }
 }  // namespace
-BENCHMARK(BM_token_kernels)
-    ->Args({0, 0})->Args({1, 0})->Args({2, 0})
-    ->Args({0, 1})->Args({1, 1})->Args({2, 1});
+BENCHMARK(BM_token_kernels)->Args({0, 0})->Args({1, 0})->Args({2, 0})->Args({0, 1})->Args({1, 1})->Args({2, 1});
 #endif

@@ -50,8 +50,7 @@ bool check_flags(benchmark::State& st) {
 }
 
 #if BENCH_X86_GNU
-__attribute__((target("avx2"))) std::uint32_t read_avx2(const std::uint32_t* p,
-                                                        std::size_t words) {
+__attribute__((target("avx2"))) std::uint32_t read_avx2(const std::uint32_t* p, std::size_t words) {
   __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
   for (std::size_t i = 0; i + 32 <= words; i += 32) {
     a = _mm256_add_epi32(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
@@ -90,25 +89,20 @@ void BM_stream_read_compiled(benchmark::State& st) {
 void BM_gemv(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv(
-      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
-      mr::gemv_arch_name());
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }, mr::gemv_arch_name());
 }
 
 void BM_gemv_compiled_arch(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv(
-      st,
-      [](const mr::matrix_view& w, const float* x, float* y) {
-        mr::gemv_simd<xsimd::default_arch>(w, x, y);
-      },
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv_simd<xsimd::default_arch>(w, x, y); },
       xsimd::default_arch::name());
 }
 
 void BM_gemv_scalar(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv(
-      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv_scalar(w, x, y); },
-      "scalar");
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv_scalar(w, x, y); }, "scalar");
 }
 
 // One token's 48 routers (from the last-level cache or DRAM).
@@ -126,8 +120,7 @@ void BM_stream_read_token_best(benchmark::State& st) {
 void BM_gemv_token(benchmark::State& st) {
   if (!check_flags(st)) return;
   run_gemv_token(
-      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); },
-      mr::gemv_arch_name());
+      st, [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }, mr::gemv_arch_name());
 }
 
 // The two above alternating in one loop: their ratio on the same machine state.
@@ -171,13 +164,12 @@ void BM_token_kernels(benchmark::State& st) {
     return;
   }
   constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
-  run_token_kernels(
-      st, read_avx2,
-      {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
-       {"narrow", [](const mr::matrix_view& w, const float* x, float* y) {
-          mr::detail::gemv_x86_impl<mr::detail::gemv_default_tag, fused, mr::detail::x86_tune_narrow>(
-              w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
-        }}});
+  run_token_kernels(st, read_avx2,
+                    {{"gemv", [](const mr::matrix_view& w, const float* x, float* y) { mr::gemv(w, x, y); }},
+                     {"narrow", [](const mr::matrix_view& w, const float* x, float* y) {
+                        mr::detail::gemv_x86_impl<mr::detail::gemv_default_tag, fused, mr::detail::x86_tune_narrow>(
+                            w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, mr::activation_rounding::engine);
+                      }}});
 }
 #endif
 

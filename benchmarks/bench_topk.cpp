@@ -46,9 +46,7 @@ const scores& get(std::size_t n) {
   return n == 128 ? s128 : s256;
 }
 
-bool by_rank(const float* s, std::uint32_t a, std::uint32_t b) {
-  return mr::detail::ranks_before(s[a], a, s[b], b);
-}
+bool by_rank(const float* s, std::uint32_t a, std::uint32_t b) { return mr::detail::ranks_before(s[a], a, s[b], b); }
 
 void full_sort(const float* s, std::size_t n, std::size_t k, std::uint32_t* idx, std::uint32_t* out) {
   std::iota(idx, idx + n, 0u);
@@ -58,8 +56,7 @@ void full_sort(const float* s, std::size_t n, std::size_t k, std::uint32_t* idx,
 
 void partial(const float* s, std::size_t n, std::size_t k, std::uint32_t* idx, std::uint32_t* out) {
   std::iota(idx, idx + n, 0u);
-  std::partial_sort(idx, idx + k, idx + n,
-                    [s](std::uint32_t a, std::uint32_t b) { return by_rank(s, a, b); });
+  std::partial_sort(idx, idx + k, idx + n, [s](std::uint32_t a, std::uint32_t b) { return by_rank(s, a, b); });
   std::copy(idx, idx + k, out);
 }
 

@@ -59,8 +59,8 @@ struct fixture {
     } else {
       h16 = static_cast<std::uint16_t*>(at);
       for (std::size_t i = 0; i < n; ++i)
-        h16[i] = t == mr::element_type::f16 ? mr::detail::f32_to_f16_bits(d(rng))
-                                            : mr::detail::f32_to_bf16_bits(d(rng));
+        h16[i] =
+            t == mr::element_type::f16 ? mr::detail::f32_to_f16_bits(d(rng)) : mr::detail::f32_to_bf16_bits(d(rng));
     }
   }
   mr::matrix_view view(mr::element_type t, std::size_t rows) const {
@@ -74,12 +74,9 @@ inline mr::element_type type_of(std::int64_t i) { return static_cast<mr::element
 
 /// Bytes of router matrix per second, and the label "<type> <rows>x<cols>",
 /// followed by " <what>" when `what` is not empty.
-inline void set_bytes(benchmark::State& st, const mr::matrix_view& w,
-                      const std::string& what = {}) {
-  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) *
-                       static_cast<std::int64_t>(w.bytes()));
-  std::string label =
-      std::string(mr::to_string(w.type)) + " " + std::to_string(w.rows) + "x" + std::to_string(w.cols);
+inline void set_bytes(benchmark::State& st, const mr::matrix_view& w, const std::string& what = {}) {
+  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations()) * static_cast<std::int64_t>(w.bytes()));
+  std::string label = std::string(mr::to_string(w.type)) + " " + std::to_string(w.rows) + "x" + std::to_string(w.cols);
   if (!what.empty()) label += " " + what;
   st.SetLabel(label);
 }
@@ -307,8 +304,7 @@ void run_token_kernels(benchmark::State& st, Read read,
     }
     first = (first + 1) % (k + 1);
   }
-  for (std::size_t j = 0; j < k; ++j)
-    st.counters[kernels[j].first] = spent[k] > 0.0 ? spent[j] / spent[k] : 0.0;
+  for (std::size_t j = 0; j < k; ++j) st.counters[kernels[j].first] = spent[k] > 0.0 ? spent[j] / spent[k] : 0.0;
   st.SetLabel(std::string(mr::to_string(t)) + " " + std::to_string(layers) +
               " x 128x2048, each kernel's time over the read's");
 }

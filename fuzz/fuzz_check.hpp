@@ -55,8 +55,7 @@ inline std::string text_of(const std::uint8_t* data, std::size_t size) {
 }
 
 /// Row by row equality; weights compared by their bits (NaN included).
-inline bool same_rows(const moe_residency::route_trace& a, const moe_residency::route_trace& b,
-                      bool compare_weights) {
+inline bool same_rows(const moe_residency::route_trace& a, const moe_residency::route_trace& b, bool compare_weights) {
   if (a.rows.size() != b.rows.size()) return false;
   for (std::size_t i = 0; i < a.rows.size(); ++i) {
     const auto &x = a.rows[i], &y = b.rows[i];
@@ -73,8 +72,8 @@ inline bool same_rows(const moe_residency::route_trace& a, const moe_residency::
 
 inline bool same_header(const moe_residency::trace_header& a, const moe_residency::trace_header& b) {
   return a.model == b.model && a.arch == b.arch && a.n_layer == b.n_layer && a.n_expert == b.n_expert &&
-         a.n_expert_used == b.n_expert_used && a.expert_bytes == b.expert_bytes &&
-         a.dense_bytes == b.dense_bytes && a.has_dropped_column == b.has_dropped_column;
+         a.n_expert_used == b.n_expert_used && a.expert_bytes == b.expert_bytes && a.dense_bytes == b.dense_bytes &&
+         a.has_dropped_column == b.has_dropped_column;
 }
 
 /// What may be asked of any trace a parser accepted: it validates, it writes in
@@ -83,8 +82,7 @@ inline bool same_header(const moe_residency::trace_header& a, const moe_residenc
 /// `csv_weights_exact`: the trace's weights are ones "%g" prints exactly (a CSV
 /// with no non-canonical weight); a binary trace may hold any float, which the
 /// CSV form rounds to 6 significant digits (docs/traces.md).
-inline void check_accepted_trace(const moe_residency::route_trace& t, const char* source,
-                                 bool csv_weights_exact) {
+inline void check_accepted_trace(const moe_residency::route_trace& t, const char* source, bool csv_weights_exact) {
   using namespace moe_residency;
   validate_route_trace(t, source);  // an accepted trace is valid: a throw here escapes and is reported
 

@@ -106,12 +106,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       std::uint64_t u = 12345;
       const std::string q = detail::whole_problem(t, lo, hi, &u);
       if (q.empty()) {
-        check(!t.empty() && t.find_first_not_of("0123456789") == std::string::npos, "an accepted whole number "
-              "that is not all digits", t);
+        check(!t.empty() && t.find_first_not_of("0123456789") == std::string::npos,
+              "an accepted whole number "
+              "that is not all digits",
+              t);
         check(u >= lo && u <= hi, "an accepted whole number outside its range", t);
         const std::size_t nz = t.find_first_not_of('0');
-        check(std::to_string(u) == (nz == std::string::npos ? "0" : t.substr(nz)), "an accepted whole number "
-              "is not the text's value (wrapped?)", t);
+        check(std::to_string(u) == (nz == std::string::npos ? "0" : t.substr(nz)),
+              "an accepted whole number "
+              "is not the text's value (wrapped?)",
+              t);
       } else {
         check(u == 12345, "a refused whole number stored a value", t);
         check(q.find("expected a whole number") != std::string::npos, "a refusal without the range", q);

@@ -80,8 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         hi = std::max(hi, q.off_cpu_ms_per_mib);
       }
     const double m = s.fault_walk_off_cpu_ms_per_mib, slack = 1e-9 * (1 + std::abs(hi));
-    check(std::isfinite(m) && m >= lo - slack && m <= hi + slack, "the mean lies outside its rows",
-          std::to_string(m));
+    check(std::isfinite(m) && m >= lo - slack && m <= hi + slack, "the mean lies outside its rows", std::to_string(m));
     check(std::isfinite(s.fault_walk_sys_ms_per_mib) && s.fault_walk_sys_ms_per_mib >= 0,
           "a kernel time per MiB that is not finite and >= 0");
   }

@@ -56,7 +56,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     moe_residency_fuzz::fail("format_lab_cells's text does not parse back", written + e.what());
   }
   check(back->size() == cells->size(), "write -> parse changed the number of cells", written);
-  for (std::size_t i = 0; i < back->size(); ++i) check(same((*back)[i], (*cells)[i]), "write -> parse changed a cell", written);
+  for (std::size_t i = 0; i < back->size(); ++i)
+    check(same((*back)[i], (*cells)[i]), "write -> parse changed a cell", written);
   check(format_lab_cells(*back) == written, "format_lab_cells is not a fixed point");
   return 0;
 }

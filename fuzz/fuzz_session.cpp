@@ -52,7 +52,7 @@ std::size_t any_stride(FuzzedDataProvider& in, std::size_t row_bytes) {
     case 1: return row_bytes;
     case 2: return row_bytes + 4 * in.ConsumeIntegralInRange<std::size_t>(1, 8);
     case 3: return row_bytes > 4 ? row_bytes - 4 : 2;  // too short
-    case 4: return row_bytes + 2;                       // not a multiple of 4
+    case 4: return row_bytes + 2;                      // not a multiple of 4
     default: return in.ConsumeIntegralInRange<std::size_t>(0, 4 * row_bytes + 8);
   }
 }
@@ -153,8 +153,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           break;
         }
         case 1: {  // gate_input, a view
-          const std::size_t length =
-              in.ConsumeBool() ? n_embd : in.ConsumeIntegralInRange<std::size_t>(0, n_embd + 2);
+          const std::size_t length = in.ConsumeBool() ? n_embd : in.ConsumeIntegralInRange<std::size_t>(0, n_embd + 2);
           const std::size_t n = in.ConsumeIntegralInRange<std::size_t>(0, 5);
           const std::size_t stride = any_stride(in, length * 4);
           std::vector<float> x = buffer_of<float>(extent(n, stride, length * 4));
@@ -162,8 +161,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           const bool null_data = in.ConsumeIntegralInRange<int>(0, 15) == 0;
           const std::size_t nan_before = before[anomaly_kind::nan_gate_input];
           ok = s.gate_input(l, gate_input_view{null_data || x.empty() ? nullptr : x.data(), length, n, stride});
-          if (li < n_layers && (ok || s.anomalies()[anomaly_kind::nan_gate_input] > nan_before))
-            model[li].gate = true;
+          if (li < n_layers && (ok || s.anomalies()[anomaly_kind::nan_gate_input] > nan_before)) model[li].gate = true;
           break;
         }
         case 2: {  // routed, an engine's batch view

@@ -119,7 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       csv += buf;
     }
     try {
-      check(storage_curve::parse_csv(csv, "roundtrip.csv").points() == c->points(), "CSV write -> parse changed a point");
+      check(storage_curve::parse_csv(csv, "roundtrip.csv").points() == c->points(),
+            "CSV write -> parse changed a point");
     } catch (const error& e) {
       moe_residency_fuzz::fail("the written CSV does not parse back", e.what());
     }

@@ -61,9 +61,7 @@ bool names_outside_file(const std::string& text) {
   return false;
 }
 
-bool close6(double a, double b) {
-  return a == b || std::fabs(a - b) <= 5e-6 * std::fmax(std::fabs(a), std::fabs(b));
-}
+bool close6(double a, double b) { return a == b || std::fabs(a - b) <= 5e-6 * std::fmax(std::fabs(a), std::fabs(b)); }
 
 }  // namespace
 
@@ -112,7 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check(close6(q->read_latency_ms, p->read_latency_ms) && close6(q->bandwidth_scale, p->bandwidth_scale) &&
             close6(q->compute_ms_per_token, p->compute_ms_per_token) &&
             close6(q->expert_compute_share, p->expert_compute_share) && close6(q->overlap, p->overlap) &&
-            close6(q->mgmt_ms_per_read, p->mgmt_ms_per_read) && close6(q->mgmt_ms_per_eviction, p->mgmt_ms_per_eviction) &&
+            close6(q->mgmt_ms_per_read, p->mgmt_ms_per_read) &&
+            close6(q->mgmt_ms_per_eviction, p->mgmt_ms_per_eviction) &&
             close6(q->read_cpu_ms_per_mib, p->read_cpu_ms_per_mib) &&
             close6(q->mgmt_ms_per_request, p->mgmt_ms_per_request) && close6(q->mgmt_ms_per_pin, p->mgmt_ms_per_pin) &&
             close6(q->fault_bandwidth_scale, p->fault_bandwidth_scale) && close6(q->kernel_overlap, p->kernel_overlap),

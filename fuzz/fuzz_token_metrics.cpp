@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         check(std::isnan(v), "a column NaN on one row and a number on another", names[k]);
         continue;
       }
-      check(std::isfinite(v) && v >= 0, "a value that is not a finite number >= 0", names[k] + (": " + std::to_string(v)));
+      check(std::isfinite(v) && v >= 0, "a value that is not a finite number >= 0",
+            names[k] + (": " + std::to_string(v)));
     }
   }
   check(present[0], "wall_ms is NaN");

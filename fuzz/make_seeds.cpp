@@ -139,7 +139,8 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   put("fuzz_timing_config", "curve-file.cfg", "lanes = 2 # two\r\ncurve_file = lanes.csv\noverlap = 0.41\n");
 
   // fuzz_storage_curve: the real lanes file, the unit test's, the default list.
-  if (const std::string lanes = real("flash-lanes.csv"); !lanes.empty()) put("fuzz_storage_curve", "flash-lanes.csv", lanes);
+  if (const std::string lanes = real("flash-lanes.csv"); !lanes.empty())
+    put("fuzz_storage_curve", "flash-lanes.csv", lanes);
   put("fuzz_storage_curve", "test.csv", "lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n");
   put("fuzz_storage_curve", "default.list", storage_curve().to_list());
   put("fuzz_storage_curve", "repeat.list", "1:100,1:200");
@@ -148,7 +149,8 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   for (const char* name : {"qwen.metrics.csv", "gptoss.metrics.csv"}) {
     const std::string m = real(name);
     if (m.empty()) continue;
-    for (std::size_t lines : {2u, 5u, 33u}) put("fuzz_token_metrics", std::string(name) + "-" + std::to_string(lines), head_lines(m, lines));
+    for (std::size_t lines : {2u, 5u, 33u})
+      put("fuzz_token_metrics", std::string(name) + "-" + std::to_string(lines), head_lines(m, lines));
   }
   put("fuzz_token_metrics", "probe.csv",
       "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms\n"
@@ -177,37 +179,61 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
       cells.push_back(x);
     }
   put("fuzz_lab_cells", "memlab.csv", format_lab_cells(cells));
-  put("fuzz_lab_cells", "short.csv", "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,exact,563,141,87.1,m.csv\n2.5,mmap,563,141,87.1\n");
+  put("fuzz_lab_cells", "short.csv",
+      "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,exact,563,141,87.1,m.csv\n2.5,mmap,563,141,87."
+      "1\n");
 
   // fuzz_fault_walk: what scripts/memlab.sh writes, two ratios, dense locked and not.
   const std::string walk_header =
       "limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
       "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n";
   put("fuzz_fault_walk", "memlab.csv",
-      walk_header + "939,0.0,22,310.1,1100.0,1067.14,521.62,513.76,101.0,0.4959,0.4670,10.89\n"
-                    "939,110.2,22,310.1,1101.9,1090.27,534.16,528.21,101.0,0.5047,0.4794,10.91\n"
-                    "563,0.0,22,310.1,1377.1,1408.25,569.83,560.78,83.1,0.6088,0.4072,16.58\n"
-                    "563,110.2,22,310.1,1245.1,1572.10,607.11,603.54,104.5,0.7750,0.4847,11.91\n");
+      walk_header +
+          "939,0.0,22,310.1,1100.0,1067.14,521.62,513.76,101.0,0.4959,0.4670,10.89\n"
+          "939,110.2,22,310.1,1101.9,1090.27,534.16,528.21,101.0,0.5047,0.4794,10.91\n"
+          "563,0.0,22,310.1,1377.1,1408.25,569.83,560.78,83.1,0.6088,0.4072,16.58\n"
+          "563,110.2,22,310.1,1245.1,1572.10,607.11,603.54,104.5,0.7750,0.4847,11.91\n");
   put("fuzz_fault_walk", "short.csv", walk_header + "563,0,1,1,1,1,1,1,1,0.6\n");
   // ... and the inline walk's, which the same target parses too.
   const std::string inline_header =
       "limit_mib,budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
       "sys_ms_per_mib\n";
   put("fuzz_fault_walk", "inline.csv",
-      inline_header + "939,235.0,22,79.0,36.4,64.18,51.82,33.07,0.3400,0.9097\n"
-                      "563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097\n");
+      inline_header +
+          "939,235.0,22,79.0,36.4,64.18,51.82,33.07,0.3400,0.9097\n"
+          "563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097\n");
 
   // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration,
   // 3 numbers).
   for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic"})
     put("fuzz_cli_specs", std::string("speculate-") + s, std::string(1, '\0') + s);
   for (const std::string& p : replay_policy_names())
-    for (const char* suffix : {"", "+prev", "+oracle"}) put("fuzz_cli_specs", "policy-" + p + suffix, "\x01" + p + suffix);
-  for (const char* c : {"exact", "resident", "resident-all"}) put("fuzz_cli_specs", std::string("lab-") + c, std::string("\x02") + c);
+    for (const char* suffix : {"", "+prev", "+oracle"})
+      put("fuzz_cli_specs", "policy-" + p + suffix, "\x01" + p + suffix);
+  for (const char* c : {"exact", "resident", "resident-all"})
+    put("fuzz_cli_specs", std::string("lab-") + c, std::string("\x02") + c);
   // 3: the checked number parsers, at their boundaries (the byte after 3 picks domain and range).
   int k = 0;
-  for (const char* t : {"0", "1", "-1", "0.5", "1e12", "1e400", "nan", "-inf", "0x1p3", "4.9e-324", " 1", "1.5", "",
-                        "64", "65", "4294967296", "18446744073709551615", "18446744073709551616", "007", "+3"}) {
+  for (const char* t : {"0",
+                        "1",
+                        "-1",
+                        "0.5",
+                        "1e12",
+                        "1e400",
+                        "nan",
+                        "-inf",
+                        "0x1p3",
+                        "4.9e-324",
+                        " 1",
+                        "1.5",
+                        "",
+                        "64",
+                        "65",
+                        "4294967296",
+                        "18446744073709551615",
+                        "18446744073709551616",
+                        "007",
+                        "+3"}) {
     const int i = k++;
     put("fuzz_cli_specs", "number-" + std::to_string(i), std::string("\x03") + char('0' + i % 8) + t);
   }
@@ -238,7 +264,8 @@ int main(int argc, char** argv) {
     // whole decode tokens; and, as refused inputs to mutate from (CSV only),
     // the header alone and a head cut inside a token.
     const std::string stem = fs::path(name).stem().string();
-    for (std::size_t tokens : {1u, 2u}) seeds.emplace_back(stem + "-decode-" + std::to_string(tokens), decode_head(text, tokens));
+    for (std::size_t tokens : {1u, 2u})
+      seeds.emplace_back(stem + "-decode-" + std::to_string(tokens), decode_head(text, tokens));
     for (std::size_t rows : {0u, 40u}) write(csv / (stem + "-cut-" + std::to_string(rows) + ".csv"), head(text, rows));
   }
   std::size_t n = 0;
@@ -267,7 +294,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moe_residency_fuzz_seeds: %s\n", e.what());
     return 1;
   }
-  std::printf("moe_residency_fuzz_seeds: %zu trace seeds (CSV and binary), 8 event streams, %zu configuration seeds in %s\n",
-              n, configs, out.string().c_str());
+  std::printf(
+      "moe_residency_fuzz_seeds: %zu trace seeds (CSV and binary), 8 event streams, %zu configuration seeds in %s\n", n,
+      configs, out.string().c_str());
   return 0;
 }

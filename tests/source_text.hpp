@@ -23,8 +23,7 @@ inline std::string read_file(const std::string& path) {
 /// The lines between the first line starting with `begin` and the next one
 /// starting with `end` (both exclusive), each with its leading and trailing
 /// blanks removed; empty when either marker is not found.
-inline std::vector<std::string> block_lines(const std::string& text, const std::string& begin,
-                                            const std::string& end) {
+inline std::vector<std::string> block_lines(const std::string& text, const std::string& begin, const std::string& end) {
   std::vector<std::string> out;
   std::istringstream in(text);
   std::string line;

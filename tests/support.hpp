@@ -60,8 +60,7 @@ inline std::string real_trace(const std::string& name) {
   if (running_in_ci()) {
     FAIL("real trace " << path << " is missing and CI=true; set MOE_RESIDENCY_TRACES");
   }
-  MESSAGE("SKIPPED: real trace " << path
-          << " not found (set MOE_RESIDENCY_TRACES to the shared/traces folder)");
+  MESSAGE("SKIPPED: real trace " << path << " not found (set MOE_RESIDENCY_TRACES to the shared/traces folder)");
   return {};
 }
 
@@ -105,7 +104,8 @@ inline std::vector<batch> real_trace_batches(const std::string& name, model_shap
 /// A random trace in the engine's shape: a prefill batch per layer (many
 /// tokens, duplicates), then decode batches of k distinct ids per layer, with
 /// skewed (hot-expert) routing so policies differ.
-inline std::vector<batch> random_trace(const model_shape& s, std::uint32_t seed, int prefill_tokens, int decode_tokens) {
+inline std::vector<batch> random_trace(const model_shape& s, std::uint32_t seed, int prefill_tokens,
+                                       int decode_tokens) {
   std::mt19937 rng(seed);
   const int n_e = static_cast<int>(s.n_experts()), k = static_cast<int>(s.top_k());
   std::vector<std::discrete_distribution<int>> dist;
@@ -374,7 +374,7 @@ inline std::uint32_t twin_drop(const routing& r, double thr, const std::set<unsi
 
 // The slow obvious twin of the planner: filter the list, then take `cap`.
 inline std::vector<unsigned> twin_plan(const ranking& pred, std::size_t top_k, std::size_t cap,
-                                const std::set<unsigned>& resident, std::optional<double> thr) {
+                                       const std::set<unsigned>& resident, std::optional<double> thr) {
   std::vector<unsigned> seen, out;
   for (std::size_t r = 0; r < std::min(top_k, pred.size()); ++r) {
     const unsigned id = static_cast<unsigned>(pred.id(r));
@@ -401,10 +401,8 @@ struct recorder {
   read_callback callback() {
     return [this](layer_id l, expert_id e, read_reason why) {
       std::lock_guard<std::mutex> lock(mu);
-      calls.emplace_back(static_cast<unsigned>(to_index(l)), static_cast<unsigned>(to_index(e)),
-                         why);
-      return fail.count(static_cast<unsigned>(to_index(e))) ? read_status::failed
-                                                            : read_status::ok;
+      calls.emplace_back(static_cast<unsigned>(to_index(l)), static_cast<unsigned>(to_index(e)), why);
+      return fail.count(static_cast<unsigned>(to_index(e))) ? read_status::failed : read_status::ok;
     };
   }
   std::size_t count(read_reason why) {
@@ -455,8 +453,7 @@ struct library_log {
 // An expert_cache<lru_policy> that logs what it is asked.
 class recording_cache {
  public:
-  recording_cache(lru_cache c, std::shared_ptr<library_log> log)
-      : c_(std::move(c)), log_(std::move(log)) {}
+  recording_cache(lru_cache c, std::shared_ptr<library_log> log) : c_(std::move(c)), log_(std::move(log)) {}
   const model_shape& shape() const noexcept { return c_.shape(); }
   bool is_resident(layer_id l, expert_id e) const noexcept { return c_.is_resident(l, e); }
   bool insert(layer_id l, expert_id e, run_phase p) noexcept { return c_.insert(l, e, p); }
@@ -468,8 +465,7 @@ class recording_cache {
   }
   lookup_result lookup(expert_id e) noexcept {
     if (!log_->batch_open) ++log_->lookups_outside_batch;
-    log_->lookups.push_back(
-        {log_->batch_token, log_->batch_layer, static_cast<unsigned>(to_index(e))});
+    log_->lookups.push_back({log_->batch_token, log_->batch_layer, static_cast<unsigned>(to_index(e))});
     return c_.lookup(e);
   }
   std::size_t end_batch() noexcept {
@@ -511,12 +507,11 @@ struct routing_recorder {
 };
 
 using rec_spec_t = speculation<recording_cache>;
-using spec_session =
-    session<predictor_set<stale_gate_predictor>, rec_spec_t, routing_recorder>;
+using spec_session = session<predictor_set<stale_gate_predictor>, rec_spec_t, routing_recorder>;
 
 struct run_result {
-  std::vector<demand_entry> demanded;   // what each layer asked the cache for, sorted
-  std::vector<executed_slot> executed;  // what the session handed on, unmasked, sorted
+  std::vector<demand_entry> demanded;        // what each layer asked the cache for, sorted
+  std::vector<executed_slot> executed;       // what the session handed on, unmasked, sorted
   std::vector<executed_slot> host_executed;  // the host's routings minus s.drop_mask(t), sorted
   std::uint64_t masked_slots = 0;
   std::uint64_t lookups_outside_batch = 0;
@@ -542,8 +537,8 @@ inline std::vector<demand_entry> demand_of(const std::vector<executed_slot>& exe
 /// `host(layer)` (what the host does before the layer's experts are in), and
 /// layer_loaded; end_batch. Every call must succeed.
 template <class Session, class Host>
-void feed_batch(Session& s, const synthetic_model& model, synthetic_stream& stream, run_phase phase,
-                std::size_t n, Host&& host) {
+void feed_batch(Session& s, const synthetic_model& model, synthetic_stream& stream, run_phase phase, std::size_t n,
+                Host&& host) {
   const model_shape& shape = model.shape();
   stream.next(n);
   REQUIRE(s.begin_batch(phase, stream.first_token(), n));
@@ -570,8 +565,8 @@ void feed_prompt_and_decode(Session& s, const synthetic_model& model, synthetic_
 /// a recording cache. `seed` picks the model's routers and the token stream.
 inline run_result run_synthetic(bool speculate, bool drop, std::size_t lanes, std::size_t tokens,
                                 double flash_scale = 0.0, std::uint64_t seed = 1) {
-  const synthetic_config c = synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32,
-                                                      8, 64, 128, 6, false, seed);
+  const synthetic_config c =
+      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6, false, seed);
   const synthetic_model model(c);
   const model_shape& shape = model.shape();
   // A budget of 1.5 token cycles: LRU hits, and speculation both helps and evicts.
@@ -594,9 +589,7 @@ inline run_result run_synthetic(bool speculate, bool drop, std::size_t lanes, st
   spec_session s(
       shape, session_options{}, std::tuple<stale_gate_predictor>{},
       std::tuple<rec_spec_t, routing_recorder>{
-          rec_spec_t(shape,
-                     recording_cache(lru_cache(shape, {budget, cycle_guard::refuse, {}}), log),
-                     cb, o),
+          rec_spec_t(shape, recording_cache(lru_cache(shape, {budget, cycle_guard::refuse, {}}), log), cb, o),
           routing_recorder{log}});
   install_routers(s, model);
   synthetic_stream stream(model, seed - 1);  // seed 1: the stream the suites always used
@@ -608,10 +601,8 @@ inline run_result run_synthetic(bool speculate, bool drop, std::size_t lanes, st
       const routing& r = stream.routed(lid, t);
       for (std::size_t i = 0; i < r.size(); ++i) {
         if ((s.drop_mask(t) >> i) & 1u) continue;
-        out.host_executed.push_back({stream.first_token(),
-                                     stream.first_token() + static_cast<std::uint32_t>(t),
-                                     static_cast<unsigned>(to_index(lid)),
-                                     static_cast<unsigned>(to_index(r.id(i))),
+        out.host_executed.push_back({stream.first_token(), stream.first_token() + static_cast<std::uint32_t>(t),
+                                     static_cast<unsigned>(to_index(lid)), static_cast<unsigned>(to_index(r.id(i))),
                                      bits_of(r.weight(i))});
         if (!x.cache().is_resident(lid, r.id(i))) ++out.not_resident_when_executed;
       }

@@ -226,8 +226,9 @@ TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random trac
   std::uint64_t switches = 0, evictions = 0;
   for (std::uint32_t seed : {81u, 82u, 83u}) {
     const auto tr = random_trace(s, seed, seed == 83u ? 0 : 4, 150);
-    for (const auto& o : {options_of(0, 0, adaptive_objective::bytes, 7), options_of(0.5, 0, adaptive_objective::misses, 0),
-                          options_of(2, 0.1, adaptive_objective::bytes, 3), options_of(8, 0.05, adaptive_objective::misses, 5)}) {
+    for (const auto& o :
+         {options_of(0, 0, adaptive_objective::bytes, 7), options_of(0.5, 0, adaptive_objective::misses, 0),
+          options_of(2, 0.1, adaptive_objective::bytes, 3), options_of(8, 0.05, adaptive_objective::misses, 5)}) {
       for (std::uint64_t budget : {250u, 700u, 1500u, 3200u}) {
         CAPTURE(seed);
         CAPTURE(o.window_tokens);
@@ -302,7 +303,8 @@ TEST_CASE("adaptive: following one rule never hits less than that rule alone") {
         CAPTURE(seed);
         CAPTURE(budget);
         CAPTURE(adaptive_rule_names()[r]);
-        expert_cache<adaptive_policy> c(s, opts(budget), adaptive_policy{options_of(0, 0.999999, adaptive_objective::bytes, r)});
+        expert_cache<adaptive_policy> c(s, opts(budget),
+                                        adaptive_policy{options_of(0, 0.999999, adaptive_objective::bytes, r)});
         for (const batch& b : tr) {
           c.access_batch(b.phase, L(b.layer), b.ids);
           REQUIRE(c.stats().all.hits >= c.policy().rule_stats(r).all.hits);
@@ -370,7 +372,8 @@ TEST_CASE("adaptive equals its slow obvious twin on the real traces, batch by ba
         const adaptive_policy_options o = options_of(window, window > 1 ? 0.1 : 0.0, adaptive_objective::bytes, 7);
         expert_cache<recording<adaptive_policy>> fast(s, opts(from_mib(mib)), recording<adaptive_policy>(o));
         expert_cache<recording<twin_adaptive>> twin(s, opts(from_mib(mib)), recording<twin_adaptive>(o));
-        CHECK(count_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
+        CHECK(count_divergences(
+                  s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
         CHECK(fast.stats().all.evictions > 1000);
       }
     }

@@ -30,12 +30,12 @@ expert_id E(int e) { return expert_id(static_cast<std::uint16_t>(e)); }
 
 using moe_residency_test::fixtures::batch;
 using moe_residency_test::fixtures::count_divergences;
-using moe_residency_test::fixtures::recording;
 using moe_residency_test::fixtures::equal_shape;
 using moe_residency_test::fixtures::index_of;
 using moe_residency_test::fixtures::list_lru;
 using moe_residency_test::fixtures::opts;
 using moe_residency_test::fixtures::random_trace;
+using moe_residency_test::fixtures::recording;
 using moe_residency_test::fixtures::rescan_belady;
 using moe_residency_test::fixtures::run_checked;
 
@@ -79,7 +79,7 @@ struct twin_cycle : policy_base {
   std::vector<char> member;
   std::vector<std::uint64_t> bytes;  // per layer, 1 when bytes are not weighed
   std::vector<std::uint64_t> sizes;  // the distinct bytes, in order of first appearance
-  std::size_t k_ties = 0;  // layers whose K equalled their size's best so far
+  std::size_t k_ties = 0;            // layers whose K equalled their size's best so far
 
   explicit twin_cycle(cycle_policy_options opt = {}) : o(opt) {}
   void init(const model_shape& s, std::uint64_t) {
@@ -314,19 +314,15 @@ TEST_CASE("lru equals a std::list LRU on random traces") {
 
 TEST_CASE("belady equals a rescanning Belady and never loses with equal sizes") {
   for_each_belady_case({11u, 12u, 13u}, [](std::uint32_t seed, std::uint64_t budget, const model_shape& s,
-                                           const std::vector<batch>& tr, const belady_index& idx,
-                                           rescan_belady twin) {
+                                           const std::vector<batch>& tr, const belady_index& idx, rescan_belady twin) {
     for (std::size_t i = 0; i < tr.size(); ++i) twin.run(tr, i, s);
     const cache_stats b = run_checked(s, tr, budget, belady_policy{idx});
     CHECK(b.all.hits == twin.hits);
     CHECK(b.all.lookups == twin.lookups);
     const std::uint64_t others[] = {
-        run_checked(s, tr, budget, lru_policy{}).all.hits,
-        run_checked(s, tr, budget, lfu_policy{}).all.hits,
-        run_checked(s, tr, budget, random_policy{seed}).all.hits,
-        run_checked(s, tr, budget, arc_policy{}).all.hits,
-        run_checked(s, tr, budget, s3fifo_policy{}).all.hits,
-        run_checked(s, tr, budget, sieve_policy{}).all.hits,
+        run_checked(s, tr, budget, lru_policy{}).all.hits,        run_checked(s, tr, budget, lfu_policy{}).all.hits,
+        run_checked(s, tr, budget, random_policy{seed}).all.hits, run_checked(s, tr, budget, arc_policy{}).all.hits,
+        run_checked(s, tr, budget, s3fifo_policy{}).all.hits,     run_checked(s, tr, budget, sieve_policy{}).all.hits,
         run_checked(s, tr, budget, cycle_policy{}).all.hits,
     };
     for (std::uint64_t h : others) CHECK(b.all.hits >= h);
@@ -395,7 +391,7 @@ TEST_CASE("retention keeps protected experts and yields to the budget") {
   c.lookup(E(5));
   c.policy().protect(L(0), predicted);
   c.end_batch();
-  CHECK(c.is_resident(L(0), E(0)));        // protected, though least recent
+  CHECK(c.is_resident(L(0), E(0)));  // protected, though least recent
   CHECK_FALSE(c.is_resident(L(0), E(1)));
   CHECK_FALSE(c.is_resident(L(1), E(2)));  // the next LRU went instead
   CHECK(c.policy().is_protected(L(0), E(0)));
@@ -526,8 +522,9 @@ TEST_CASE("cycle equals its slow obvious twin, entry by entry, on random traces"
           fast.pin(L(1), E(2));
           twin.pin(L(1), E(2));
           std::mt19937 r2(seed * 31 + static_cast<std::uint32_t>(budget));
-          const std::size_t bad = count_divergences(
-              s, fast, twin, tr, [&](std::size_t i) { moe_residency_test::fixtures::disturb_both(fast, twin, s, r2, i); });
+          const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
+            moe_residency_test::fixtures::disturb_both(fast, twin, s, r2, i);
+          });
           CHECK(bad == 0);
           CHECK(fast.stats().all.evictions == twin.stats().all.evictions);
           evictions += fast.stats().all.evictions;
@@ -546,7 +543,8 @@ TEST_CASE("cycle equals its slow obvious twin where ties decide") {
   cycle_policy_options co;
   co.decay = 0.5;
   std::size_t k_ties = 0;
-  for (const model_shape& s : {model_shape("equal", 4, 2, {100, 100, 100}), model_shape("two", 4, 2, {200, 100, 100})}) {
+  for (const model_shape& s :
+       {model_shape("equal", 4, 2, {100, 100, 100}), model_shape("two", 4, 2, {200, 100, 100})}) {
     for (std::uint32_t seed = 1; seed <= 40; ++seed) {
       const auto tr = random_trace(s, seed, seed % 2 ? 3 : 0, 100);
       for (std::uint64_t budget : {200u, 300u, 400u, 500u}) {
@@ -581,8 +579,8 @@ TEST_CASE("cycle: a use re-sifts its heap node, so an entry used since its last 
   step(0);                    // 0 -> 2.37: the top must become 1
   step(3);                    // evicts the least used: 1, not 0
   CHECK(fast.policy().evicted == std::vector<std::uint32_t>{1});
-  step(2);                    // 2 (1.23, now the top) -> 2.93; 3 is at 1.52
-  step(4);                    // evicts 3, not 2
+  step(2);  // 2 (1.23, now the top) -> 2.93; 3 is at 1.52
+  step(4);  // evicts 3, not 2
   CHECK(fast.policy().evicted == std::vector<std::uint32_t>{1, 3});
   CHECK(twin.policy().evicted == fast.policy().evicted);
   CHECK(fast.is_resident(L(0), E(0)));
@@ -643,9 +641,9 @@ TEST_CASE("cycle: invalidate() of a heap's top, and of an entry its own batch in
   step(0), step(1), step(2);
   CHECK(fast.invalidate(L(0), E(0)));  // the top
   CHECK(twin.invalidate(L(0), E(0)));
-  step(3);                              // fits: 1, 2, 3
+  step(3);  // fits: 1, 2, 3
   CHECK(fast.policy().evicted == std::vector<std::uint32_t>{0});
-  step(4);                              // evicts the least used left: 1
+  step(4);  // evicts the least used left: 1
   CHECK(fast.policy().evicted == std::vector<std::uint32_t>{0, 1});
   CHECK(same());
   CHECK(fast.invalidate(L(0), E(4)));  // a member below the top (2 is the top)
@@ -658,7 +656,7 @@ TEST_CASE("cycle: invalidate() of a heap's top, and of an entry its own batch in
   CHECK(twin.invalidate(L(0), E(5)));
   fast.end_batch();
   twin.end_batch();
-  step(6), step(7), step(1);            // 5 must never be a victim: it is not resident
+  step(6), step(7), step(1);  // 5 must never be a victim: it is not resident
   CHECK(same());
   for (int e : {5, 2, 6, 3, 5, 0, 7, 4, 1, 2}) step(e);  // and is looked up again later
   CHECK(same());
@@ -708,8 +706,8 @@ TEST_CASE("cycle: the sorted layer arrays against the twin when a layer fills it
   // insert() of any layer and pins that come and go between batches. Every
   // eviction, in order, against the twin, and the residency after every batch.
   std::size_t full_rooms = 0, evictions = 0;
-  for (const model_shape& s : {equal_shape(2, 8, 3, 100), model_shape("two", 8, 3, {100, 200, 100}),
-                               equal_shape(3, 4, 2, 100)}) {
+  for (const model_shape& s :
+       {equal_shape(2, 8, 3, 100), model_shape("two", 8, 3, {100, 200, 100}), equal_shape(3, 4, 2, 100)}) {
     for (std::uint32_t seed : {91u, 92u, 93u}) {
       auto tr = random_trace(s, seed, seed == 93u ? 0 : 2, 250);
       std::mt19937 rng(seed);
@@ -772,7 +770,8 @@ TEST_CASE("cycle equals its slow obvious twin on the real traces, batch by batch
       CAPTURE(mib);
       expert_cache<recording<cycle_policy>> fast(s, opts(from_mib(mib)));
       expert_cache<recording<twin_cycle>> twin(s, opts(from_mib(mib)));
-      CHECK(count_divergences(s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
+      CHECK(count_divergences(
+                s, fast, twin, tr, [](std::size_t) {}, 64) == 0);
       CHECK(fast.stats().all.evictions > 1000);
     }
   }
@@ -782,8 +781,7 @@ TEST_CASE("belady: insert() between batches keys the entry without consuming a l
   // A preload or a completed speculative read is admitted with insert(); it
   // must not move the oracle's cursor (which belongs to the next lookup).
   for_each_belady_case({21u, 22u, 23u}, [](std::uint32_t seed, std::uint64_t budget, const model_shape& s,
-                                           const std::vector<batch>& tr, const belady_index& idx,
-                                           rescan_belady twin) {
+                                           const std::vector<batch>& tr, const belady_index& idx, rescan_belady twin) {
     expert_cache<belady_policy> c(s, opts(budget), belady_policy{idx});
     std::mt19937 rng(seed * 7 + static_cast<std::uint32_t>(budget));
     std::size_t inserted = 0;
@@ -812,9 +810,12 @@ TEST_CASE("belady: insert() between batches keys the entry without consuming a l
 
 TEST_CASE("retention<belady> forwards insert() as an admission, not a lookup") {
   const model_shape s = equal_shape(2, 8, 2, 100);
-  const std::vector<batch> tr = {{run_phase::decode, 0, {E(0), E(1)}}, {run_phase::decode, 1, {E(2), E(3)}},
-                                 {run_phase::decode, 0, {E(0), E(4)}}, {run_phase::decode, 1, {E(2), E(5)}}};
-  expert_cache<retention_policy<belady_policy>> c(s, opts(500), retention_policy<belady_policy>{belady_policy{index_of(s, tr)}});
+  const std::vector<batch> tr = {{run_phase::decode, 0, {E(0), E(1)}},
+                                 {run_phase::decode, 1, {E(2), E(3)}},
+                                 {run_phase::decode, 0, {E(0), E(4)}},
+                                 {run_phase::decode, 1, {E(2), E(5)}}};
+  expert_cache<retention_policy<belady_policy>> c(s, opts(500),
+                                                  retention_policy<belady_policy>{belady_policy{index_of(s, tr)}});
   c.access_batch(tr[0].phase, L(0), tr[0].ids);
   c.access_batch(tr[1].phase, L(1), tr[1].ids);
   CHECK(c.insert(L(0), E(4)));  // a correct prediction for the next batch

@@ -12,36 +12,30 @@ using namespace moe_residency;
 
 TEST_CASE("model_shape validates its input") {
   SUBCASE("k above 32") {
-    CHECK_THROWS_WITH_AS(model_shape("m", 128, 33, {1, 1}),
-                         "model_shape 'm': top-k 33 out of range; expected [1, 32]", error);
+    CHECK_THROWS_WITH_AS(model_shape("m", 128, 33, {1, 1}), "model_shape 'm': top-k 33 out of range; expected [1, 32]",
+                         error);
   }
   SUBCASE("k of zero") {
-    CHECK_THROWS_WITH_AS(model_shape("m", 128, 0, {1}),
-                         "model_shape 'm': top-k 0 out of range; expected [1, 32]", error);
+    CHECK_THROWS_WITH_AS(model_shape("m", 128, 0, {1}), "model_shape 'm': top-k 0 out of range; expected [1, 32]",
+                         error);
   }
   SUBCASE("k above the expert count") {
-    CHECK_THROWS_WITH_AS(model_shape("m", 4, 6, {1}),
-                         "model_shape 'm': top-k 6 exceeds n_experts 4", error);
+    CHECK_THROWS_WITH_AS(model_shape("m", 4, 6, {1}), "model_shape 'm': top-k 6 exceeds n_experts 4", error);
   }
   SUBCASE("zero expert bytes on a MoE layer") {
-    CHECK_THROWS_WITH_AS(
-        model_shape("m", 8, 2, {10, 0, 10}),
-        "model_shape 'm': layer 1 is MoE but has zero or unknown expert bytes; expected > 0",
-        error);
+    CHECK_THROWS_WITH_AS(model_shape("m", 8, 2, {10, 0, 10}),
+                         "model_shape 'm': layer 1 is MoE but has zero or unknown expert bytes; expected > 0", error);
   }
   SUBCASE("dense layer with bytes") {
     CHECK_THROWS_WITH_AS(model_shape("m", 8, 2, {10, 5}, {true, false}),
-                         "model_shape 'm': layer 1 is dense but has expert bytes 5; expected 0",
-                         error);
+                         "model_shape 'm': layer 1 is dense but has expert bytes 5; expected 0", error);
   }
-  SUBCASE("mismatched is_moe") {
-    CHECK_THROWS_AS(model_shape("m", 8, 2, {10, 10}, {true}), error);
-  }
+  SUBCASE("mismatched is_moe") { CHECK_THROWS_AS(model_shape("m", 8, 2, {10, 10}, {true}), error); }
   SUBCASE("no layers") { CHECK_THROWS_AS(model_shape("m", 8, 2, {}), error); }
   SUBCASE("no expert") { CHECK_THROWS_AS(model_shape("m", 0, 1, {1}), error); }
   SUBCASE("every layer dense") {
-    CHECK_THROWS_WITH_AS(model_shape("m", 8, 2, {0}, {false}),
-                         "model_shape 'm': no MoE layer; expected at least one", error);
+    CHECK_THROWS_WITH_AS(model_shape("m", 8, 2, {0}, {false}), "model_shape 'm': no MoE layer; expected at least one",
+                         error);
   }
 }
 

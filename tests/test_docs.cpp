@@ -2,6 +2,7 @@
 // checks of the numbers and claims the block and its surrounding text state.
 // Each block is pasted verbatim (marked "keep in sync"); the last test case
 // reads the pages and fails when a ```cpp block is not found here verbatim.
+// clang-format leaves each pasted block as the page has it.
 // docs/speculation.md and docs/llama-cpp.md are compiled by their own suites.
 
 #include "moe_residency/moe_residency.hpp"
@@ -120,6 +121,7 @@ TEST_CASE("README.md") {
   const std::vector<layer>& moe_layers = qwen().layers;
   const std::uint32_t position = 0;
 
+  // clang-format off
   // README.md, block 1 — keep in sync
 #include <moe_residency/moe_residency.hpp>
 using namespace moe_residency;
@@ -143,6 +145,7 @@ cache_options opt;
 opt.budget_bytes = from_mib(4000);                          // MiB = 1048576 bytes
 expert_cache<lru_policy> cache(trace.shape(), opt);
   // ---
+  // clang-format on
 
   check_one_token_report(format_text(s.report()));
   // The cache of the block replays the trace as the engine accounted it: LRU's
@@ -155,6 +158,7 @@ expert_cache<lru_policy> cache(trace.shape(), opt);
 
 // ---------------------------------------------------------------------------
 TEST_CASE("docs/overview.md") {
+  // clang-format off
   // docs/overview.md, block 1 — keep in sync
 #include <moe_residency/core.hpp>
 using namespace moe_residency;
@@ -165,6 +169,7 @@ routing r;                                              // ≤ 32 ids + weights,
 r.layer = layer_id{3};
 r.push_back(expert_id{17}, 0.41f);
   // ---
+  // clang-format on
 
   CHECK(shape.n_layers() == 48);
   CHECK(shape.n_experts() == 128);
@@ -197,6 +202,7 @@ TEST_CASE("docs/router.md") {
   const std::uint16_t* gate_inp_bits = gate_inp.data();
   const float* x = gate_x.data();
 
+  // clang-format off
   // docs/router.md, block 1 — keep in sync
 #include "moe_residency/router.hpp"
 using namespace moe_residency;
@@ -210,6 +216,7 @@ if (route_token(w, x, spec, r, ws)) {               // gemv + select, noexcept, 
   // r.id(0..7) in rank order, r.weight(0..7) the engine's applied weights
 }
   // ---
+  // clang-format on
 
   // Slow obvious twin: logits in double from the f16 weights and the
   // f16-rounded activation; qwen3moe selects the top-8 by softmax, i.e. by logit.
@@ -223,17 +230,16 @@ if (route_token(w, x, spec, r, ws)) {               // gemv + select, noexcept, 
   }
   std::vector<std::size_t> order(128);
   for (std::size_t e = 0; e < 128; ++e) order[e] = e;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return logit[a] != logit[b] ? logit[a] > logit[b] : a < b;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return logit[a] != logit[b] ? logit[a] > logit[b] : a < b; });
   REQUIRE(r.size() == 8);
   double sum = 0.0;
   for (std::size_t i = 0; i < 8; ++i) {
-    CHECK(to_index(r.id(i)) == order[i]);                      // rank order
+    CHECK(to_index(r.id(i)) == order[i]);  // rank order
     if (i > 0) CHECK(r.weight(i) <= r.weight(i - 1));
     sum += r.weight(i);
   }
-  CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));             // qwen3moe normalises the top-k
+  CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));  // qwen3moe normalises the top-k
   CHECK(ws.logits()[order[0]] == doctest::Approx(logit[order[0]]).epsilon(1e-4));
   // validate() throws error naming the view.
   CHECK_THROWS_WITH_AS(matrix_view::f16(nullptr, 128, 2048).validate("blk.7.ffn_gate_inp"),
@@ -242,6 +248,7 @@ if (route_token(w, x, spec, r, ws)) {               // gemv + select, noexcept, 
 }
 
 // ---------------------------------------------------------------------------
+// clang-format off
 // docs/traces.md, block 1 — keep in sync
 #include <moe_residency/trace.hpp>
 
@@ -269,6 +276,7 @@ std::size_t count_lookups(const std::string& path) {
   return lookups;
 }
 // ---
+// clang-format on
 
 TEST_CASE("docs/traces.md") {
   const std::string path = moe_residency_test::real_trace("gptoss.route.csv");
@@ -283,7 +291,7 @@ TEST_CASE("docs/traces.md") {
   }
   const std::size_t lookups = count_lookups(path);
   CHECK(lookups == seen.size());
-  CHECK(lookups < t.rows.size());  // prefill batches hold duplicates
+  CHECK(lookups < t.rows.size());                                   // prefill batches hold duplicates
   CHECK(std::lround(to_mib(token_cycle_bytes(t.shape()))) == 908);  // docs/replay.md: 907.7 MiB
 }
 
@@ -292,6 +300,7 @@ TEST_CASE("docs/session.md") {
   const std::vector<layer>& moe_layers = qwen().layers;
   const std::uint32_t position = 0;
 
+  // clang-format off
   // docs/session.md, block 1 — keep in sync
 #include "moe_residency/session.hpp"
 using namespace moe_residency;
@@ -308,6 +317,7 @@ for (layer l : moe_layers) {
 // at the end:
 std::fputs(format_text(s.report()).c_str(), stderr);     // the moe-predict report
   // ---
+  // clang-format on
 
   check_one_token_report(format_text(s.report()));
 }
@@ -315,7 +325,7 @@ std::fputs(format_text(s.report()).c_str(), stderr);     // the moe-predict repo
 // ---------------------------------------------------------------------------
 TEST_CASE("docs/cache.md") {
   // One decode token's routing of layer 7 (top-6), and the engine's read.
-  const std::vector<expert_id> routed{expert_id{17}, expert_id{3}, expert_id{99},
+  const std::vector<expert_id> routed{expert_id{17}, expert_id{3},  expert_id{99},
                                       expert_id{40}, expert_id{17}, expert_id{5}};
   std::vector<expert_id> reads;
   auto read_expert = [&](layer_id l, expert_id e) {
@@ -323,6 +333,7 @@ TEST_CASE("docs/cache.md") {
     reads.push_back(e);
   };
 
+  // clang-format off
   // docs/cache.md, block 1 — keep in sync
 #include "moe_residency/cache.hpp"
 using namespace moe_residency;
@@ -345,6 +356,7 @@ cache.is_resident(layer_id{8}, expert_id{3});
 cache.pin(layer_id{0}, expert_id{12});           // never evicted once resident
 cache.stats().decode.hit_pct();                  // also .all; lookups, hits, misses, bytes_read, evictions
   // ---
+  // clang-format on
 
   const std::uint64_t bytes7 = presets::qwen3_30b_a3b(6).expert_bytes(layer_id{7});
   CHECK(reads.size() == 5);  // 17 is routed twice: one lookup, the duplicate only promotes
@@ -362,18 +374,18 @@ cache.stats().decode.hit_pct();                  // also .all; lookups, hits, mi
   // The guard's message, as quoted on the page.
   cache_options low;
   low.budget_bytes = from_mib(500);
-  CHECK_THROWS_WITH_AS(
-      expert_cache<lru_policy>(presets::qwen3_30b_a3b(6), low),
-      "expert_cache<lru>: budget 500.0 MiB is below the token cycle 784.7 MiB (48 MoE layers x "
-      "top-6 x expert bytes); a recency policy evicts each expert just before the cycle returns "
-      "to it and hits 0%. Raise the budget to at least 784.7 MiB, or use a policy that survives "
-      "below the cycle (lfu, layerlfu, cycle, belady)",
-      error);
+  CHECK_THROWS_WITH_AS(expert_cache<lru_policy>(presets::qwen3_30b_a3b(6), low),
+                       "expert_cache<lru>: budget 500.0 MiB is below the token cycle 784.7 MiB (48 MoE layers x "
+                       "top-6 x expert bytes); a recency policy evicts each expert just before the cycle returns "
+                       "to it and hits 0%. Raise the budget to at least 784.7 MiB, or use a policy that survives "
+                       "below the cycle (lfu, layerlfu, cycle, belady)",
+                       error);
   low.budget_bytes = 0;
   CHECK_THROWS_AS(expert_cache<lru_policy>(presets::qwen3_30b_a3b(6), low), error);
 }
 
 TEST_CASE("docs/cache.md, the adaptive policy") {
+  // clang-format off
   // docs/cache.md, block 2 — keep in sync
 using namespace moe_residency;
 adaptive_policy_options o;                    // also: window_tokens, margin, first_leader, cycle
@@ -386,6 +398,7 @@ c.access_batch(run_phase::decode, layer_id{0}, routed);
 const std::string& following = adaptive_rule_names()[c.policy().leader()];  // "cycle" at first
 const cache_stats& alone = c.policy().rule_stats(3);  // what layerlfu alone would have done
   // ---
+  // clang-format on
   CHECK(following == "cycle");  // one batch: every rule missed all six, nobody is cheaper
   CHECK(alone.all.lookups == 6);
   CHECK(alone.all.misses == 6);
@@ -393,6 +406,7 @@ const cache_stats& alone = c.policy().rule_stats(3);  // what layerlfu alone wou
   CHECK(adaptive_rule_names()[3] == "layerlfu");
 }
 
+// clang-format off
 // docs/cache.md, block 3 — keep in sync
 struct my_policy : policy_base {            // policy_base: global budget trigger, empty hooks
   static constexpr const char* name = "mine";
@@ -406,6 +420,7 @@ struct my_policy : policy_base {            // policy_base: global budget trigge
   //           over_budget(view, layer) for a different trigger (see layer.hpp)
 };
 // ---
+// clang-format on
 
 // Definitions that make the declared policy a real one: FIFO by insertion
 // order. Its state lives here because the page's declaration has no members.
@@ -454,6 +469,7 @@ TEST_CASE("docs/replay.md") {
   const std::string reference = moe_residency_test::read_file(curve);
   const trace_folder folder(real, "qwen.route.csv");
 
+  // clang-format off
   // docs/replay.md, block 1 — keep in sync
 #include "moe_residency/replay.hpp"
 using namespace moe_residency;
@@ -461,6 +477,7 @@ const replay_input in = replay_input::from_file("qwen.route.csv");
 const auto cells = replay_grid(in, {1000, 4000}, {"lru", "belady", "cycle"});
 std::fputs(replay_csv(cells).c_str(), stdout);
   // ---
+  // clang-format on
 
   // Exactly the reference's columns; every lru and belady cell as the engine
   // authors' curve prints it; cycle's decode (cumulative) hit % as the page's table.
@@ -511,12 +528,13 @@ TEST_CASE("docs/replay.md's policy table is the policy registry") {
     CHECK(rows[i].second == reg[i].help);
   }
   const std::string cache_page = moe_residency_test::read_file(root + "/docs/cache.md");
-  for (const auto& p : reg) CHECK_MESSAGE(cache_page.find("(`" + std::string(p.name) + "`)") != std::string::npos, p.name);
+  for (const auto& p : reg)
+    CHECK_MESSAGE(cache_page.find("(`" + std::string(p.name) + "`)") != std::string::npos, p.name);
   // The page's alias sentence names exactly the registry's aliases.
   const std::string replay_page = moe_residency_test::read_file(root + "/docs/replay.md");
   for (const auto& a : cache_policy_aliases())
-    CHECK(replay_page.find("`" + a.first + "`, the spelling earlier releases accepted, still means `" + a.second + "`") !=
-          std::string::npos);
+    CHECK(replay_page.find("`" + a.first + "`, the spelling earlier releases accepted, still means `" + a.second +
+                           "`") != std::string::npos);
 }
 
 // ---------------------------------------------------------------------------
@@ -565,9 +583,9 @@ TEST_CASE("docs and tests/test_docs.cpp are in sync") {
   // Page, and how many ```cpp blocks it has (a block added to a page must be
   // added here and above; speculation.md and llama-cpp.md have their own suites).
   const std::vector<std::pair<std::string, std::size_t>> pages = {
-      {"README.md", 1},        {"docs/overview.md", 1}, {"docs/router.md", 1},
-      {"docs/traces.md", 1},   {"docs/session.md", 1},  {"docs/cache.md", 3},
-      {"docs/replay.md", 1},   {"docs/prediction.md", 0}, {"docs/configuration.md", 0},
+      {"README.md", 1},           {"docs/overview.md", 1},   {"docs/router.md", 1},
+      {"docs/traces.md", 1},      {"docs/session.md", 1},    {"docs/cache.md", 3},
+      {"docs/replay.md", 1},      {"docs/prediction.md", 0}, {"docs/configuration.md", 0},
       {"docs/limitations.md", 0}, {"docs/benchmarks.md", 0}, {"docs/reliability.md", 0}};
   for (const auto& entry : pages) {
     const std::string& page = entry.first;  // not a structured binding: doctest's lambdas capture it

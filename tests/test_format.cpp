@@ -45,17 +45,33 @@ std::string twin_float(float v) {
 }
 
 std::vector<double> values() {
-  std::vector<double> v = {0.0,   -0.0, 1.0,    -1.0,   0.5,     0.125, 1e-300, 4.9e-324, 1e300,
-                           1e6,   1e-5, 123456, 1234567, 99.95,  0.886, 100.0 - 1e-12,
-                           std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                           std::numeric_limits<double>::max(), std::numeric_limits<double>::denorm_min()};
+  std::vector<double> v = {0.0,
+                           -0.0,
+                           1.0,
+                           -1.0,
+                           0.5,
+                           0.125,
+                           1e-300,
+                           4.9e-324,
+                           1e300,
+                           1e6,
+                           1e-5,
+                           123456,
+                           1234567,
+                           99.95,
+                           0.886,
+                           100.0 - 1e-12,
+                           std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity(),
+                           std::numeric_limits<double>::max(),
+                           std::numeric_limits<double>::denorm_min()};
   std::mt19937_64 gen(11);
   for (int i = 0; i < 20000; ++i) {
     std::uint64_t bits = gen();
     double d;
     std::memcpy(&d, &bits, sizeof d);
     if (std::isnan(d)) continue;
-    v.push_back(d);  // every exponent
+    v.push_back(d);                                                       // every exponent
     v.push_back(static_cast<double>(gen() % 2000001) / 1000.0 - 1000.0);  // figures a report prints
   }
   return v;

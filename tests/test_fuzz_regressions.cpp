@@ -55,8 +55,8 @@ TEST_CASE("fuzz_trace_binary: non-zero padding after the strings or the layer fl
   // Layers at 64: 8 bytes expert_bytes, 8 dense_bytes, 1 listed flag at 80, padding 81..87.
   bad = good;
   bad[85] = '\x01';
-  CHECK_THROWS_WITH_AS(parse_v1(bad),
-                       "t.bin: header: padding byte at offset 85 after the layer flags is 1; expected 0", error);
+  CHECK_THROWS_WITH_AS(parse_v1(bad), "t.bin: header: padding byte at offset 85 after the layer flags is 1; expected 0",
+                       error);
 }
 
 TEST_CASE("fuzz_trace_binary: a model name the CSV header cannot hold is refused") {
@@ -68,9 +68,9 @@ TEST_CASE("fuzz_trace_binary: a model name the CSV header cannot hold is refused
   std::string bad = good;
   // "m.gguf" is at offset 48: make it "m arch" followed by '=' ... keep the length (6).
   bad.replace(48, 6, std::string(" arch=", 6));
-  CHECK_THROWS_WITH_AS(parse_v1(bad),
-                       "t.bin: header: model ' arch=' contains ' arch=' or ends in a space; the CSV form cannot hold it",
-                       error);
+  CHECK_THROWS_WITH_AS(
+      parse_v1(bad), "t.bin: header: model ' arch=' contains ' arch=' or ends in a space; the CSV form cannot hold it",
+      error);
   bad = good;
   bad[53] = ' ';  // "m.ggu "
   CHECK_THROWS_AS(parse_v1(bad), error);
@@ -88,7 +88,8 @@ TEST_CASE("fuzz_storage_curve: a lanes CSV field that is not wholly a number is 
   CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s\n1:1809.9,2:2459.8\n", "d.csv"),
                        "d.csv: line 2, column lanes: '1:1809.9' is not a number; expected a finite number", error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s\n1,1809.9\n2,2459.8MiB/s\n", "d.csv"),
-                       "d.csv: line 3, column mib_per_s: '2459.8MiB/s' is not a number; expected a finite number", error);
+                       "d.csv: line 3, column mib_per_s: '2459.8MiB/s' is not a number; expected a finite number",
+                       error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s,ms\n1,,2\n", "d.csv"),
                        "d.csv: line 2, column mib_per_s: empty; expected a finite number", error);
   // Trailing spaces and CR are still trimmed, as before.
@@ -132,8 +133,7 @@ TEST_CASE("fuzz_storage_curve: the bandwidth at a point is that point's, however
   const storage_curve c({{1, 1807.96}, {322, 2.541e-318}});
   CHECK(c.mib_per_s(322) == 2.541e-318);
   CHECK(c.mib_per_s(1) == 1807.96);
-  for (double m : {1.5, 100.0, 321.999})
-    CHECK((c.mib_per_s(m) > 2.541e-318 && c.mib_per_s(m) < 1807.96));
+  for (double m : {1.5, 100.0, 321.999}) CHECK((c.mib_per_s(m) > 2.541e-318 && c.mib_per_s(m) < 1807.96));
   // Ordinary curves are unchanged: halfway is the mean.
   CHECK(storage_curve({{1, 1000}, {2, 1500}}).mib_per_s(1.5) == 1250.0);
 }

@@ -45,9 +45,9 @@ TEST_CASE("two TUs with different MOE_RESIDENCY_FUSED_MADD keep their own GEMV k
   float here_fused = 0, here_unfused = 0;
   // The twin: the kernels with Fused given explicitly (templates: distinct symbols regardless).
   detail::gemv_scalar_impl<detail::gemv_default_tag, true>(v.data, v.type, v.rows, v.cols, v.row_stride_bytes,
-                                                            f.x.data(), &here_fused, activation_rounding::engine);
+                                                           f.x.data(), &here_fused, activation_rounding::engine);
   detail::gemv_scalar_impl<detail::gemv_default_tag, false>(v.data, v.type, v.rows, v.cols, v.row_stride_bytes,
-                                                             f.x.data(), &here_unfused, activation_rounding::engine);
+                                                            f.x.data(), &here_unfused, activation_rounding::engine);
   const bool fused_here = MOE_RESIDENCY_FUSED_MADD != 0;
   REQUIRE(gemv_abi_test::other_tu_fused() == !fused_here);
   if (here_fused == here_unfused) {

@@ -77,13 +77,11 @@ TEST_CASE("read_scheduler rejects bad configuration with the reason") {
                        "read_scheduler: the read callback is empty; expected a callable", error);
   scheduler_options o;
   o.queue_capacity = 0;
-  CHECK_THROWS_WITH_AS(read_scheduler(ok_read, o),
-                       "read_scheduler: queue_capacity 0; expected at least 1", error);
+  CHECK_THROWS_WITH_AS(read_scheduler(ok_read, o), "read_scheduler: queue_capacity 0; expected at least 1", error);
   o = {};
   o.lanes = 300;
-  CHECK_THROWS_WITH_AS(
-      read_scheduler(ok_read, o),
-      "read_scheduler: 300 lanes; expected at most 256 (storage saturates far earlier)", error);
+  CHECK_THROWS_WITH_AS(read_scheduler(ok_read, o),
+                       "read_scheduler: 300 lanes; expected at most 256 (storage saturates far earlier)", error);
   o = {};
   o.wait_limit = std::chrono::nanoseconds(-1);
   CHECK_THROWS_WITH_AS(read_scheduler(ok_read, o),
@@ -91,8 +89,7 @@ TEST_CASE("read_scheduler rejects bad configuration with the reason") {
                        "limit)",
                        error);
   o.wait_limit = std::chrono::microseconds(-20);
-  CHECK_THROWS_WITH_AS(read_scheduler(ok_read, o),
-                       doctest::Contains("wait_limit -20000 ns is negative"), error);
+  CHECK_THROWS_WITH_AS(read_scheduler(ok_read, o), doctest::Contains("wait_limit -20000 ns is negative"), error);
 }
 
 TEST_CASE("synchronous mode: reads run inline at pump(), quiesce cancels the rest") {
@@ -163,13 +160,17 @@ TEST_CASE("failing, timing-out and throwing callbacks are counted, never escape"
         o);
     for (unsigned e = 0; e < 10; ++e) REQUIRE(s.speculate(R(0, e)));
     s.pump();
-    if (lanes) spin_until([&] { const auto st = s.stats(); return st.completed + st.failed == 10; });
+    if (lanes)
+      spin_until([&] {
+        const auto st = s.stats();
+        return st.completed + st.failed == 10;
+      });
     const span<const completed_read> done = s.quiesce();
     REQUIRE(done.size() == 10);
     std::map<read_outcome, int> seen;
     for (const completed_read& c : done) {
-      const read_outcome want[] = {read_outcome::ok, read_outcome::failed, read_outcome::timed_out,
-                                   read_outcome::threw, read_outcome::threw};
+      const read_outcome want[] = {read_outcome::ok, read_outcome::failed, read_outcome::timed_out, read_outcome::threw,
+                                   read_outcome::threw};
       CHECK(c.outcome == want[to_index(c.request.expert) % 5]);
       ++seen[c.outcome];
     }
@@ -274,7 +275,7 @@ TEST_CASE("begin_demand returns while the lanes read; end_demand waits, accounts
     CHECK(s.demand_open());
     // Returned with every read still held in a lane or queued: the host is free.
     REQUIRE(spin_until([&] { return started.load() == 2; }));  // two lanes, two reads started
-    CHECK(s.stats().demanded == 0);  // nothing accounted before end_demand
+    CHECK(s.stats().demanded == 0);                            // nothing accounted before end_demand
     // Speculation queued now waits behind the demanded reads.
     REQUIRE(s.speculate(R(2, 7)));
     std::thread opener([&] {  // opens the lanes once the host blocks in end_demand
@@ -300,7 +301,12 @@ TEST_CASE("begin_demand returns while the lanes read; end_demand waits, accounts
     scheduler_options o;
     o.lanes = 2;
     std::atomic<int> done{0};
-    read_scheduler s([&](layer_id, expert_id, read_reason) { done.fetch_add(1); return read_status::ok; }, o);
+    read_scheduler s(
+        [&](layer_id, expert_id, read_reason) {
+          done.fetch_add(1);
+          return read_status::ok;
+        },
+        o);
     const read_request demanded[2] = {R(1, 0), R(1, 1)};
     read_outcome out[2];
     s.begin_demand(demanded, out);
@@ -320,11 +326,13 @@ TEST_CASE("begin_demand returns while the lanes read; end_demand waits, accounts
     scheduler_options o;
     o.lanes = 0;
     int calls = 0;
-    read_scheduler s([&](layer_id, expert_id, read_reason) {
-      ++calls;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      return read_status::ok;
-    }, o);
+    read_scheduler s(
+        [&](layer_id, expert_id, read_reason) {
+          ++calls;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return read_status::ok;
+        },
+        o);
     const read_request demanded[2] = {R(1, 0), R(1, 1)};
     read_outcome out[2];
     s.begin_demand(demanded, out);
@@ -390,7 +398,7 @@ TEST_CASE("quiesce disowns reads in flight: in disown mode, or past the wait lim
     REQUIRE(s.speculate(R(1, 1)));
     REQUIRE(s.speculate(R(1, 2)));
     spin_until([&] { return entered.load() == 2; });
-    REQUIRE(s.speculate(R(1, 3)));  // queued behind them: cancelled
+    REQUIRE(s.speculate(R(1, 3)));      // queued behind them: cancelled
     CHECK_FALSE(s.speculate(R(1, 4)));  // the bound: 2 in flight + 1 queued
     CHECK(s.quiesce().empty());
     scheduler_stats st = s.stats();
@@ -542,10 +550,8 @@ void run_stress(const stress_config& cfg, unsigned layers) {
     // Latency: mostly a yield, sometimes a short sleep; decided by the key so
     // that the callback needs no shared random state.
     const unsigned h = k * 2654435761u;
-    if (h % 7 == 0)
-      std::this_thread::sleep_for(std::chrono::microseconds((h >> 8) % 60));
-    else
-      std::this_thread::yield();
+    if (h % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds((h >> 8) % 60));
+    else std::this_thread::yield();
     const int rec = outcome_of(h >> 12);
     if (is_demanded) {
       demanded_calls.fetch_add(1);
@@ -609,8 +615,7 @@ void run_stress(const stress_config& cfg, unsigned layers) {
     integrate(s.quiesce());
     demanded.clear();
     const unsigned nd = rng() % 5;  // 0..4 demanded reads
-    for (unsigned i = 0; i < nd; ++i)
-      demanded.push_back(R(60000 + layer % 5000, layer / 5000 * 10 + i, 1000));
+    for (unsigned i = 0; i < nd; ++i) demanded.push_back(R(60000 + layer % 5000, layer / 5000 * 10 + i, 1000));
     const unsigned before = demanded_calls.load();
     demanded_ok += s.demand({demanded.data(), demanded.size()}, {outcomes.data(), outcomes.size()});
     if (demanded_calls.load() - before != nd) ++demanded_mismatch;
@@ -622,10 +627,8 @@ void run_stress(const stress_config& cfg, unsigned layers) {
     }
     if (cfg.lanes == 0 && rng() % 2) s.pump(rng() % 4);
     // The layer's compute, during which lanes read: random, sometimes none.
-    if (const unsigned c = rng() % 4; c == 1)
-      std::this_thread::yield();
-    else if (c >= 2)
-      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40));
+    if (const unsigned c = rng() % 4; c == 1) std::this_thread::yield();
+    else if (c >= 2) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40));
     // Extra quiesces at random points, and snapshots that must always balance.
     if (rng() % 5 == 0) integrate(s.quiesce());
     if (rng() % 3 == 0 && !s.stats().balanced()) ++unbalanced_snapshots;
@@ -653,7 +656,7 @@ void run_stress(const stress_config& cfg, unsigned layers) {
       REQUIRE(s.speculate(R(k / 1000, k % 1000, 100)));
     }
     REQUIRE(spin_until([&] { return held.load() == cfg.lanes; }));  // each lane took one, blocked
-    const std::size_t extra = o.queue_capacity - cfg.lanes;  // fill the bound: all stay queued
+    const std::size_t extra = o.queue_capacity - cfg.lanes;         // fill the bound: all stay queued
     REQUIRE(extra > 0);
     for (std::size_t i = 0; i < extra; ++i) {
       const unsigned k = next_spec++;
@@ -683,16 +686,14 @@ void run_stress(const stress_config& cfg, unsigned layers) {
   // quiesce, until an ok, a failure and a throw have each been handed back.
   for (int round = 0; round < 200; ++round) {
     const scheduler_stats now = s.stats();
-    if (now.completed > random_phase.completed && now.failed > random_phase.failed &&
-        now.threw > random_phase.threw)
+    if (now.completed > random_phase.completed && now.failed > random_phase.failed && now.threw > random_phase.threw)
       break;
     REQUIRE(next_spec + 4 < max_spec);
     for (int i = 0; i < 4; ++i) {
       const unsigned k = next_spec++;
       REQUIRE(s.speculate(R(k / 1000, k % 1000, 100)));
     }
-    if (cfg.lanes == 0)
-      CHECK(s.pump() == 4);
+    if (cfg.lanes == 0) CHECK(s.pump() == 4);
     else
       REQUIRE(spin_until([&] {
         const auto x = s.stats();
@@ -718,12 +719,11 @@ void run_stress(const stress_config& cfg, unsigned layers) {
   CHECK(st.delivered == delivered);
   CHECK(st.issued + st.rejected == next_spec);
   CHECK(st.failed == st.timed_out + st.threw +
-                         static_cast<std::uint64_t>(std::count_if(
-                             spec_record.begin(), spec_record.end(),
-                             [](const std::atomic<int>& r) { return r.load() == rec_failed; })));
+                         static_cast<std::uint64_t>(
+                             std::count_if(spec_record.begin(), spec_record.end(),
+                                           [](const std::atomic<int>& r) { return r.load() == rec_failed; })));
   // Every call was either handed back, or disowned (and then never handed back).
-  if (cfg.mode == quiesce_mode::wait && cfg.wait_limit.count() == 0)
-    CHECK(st.disowned == 0);
+  if (cfg.mode == quiesce_mode::wait && cfg.wait_limit.count() == 0) CHECK(st.disowned == 0);
   CHECK(delivered + st.disowned == spec_calls.load());
   // Residency holds only reads the callback really completed.
   for (unsigned k : resident) CHECK(spec_record[k].load() == rec_ok);
@@ -738,14 +738,11 @@ void run_stress(const stress_config& cfg, unsigned layers) {
   CHECK(random_phase.rejected > 0);
   if (cfg.lanes > 0) CHECK(st.cancelled >= forced_cancelled);
   if (cfg.lanes > 0) CHECK(forced_cancelled > 0);
-  MESSAGE("lanes " << cfg.lanes << " mode "
-                   << std::string(cfg.mode == quiesce_mode::wait ? "wait" : "disown")
-                   << " limit " << cfg.wait_limit.count() << "ns, random phase: issued "
-                   << random_phase.issued << " completed " << random_phase.completed
-                   << " cancelled " << random_phase.cancelled << " failed "
-                   << random_phase.failed << " disowned " << random_phase.disowned
-                   << " rejected " << random_phase.rejected << "; forced cancellations "
-                   << forced_cancelled);
+  MESSAGE("lanes " << cfg.lanes << " mode " << std::string(cfg.mode == quiesce_mode::wait ? "wait" : "disown")
+                   << " limit " << cfg.wait_limit.count() << "ns, random phase: issued " << random_phase.issued
+                   << " completed " << random_phase.completed << " cancelled " << random_phase.cancelled << " failed "
+                   << random_phase.failed << " disowned " << random_phase.disowned << " rejected "
+                   << random_phase.rejected << "; forced cancellations " << forced_cancelled);
 }
 
 }  // namespace

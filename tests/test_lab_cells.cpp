@@ -69,9 +69,9 @@ TEST_CASE("lab cells: the file memlab-predict writes, and what is skipped") {
 
 TEST_CASE("lab cells: a malformed line is an error naming the file, the line, the value and what was expected") {
   SUBCASE("the number of fields") {
-    CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,exact,563"), "cells.csv"),
-                         "cells.csv: line 3: 3 fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics",
-                         error);
+    CHECK_THROWS_WITH_AS(
+        parse_lab_cells(cells_with("2.5,exact,563"), "cells.csv"),
+        "cells.csv: line 3: 3 fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,extra"), "cells.csv"),
                          doctest::Contains("cells.csv: line 3: 7 fields; expected"), error);
   }
@@ -83,7 +83,8 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
   }
   SUBCASE("a number that is not one, negative, not finite, or a percentage above 100") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563MiB,141,87.1,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, limit_mib: '563MiB' is not a number; expected a finite number >= 0", error);
+                         "cells.csv: line 3, limit_mib: '563MiB' is not a number; expected a finite number >= 0",
+                         error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,-1,87.1,m.csv"), "cells.csv"),
                          "cells.csv: line 3, budget_mib: '-1' is out of range; expected a finite number >= 0", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,inf,141,87.1,m.csv"), "cells.csv"),
@@ -91,7 +92,8 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,,87.1,m.csv"), "cells.csv"),
                          "cells.csv: line 3, budget_mib: empty; expected a finite number >= 0", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,871,m.csv"), "cells.csv"),
-                         "cells.csv: line 3, stale_gate_pct: '871' is out of range; expected a number from 0 to 100", error);
+                         "cells.csv: line 3, stale_gate_pct: '871' is out of range; expected a number from 0 to 100",
+                         error);
   }
   SUBCASE("an empty ratio, a cell listed twice, no cells") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with(",cache,563,141,87.1,m.csv"), "cells.csv"),
@@ -100,9 +102,9 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
                          "cells.csv: line 3: cell exact@2.5 again (first on line 2); expected each configuration once "
                          "per ratio",
                          error);
-    CHECK_THROWS_WITH_AS(parse_lab_cells("ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n# none\n", "cells.csv"),
-                         "cells.csv: no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics",
-                         error);
+    CHECK_THROWS_WITH_AS(
+        parse_lab_cells("ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n# none\n", "cells.csv"),
+        "cells.csv: no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics", error);
   }
 }
 
@@ -115,7 +117,8 @@ TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a mal
   const std::string text = header +
                            "939,0.0,22,310.1,1100.0,1067.14,521.62,513.76,101.0,0.5000,0.4600,10.89\n"
                            "939,110.2,22,310.1,1101.9,1090.27,534.16,528.21,101.0,0.5100,0.4800,10.91\n"
-                           "# round 2\n" + header +
+                           "# round 2\n" +
+                           header +
                            "563,0,22,310.1,1377.1,1408.25,569.83,560.78,83.1,0.6000,0.4000,16.58\r\n"
                            "563,110.2,22,310.1,1245.1,1572.10,607.11,603.54,104.5,0.7700,0.4800,11.91\n"
                            "563.4,0,22,310.1,1377.1,1240.12,509.47,504.29,83.1,0.5000,0.3600,16.58\n";
@@ -141,10 +144,11 @@ TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a mal
   CHECK(none.fault_walk_off_cpu_ms_per_mib == 0);
   CHECK(none.fault_walk_sys_ms_per_mib == 0);
 
-  CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25\n", "w.csv"),
-                       "w.csv: line 2: 6 fields; expected 12: limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,"
-                       "read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault",
-                       error);
+  CHECK_THROWS_WITH_AS(
+      parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25\n", "w.csv"),
+      "w.csv: line 2: 6 fields; expected 12: limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,"
+      "read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault",
+      error);
   CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,0.6,0.4,16.58,9\n", "w.csv"),
                        doctest::Contains("w.csv: line 2: 13 fields; expected 12"), error);
   CHECK_THROWS_WITH_AS(parse_fault_walk(header + "563,0,22,310.1,1377.1,1408.25,1,1,1,nan,0.4,16.58\n", "w.csv"),
@@ -166,8 +170,8 @@ TEST_CASE("inline walk: the file memlab writes, a cache cell's rows averaged, an
   const std::string text = header +
                            "939,235.0,22,79.0,36.4,64.18,51.82,33.07,0.3400,0.9097\n"
                            "563,141.0,22,89.7,58.4,90.71,80.89,64.80,0.1681,1.1097\r\n"
-                           "# after the run\n" + header +
-                           "563.3,141.0,22,89.7,58.1,92.00,81.00,66.10,0.2319,1.1503\n";
+                           "# after the run\n" +
+                           header + "563.3,141.0,22,89.7,58.1,92.00,81.00,66.10,0.2319,1.1503\n";
   const std::vector<inline_walk_row> rows = parse_inline_walk(text, "inline-walk.csv");
   REQUIRE(rows.size() == 3);
   CHECK(rows[0].limit_mib == 939);
@@ -180,11 +184,12 @@ TEST_CASE("inline walk: the file memlab writes, a cache cell's rows averaged, an
   CHECK(s.inline_walk_sys_ms_per_mib == doctest::Approx(1.13));
   // Three walks, one of them caught in a device stall (run L's, docs/wall-clock.md): the median of
   // each column, which the stalled walk does not move, where the mean would be 0.54 off the CPU.
-  const std::vector<inline_walk_row> three = parse_inline_walk(
-      header + "563,141.0,22,89.7,58.4,91.59,80.77,62.70,0.1853,1.0738\n"
-               "563,141.0,22,89.7,58.4,169.05,104.46,89.36,1.1060,1.5304\n"
-               "563,141.0,22,89.7,58.4,107.22,88.56,71.47,0.3192,1.2230\n",
-      "three.csv");
+  const std::vector<inline_walk_row> three =
+      parse_inline_walk(header +
+                            "563,141.0,22,89.7,58.4,91.59,80.77,62.70,0.1853,1.0738\n"
+                            "563,141.0,22,89.7,58.4,169.05,104.46,89.36,1.1060,1.5304\n"
+                            "563,141.0,22,89.7,58.4,107.22,88.56,71.47,0.3192,1.2230\n",
+                        "three.csv");
   lab_setup m;
   CHECK(apply_inline_walk(three, 563, m));
   CHECK(m.inline_walk_off_cpu_ms_per_mib == doctest::Approx(0.3192));

@@ -70,8 +70,7 @@ TEST_CASE("numbers: a real is wholly a finite number inside its domain") {
   CHECK(real_problem("1e400", real_domain::positive()) == "'1e400' is not finite; expected a finite number > 0");
   CHECK(real_problem("-1e400", real_domain::any()) == "'-1e400' is not finite; expected a finite number");
   CHECK(real_problem("0", real_domain::positive()) == "'0' is out of range; expected a finite number > 0");
-  CHECK(real_problem("-0.1", real_domain::non_negative()) ==
-        "'-0.1' is out of range; expected a finite number >= 0");
+  CHECK(real_problem("-0.1", real_domain::non_negative()) == "'-0.1' is out of range; expected a finite number >= 0");
   CHECK(real_problem("1", real_domain::open(0, 1)) == "'1' is out of range; expected a number in (0, 1)");
   CHECK(real_problem("0", real_domain::open_closed(0, 1)) == "'0' is out of range; expected a number in (0, 1]");
   CHECK(real_problem("1", real_domain::open_closed(0, 1)).empty());
@@ -80,8 +79,7 @@ TEST_CASE("numbers: a real is wholly a finite number inside its domain") {
         "'5' is out of range; expected a number in [-1e+300, 4)");
   CHECK(real_problem("5", real_domain{-std::numeric_limits<double>::infinity(), 4, false, false}) ==
         "'5' is out of range; expected a number <= 4");
-  CHECK(real_problem("2459.8MiB/s", real_domain::any()) ==
-        "'2459.8MiB/s' is not a number; expected a finite number");
+  CHECK(real_problem("2459.8MiB/s", real_domain::any()) == "'2459.8MiB/s' is not a number; expected a finite number");
   CHECK(real_problem(" 1", real_domain::any()) == "' 1' starts with a blank; expected a finite number");
   CHECK(real_problem("1 ", real_domain::any()) == "'1 ' is not a number; expected a finite number");
   CHECK(real_problem("", real_domain::any()) == "empty; expected a finite number");

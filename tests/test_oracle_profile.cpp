@@ -24,9 +24,11 @@ TEST_CASE("oracle profile: each defect is an error naming the file, the line and
   CHECK_THROWS_WITH_AS(parse_oracle_profile("0.9\n1.5\n", "p.csv", 2),
                        "p.csv: line 2: P (a probability): '1.5' is out of range; expected a number from 0 to 1", error);
   CHECK_THROWS_WITH_AS(parse_oracle_profile("0.9\n0.5x\n", "p.csv", 2),
-                       "p.csv: line 2: P (a probability): '0.5x' is not a number; expected a number from 0 to 1", error);
-  CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n1x,0.5\n", "p.csv", 2),
-                       "p.csv: line 2: layer: '1x' is not a whole number in decimal digits; expected a whole number from 0 to 1", error);
+                       "p.csv: line 2: P (a probability): '0.5x' is not a number; expected a number from 0 to 1",
+                       error);
+  CHECK_THROWS_WITH_AS(
+      parse_oracle_profile("0,0.9\n1x,0.5\n", "p.csv", 2),
+      "p.csv: line 2: layer: '1x' is not a whole number in decimal digits; expected a whole number from 0 to 1", error);
   CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n2,0.5\n", "p.csv", 2),
                        "p.csv: line 2: layer: '2' is out of range; expected a whole number from 0 to 1", error);
   CHECK_THROWS_WITH_AS(parse_oracle_profile("0,0.9\n0,0.5\n1,0.5\n", "p.csv", 2),

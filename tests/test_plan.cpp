@@ -82,8 +82,7 @@ model_shape shape_k(std::size_t k, std::size_t layers = 4) {
   return model_shape("test", 64, k, bytes);
 }
 
-routing make_routing(unsigned layer, const std::vector<float>& w,
-                     run_phase phase = run_phase::decode) {
+routing make_routing(unsigned layer, const std::vector<float>& w, run_phase phase = run_phase::decode) {
   routing r;
   r.layer = L(layer);
   r.phase = phase;
@@ -114,31 +113,66 @@ TEST_CASE("drop_policy: the rules, slot by slot") {
   };
   const std::vector<float> w8 = {0.30f, 0.20f, 0.15f, 0.10f, 0.10f, 0.08f, 0.04f, 0.03f};
   const std::vector<row> rows = {
-      {"all misses, F=1, k=8: every miss below 1/8 but the top", 8, 1.0, w8, {}, run_phase::decode,
-       false, mask_of({3, 4, 5, 6, 7})},
-      {"resident experts are hits, never dropped", 8, 1.0, w8, {13, 15}, run_phase::decode, false,
-       mask_of({4, 6, 7})},
-      {"every expert resident: nothing dropped", 8, 1.0, w8,
-       {10, 11, 12, 13, 14, 15, 16, 17}, run_phase::decode, false, 0},
-      {"F=0.5 halves the threshold to 1/16", 8, 0.5, w8, {}, run_phase::decode, false,
-       mask_of({6, 7})},
-      {"a weight exactly at F/k is kept (strictly below drops)", 8, 1.0,
-       {0.5f, 0.125f, 0.125f, 0.124f, 0.05f, 0.03f, 0.03f, 0.02f}, {}, run_phase::decode, false,
+      {"all misses, F=1, k=8: every miss below 1/8 but the top",
+       8,
+       1.0,
+       w8,
+       {},
+       run_phase::decode,
+       false,
        mask_of({3, 4, 5, 6, 7})},
-      {"top-weighted below the threshold is still kept (first slot on ties)", 8, 1.0,
-       {0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f}, {}, run_phase::decode, false,
+      {"resident experts are hits, never dropped", 8, 1.0, w8, {13, 15}, run_phase::decode, false, mask_of({4, 6, 7})},
+      {"every expert resident: nothing dropped",
+       8,
+       1.0,
+       w8,
+       {10, 11, 12, 13, 14, 15, 16, 17},
+       run_phase::decode,
+       false,
+       0},
+      {"F=0.5 halves the threshold to 1/16", 8, 0.5, w8, {}, run_phase::decode, false, mask_of({6, 7})},
+      {"a weight exactly at F/k is kept (strictly below drops)",
+       8,
+       1.0,
+       {0.5f, 0.125f, 0.125f, 0.124f, 0.05f, 0.03f, 0.03f, 0.02f},
+       {},
+       run_phase::decode,
+       false,
+       mask_of({3, 4, 5, 6, 7})},
+      {"top-weighted below the threshold is still kept (first slot on ties)",
+       8,
+       1.0,
+       {0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f},
+       {},
+       run_phase::decode,
+       false,
        mask_of({1, 2, 3, 4, 5, 6, 7})},
-      {"the top-weighted expert is protected wherever it sits", 8, 1.0,
-       {0.05f, 0.60f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.10f}, {}, run_phase::decode, false,
+      {"the top-weighted expert is protected wherever it sits",
+       8,
+       1.0,
+       {0.05f, 0.60f, 0.05f, 0.05f, 0.05f, 0.05f, 0.05f, 0.10f},
+       {},
+       run_phase::decode,
+       false,
        mask_of({0, 2, 3, 4, 5, 6, 7})},
-      {"NaN weights are never below the threshold", 8, 1.0,
-       {0.5f, nan_w, 0.01f, nan_w, 0.2f, 0.01f, nan_w, 0.01f}, {}, run_phase::decode, false,
+      {"NaN weights are never below the threshold",
+       8,
+       1.0,
+       {0.5f, nan_w, 0.01f, nan_w, 0.2f, 0.01f, nan_w, 0.01f},
+       {},
+       run_phase::decode,
+       false,
        mask_of({2, 5, 7})},
-      {"all weights NaN: nothing dropped", 8, 1.0,
-       {nan_w, nan_w, nan_w, nan_w, nan_w, nan_w, nan_w, nan_w}, {}, run_phase::decode, false, 0},
+      {"all weights NaN: nothing dropped",
+       8,
+       1.0,
+       {nan_w, nan_w, nan_w, nan_w, nan_w, nan_w, nan_w, nan_w},
+       {},
+       run_phase::decode,
+       false,
+       0},
       {"k=1: the only expert is the top one", 1, 1.0, {0.0f}, {}, run_phase::decode, false, 0},
-      {"k=2, F=1: 0.3 < 1/2 is dropped", 2, 1.0,
-       {0.7f, 0.3f}, {}, run_phase::decode, false, mask_of({1})},
+      {"k=2, F=1: 0.3 < 1/2 is dropped", 2, 1.0, {0.7f, 0.3f}, {}, run_phase::decode, false, mask_of({1})},
       {"k=2, F=1: an even split is kept", 2, 1.0, {0.5f, 0.5f}, {}, run_phase::decode, false, 0},
       {"prefill is not eligible by default", 8, 1.0, w8, {}, run_phase::prefill, false, 0},
       {"prefill when asked", 8, 1.0, w8, {}, run_phase::prefill, true, mask_of({3, 4, 5, 6, 7})},
@@ -172,27 +206,22 @@ TEST_CASE("drop_policy: F = 1.0 exactly is accepted and gives 1/k") {
 
 TEST_CASE("drop_policy: F outside (0, 1] is rejected with the reason") {
   auto make = [](double f) { return drop_policy(shape_k(8), {f, false, {}}); };
-  CHECK_THROWS_WITH_AS(
-      make(0.0),
-      "drop_policy: fraction F = 0 out of range; expected 0 < F <= 1 (F <= 0 never drops; "
-      "disable the policy instead)",
-      error);
-  CHECK_THROWS_WITH_AS(
-      make(-0.5),
-      "drop_policy: fraction F = -0.5 out of range; expected 0 < F <= 1 (F <= 0 never drops; "
-      "disable the policy instead)",
-      error);
+  CHECK_THROWS_WITH_AS(make(0.0),
+                       "drop_policy: fraction F = 0 out of range; expected 0 < F <= 1 (F <= 0 never drops; "
+                       "disable the policy instead)",
+                       error);
+  CHECK_THROWS_WITH_AS(make(-0.5),
+                       "drop_policy: fraction F = -0.5 out of range; expected 0 < F <= 1 (F <= 0 never drops; "
+                       "disable the policy instead)",
+                       error);
   CHECK_THROWS_WITH_AS(make(1.5),
                        "drop_policy: fraction F = 1.5 out of range; expected 0 < F <= 1 (F > 1 "
                        "could drop every expert but the top one)",
                        error);
-  CHECK_THROWS_WITH_AS(make(1.0000001), doctest::Contains("out of range; expected 0 < F <= 1"),
-                       error);
-  CHECK_THROWS_WITH_AS(make(std::numeric_limits<double>::infinity()),
-                       doctest::Contains("F = inf out of range"), error);
+  CHECK_THROWS_WITH_AS(make(1.0000001), doctest::Contains("out of range; expected 0 < F <= 1"), error);
+  CHECK_THROWS_WITH_AS(make(std::numeric_limits<double>::infinity()), doctest::Contains("F = inf out of range"), error);
   CHECK_THROWS_WITH_AS(make(std::numeric_limits<double>::quiet_NaN()),
-                       "drop_policy: fraction F = nan is not a number; expected 0 < F <= 1",
-                       error);
+                       "drop_policy: fraction F = nan is not a number; expected 0 < F <= 1", error);
   CHECK_NOTHROW(make(1e-9));
 }
 
@@ -234,7 +263,7 @@ TEST_CASE("drop_policy: warns once, through the sink, when k <= 4") {
       drop_policy p(shape_k(2), drop_options{});
       kept = p.warning();
       p.decide(make_routing(0, {0.9f, 0.1f}), resident_set{});  // deciding never warns again
-      const drop_policy copy = p;                                 // nor does a copy
+      const drop_policy copy = p;                               // nor does a copy
       static_cast<void>(copy);
     });
     CHECK(got.empty());
@@ -252,8 +281,7 @@ TEST_CASE("drop_policy: warns once, through the sink, when k <= 4") {
 TEST_CASE("drop_policy: the drop line's counters") {
   drop_policy p(shape_k(8), drop_options{});
   // Layer 1 (1100 bytes): slots 3..7 below 1/8; slot 4 resident; slot 1 is a miss above.
-  const routing a =
-      make_routing(1, {0.30f, 0.20f, 0.15f, 0.10f, 0.10f, 0.08f, 0.04f, 0.03f});
+  const routing a = make_routing(1, {0.30f, 0.20f, 0.15f, 0.10f, 0.10f, 0.08f, 0.04f, 0.03f});
   const resident_set res{{10, 12, 14}};
   const drop_decision da = p.decide(a, res);
   CHECK(da.dropped_mask == mask_of({3, 5, 6, 7}));
@@ -266,7 +294,7 @@ TEST_CASE("drop_policy: the drop line's counters") {
   CHECK(s.routings_with_drop == 1);
   CHECK(s.experts == 10);
   CHECK(s.experts_dropped == 4);
-  CHECK(s.misses == 5);                // slots 1, 3, 5, 6, 7 of the first routing
+  CHECK(s.misses == 5);  // slots 1, 3, 5, 6, 7 of the first routing
   CHECK(s.miss_bytes == 5 * 1100);
   CHECK(s.miss_bytes_avoided == 4 * 1100);
   CHECK(s.miss_bytes_avoided_fraction() == doctest::Approx(0.8));
@@ -279,8 +307,7 @@ TEST_CASE("drop_policy: the drop line's counters") {
 
 TEST_CASE("drop_policy: decide asks the cache about each routed expert once") {
   drop_policy p(shape_k(8), drop_options{});
-  const routing a =
-      make_routing(1, {0.30f, 0.20f, 0.15f, 0.10f, 0.10f, 0.08f, 0.04f, 0.03f});
+  const routing a = make_routing(1, {0.30f, 0.20f, 0.15f, 0.10f, 0.10f, 0.08f, 0.04f, 0.03f});
   const resident_set res{{10, 12, 14}};
   std::size_t asked = 0;
   auto counting = [&](layer_id l, expert_id e) noexcept {
@@ -331,8 +358,7 @@ TEST_CASE("drop_policy agrees with a slow twin on random routings (fixed seeds)"
       }
       CAPTURE(seed);
       CAPTURE(it);
-      CHECK(p.evaluate(r, resident_set{resident}).dropped_mask ==
-            twin_drop(r, p.threshold(), resident));
+      CHECK(p.evaluate(r, resident_set{resident}).dropped_mask == twin_drop(r, p.threshold(), resident));
     }
   }
 }
@@ -358,14 +384,8 @@ std::vector<unsigned> ids_of(const speculation_plan& p) {
 
 TEST_CASE("speculation_planner: the rules, case by case") {
   // Predicted top-8 of layer 5: ids 20..27, weights descending.
-  const ranking pred = make_ranking({{20, 0.30f},
-                                     {21, 0.20f},
-                                     {22, 0.15f},
-                                     {23, 0.10f},
-                                     {24, 0.10f},
-                                     {25, 0.08f},
-                                     {26, 0.04f},
-                                     {27, 0.03f}});
+  const ranking pred = make_ranking(
+      {{20, 0.30f}, {21, 0.20f}, {22, 0.15f}, {23, 0.10f}, {24, 0.10f}, {25, 0.08f}, {26, 0.04f}, {27, 0.03f}});
   struct row {
     const char* name;
     std::size_t cap;
@@ -377,13 +397,11 @@ TEST_CASE("speculation_planner: the rules, case by case") {
   const std::vector<row> rows = {
       {"cap 2 (default), nothing resident: ranks 0 and 1", 2, 8, {}, {}, {20, 21}},
       {"resident predictions skipped and do not use the cap", 2, 8, {20, 22}, {}, {21, 23}},
-      {"every prediction resident: nothing to read", 2, 8,
-       {20, 21, 22, 23, 24, 25, 26, 27}, {}, {}},
+      {"every prediction resident: nothing to read", 2, 8, {20, 21, 22, 23, 24, 25, 26, 27}, {}, {}},
       {"cap 0 plans nothing", 0, 8, {}, {}, {}},
       {"cap larger than the misses", 5, 8, {21, 23, 24, 25, 26}, {}, {20, 22, 27}},
       {"armed: misses below the threshold skipped", 8, 8, {}, 0.125, {20, 21, 22}},
-      {"armed: weight exactly at the threshold kept", 8, 8, {}, static_cast<double>(0.10f),
-       {20, 21, 22, 23, 24}},
+      {"armed: weight exactly at the threshold kept", 8, 8, {}, static_cast<double>(0.10f), {20, 21, 22, 23, 24}},
       {"armed: top prediction resident; rank 1 gets no exemption", 2, 8, {20}, 0.25, {}},
       {"top_k bounds the ranks considered", 8, 3, {}, {}, {20, 21, 22}},
       {"top_k = 1: only the top prediction", 2, 1, {}, {}, {20}},
@@ -393,8 +411,7 @@ TEST_CASE("speculation_planner: the rules, case by case") {
   for (const row& t : rows) {
     CAPTURE(t.name);
     const speculation_planner planner(t.cap);
-    const speculation_plan p =
-        planner.plan(L(5), pred, t.top_k, resident_set{t.resident}, t.threshold);
+    const speculation_plan p = planner.plan(L(5), pred, t.top_k, resident_set{t.resident}, t.threshold);
     CHECK(ids_of(p) == t.expected);
     CHECK(p.layer == L(5));
     for (std::size_t i = 0; i < p.size(); ++i) {
@@ -424,8 +441,7 @@ TEST_CASE("speculation_planner: NaN predicted weights are never below the thresh
 
 TEST_CASE("speculation_planner: the skip counters say why") {
   const ranking pred = make_ranking({{1, 0.5f}, {2, 0.01f}, {3, 0.3f}, {1, 0.1f}, {4, 0.1f}});
-  const speculation_plan p =
-      speculation_planner(2).plan(L(0), pred, 5, resident_set{{3}}, 0.05);
+  const speculation_plan p = speculation_planner(2).plan(L(0), pred, 5, resident_set{{3}}, 0.05);
   CHECK(ids_of(p) == std::vector<unsigned>{1, 4});
   CHECK(p.skipped_below_threshold == 1);  // id 2
   CHECK(p.skipped_resident == 1);         // id 3
@@ -468,8 +484,7 @@ TEST_CASE("speculation_planner agrees with a slow twin on random inputs (fixed s
       if (rng() % 2) thr = std::uniform_real_distribution<double>(0.0, 0.3)(rng);
       CAPTURE(seed);
       CAPTURE(it);
-      const speculation_plan p =
-          speculation_planner(cap).plan(L(3), pred, top_k, resident_set{resident}, thr);
+      const speculation_plan p = speculation_planner(cap).plan(L(3), pred, top_k, resident_set{resident}, thr);
       CHECK(ids_of(p) == twin_plan(pred, top_k, cap, resident, thr));
     }
   }

@@ -87,17 +87,17 @@ TEST_CASE("frequency_predictor: running counts, decay, ties by lower id") {
 }
 
 TEST_CASE("static_hot_list_predictor counts the whole run of one phase") {
-  const std::vector<routing> rs = {R(0, {1, 2}), R(0, {1, 3}), R(0, {3, 1}),
-                                   R(0, {5, 6}, run_phase::prefill), R(0, {5, 6}, run_phase::prefill)};
+  const std::vector<routing> rs = {R(0, {1, 2}), R(0, {1, 3}), R(0, {3, 1}), R(0, {5, 6}, run_phase::prefill),
+                                   R(0, {5, 6}, run_phase::prefill)};
   auto p = static_hot_list_predictor::from_routings(shape4(), rs);
   ranking out;
   REQUIRE(p.predict(L(0), out));
   CHECK(out.id(0) == E(1));
   CHECK(out.id(1) == E(3));
   CHECK_FALSE(p.predict(L(1), out));
-  CHECK(p.hot_list(L(0)).id(0) == E(1));             // layer 0's list
-  CHECK(p.hot_list(L(1)).empty());                    // never routed
-  CHECK(p.hot_list(L(999)).empty());                  // outside the shape: empty, not out of bounds
+  CHECK(p.hot_list(L(0)).id(0) == E(1));  // layer 0's list
+  CHECK(p.hot_list(L(1)).empty());        // never routed
+  CHECK(p.hot_list(L(999)).empty());      // outside the shape: empty, not out of bounds
   const std::vector<routing> bad = {R(7, {1})};
   CHECK_THROWS_AS(static_hot_list_predictor::from_routings(shape4(), bad), error);
 }
@@ -115,8 +115,8 @@ TEST_CASE("moe_layer_ahead counts MoE layers, skipping dense ones") {
   CHECK_FALSE(moe_layer_ahead(s, L(0), 0, t));
 }
 
-TEST_CASE_TEMPLATE("gate predictors rank the target layer exactly as the router would", T,
-                   gate_predictor<0>, gate_predictor<1>, gate_predictor<2>) {
+TEST_CASE_TEMPLATE("gate predictors rank the target layer exactly as the router would", T, gate_predictor<0>,
+                   gate_predictor<1>, gate_predictor<2>) {
   for (auto rule : {synthetic_router::qwen3moe, synthetic_router::deepseek, synthetic_router::gpt_oss}) {
     CAPTURE(to_string(rule));
     const synthetic_model m(synthetic_presets::small(rule, element_type::f16, 4, 32, 64, 4));

@@ -120,7 +120,8 @@ void random_operations(std::uint32_t seed, Policy policy) {
     for (expert_id e : b.ids) touched.insert({b.layer, static_cast<int>(to_index(e))});
     lookups += touched.size();
     c.access_batch(b.phase, L(b.layer), b.ids);
-    for (const auto& t : touched) fail_if(!c.is_resident(L(t.first), E(t.second)), "a touched entry did not survive its batch");
+    for (const auto& t : touched)
+      fail_if(!c.is_resident(L(t.first), E(t.second)), "a touched entry did not survive its batch");
     fail_if(!budget_holds(c, s, touched), "over budget after a batch with evictable entries left");
     // Between batches: the engine's other calls, at random.
     const unsigned op = rng() % 6;
@@ -250,9 +251,9 @@ bool same_residency(const Cache& c, const std::set<std::pair<int, int>>& twin, c
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("property: every policy keeps the budget, the survivors and the counters under random operations",
-                   P, lru_policy, lfu_policy, random_policy, arc_policy, s3fifo_policy, sieve_policy,
-                   cycle_policy, retention_policy<lru_policy>, retention_policy<cycle_policy>) {
+TEST_CASE_TEMPLATE("property: every policy keeps the budget, the survivors and the counters under random operations", P,
+                   lru_policy, lfu_policy, random_policy, arc_policy, s3fifo_policy, sieve_policy, cycle_policy,
+                   retention_policy<lru_policy>, retention_policy<cycle_policy>) {
   for (std::uint32_t seed = 100; seed < 124; ++seed) random_operations(seed, P{});
 }
 
@@ -290,8 +291,7 @@ TEST_CASE("property: lru, lfu and belady decide what a rescanning twin decides, 
     CAPTURE(budget);
     expert_cache<lru_policy> lru(s, fx::opts(budget));
     expert_cache<lfu_policy> lfu(s, fx::opts(budget));
-    expert_cache<belady_policy> bel(s, fx::opts(budget),
-                                    belady_policy{fx::index_of(s, tr)});
+    expert_cache<belady_policy> bel(s, fx::opts(budget), belady_policy{fx::index_of(s, tr)});
     fx::list_lru lru_twin{budget, 0, 0, 0, 0, {}, {}};
     rescan_lfu lfu_twin(budget);
     fx::rescan_belady bel_twin{budget, 0, 0, 0, {}, 0};
@@ -419,8 +419,7 @@ TEST_CASE("property: the planner never exceeds its cap, never reads a resident, 
       if (rng() % 2) thr = std::uniform_real_distribution<double>(0.0, 0.4)(rng);
       CAPTURE(seed);
       CAPTURE(it);
-      const speculation_plan p =
-          speculation_planner(cap).plan(L(1), pred, top_k, fx::resident_set{resident}, thr);
+      const speculation_plan p = speculation_planner(cap).plan(L(1), pred, top_k, fx::resident_set{resident}, thr);
       std::vector<unsigned> ids;
       for (std::size_t i = 0; i < p.size(); ++i) ids.push_back(static_cast<unsigned>(p.id(i)));
       ++plans;
@@ -563,8 +562,7 @@ TEST_CASE("property: the synchronous scheduler's counters equal a queue model's 
       const unsigned op = rng() % 4;
       if (op <= 1) {
         const unsigned key = next++;
-        CHECK(s.speculate({L(static_cast<int>(key / 1000)), E(static_cast<int>(key % 1000)), 10}) ==
-              m.speculate(key));
+        CHECK(s.speculate({L(static_cast<int>(key / 1000)), E(static_cast<int>(key % 1000)), 10}) == m.speculate(key));
       } else if (op == 2) {
         const std::size_t max = rng() % 5;
         const std::vector<unsigned> ran = m.pump(max);
@@ -578,7 +576,7 @@ TEST_CASE("property: the synchronous scheduler's counters equal a queue model's 
           const unsigned key = static_cast<unsigned>(to_index(got[i].request.layer)) * 1000u +
                                static_cast<unsigned>(to_index(got[i].request.expert));
           CHECK(key == want[i]);  // handed back in completion order
-          const read_outcome expect = key % 7 == 6  ? read_outcome::threw
+          const read_outcome expect = key % 7 == 6 ? read_outcome::threw
                                       : fails(key) ? read_outcome::failed
                                                    : read_outcome::ok;
           CHECK(got[i].outcome == expect);

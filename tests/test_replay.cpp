@@ -69,8 +69,7 @@ void check_curve(const std::string& name) {
   const replay_input in = replay_input::from_file(trace);
   std::size_t checked = 0;
   for (const ref_cell& c : read_curve(curve)) {
-    if (c.policy != "lru" && c.policy != "lfu" && c.policy != "layer" && c.policy != "layerlfu" &&
-        c.policy != "belady")
+    if (c.policy != "lru" && c.policy != "lfu" && c.policy != "layer" && c.policy != "layerlfu" && c.policy != "belady")
       continue;  // random: the reference's RNG stream is not reproducible
     const replay_result r = replay_cell(in, c.policy, std::stod(c.budget));
     CAPTURE(name);
@@ -172,7 +171,8 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
     CHECK(done <= total);
   };
   const std::vector<double> budgets = {0.0003, 0.001};
-  const std::vector<std::string> pols = {"lru", "layer_lfu", "belady", "arc", "s3fifo", "sieve", "random", "cycle+oracle"};
+  const std::vector<std::string> pols = {"lru",    "layer_lfu", "belady", "arc",
+                                         "s3fifo", "sieve",     "random", "cycle+oracle"};
   const auto rs = replay_grid(in, budgets, pols, o);
   CHECK(calls == rs.size());
   REQUIRE(rs.size() == 16);
@@ -191,7 +191,8 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
   SUBCASE("bad input is refused with names and values") {
     CHECK_THROWS_WITH_AS(replay_grid(in, budgets, {"lru", "mru"}, o), doctest::Contains("unknown policy 'mru'"), error);
     CHECK_THROWS_WITH_AS(replay_cell(in, "lru+psychic", 1), doctest::Contains("unknown predictor 'psychic'"), error);
-    CHECK_THROWS_WITH_AS(replay_cell(in, "lru", 0), "replay: budget 0 MiB; expected a number in (0, 1e+12] (MiB)", error);
+    CHECK_THROWS_WITH_AS(replay_cell(in, "lru", 0), "replay: budget 0 MiB; expected a number in (0, 1e+12] (MiB)",
+                         error);
     CHECK_THROWS_WITH_AS(replay_cell(in, "lru", -5), doctest::Contains("budget -5 MiB;"), error);
     CHECK_THROWS_AS(replay_grid(in, {}, pols, o), error);
     replay_options refuse = o;
@@ -352,8 +353,9 @@ TEST_CASE("static drop replay reproduces the engine authors' published replay (Q
     CHECK(r.mass_lost_pct() == doctest::Approx(tw.mass_lost_pct).epsilon(1e-6));
   }
   const std::string csv = static_drop_csv({f075, f100, k5});
-  CHECK(csv == "policy,parameter,io_saved_pct,mass_lost_pct\n"
-               "drop,0.75,36.830,4.440\ndrop,1,66.128,9.456\nkeep_k,5,23.173,10.597\n");
+  CHECK(csv ==
+        "policy,parameter,io_saved_pct,mass_lost_pct\n"
+        "drop,0.75,36.830,4.440\ndrop,1,66.128,9.456\nkeep_k,5,23.173,10.597\n");
   CHECK_THROWS_WITH_AS(static_keep_k_replay(shape, rr, 7), doctest::Contains("k = 7 out of range; expected [1, 6]"),
                        error);
   CHECK_THROWS_WITH_AS(static_drop_replay(shape, rr, 1.5), doctest::Contains("F = 1.5 out of range"), error);
@@ -523,9 +525,9 @@ TEST_CASE("dynamic replay --speculate: the planner's reads enter the cache at th
     CHECK(c.cache.decode.hits != h2.cache.decode.hits);
   }
   SUBCASE("bad input") {
-    CHECK_THROWS_WITH_AS(parse_replay_speculation("oracle:1.5"),
-                         "--speculate: 'oracle:1.5': P of oracle:P: '1.5' is out of range; expected a number from 0 to 1",
-                         error);
+    CHECK_THROWS_WITH_AS(
+        parse_replay_speculation("oracle:1.5"),
+        "--speculate: 'oracle:1.5': P of oracle:P: '1.5' is out of range; expected a number from 0 to 1", error);
     CHECK_THROWS_WITH_AS(parse_replay_speculation("psychic"), doctest::Contains("'psychic'"), error);
     o.speculation = parse_replay_speculation("oracle:0.5");
     o.speculation.oracle_profile = {0.5, 0.5};

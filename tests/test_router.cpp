@@ -14,8 +14,8 @@ namespace router_second_tu {
 /// In this TU's target (default flags): gemv_simd<default_arch, fused> into
 /// simd and the scalar kernel into ref (both instantiated here, with this TU's
 /// Arch). Returns default_arch's name and whether this TU has FMA macros.
-std::string run(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref,
-                bool fused, moe_residency::activation_rounding r);
+std::string run(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref, bool fused,
+                moe_residency::activation_rounding r);
 }  // namespace router_second_tu
 
 #if defined(MOE_RESIDENCY_TEST_SECOND_TU)
@@ -26,12 +26,11 @@ static void run_impl(const moe_residency::matrix_view& w, const float* x, float*
                      moe_residency::activation_rounding r) {
   using namespace moe_residency;
   gemv_simd<detail::gemv_default_tag, F>(w, x, simd, r);
-  detail::gemv_scalar_impl<detail::gemv_default_tag, F>(w.data, w.type, w.rows, w.cols,
-                                                        w.row_stride_bytes, x, ref, r);
+  detail::gemv_scalar_impl<detail::gemv_default_tag, F>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, ref, r);
 }
 
-std::string run(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref,
-                bool fused, moe_residency::activation_rounding r) {
+std::string run(const moe_residency::matrix_view& w, const float* x, float* simd, float* ref, bool fused,
+                moe_residency::activation_rounding r) {
   if (fused) run_impl<true>(w, x, simd, ref, r);
   else run_impl<false>(w, x, simd, ref, r);
 #if defined(__FMA__) || defined(__AVX512F__)
@@ -81,8 +80,7 @@ float from_bits(std::uint32_t u) {
 // binary16: 1 sign, 5 exponent (bias 15), 10 fraction bits.
 double ref_f16_value(std::uint16_t h) {
   const int sign = h >> 15, exp = (h >> 10) & 0x1f, frac = h & 0x3ff;
-  const double mag = exp == 0 ? std::ldexp(static_cast<double>(frac), -24)
-                              : std::ldexp(1024.0 + frac, exp - 25);
+  const double mag = exp == 0 ? std::ldexp(static_cast<double>(frac), -24) : std::ldexp(1024.0 + frac, exp - 25);
   return sign ? -mag : mag;
 }
 
@@ -106,22 +104,42 @@ double ref_to_f16_value(float x) {  // IEEE binary16 RNE, as a double
   return std::signbit(x) ? -r : r;
 }
 double ref_to_bf16_value(float x) {  // bfloat16 RNE (float's exponent range)
-  const double r = ref_round(std::fabs(static_cast<double>(x)), 7, -126,
-                             std::ldexp(2.0 - std::ldexp(1.0, -8), 127));
+  const double r = ref_round(std::fabs(static_cast<double>(x)), 7, -126, std::ldexp(2.0 - std::ldexp(1.0, -8), 127));
   return std::signbit(x) ? -r : r;
 }
 
 std::vector<float> edge_floats() {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
-                          -65520.0f, 1e10f, -1e10f, inf, -inf, 6.103515625e-05f,
-                          6.0975552e-05f /* largest f16 subnormal */, 5.9604645e-08f,
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          65536.0f,
+                          -65520.0f,
+                          1e10f,
+                          -1e10f,
+                          inf,
+                          -inf,
+                          6.103515625e-05f,
+                          6.0975552e-05f /* largest f16 subnormal */,
+                          5.9604645e-08f,
                           2.9802322e-08f /* half of the smallest: tie to 0 */,
-                          2.9802326e-08f, 8.940697e-08f /* 1.5 units: tie to 2 */,
-                          1e-30f, -1e-30f, 1.17549435e-38f, 1e-40f /* f32 subnormal */,
-                          3.4028235e38f, -3.4028235e38f, 0.1f, 1.0009765625f,
+                          2.9802326e-08f,
+                          8.940697e-08f /* 1.5 units: tie to 2 */,
+                          1e-30f,
+                          -1e-30f,
+                          1.17549435e-38f,
+                          1e-40f /* f32 subnormal */,
+                          3.4028235e38f,
+                          -3.4028235e38f,
+                          0.1f,
+                          1.0009765625f,
                           1.00048828125f /* f16 tie, to even (1.0) */,
                           1.00146484375f /* f16 tie, to even (1.001953125) */,
-                          1.00390625f /* bf16 tie to even */, 1.01171875f};
+                          1.00390625f /* bf16 tie to even */,
+                          1.01171875f};
   // Every tie between consecutive f16 values across the exponent range.
   for (int e = -24; e <= 15; ++e) v.push_back(std::ldexp(3.0f, e - 1));
   return v;
@@ -136,7 +154,8 @@ TEST_CASE("an f16 weight times an f16 activation is exact in float: fused and un
   std::vector<float> xs = {1.0f, -1.0f, 65504.0f, -65504.0f, 0x1p-24f, -0x1p-24f, 0x1p-14f, 0.0f, -0.0f, 3.140625f};
   std::mt19937 rng(77);
   std::uniform_int_distribution<int> h16(0, 0x7bff);
-  while (xs.size() < 24) xs.push_back(detail::f16_to_f32(static_cast<std::uint16_t>(h16(rng) | (xs.size() % 2 ? 0x8000 : 0))));
+  while (xs.size() < 24)
+    xs.push_back(detail::f16_to_f32(static_cast<std::uint16_t>(h16(rng) | (xs.size() % 2 ? 0x8000 : 0))));
   const float cs[] = {0.0f, -0.0f, 1e-30f, -3.5f, 1e10f, 0x1.fffffep-1f};
   std::size_t checked = 0;
   for (std::uint32_t h = 0; h < 65536; ++h) {
@@ -183,8 +202,7 @@ TEST_CASE("bf16 -> f32 is exact for all 65536 bit patterns") {
       REQUIRE(bits(got) == (h << 16));  // inf and NaN bits kept as they are
       continue;
     }
-    const double mag = exp == 0 ? std::ldexp(static_cast<double>(frac), -133)
-                                : std::ldexp(128.0 + frac, exp - 134);
+    const double mag = exp == 0 ? std::ldexp(static_cast<double>(frac), -133) : std::ldexp(128.0 + frac, exp - 134);
     REQUIRE(static_cast<double>(got) == (sign ? -mag : mag));
   }
 }
@@ -239,11 +257,9 @@ void check_loaders_exhaustive() {
   alignas(64) float out[B::size];
   for (std::size_t i = 0; i < all.size(); i += B::size) {
     detail::load_f16<Arch>(all.data() + i).store_aligned(out);
-    for (std::size_t j = 0; j < B::size; ++j)
-      REQUIRE(bits(out[j]) == bits(detail::f16_to_f32(all[i + j])));
+    for (std::size_t j = 0; j < B::size; ++j) REQUIRE(bits(out[j]) == bits(detail::f16_to_f32(all[i + j])));
     detail::load_bf16<Arch>(all.data() + i).store_aligned(out);
-    for (std::size_t j = 0; j < B::size; ++j)
-      REQUIRE(bits(out[j]) == bits(detail::bf16_to_f32(all[i + j])));
+    for (std::size_t j = 0; j < B::size; ++j) REQUIRE(bits(out[j]) == bits(detail::bf16_to_f32(all[i + j])));
   }
 }
 
@@ -319,8 +335,7 @@ TEST_CASE("the kernels' block rounding equals the scalar rounding, every arch") 
       detail::round_block<A>(xs.data(), out.data(), xs.size(), t);
       for (std::size_t i = 0; i < xs.size(); ++i) {
         INFO(A::name() << " " << to_string(t) << " element " << i);
-        const float want = t == element_type::f16 ? detail::round_to_f16(xs[i])
-                                                  : detail::round_to_bf16(xs[i]);
+        const float want = t == element_type::f16 ? detail::round_to_f16(xs[i]) : detail::round_to_bf16(xs[i]);
         if (std::isnan(want)) {
           CHECK(std::isnan(out[i]));  // F16C keeps NaN payloads, the fallback does not
         } else {
@@ -337,15 +352,11 @@ namespace {
 
 struct scalar_kernel {
   static constexpr const char* name = "scalar";
-  static void run(const matrix_view& w, const float* x, float* y, activation_rounding r) {
-    gemv_scalar(w, x, y, r);
-  }
+  static void run(const matrix_view& w, const float* x, float* y, activation_rounding r) { gemv_scalar(w, x, y, r); }
 };
 struct simd_kernel {
   static constexpr const char* name = "simd(default_arch)";
-  static void run(const matrix_view& w, const float* x, float* y, activation_rounding r) {
-    gemv(w, x, y, r);
-  }
+  static void run(const matrix_view& w, const float* x, float* y, activation_rounding r) { gemv(w, x, y, r); }
 };
 
 template <class Kernel, element_type T>
@@ -401,17 +412,13 @@ std::vector<float> random_activation(std::size_t n, std::uint32_t seed) {
   return x;
 }
 
-const std::size_t shapes[][3] = {{128, 2048, 0}, {256, 2048, 8}, {13, 2880, 3},
-                                 {9, 100, 0},    {1, 7, 1},      {40, 33, 31}};
+const std::size_t shapes[][3] = {{128, 2048, 0}, {256, 2048, 8}, {13, 2880, 3}, {9, 100, 0}, {1, 7, 1}, {40, 33, 31}};
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("gemv matches a double-precision loop", C,
-                   gemv_case<scalar_kernel, element_type::f32>,
-                   gemv_case<scalar_kernel, element_type::f16>,
-                   gemv_case<scalar_kernel, element_type::bf16>,
-                   gemv_case<simd_kernel, element_type::f32>,
-                   gemv_case<simd_kernel, element_type::f16>,
+TEST_CASE_TEMPLATE("gemv matches a double-precision loop", C, gemv_case<scalar_kernel, element_type::f32>,
+                   gemv_case<scalar_kernel, element_type::f16>, gemv_case<scalar_kernel, element_type::bf16>,
+                   gemv_case<simd_kernel, element_type::f32>, gemv_case<simd_kernel, element_type::f16>,
                    gemv_case<simd_kernel, element_type::bf16>) {
   // Bound: each output is a float sum of products formed in (n/32 + 6)
   // rounding steps per term at most (32-lane chain, 5 reduction adds, the
@@ -429,16 +436,14 @@ TEST_CASE_TEMPLATE("gemv matches a double-precision loop", C,
         double want = 0.0, mag = 0.0;
         for (std::size_t j = 0; j < s[1]; ++j) {
           double xv = x[j];
-          if (r == activation_rounding::engine && C::type == element_type::f16)
-            xv = ref_to_f16_value(x[j]);
-          if (r == activation_rounding::engine && C::type == element_type::bf16)
-            xv = ref_to_bf16_value(x[j]);
+          if (r == activation_rounding::engine && C::type == element_type::f16) xv = ref_to_f16_value(x[j]);
+          if (r == activation_rounding::engine && C::type == element_type::bf16) xv = ref_to_bf16_value(x[j]);
           want += m.value[i * s[1] + j] * xv;
           mag += std::fabs(m.value[i * s[1] + j] * xv);
         }
         const double tol = (static_cast<double>(s[1]) / 32.0 + 6.0) * std::ldexp(1.0, -24) * mag;
-        INFO(C::kernel::name << " " << to_string(C::type) << " " << s[0] << "x" << s[1]
-                             << " pad " << s[2] << " row " << i);
+        INFO(C::kernel::name << " " << to_string(C::type) << " " << s[0] << "x" << s[1] << " pad " << s[2] << " row "
+                             << i);
         REQUIRE(std::fabs(static_cast<double>(y[i]) - want) <= tol);
       }
     }
@@ -465,8 +470,7 @@ TEST_CASE("simd kernels are bit-identical to the scalar kernel, every arch compi
   std::uint32_t seed = 100;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
     for (const auto& s : shapes)
-      for (const activation_rounding r :
-           {activation_rounding::engine, activation_rounding::none}) {
+      for (const activation_rounding r : {activation_rounding::engine, activation_rounding::none}) {
         const test_matrix m(t, s[0], s[1], s[2], seed++);
         const auto x = random_activation(s[1], seed++);
         std::vector<float> want(s[0]);
@@ -492,8 +496,7 @@ TEST_CASE("the xsimd kernel itself is bit-identical to scalar, every arch compil
   std::uint32_t seed = 300;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
     for (const auto& s : shapes) {
-      const activation_rounding r =
-          seed % 2 ? activation_rounding::engine : activation_rounding::none;
+      const activation_rounding r = seed % 2 ? activation_rounding::engine : activation_rounding::none;
       const test_matrix m(t, s[0], s[1], s[2], seed++);
       const auto x = random_activation(s[1], seed++);
       const auto w = m.view();
@@ -502,8 +505,8 @@ TEST_CASE("the xsimd kernel itself is bit-identical to scalar, every arch compil
       for_each_arch(compiled_archs{}, [&](auto arch) {
         using A = decltype(arch);
         std::vector<float> got(s[0], -1.0f);
-        detail::gemv_simd_generic<A, fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
-                                            x.data(), got.data(), r);
+        detail::gemv_simd_generic<A, fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(), got.data(),
+                                            r);
         for (std::size_t i = 0; i < s[0]; ++i) {
           INFO(A::name() << " " << to_string(t) << " " << s[0] << "x" << s[1] << " row " << i);
           REQUIRE(bits(got[i]) == bits(want[i]));
@@ -519,8 +522,12 @@ TEST_CASE("interleaved rows: every row remainder and column chunk, bit-identical
   // one and two chunks, with row padding (NaN) and both roundings, for every
   // architecture compiled in and for gemv() (the dispatched kernel on x86).
   const std::size_t row_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 31, 32, 33, 35, 64, 67};
-  const std::size_t col_counts[] = {32, 96, detail::gemv_col_block - 32, detail::gemv_col_block,
-                                    detail::gemv_col_block + 32, detail::gemv_col_block + 40,
+  const std::size_t col_counts[] = {32,
+                                    96,
+                                    detail::gemv_col_block - 32,
+                                    detail::gemv_col_block,
+                                    detail::gemv_col_block + 32,
+                                    detail::gemv_col_block + 40,
                                     2 * detail::gemv_col_block + 64};
   std::uint32_t seed = 7000;
   std::size_t checked = 0;
@@ -530,8 +537,7 @@ TEST_CASE("interleaved rows: every row remainder and column chunk, bit-identical
         // Keep the suite quick: big shapes only for a few row counts.
         if (rows * cols > 20000 && rows != 5 && rows != 67) continue;
         if (rows == 67 && cols > detail::gemv_col_block + 40) continue;
-        const activation_rounding r =
-            seed % 2 ? activation_rounding::engine : activation_rounding::none;
+        const activation_rounding r = seed % 2 ? activation_rounding::engine : activation_rounding::none;
         const test_matrix m(t, rows, cols, seed % 3 == 0 ? 0 : 5, seed);
         const auto x = random_activation(cols, seed + 1);
         seed += 2;
@@ -582,9 +588,8 @@ TEST_CASE("gemv reports the path it takes") {
 #else
   const std::string compiled = "scalar";
 #endif
-  MESSAGE("gemv() takes " << name << " (dispatch compiled into gemv: "
-                          << MOE_RESIDENCY_DETAIL_GEMV_DISPATCH << ", fused madd: "
-                          << MOE_RESIDENCY_FUSED_MADD << ")");
+  MESSAGE("gemv() takes " << name << " (dispatch compiled into gemv: " << MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
+                          << ", fused madd: " << MOE_RESIDENCY_FUSED_MADD << ")");
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL
   const bool cpu = detail::x86_has_avx2_fma_f16c();
   MESSAGE("CPU has AVX2+FMA+F16C: " << std::string(cpu ? "yes" : "no"));
@@ -628,19 +633,16 @@ bool skip_without_avx2_fma_f16c() {
 }
 
 // Odd sizes around the 32-lane, 32-row and 512-column blocks, with strides.
-const std::size_t dispatch_shapes[][3] = {
-    {1, 1, 0},     {1, 31, 0},    {1, 32, 0},    {2, 33, 5},    {31, 63, 1},   {32, 64, 0},
-    {33, 95, 7},   {65, 511, 0},  {17, 512, 2},  {40, 513, 9},  {3, 1055, 31}, {128, 2048, 0},
-    {64, 2880, 8}, {7, 4099, 13}, {300, 100, 0}};
+const std::size_t dispatch_shapes[][3] = {{1, 1, 0},     {1, 31, 0},     {1, 32, 0},    {2, 33, 5},    {31, 63, 1},
+                                          {32, 64, 0},   {33, 95, 7},    {65, 511, 0},  {17, 512, 2},  {40, 513, 9},
+                                          {3, 1055, 31}, {128, 2048, 0}, {64, 2880, 8}, {7, 4099, 13}, {300, 100, 0}};
 
 // x86_gemv_rows with the multiply-add variant chosen at run time, x unrounded.
 template <element_type T>
-void rows_kernel(bool fused, const char* base, std::size_t rows, std::size_t cols,
-                 const matrix_view& w, const std::vector<float>& x, float (*acc)[32]) {
-  if (fused)
-    detail::x86_gemv_rows<T, true>(base, rows, cols, w.row_stride_bytes, x.data(), false, acc);
-  else
-    detail::x86_gemv_rows<T, false>(base, rows, cols, w.row_stride_bytes, x.data(), false, acc);
+void rows_kernel(bool fused, const char* base, std::size_t rows, std::size_t cols, const matrix_view& w,
+                 const std::vector<float>& x, float (*acc)[32]) {
+  if (fused) detail::x86_gemv_rows<T, true>(base, rows, cols, w.row_stride_bytes, x.data(), false, acc);
+  else detail::x86_gemv_rows<T, false>(base, rows, cols, w.row_stride_bytes, x.data(), false, acc);
 }
 
 }  // namespace
@@ -651,8 +653,7 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
   std::size_t rows_checked = 0;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
     for (const auto& s : dispatch_shapes)
-      for (const activation_rounding r :
-           {activation_rounding::engine, activation_rounding::none}) {
+      for (const activation_rounding r : {activation_rounding::engine, activation_rounding::none}) {
         const test_matrix m(t, s[0], s[1], s[2], seed++);
         const auto x = random_activation(s[1], seed++);
         const auto w = m.view();
@@ -675,7 +676,8 @@ TEST_CASE("the dispatched AVX2 kernel is bit-identical to gemv_scalar") {
   CHECK(rows_checked > 3000);
 }
 
-TEST_CASE("the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar, fused and unfused, every pass shape") {
+TEST_CASE(
+    "the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar, fused and unfused, every pass shape") {
   if (skip_without_avx2_fma_f16c()) return;
   if (!detail::x86_has_avx512f()) {
     MESSAGE("SKIPPED: this CPU lacks AVX-512F; the 512-bit kernel cannot run here (the 256-bit one is tested above)");
@@ -683,8 +685,8 @@ TEST_CASE("the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar
   }
   constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
   using tag = detail::gemv_default_tag;
-  using kernel = void (*)(const void*, std::size_t, std::size_t, std::size_t, const float*, float*,
-                          activation_rounding);
+  using kernel =
+      void (*)(const void*, std::size_t, std::size_t, std::size_t, const float*, float*, activation_rounding);
   using detail::gemv_x86z_impl;
   constexpr element_type f16 = element_type::f16, bf16 = element_type::bf16;
   // Rows per pass 4, 6 (two passes ahead, into L2), 3 and 1, prefetching or not (the default, 2, runs in the
@@ -708,9 +710,8 @@ TEST_CASE("the 512-bit kernel for 16-bit weights is bit-identical to gemv_scalar
           std::vector<float> want(s[0]), got(s[0], -1.0f);
           if (k == 4)
             detail::gemv_x86_impl<tag, !fused, detail::x86_tune_narrow>(w.data, w.type, w.rows, w.cols,
-                                                                         w.row_stride_bytes, x.data(), want.data(), r);
-          else
-            gemv_scalar(w, x.data(), want.data(), r);
+                                                                        w.row_stride_bytes, x.data(), want.data(), r);
+          else gemv_scalar(w, x.data(), want.data(), r);
           (t == f16 ? k16 : kb16)[k](w.data, w.rows, w.cols, w.row_stride_bytes, x.data(), got.data(), r);
           for (std::size_t i = 0; i < s[0]; ++i) {
             INFO(to_string(t) << " kernel " << k << " " << s[0] << "x" << s[1] << " pad " << s[2] << " row " << i);
@@ -729,38 +730,37 @@ TEST_CASE("every x86_tune shape bench_router times is bit-identical to gemv_scal
   if (skip_without_avx2_fma_f16c()) return;
   constexpr bool fused = MOE_RESIDENCY_FUSED_MADD != 0;
   using tag = detail::gemv_default_tag;
-  using kernel = void (*)(const void*, element_type, std::size_t, std::size_t, std::size_t,
-                          const float*, float*, activation_rounding);
+  using kernel = void (*)(const void*, element_type, std::size_t, std::size_t, std::size_t, const float*, float*,
+                          activation_rounding);
   const kernel kernels[] = {
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 2, 3, 0>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 3, 1>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 2, 3, 0> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 3, 1> >,
       // the defaults before: f32 4 and 3 rows, 16-bit rows one pass ahead into L1
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 3, 3, 1, 0, 0, false, false, 3, 4, 2>>,
-      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 4, 4, 1, 4, 4>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 32, 16>>,
-      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 16, 16, true, true, 2>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 3, 2, 1, 8, 32, false, true, 0>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 2, 3, 1, 64, 1, true, true>>,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 3, 3, 1, 0, 0, false, false, 3, 4, 2> >,
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<3, 3, 2, 1, 0, 0, false, false, 3, 4, 2> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<4, 4, 4, 1, 4, 4> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 32, 16> >,
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<4, 2, 2, 1> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 3, 2, 1, 16, 16, true, true, 2> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<2, 3, 2, 1, 8, 32, false, true, 0> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 2, 3, 1, 64, 1, true, true> >,
       // f16 in sweeps of 2 lane groups (x86_pass_split): 6 rows (5 + a 3-row and a 2-row
       // remainder in 32), 5 rows prefetched, 4 rows unfused
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 6, 2, 0, 0, 0, false, false, 3, 2>>,
-      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 5, 2, 1, 0, 0, false, false, 3, 2>>,
-      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<3, 4, 2, 1, 0, 0, false, false, 3, 2>>};
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 6, 2, 0, 0, 0, false, false, 3, 2> >,
+      detail::gemv_x86_impl<tag, fused, detail::x86_tune<3, 5, 2, 1, 0, 0, false, false, 3, 2> >,
+      detail::gemv_x86_impl<tag, !fused, detail::x86_tune<3, 4, 2, 1, 0, 0, false, false, 3, 2> >};
   std::uint32_t seed = 1700;
   std::size_t compared = 0;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
     for (std::size_t k = 0; k < std::size(kernels); ++k)
-      for (const auto& s : {dispatch_shapes[5], dispatch_shapes[10], dispatch_shapes[11],
-                            dispatch_shapes[13]}) {
+      for (const auto& s : {dispatch_shapes[5], dispatch_shapes[10], dispatch_shapes[11], dispatch_shapes[13]}) {
         const test_matrix m(t, s[0], s[1], s[2], seed++);
         const auto x = random_activation(s[1], seed++);
         const auto w = m.view();
         std::vector<float> want(s[0]), got(s[0], -1.0f);
         if (k == 3 || k == 6 || k == 12) {  // the other multiply-add: the per-lane loop of the next test is its twin
-          detail::gemv_x86_impl<tag, !fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes,
-                                             x.data(), want.data(), activation_rounding::engine);
+          detail::gemv_x86_impl<tag, !fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x.data(), want.data(),
+                                             activation_rounding::engine);
         } else {
           gemv_scalar(w, x.data(), want.data(), activation_rounding::engine);
         }
@@ -834,8 +834,7 @@ TEST_CASE("the dispatched kernel's block rounding equals the scalar rounding") {
   for (const element_type t : {element_type::f16, element_type::bf16}) {
     detail::x86_round_block(xs.data(), out.data(), xs.size(), t);
     for (std::size_t i = 0; i < xs.size(); ++i) {
-      const float want = t == element_type::f16 ? detail::round_to_f16(xs[i])
-                                                : detail::round_to_bf16(xs[i]);
+      const float want = t == element_type::f16 ? detail::round_to_f16(xs[i]) : detail::round_to_bf16(xs[i]);
       INFO(to_string(t) << " input bits " << bits(xs[i]));
       if (t == element_type::f16 && std::isnan(want)) {
         CHECK(std::isnan(out[i]));  // F16C keeps NaN payloads, the fallback does not
@@ -870,8 +869,7 @@ TEST_CASE("matrix_view rejects views it cannot read") {
                          error);
   }
   SUBCASE("misaligned data") {
-    const auto* p = reinterpret_cast<const std::uint16_t*>(
-        reinterpret_cast<const char*>(h.data()) + 1);
+    const auto* p = reinterpret_cast<const std::uint16_t*>(reinterpret_cast<const char*>(h.data()) + 1);
     CHECK_THROWS_WITH_AS(matrix_view::bf16(p, 2, 8).validate("router"),
                          "router: data is not aligned to 2 bytes; expected bf16 elements at "
                          "aligned addresses",
@@ -883,9 +881,7 @@ TEST_CASE("matrix_view rejects views it cannot read") {
                          "expected whole elements",
                          error);
   }
-  SUBCASE("too many experts") {
-    CHECK_THROWS_AS(matrix_view::f32(f.data(), 70000, 1).validate("router"), error);
-  }
+  SUBCASE("too many experts") { CHECK_THROWS_AS(matrix_view::f32(f.data(), 70000, 1).validate("router"), error); }
   SUBCASE("packed default stride") {
     const auto v = matrix_view::bf16(h.data(), 4, 16);
     CHECK(v.row_stride_bytes == 32);
@@ -969,15 +965,14 @@ brute_result brute_select(const router_spec& sp, const std::vector<float>& logit
     s[i] = sp.select_on_logits ? z[i] : p[i] + (sp.selection_bias.empty() ? 0.0 : sp.selection_bias[i]);
   if (sp.n_groups > 1) {
     const std::size_t epg = n / sp.n_groups;
-    std::vector<std::pair<double, std::size_t>> gs;
+    std::vector<std::pair<double, std::size_t> > gs;
     for (std::size_t g = 0; g < sp.n_groups; ++g) {
       std::vector<double> v(s.begin() + g * epg, s.begin() + (g + 1) * epg);
       std::sort(v.rbegin(), v.rend());
       gs.push_back({v[0] + v[1], g});
     }
-    std::sort(gs.begin(), gs.end(), [](auto a, auto b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    });
+    std::sort(gs.begin(), gs.end(),
+              [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
     std::vector<bool> keep(sp.n_groups, false);
     for (std::size_t j = 0; j < sp.n_group_used; ++j) keep[gs[j].second] = true;
     for (std::size_t i = 0; i < n; ++i)
@@ -1054,16 +1049,13 @@ TEST_CASE("every gating function matches its definition") {
       sp.normalize_weights = true;
       check_against_brute(sp, logits);
     }
-    SUBCASE("llama4: ranks logits, weights are sigmoid") {
-      check_against_brute(router_spec::llama4(128, 1), logits);
-    }
+    SUBCASE("llama4: ranks logits, weights are sigmoid") { check_against_brute(router_spec::llama4(128, 1), logits); }
   }
 }
 
 TEST_CASE("softplus switches to identity above 20 like ggml") {
   CHECK(detail::gate_one(gating_function::sqrt_softplus, 25.0f) == std::sqrt(25.0f));
-  CHECK(detail::gate_one(gating_function::sqrt_softplus, 0.0f) ==
-        doctest::Approx(std::sqrt(std::log(2.0))));
+  CHECK(detail::gate_one(gating_function::sqrt_softplus, 0.0f) == doctest::Approx(std::sqrt(std::log(2.0))));
 }
 
 TEST_CASE("group masking matches a brute-force re-implementation") {
@@ -1173,7 +1165,7 @@ TEST_CASE("selection refuses specs validate() would reject instead of reading ou
     return sp;
   };
   CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 0; })));
-  CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 33; })));   // > max_top_k: stack overflow before
+  CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 33; })));  // > max_top_k: stack overflow before
   CHECK(all_refuse(broken([](router_spec& s) { s.top_k = 1000; })));
   CHECK(all_refuse(broken([](router_spec& s) {  // top_k > n_experts (<= 32)
     s = router_spec::qwen3moe(8, 4);
@@ -1186,17 +1178,20 @@ TEST_CASE("selection refuses specs validate() would reject instead of reading ou
   CHECK(all_refuse(broken([](router_spec& s) { s.logit_bias.resize(n + 1, 0.0f); })));
   CHECK(all_refuse(broken([](router_spec& s) { s.n_groups = 0; })));
   CHECK(all_refuse(broken([](router_spec& s) { s.n_groups = 7; })));  // does not divide 64
-  CHECK(all_refuse(broken([](router_spec& s) {  // 1 expert per group: top2[1] unset before
+  CHECK(all_refuse(broken([](router_spec& s) {                        // 1 expert per group: top2[1] unset before
     s.n_groups = n;
     s.n_group_used = n;
   })));
   CHECK(all_refuse(broken([](router_spec& s) { s.n_group_used = 0; })));
   CHECK(all_refuse(broken([](router_spec& s) { s.n_group_used = 9; })));  // > n_groups
-  CHECK(all_refuse(broken([](router_spec& s) {  // groups off, n_group_used > 1
+  CHECK(all_refuse(broken([](router_spec& s) {                            // groups off, n_group_used > 1
     s.n_groups = 1;
     s.n_group_used = 2;
   })));
-  CHECK(all_refuse(broken([](router_spec& s) { s.n_group_used = 1; s.top_k = 9; })));  // 8 kept < 9
+  CHECK(all_refuse(broken([](router_spec& s) {
+    s.n_group_used = 1;
+    s.top_k = 9;
+  })));  // 8 kept < 9
   // Boundaries that are valid stay accepted.
   routing out;
   router_spec k32 = router_spec::qwen3moe(32, 32);
@@ -1244,9 +1239,9 @@ TEST_CASE("rank_experts, expert_weights and route_token agree with select_expert
 TEST_CASE("tie-aware comparison: ties match, real misses do not") {
   const std::vector<float> s = {0.5f, 0.25f, 0.25f, 0.1f, from_bits(bits(0.25f) + 2), 0.05f};  // 2.4e-7 apart
   const expert_id a[] = {expert_id{0}, expert_id{1}};
-  const expert_id b[] = {expert_id{0}, expert_id{2}};       // exact tie swapped
-  const expert_id c[] = {expert_id{4}, expert_id{0}};       // within 1e-6, other order
-  const expert_id d[] = {expert_id{0}, expert_id{3}};       // a different score: a miss
+  const expert_id b[] = {expert_id{0}, expert_id{2}};  // exact tie swapped
+  const expert_id c[] = {expert_id{4}, expert_id{0}};  // within 1e-6, other order
+  const expert_id d[] = {expert_id{0}, expert_id{3}};  // a different score: a miss
   const expert_id e[] = {expert_id{0}};
   CHECK(same_selection_tie_aware(span<const expert_id>(a, 2), span<const expert_id>(b, 2), s.data()));
   CHECK(same_selection_tie_aware(span<const expert_id>(a, 2), span<const expert_id>(c, 2), s.data()));
@@ -1254,8 +1249,7 @@ TEST_CASE("tie-aware comparison: ties match, real misses do not") {
   CHECK_FALSE(same_selection_tie_aware(span<const expert_id>(a, 2), span<const expert_id>(e, 1), s.data()));
   CHECK_FALSE(same_selection_tie_aware(span<const expert_id>(a, 2), span<const expert_id>(c, 2), s.data(), 0.0f));
   const expert_id out_of_range[] = {expert_id{0}, expert_id{9}};
-  CHECK_FALSE(same_selection_tie_aware(span<const expert_id>(a, 2),
-                                       span<const expert_id>(out_of_range, 2),
+  CHECK_FALSE(same_selection_tie_aware(span<const expert_id>(a, 2), span<const expert_id>(out_of_range, 2),
                                        span<const float>(s.data(), s.size())));
 }
 
@@ -1282,8 +1276,8 @@ TEST_CASE("router_spec validates its configuration") {
                          "router_spec: top_k 6 exceeds n_experts 4; expected top_k <= n_experts", error);
   }
   SUBCASE("no experts") {
-    CHECK_THROWS_WITH_AS(router_spec::qwen3moe(0, 1),
-                         "router_spec: n_experts 0 out of range; expected [1, 65535]", error);
+    CHECK_THROWS_WITH_AS(router_spec::qwen3moe(0, 1), "router_spec: n_experts 0 out of range; expected [1, 65535]",
+                         error);
   }
   SUBCASE("groups not dividing experts") {
     CHECK_THROWS_WITH_AS(router_spec::deepseek_v3({}, 10, 2, 4, 2, 1.0f),
@@ -1308,8 +1302,8 @@ TEST_CASE("router_spec validates its configuration") {
   SUBCASE("n_group_used without groups") {
     router_spec s = base();
     s.n_group_used = 2;
-    CHECK_THROWS_WITH_AS(s.validate(),
-                         "router_spec: n_group_used 2 with n_groups 1; expected 1 when groups are off", error);
+    CHECK_THROWS_WITH_AS(s.validate(), "router_spec: n_group_used 2 with n_groups 1; expected 1 when groups are off",
+                         error);
   }
   SUBCASE("zero groups") {
     router_spec s = base();
@@ -1319,21 +1313,19 @@ TEST_CASE("router_spec validates its configuration") {
   SUBCASE("bias size") {
     router_spec s = base();
     s.selection_bias = {1, 2, 3};
-    CHECK_THROWS_WITH_AS(s.validate(),
-                         "router_spec: selection_bias has 3 entries; expected 0 or n_experts (8)", error);
+    CHECK_THROWS_WITH_AS(s.validate(), "router_spec: selection_bias has 3 entries; expected 0 or n_experts (8)", error);
   }
   SUBCASE("NaN in a bias") {
     std::vector<float> b(8, 0.0f);
     b[2] = qnan;
-    CHECK_THROWS_WITH_AS(router_spec::gpt_oss(b, 2),
-                         "router_spec: logit_bias[2] is nan; expected a finite value", error);
+    CHECK_THROWS_WITH_AS(router_spec::gpt_oss(b, 2), "router_spec: logit_bias[2] is nan; expected a finite value",
+                         error);
   }
   SUBCASE("inf in a bias") {
     router_spec s = base();
     s.selection_bias.assign(8, 0.0f);
     s.selection_bias[7] = -inf;
-    CHECK_THROWS_WITH_AS(s.validate(), "router_spec: selection_bias[7] is -inf; expected a finite value",
-                         error);
+    CHECK_THROWS_WITH_AS(s.validate(), "router_spec: selection_bias[7] is -inf; expected a finite value", error);
   }
   SUBCASE("non-finite scale") {
     router_spec s = base();
@@ -1364,16 +1356,15 @@ TEST_CASE("gemv_simd from TUs built for different targets, linked into one progr
   std::string other;
   for (const element_type t : {element_type::f32, element_type::f16, element_type::bf16})
     for (const auto& s : shapes)
-      for (const activation_rounding r :
-           {activation_rounding::engine, activation_rounding::none})
+      for (const activation_rounding r : {activation_rounding::engine, activation_rounding::none})
         for (const bool fused : {false, true}) {
           const test_matrix m(t, s[0], s[1], s[2], seed++);
           const auto x = random_activation(s[1], seed++);
           std::vector<float> simd2(s[0], -1.0f), ref2(s[0], -2.0f), here(s[0], -3.0f);
           other = router_second_tu::run(m.view(), x.data(), simd2.data(), ref2.data(), fused, r);
           for (std::size_t i = 0; i < s[0]; ++i) {
-            INFO(other << " " << to_string(t) << " " << s[0] << "x" << s[1]
-                       << (fused ? " fused" : " unfused") << " row " << i);
+            INFO(other << " " << to_string(t) << " " << s[0] << "x" << s[1] << (fused ? " fused" : " unfused")
+                       << " row " << i);
             REQUIRE(bits(simd2[i]) == bits(ref2[i]));  // other TU: its SIMD == its scalar
           }
           if (fused) {
@@ -1381,8 +1372,7 @@ TEST_CASE("gemv_simd from TUs built for different targets, linked into one progr
             // kernels (other Arch, other instructions) give the same bits.
             gemv_simd<xsimd::default_arch, true>(m.view(), x.data(), here.data(), r);
             for (std::size_t i = 0; i < s[0]; ++i) {
-              INFO(xsimd::default_arch::name() << " vs " << other << " " << to_string(t)
-                                               << " row " << i);
+              INFO(xsimd::default_arch::name() << " vs " << other << " " << to_string(t) << " row " << i);
               REQUIRE(bits(here[i]) == bits(simd2[i]));
             }
           }

@@ -33,8 +33,7 @@ routing make_routing(std::size_t layer, std::vector<int> ids, run_phase p = run_
 ranking make_ranking(std::vector<int> ids, std::vector<float> scores = {}) {
   ranking k;
   for (std::size_t i = 0; i < ids.size(); ++i)
-    k.push_back(E(static_cast<std::size_t>(ids[i])),
-                scores.empty() ? static_cast<float>(ids.size() - i) : scores[i]);
+    k.push_back(E(static_cast<std::size_t>(ids[i])), scores.empty() ? static_cast<float>(ids.size() - i) : scores[i]);
   return k;
 }
 
@@ -43,8 +42,7 @@ ranking make_ranking(std::vector<int> ids, std::vector<float> scores = {}) {
 std::size_t brute_hits(const routing& r, const ranking& p) {
   std::set<int> sel, pred;
   for (std::size_t i = 0; i < r.size(); ++i) sel.insert(static_cast<int>(to_index(r.id(i))));
-  for (std::size_t i = 0; i < std::min(r.size(), p.size()); ++i)
-    pred.insert(static_cast<int>(to_index(p.id(i))));
+  for (std::size_t i = 0; i < std::min(r.size(), p.size()); ++i) pred.insert(static_cast<int>(to_index(p.id(i))));
   std::vector<int> both;
   std::set_intersection(sel.begin(), sel.end(), pred.begin(), pred.end(), std::back_inserter(both));
   return both.size();
@@ -66,8 +64,8 @@ std::size_t brute_tie_hits(const routing& r, const ranking& p) {
   std::size_t m = 0;  // tied positions inside the top k
   for (std::size_t j = 0; j < p.size(); ++j) {
     const float s = p.score(j);
-    const bool t = std::isfinite(s) &&
-                   std::fabs(s - kth) <= tie_relative_tolerance * std::max(std::fabs(s), std::fabs(kth));
+    const bool t =
+        std::isfinite(s) && std::fabs(s - kth) <= tie_relative_tolerance * std::max(std::fabs(s), std::fabs(kth));
     if (t) {
       tied.push_back(static_cast<int>(to_index(p.id(j))));
       if (j < k) ++m;
@@ -197,12 +195,12 @@ TEST_CASE("tie-aware overlap equals the best overlap over every tie-break of the
   std::uniform_int_distribution<int> coarse(0, 4);  // few distinct values: many exact ties
   std::size_t capped = 0, forgiven = 0;
   for (int trial = 0; trial < 4000; ++trial) {
-    const std::size_t n = 4 + rng() % 9;              // experts, all of them ranked or not
+    const std::size_t n = 4 + rng() % 9;  // experts, all of them ranked or not
     const std::size_t k = 1 + rng() % std::min<std::size_t>(n, 6);
     std::vector<int> ids(n);
     for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<int>(i);
     std::shuffle(ids.begin(), ids.end(), rng);
-    const std::size_t m = rng() % (n + 1);            // ranking length, may be < k
+    const std::size_t m = rng() % (n + 1);  // ranking length, may be < k
     std::vector<float> sc(m);
     for (auto& v : sc) {
       v = 0.1f * static_cast<float>(coarse(rng));
@@ -330,8 +328,7 @@ TEST_CASE("the text report has the engine's exact format") {
     const std::string text = format_text(c.report());
     CHECK(text.find("moe-predict: fresh-gate control 99.9% of routed slots (99.8% whole routings)\n") == 0);
     CHECK(text.find("moe-predict: the control reads 99.9%, not 100.0%") != std::string::npos);
-    CHECK(text.find("read the other predictors against the control, not against 100%") !=
-          std::string::npos);
+    CHECK(text.find("read the other predictors against the control, not against 100%") != std::string::npos);
     CHECK(text.find("100.0") == text.find("not 100.0%") + 4);  // only in the warning's words
     CHECK(text.find("      0   99.9        625\n") != std::string::npos);
   }
@@ -372,8 +369,7 @@ TEST_CASE("published prediction figures reproduce on the real traces") {
     const char* prev;
     const char* hot;
   };
-  for (const expected& x : {expected{"qwen.route.csv", "38.0", "37.6"},
-                            expected{"gptoss.route.csv", "17.9", "26.7"}}) {
+  for (const expected& x : {expected{"qwen.route.csv", "38.0", "37.6"}, expected{"gptoss.route.csv", "17.9", "26.7"}}) {
     CAPTURE(x.file);
     const std::string path = moe_residency_test::real_trace(x.file);
     if (path.empty()) continue;
@@ -385,8 +381,8 @@ TEST_CASE("published prediction figures reproduce on the real traces") {
     // prev-token, decode, slot overlap: the same whether paired or not.
     for (bool paired : {false, true}) {
       prev_token_predictor prev;
-      const prediction_report r = score_routings(shape, span<const routing>(rs.routings),
-                                                 rs.declined, {false, paired}, prev);
+      const prediction_report r =
+          score_routings(shape, span<const routing>(rs.routings), rs.declined, {false, paired}, prev);
       std::snprintf(buf, sizeof buf, "%.1f", r.totals[0].slot_pct());
       CHECK(std::string(buf) == x.prev);
       CHECK(r.totals[0].unscored == shape.n_layers());  // the first decode token, every layer
@@ -395,8 +391,8 @@ TEST_CASE("published prediction figures reproduce on the real traces") {
     // the previous-token predictor can rank (decode after the first token).
     prev_token_predictor prev;
     auto hot = static_hot_list_predictor::from_routings(shape, rs.routings);
-    const prediction_report paired = score_routings(
-        shape, span<const routing>(rs.routings), rs.declined, {false, true}, prev, hot);
+    const prediction_report paired =
+        score_routings(shape, span<const routing>(rs.routings), rs.declined, {false, true}, prev, hot);
     std::snprintf(buf, sizeof buf, "%.1f", paired.totals[1].slot_pct());
     CHECK(std::string(buf) == x.hot);
     CHECK(paired.totals[1].routings == paired.totals[0].routings);

@@ -26,15 +26,19 @@ synthetic_config small_cfg() {
 
 // Records what the extension hooks saw; asks to drop slot 3 of every decode routing.
 struct recorder {
-  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::gate_input |
-                                        session_hook::routings | session_hook::layer_loaded |
-                                        session_hook::end_batch | session_hook::append_notes;
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::gate_input | session_hook::routings |
+                                        session_hook::layer_loaded | session_hook::end_batch |
+                                        session_hook::append_notes;
   int begins = 0, gates = 0, routings = 0, loads = 0, ends = 0;
   std::size_t predicted_next = 0;
   template <class S>
-  void on_begin_batch(S&, run_phase, std::uint32_t, std::size_t) { ++begins; }
+  void on_begin_batch(S&, run_phase, std::uint32_t, std::size_t) {
+    ++begins;
+  }
   template <class S>
-  void on_gate_input(S&, layer_id, const gate_input_view&) { ++gates; }
+  void on_gate_input(S&, layer_id, const gate_input_view&) {
+    ++gates;
+  }
   template <class S>
   void on_routings(S& s, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
     routings += static_cast<int>(rs.size());
@@ -47,7 +51,9 @@ struct recorder {
     if (s.template prediction<0>(L(to_index(l) + 1))) ++predicted_next;
   }
   template <class S>
-  void on_end_batch(S&) { ++ends; }
+  void on_end_batch(S&) {
+    ++ends;
+  }
   void append_notes(std::vector<std::string>& notes) const { notes.push_back("recorder: ok"); }
 };
 }  // namespace
@@ -68,8 +74,8 @@ TEST_CASE("prefill is accepted and not scored; decode is") {
   const prediction_report r = s.report();
   CHECK(r.offered[1] == 3);
   CHECK(r.totals[0].routings == 3 * 3);  // stale-gate: layers 1..3
-  CHECK(r.totals[0].unscored == 3);       // layer 0 of each token
-  CHECK(r.totals[1].unscored == 4);       // prev-token: the first decode token
+  CHECK(r.totals[0].unscored == 3);      // layer 0 of each token
+  CHECK(r.totals[1].unscored == 4);      // prev-token: the first decode token
   CHECK(r.totals[2].routings == 12);
   CHECK(s.decode_tokens() == 3);
   CHECK(s.prefill_tokens() == 5);
@@ -105,8 +111,7 @@ TEST_CASE("engine-layout routing batches: int32 ids with an n_expert row stride"
 TEST_CASE("extensions see every checked event and can ask for drops") {
   const synthetic_model m(small_cfg());
   synthetic_stream st(m);
-  session<predictor_set<stale_gate_predictor, stale_gate_l2_predictor, fresh_gate_control>, recorder>
-      s(m.shape());
+  session<predictor_set<stale_gate_predictor, stale_gate_l2_predictor, fresh_gate_control>, recorder> s(m.shape());
   install_routers(s, m);
   st.next(2);
   REQUIRE(feed_batch(s, st, run_phase::prefill));
@@ -127,8 +132,7 @@ TEST_CASE("extensions see every checked event and can ask for drops") {
 }
 
 TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomaly") {
-  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
-                                                   element_type::f32, 4, 32, 64, 4, true));
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 32, 64, 4, true));
   synthetic_stream st(m);
   st.next(1);
   const float* x1 = st.gate_inputs(L(1));
@@ -138,16 +142,14 @@ TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomal
     standard_session s(m.shape());
     install_routers(s, m);
     CHECK_THROWS_WITH_AS(s.gate_input(L(1), x1, 64),
-                         "session: gate_input(layer 1): no batch has begun; call begin_batch first",
-                         error);
+                         "session: gate_input(layer 1): no batch has begun; call begin_batch first", error);
     REQUIRE(s.begin_batch(run_phase::decode, 7));
     CHECK_THROWS_WITH_AS(s.routed(r1),
                          "session: decode token 7 layer 1: routed: the layer's gate input never "
                          "came; expected gate_input before routed",
                          error);
     CHECK_THROWS_WITH_AS(s.gate_input(L(9), x1, 64),
-                         "session: decode token 7 layer 9: gate_input: layer out of range [0, 4)",
-                         error);
+                         "session: decode token 7 layer 9: gate_input: layer out of range [0, 4)", error);
     CHECK_THROWS_WITH_AS(s.gate_input(L(0), x1, 64),
                          "session: decode token 7 layer 0: gate_input: the layer is dense in "
                          "model 'synthetic-qwen3moe'",
@@ -181,17 +183,17 @@ TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomal
     o.on_anomaly = anomaly_action::count;
     standard_session s(m.shape(), o);
     install_routers(s, m);
-    CHECK_FALSE(s.gate_input(L(1), x1, 64));                 // no batch
+    CHECK_FALSE(s.gate_input(L(1), x1, 64));  // no batch
     REQUIRE(s.begin_batch(run_phase::decode, 0));
-    CHECK_FALSE(s.routed(r1));                                // no gate input
-    CHECK_FALSE(s.gate_input(L(3), x1, 64, 2, 0));            // 2 tokens in a 1-token batch
+    CHECK_FALSE(s.routed(r1));                      // no gate input
+    CHECK_FALSE(s.gate_input(L(3), x1, 64, 2, 0));  // 2 tokens in a 1-token batch
     std::vector<float> nan(x1, x1 + 64);
     nan[0] = std::nanf("");
-    CHECK_FALSE(s.gate_input(L(2), nan.data(), 64));          // NaN: layer 2's input rejected
+    CHECK_FALSE(s.gate_input(L(2), nan.data(), 64));  // NaN: layer 2's input rejected
     REQUIRE(s.gate_input(L(1), x1, 64));
     REQUIRE(s.routed(r1));
-    CHECK_FALSE(s.routed(r1));                                // duplicate routing
-    CHECK(s.routed(st.routed(L(2), 0)));                       // after a NaN input: scored, gate predictors unscored
+    CHECK_FALSE(s.routed(r1));            // duplicate routing
+    CHECK(s.routed(st.routed(L(2), 0)));  // after a NaN input: scored, gate predictors unscored
     REQUIRE(s.begin_batch(run_phase::decode, 1));
     const auto& a = s.anomalies();
     CHECK(a[anomaly_kind::no_batch] == 1);
@@ -214,8 +216,7 @@ TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomal
 
 TEST_CASE("count mode: a repeated anomaly allocates nothing after the first message") {
   using moe_residency_test::allocations;
-  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
-                                                   element_type::f32, 4, 32, 64, 4, true));
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 32, 64, 4, true));
   synthetic_stream st(m);
   st.next(1);
   const float* x1 = st.gate_inputs(L(1));
@@ -236,27 +237,27 @@ TEST_CASE("count mode: a repeated anomaly allocates nothing after the first mess
   int refused = 0, accepted = 0;
   const auto tally = [&](bool ok) { ok ? ++accepted : ++refused; };
   const auto bad_token = [&](std::uint32_t pos) {
-    tally(s.begin_batch(run_phase::decode, pos, 0));                    // bad_batch
-    tally(s.begin_batch(run_phase::decode, 0xFFFFFFFFu, 2));            // position_overflow
+    tally(s.begin_batch(run_phase::decode, pos, 0));          // bad_batch
+    tally(s.begin_batch(run_phase::decode, 0xFFFFFFFFu, 2));  // position_overflow
     tally(s.begin_batch(run_phase::decode, pos));
-    tally(s.routed(r1));                                                // routing_without_gate_input
-    tally(s.gate_input(L(9), x1, 64));                                  // layer_out_of_range
-    tally(s.gate_input(L(0), x1, 64));                                  // dense_layer
-    tally(s.gate_input(L(2), nan.data(), 64));                          // nan_gate_input
-    tally(s.routed(L(2), span<const routing>(&r1, 1)));                 // routing_shape (layer 1's)
-    tally(s.gate_input(L(1), x1, 63));                                  // gate_input_shape
+    tally(s.routed(r1));                                 // routing_without_gate_input
+    tally(s.gate_input(L(9), x1, 64));                   // layer_out_of_range
+    tally(s.gate_input(L(0), x1, 64));                   // dense_layer
+    tally(s.gate_input(L(2), nan.data(), 64));           // nan_gate_input
+    tally(s.routed(L(2), span<const routing>(&r1, 1)));  // routing_shape (layer 1's)
+    tally(s.gate_input(L(1), x1, 63));                   // gate_input_shape
     tally(s.gate_input(L(1), x1, 64));
-    tally(s.gate_input(L(1), x1, 64));                                  // duplicate_gate_input
-    tally(s.routed(L(1), routing_batch_view{out_of_range, 4}));         // expert_out_of_range
-    tally(s.routed(L(1), routing_batch_view{good, 4, 1, 8}));           // routing_shape (stride)
-    tally(s.routed(L(1), dup, nullptr, 4));                             // duplicate_expert
-    tally(s.layer_loaded(L(1)));                                        // loaded_without_routing
+    tally(s.gate_input(L(1), x1, 64));                           // duplicate_gate_input
+    tally(s.routed(L(1), routing_batch_view{out_of_range, 4}));  // expert_out_of_range
+    tally(s.routed(L(1), routing_batch_view{good, 4, 1, 8}));    // routing_shape (stride)
+    tally(s.routed(L(1), dup, nullptr, 4));                      // duplicate_expert
+    tally(s.layer_loaded(L(1)));                                 // loaded_without_routing
     tally(s.routed(r1));
-    tally(s.routed(r1));                                                // duplicate_routing
+    tally(s.routed(r1));  // duplicate_routing
     tally(s.layer_loaded(L(1)));
     tally(s.gate_input(L(3), x3, 64));
-    tally(s.end_batch());                       // token_boundary_mid_layer: layers 2 and 3
-    tally(s.end_batch());                                               // no_batch
+    tally(s.end_batch());  // token_boundary_mid_layer: layers 2 and 3
+    tally(s.end_batch());  // no_batch
   };
   bad_token(0);  // stores the first message
   REQUIRE(s.anomalies().first_message == "session: begin_batch: 0 tokens; expected >= 1");
@@ -321,8 +322,7 @@ TEST_CASE("anomaly kinds: the enum, the count and the texts come from one list")
 }
 
 TEST_CASE("messages name the failing value and the token of a multi-token batch") {
-  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
-                                                   element_type::f32, 4, 32, 64, 4, true));
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 32, 64, 4, true));
   synthetic_stream st(m);
   st.next(5);
   standard_session s(m.shape());
@@ -430,15 +430,13 @@ struct routing_log {
 }  // namespace
 
 TEST_CASE("a prefill layer may carry only the batch's last rows (llama.cpp's last prompt layer)") {
-  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe,
-                                                   element_type::f32, 4, 32, 64, 4, true));
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 32, 64, 4, true));
   synthetic_stream st(m);
   st.next(5);
   prev_token_options remember_prefill;
   remember_prefill.include_prefill = true;
   session<predictor_set<stale_gate_predictor, prev_token_predictor>, routing_log> s(
-      m.shape(), session_options{},
-      std::make_tuple(stale_gate_predictor{}, prev_token_predictor(remember_prefill)));
+      m.shape(), session_options{}, std::make_tuple(stale_gate_predictor{}, prev_token_predictor(remember_prefill)));
   install_routers(s, m);
   REQUIRE(s.begin_batch(run_phase::prefill, 10, 5));
   // Layers 1 and 2: every row (as routings, then as engine ids); layer 3: the last 2 rows.
@@ -524,8 +522,7 @@ TEST_CASE("multi-token decode batches are accepted and not scored") {
   REQUIRE(feed_batch(s, st, run_phase::decode));
   CHECK(s.unscored_batched() == 12);
   CHECK(s.report().offered[0] == 0);
-  CHECK(format_text(s.report()).find("12 decode routings came in multi-token batches") !=
-        std::string::npos);
+  CHECK(format_text(s.report()).find("12 decode routings came in multi-token batches") != std::string::npos);
 }
 
 TEST_CASE("a session fed a recorded trace scores like score_routings") {
@@ -551,8 +548,7 @@ TEST_CASE("a session fed a recorded trace scores like score_routings") {
   }
   prev_token_predictor p;
   frequency_predictor f;
-  const prediction_report want =
-      score_routings(t.shape(), span<const routing>(rs.routings), rs.declined, {}, p, f);
+  const prediction_report want = score_routings(t.shape(), span<const routing>(rs.routings), rs.declined, {}, p, f);
   const prediction_report got = s.report();
   for (std::size_t i = 0; i < 2; ++i) {
     CHECK(got.totals[i].slot_hits == want.totals[i].slot_hits);
@@ -606,8 +602,7 @@ TEST_CASE("score_routings and a session fed the same routings print identical re
 }
 
 TEST_CASE("docs/session.md integration") {
-  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f16,
-                                                   4, 128, 256, 8));
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f16, 4, 128, 256, 8));
   synthetic_stream st(m);
   // --- as in docs/session.md ---
   standard_session s(m.shape());

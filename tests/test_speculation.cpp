@@ -38,8 +38,7 @@ using spec_t = speculation<lru_cache>;
 layer_id L(unsigned l) { return layer_id(static_cast<std::uint16_t>(l)); }
 expert_id E(unsigned e) { return expert_id(static_cast<std::uint16_t>(e)); }
 
-routing make_routing(unsigned layer, std::vector<std::pair<unsigned, float>> slots,
-                     std::uint32_t token = 0) {
+routing make_routing(unsigned layer, std::vector<std::pair<unsigned, float>> slots, std::uint32_t token = 0) {
   routing r;
   r.layer = L(layer);
   r.phase = run_phase::decode;
@@ -84,7 +83,7 @@ TEST_CASE("speculation: a completed read lands in the cache and is counted usefu
   const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
   CHECK(s.end_load(L(0), &pred) == 2);
   CHECK(rec.count(read_reason::speculative) == 2);  // synchronous: ran at end_load
-  CHECK_FALSE(s.cache().is_resident(L(1), E(5)));  // not applied until the next load
+  CHECK_FALSE(s.cache().is_resident(L(1), E(5)));   // not applied until the next load
 
   // Layer 1 actually routes 5, 9, 10, 11: 5 is a hit thanks to speculation.
   const routing r1 = make_routing(1, {{5, 0.4f}, {9, 0.3f}, {10, 0.2f}, {11, 0.1f}});
@@ -136,7 +135,7 @@ TEST_CASE("speculation: a failed or throwing read never becomes residency") {
   CHECK(s.stats().inserted == 1);
   CHECK(s.stats().useful == 1);
   CHECK(s.read_stats().failed == 1);
-  CHECK(s.stats().demanded_failed == 1);  // the demanded re-read of 5 failed too
+  CHECK(s.stats().demanded_failed == 1);           // the demanded re-read of 5 failed too
   CHECK_FALSE(s.cache().is_resident(L(1), E(5)));  // ... so it is not resident either
 }
 
@@ -265,17 +264,16 @@ struct session_run {
 };
 template <class Predictor>
 session_run issued_through_session(std::size_t horizon) {
-  const synthetic_model model(
-      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6));
+  const synthetic_model model(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6));
   const model_shape& shape = model.shape();
   using session_t = session<predictor_set<Predictor>, spec_t>;
   recorder rec;
   speculation_options o = sync_options();
   o.horizon = horizon;
-  session_t s(shape, session_options{}, std::tuple<Predictor>{},
-              std::tuple<spec_t>{spec_t(shape, lru_cache(shape, {token_cycle_bytes(shape) * 3 / 2,
-                                                                 cycle_guard::refuse, {}}),
-                                        rec.callback(), o)});
+  session_t s(
+      shape, session_options{}, std::tuple<Predictor>{},
+      std::tuple<spec_t>{spec_t(shape, lru_cache(shape, {token_cycle_bytes(shape) * 3 / 2, cycle_guard::refuse, {}}),
+                                rec.callback(), o)});
   install_routers(s, model);
   synthetic_stream stream(model);
   for (std::size_t t = 0; t < 4; ++t) feed_batch(s, model, stream, run_phase::decode, 1, [](layer_id) {});
@@ -344,7 +342,7 @@ TEST_CASE("speculation: with dropping armed, a correct speculative read un-drops
 TEST_CASE("speculation: with dropping armed, the planner skips predictions the drop would discard") {
   recorder rec;
   speculation_options o = sync_options();
-  o.drop = drop_options{};  // k = 4, F = 1: threshold 0.25
+  o.drop = drop_options{};                         // k = 4, F = 1: threshold 0.25
   o.drop->on_warning = [](const std::string&) {};  // the k <= 4 warning, expected here
   spec_t s(tiny(), tiny_cache(), rec.callback(), o);
   std::uint32_t masks[1] = {};
@@ -365,8 +363,7 @@ TEST_CASE("speculation: rejects a bad configuration") {
   speculation_options o = sync_options();
   o.horizon = 3;
   CHECK_THROWS_WITH_AS(spec_t(tiny(), tiny_cache(), rec.callback(), o),
-                       "speculation: horizon 3 out of range; expected 1 (next MoE layer) or 2",
-                       error);
+                       "speculation: horizon 3 out of range; expected 1 (next MoE layer) or 2", error);
   o = sync_options();
   o.cap = 40;
   CHECK_THROWS_WITH_AS(spec_t(tiny(), tiny_cache(), rec.callback(), o),
@@ -375,13 +372,11 @@ TEST_CASE("speculation: rejects a bad configuration") {
                        error);
   o = sync_options();
   const model_shape other("tiny", 16, 4, {100, 100, 100});
-  CHECK_THROWS_WITH_AS(
-      spec_t(tiny(), lru_cache(other, cache_options{1200, cycle_guard::off, {}}), rec.callback(),
-             o),
-      "speculation: the cache's model shape 'tiny' (3 layers, 16 experts, top-4, 300 expert "
-      "bytes in all) differs from 'tiny' (4 layers, 16 experts, top-4, 400 expert bytes in "
-      "all); expected the same shape",
-      error);
+  CHECK_THROWS_WITH_AS(spec_t(tiny(), lru_cache(other, cache_options{1200, cycle_guard::off, {}}), rec.callback(), o),
+                       "speculation: the cache's model shape 'tiny' (3 layers, 16 experts, top-4, 300 expert "
+                       "bytes in all) differs from 'tiny' (4 layers, 16 experts, top-4, 400 expert bytes in "
+                       "all); expected the same shape",
+                       error);
   o.scheduler.wait_limit = std::chrono::nanoseconds(-5);
   CHECK_THROWS_WITH_AS(spec_t(tiny(), tiny_cache(), rec.callback(), o),
                        "read_scheduler: wait_limit -5 ns is negative; expected >= 0 ns (0 = no "
@@ -404,22 +399,17 @@ TEST_CASE("simulated_flash: rejects each bad value, naming it") {
     o.time_scale = scale;
     simulated_flash f(tiny(), o);
   };
-  CHECK_THROWS_WITH_AS(
-      make(0, 1809.9, 1),
-      "simulated_flash: device_mib_per_s = 0 MiB/s; expected a finite value > 0", error);
-  CHECK_THROWS_WITH_AS(
-      make(2459.8, -3, 1),
-      "simulated_flash: lane_mib_per_s = -3 MiB/s; expected a finite value > 0", error);
-  CHECK_THROWS_WITH_AS(make(2459.8, 1809.9, 0),
-                       "simulated_flash: time_scale = 0; expected a finite value > 0", error);
+  CHECK_THROWS_WITH_AS(make(0, 1809.9, 1), "simulated_flash: device_mib_per_s = 0 MiB/s; expected a finite value > 0",
+                       error);
+  CHECK_THROWS_WITH_AS(make(2459.8, -3, 1), "simulated_flash: lane_mib_per_s = -3 MiB/s; expected a finite value > 0",
+                       error);
+  CHECK_THROWS_WITH_AS(make(2459.8, 1809.9, 0), "simulated_flash: time_scale = 0; expected a finite value > 0", error);
   CHECK_THROWS_WITH_AS(make(nan, 1809.9, 1),
-                       "simulated_flash: device_mib_per_s = nan MiB/s; expected a finite value > 0",
+                       "simulated_flash: device_mib_per_s = nan MiB/s; expected a finite value > 0", error);
+  CHECK_THROWS_WITH_AS(make(2459.8, inf, 1), "simulated_flash: lane_mib_per_s = inf MiB/s; expected a finite value > 0",
                        error);
-  CHECK_THROWS_WITH_AS(make(2459.8, inf, 1),
-                       "simulated_flash: lane_mib_per_s = inf MiB/s; expected a finite value > 0",
+  CHECK_THROWS_WITH_AS(make(2459.8, 1809.9, -0.5), "simulated_flash: time_scale = -0.5; expected a finite value > 0",
                        error);
-  CHECK_THROWS_WITH_AS(make(2459.8, 1809.9, -0.5),
-                       "simulated_flash: time_scale = -0.5; expected a finite value > 0", error);
   CHECK_NOTHROW(make(2459.8, 1809.9, 0.01));
 }
 
@@ -488,11 +478,9 @@ TEST_CASE("byte-identity holds with real lanes and a simulated flash") {
   // Not asserted: that demanded storage reads fell. Which speculative reads
   // landed in time (and which entries they evicted) depends on the lanes; the
   // synchronous test above asserts it deterministically.
-  MESSAGE("synthetic, 2 lanes, simulated flash x0.01: demanded reads " << off.spec.demanded_reads
-                                                                      << " off, "
-                                                                      << on.spec.demanded_reads
-                                                                      << " on\n"
-                                                                      << on.notes);
+  MESSAGE("synthetic, 2 lanes, simulated flash x0.01: demanded reads " << off.spec.demanded_reads << " off, "
+                                                                       << on.spec.demanded_reads << " on\n"
+                                                                       << on.notes);
 }
 
 TEST_CASE("with dropping on, speculation un-drops experts (the executed routings change)") {
@@ -529,8 +517,7 @@ struct recorded_batch {
 };
 // A session extension placed after the speculation.
 struct load_recorder {
-  static constexpr session_hook hooks =
-      session_hook::begin_batch | session_hook::routings | session_hook::layer_loaded;
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::routings | session_hook::layer_loaded;
   model_shape shape;
   std::shared_ptr<std::vector<recorded_batch>> batches;
   template <class S>
@@ -553,15 +540,12 @@ struct load_recorder {
 };
 
 // A line without its timing-dependent tail ("decode stall ... ms per token").
-std::string without_stall(const std::string& line) {
-  return line.substr(0, line.find("decode stall"));
-}
+std::string without_stall(const std::string& line) { return line.substr(0, line.find("decode stall")); }
 
 }  // namespace
 
 TEST_CASE("speculation driven directly: begin_token gives the session's per-token figures") {
-  const synthetic_config c =
-      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6);
+  const synthetic_config c = synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6);
   const synthetic_model model(c);
   const model_shape& shape = model.shape();
   const std::uint64_t budget = token_cycle_bytes(shape) * 3 / 2;
@@ -576,8 +560,7 @@ TEST_CASE("speculation driven directly: begin_token gives the session's per-toke
   using rec_session = session<predictor_set<stale_gate_predictor>, spec_t, load_recorder>;
   rec_session s(shape, session_options{}, std::tuple<stale_gate_predictor>{},
                 std::tuple<spec_t, load_recorder>{
-                    spec_t(shape, lru_cache(shape, {budget, cycle_guard::refuse, {}}),
-                           rec_a.callback(), o),
+                    spec_t(shape, lru_cache(shape, {budget, cycle_guard::refuse, {}}), rec_a.callback(), o),
                     load_recorder{shape, batches}});
   install_routers(s, model);
   synthetic_stream stream(model);
@@ -608,8 +591,11 @@ TEST_CASE("speculation driven directly: begin_token gives the session's per-toke
   CHECK(direct.cache_line() == via_session.cache_line());
   CHECK(without_stall(direct.prefetch_line()) == without_stall(via_session.prefetch_line()));
   CHECK(direct.drop_line() == via_session.drop_line());
-  MESSAGE("session:\n" << via_session.cache_line() << "\n" << via_session.prefetch_line()
-                        << "\ndirect:\n" << direct.cache_line() << "\n" << direct.prefetch_line());
+  MESSAGE("session:\n"
+          << via_session.cache_line() << "\n"
+          << via_session.prefetch_line() << "\ndirect:\n"
+          << direct.cache_line() << "\n"
+          << direct.prefetch_line());
 }
 
 // docs/speculation.md, "Example": the lines between the two markers are the
@@ -622,15 +608,15 @@ TEST_CASE("docs example: the engine API") {
     ++reads;
     return true;
   };
-  routing routing_of_layer;                       // what layer 0 routed for this token
+  routing routing_of_layer;  // what layer 0 routed for this token
   routing_of_layer.layer = layer_id{0};
-  for (unsigned e = 0; e < 8; ++e)
-    routing_of_layer.push_back(expert_id(static_cast<std::uint16_t>(e)), 0.125f);
+  for (unsigned e = 0; e < 8; ++e) routing_of_layer.push_back(expert_id(static_cast<std::uint16_t>(e)), 0.125f);
   const layer_id layer = routing_of_layer.layer;
-  ranking ranking_of_next_layer;                  // the predictor's ranking of layer 1
+  ranking ranking_of_next_layer;  // the predictor's ranking of layer 1
   for (unsigned e = 0; e < 8; ++e)
     ranking_of_next_layer.push_back(expert_id(static_cast<std::uint16_t>(e + 8)), 1.0f, 0.125f);
 
+  // clang-format off
   // ---- begin docs/speculation.md "Example"
   speculation_options o;                 // 2 lanes, cap 2, horizon 1, quiesce waits
   o.drop = drop_options{};               // F = 1: skip light misses (decode only)
@@ -649,8 +635,9 @@ TEST_CASE("docs example: the engine API") {
   spec.finish();                                       // end of run: apply what completed
   for (const std::string& line : spec.lines()) std::puts(line.c_str());
   // ---- end docs/speculation.md "Example"
+  // clang-format on
 
-  CHECK(drop_mask[0] == 0);             // 0.125 is not below F/k = 0.125
+  CHECK(drop_mask[0] == 0);  // 0.125 is not below F/k = 0.125
   // Eight demanded misses, then the top-2 predicted. With lanes, finish()
   // cancels what no lane had started yet, so how many of the two ran depends
   // on scheduling; the accounting must say exactly which.
@@ -663,7 +650,7 @@ TEST_CASE("docs example: the engine API") {
   const int resident_predicted = int(spec.cache().is_resident(layer_id{1}, expert_id{8})) +
                                  int(spec.cache().is_resident(layer_id{1}, expert_id{9}));
   CHECK(resident_predicted == static_cast<int>(rs.completed));
-  CHECK(spec.lines().size() == 3);      // cache, drop and prefetch lines
+  CHECK(spec.lines().size() == 3);  // cache, drop and prefetch lines
 }
 
 namespace {
@@ -682,21 +669,19 @@ TEST_CASE("docs example: the docs block is the code the previous test runs") {
   REQUIRE(at != std::string::npos);
   const std::vector<std::string> in_docs = block_lines(doc.substr(at), "```cpp", "```");
   const std::vector<std::string> in_test =
-      block_lines(test, "// ---- begin docs/speculation.md \"Example\"",
-                  "// ---- end docs/speculation.md \"Example\"");
+      block_lines(test, "// ---- begin docs/speculation.md \"Example\"", "// ---- end docs/speculation.md \"Example\"");
   REQUIRE(in_docs.size() > 5);
   CHECK(in_docs.size() == in_test.size());
   for (std::size_t i = 0; i < std::max(in_docs.size(), in_test.size()); ++i) {
     CAPTURE(i);
-    CHECK((i < in_docs.size() ? in_docs[i] : "<missing>") ==
-          (i < in_test.size() ? in_test[i] : "<missing>"));
+    CHECK((i < in_docs.size() ? in_docs[i] : "<missing>") == (i < in_test.size() ? in_test[i] : "<missing>"));
   }
 }
 
 TEST_CASE("docs example, synchronous: the top-2 predicted misses are read exactly") {
   const model_shape shape = presets::qwen3_30b_a3b(8);
   speculation_options o;
-  o.scheduler.lanes = 0;                // reads run inline at end_load: deterministic
+  o.scheduler.lanes = 0;  // reads run inline at end_load: deterministic
   std::atomic<int> reads{0};
   speculation<expert_cache<lru_policy>> spec(
       shape, expert_cache<lru_policy>(shape, {from_mib(2000), cycle_guard::refuse, {}}),
@@ -709,8 +694,7 @@ TEST_CASE("docs example, synchronous: the top-2 predicted misses are read exactl
   r.layer = layer_id{0};
   for (unsigned e = 0; e < 8; ++e) r.push_back(expert_id(static_cast<std::uint16_t>(e)), 0.125f);
   ranking next;
-  for (unsigned e = 0; e < 8; ++e)
-    next.push_back(expert_id(static_cast<std::uint16_t>(e + 8)), 1.0f, 0.125f);
+  for (unsigned e = 0; e < 8; ++e) next.push_back(expert_id(static_cast<std::uint16_t>(e + 8)), 1.0f, 0.125f);
   std::uint32_t drop_mask[1];
   spec.begin_load({&r, 1}, drop_mask);
   spec.end_load(layer_id{0}, &next);

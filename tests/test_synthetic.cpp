@@ -48,8 +48,8 @@ void check_control_exact(const prediction_report& r, std::size_t tokens) {
 
 TEST_CASE("the control reads exactly 100.0% on every layer, for every router type and rule") {
   for (auto type : {element_type::f32, element_type::f16, element_type::bf16}) {
-    for (auto rule : {synthetic_router::qwen3moe, synthetic_router::deepseek,
-                      synthetic_router::gpt_oss, synthetic_router::llama4}) {
+    for (auto rule : {synthetic_router::qwen3moe, synthetic_router::deepseek, synthetic_router::gpt_oss,
+                      synthetic_router::llama4}) {
       CAPTURE(to_string(type));
       CAPTURE(to_string(rule));
       const bool dense_first = rule == synthetic_router::deepseek;
@@ -83,8 +83,7 @@ TEST_CASE("the control reads 100.0% on the model-shaped presets") {
 }
 
 TEST_CASE("a wrong probe drives the control far below 100%") {
-  const synthetic_model m(
-      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 64, 256, 6));
+  const synthetic_model m(synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 4, 64, 256, 6));
   const std::size_t E = 64, d = 256;
 
   SUBCASE("transposed matrix: the weight stored embd x experts, viewed as experts x embd") {
@@ -139,10 +138,10 @@ TEST_CASE("a wrong probe drives the control far below 100%") {
   }
 }
 
-TEST_CASE("the workload has structure: early layers less predictable, tokens correlated, "
-          "popularity skewed") {
-  synthetic_config c =
-      synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 16, 64, 256, 6);
+TEST_CASE(
+    "the workload has structure: early layers less predictable, tokens correlated, "
+    "popularity skewed") {
+  synthetic_config c = synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 16, 64, 256, 6);
   c.nudge_first = 0.5f;
   c.nudge_last = 0.05f;
   const prediction_report r = run(synthetic_model(c), 0, 40);
@@ -165,8 +164,7 @@ TEST_CASE("the workload has structure: early layers less predictable, tokens cor
 
 TEST_CASE("the workload is deterministic from its seed") {
   const auto cfg = [](std::uint64_t seed) {
-    return synthetic_presets::small(synthetic_router::gpt_oss, element_type::bf16, 3, 32, 64, 4,
-                                    false, seed);
+    return synthetic_presets::small(synthetic_router::gpt_oss, element_type::bf16, 3, 32, 64, 4, false, seed);
   };
   const synthetic_model a(cfg(5)), b(cfg(5)), c(cfg(6));
   synthetic_stream sa(a), sb(b), sc(c);
@@ -244,16 +242,16 @@ TEST_CASE("same seeds give bit-identical routers and routings for every router t
        0xb94127ca3a9b5af5ull, 0x51d456a64d63f926ull},
       {element_type::f32, synthetic_router::gpt_oss, 0x08daa00e5ad1b72eull, 0xea6fb0476e911624ull,
        0x8db6a5f8b03ab10full, 0xb99fc56c2ba9df82ull},
-      {element_type::f32, synthetic_router::llama4, 0xab11b1a972e66bedull, 0xea6fb0476e911624ull,
-       0xc71cc48dbc9f9835ull, 0x7eb12e5176e49b02ull},
+      {element_type::f32, synthetic_router::llama4, 0xab11b1a972e66bedull, 0xea6fb0476e911624ull, 0xc71cc48dbc9f9835ull,
+       0x7eb12e5176e49b02ull},
       {element_type::f16, synthetic_router::qwen3moe, 0x3465eeae92a8cd0dull, 0xea6fb0476e911624ull,
        0x956414ccb571ecedull, 0x956414ccb571ecedull},
       {element_type::f16, synthetic_router::deepseek, 0xda9c972d370c3168ull, 0x91bc1fe7a9c6cd95ull,
        0x4a9aecf1f23add96ull, 0x4a9aecf1f23add96ull},
       {element_type::f16, synthetic_router::gpt_oss, 0xa7019b248e4ba3e4ull, 0xea6fb0476e911624ull,
        0x547e0982832ae848ull, 0x547e0982832ae848ull},
-      {element_type::f16, synthetic_router::llama4, 0x3465eeae92a8cd0dull, 0xea6fb0476e911624ull,
-       0x3d4b67ae167e1833ull, 0x3d4b67ae167e1833ull},
+      {element_type::f16, synthetic_router::llama4, 0x3465eeae92a8cd0dull, 0xea6fb0476e911624ull, 0x3d4b67ae167e1833ull,
+       0x3d4b67ae167e1833ull},
       {element_type::bf16, synthetic_router::qwen3moe, 0x7cdbc1f476e3be7full, 0xea6fb0476e911624ull,
        0x1f764b42a9d437d8ull, 0x1f764b42a9d437d8ull},
       {element_type::bf16, synthetic_router::deepseek, 0x2f9711fb5465a280ull, 0x91bc1fe7a9c6cd95ull,
@@ -279,10 +277,8 @@ TEST_CASE("same seeds give bit-identical routers and routings for every router t
       routers.word(v.cols, 8);
       if (!v.data) continue;
       for (std::size_t i = 0; i < v.rows * v.cols; ++i) {
-        if (v.type == element_type::f32)
-          routers.f32(static_cast<const float*>(v.data)[i]);
-        else
-          routers.word(static_cast<const std::uint16_t*>(v.data)[i], 2);
+        if (v.type == element_type::f32) routers.f32(static_cast<const float*>(v.data)[i]);
+        else routers.word(static_cast<const std::uint16_t*>(v.data)[i], 2);
       }
     }
     fnv gates, routed;

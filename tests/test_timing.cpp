@@ -15,8 +15,8 @@
 #include "support.hpp"
 
 using namespace moe_residency;
-using moe_residency_test::real_trace;
 using moe_residency_test::read_file;
+using moe_residency_test::real_trace;
 
 namespace {
 
@@ -133,7 +133,8 @@ TEST_CASE("the engine thread's own read work hides the reads' device time by ψ 
   CHECK(parse_timing_config(format_timing_config(p), "psi.cfg").kernel_overlap == doctest::Approx(0.75));
   CHECK(timing_params{}.kernel_overlap == 0);
   CHECK_THROWS_WITH_AS(parse_timing_config("kernel_overlap = 1.5\n", "psi.cfg"),
-                       doctest::Contains("psi.cfg: timing_params: kernel_overlap = 1.5; expected a share in [0, 1]"), error);
+                       doctest::Contains("psi.cfg: timing_params: kernel_overlap = 1.5; expected a share in [0, 1]"),
+                       error);
 }
 
 TEST_CASE("the manager's own cost: per requested expert and per pinned-cache miss, resident or not") {
@@ -284,9 +285,10 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
   CHECK(q.read_latency_ms == 1.25);
   CHECK(q.overlap == doctest::Approx(0.3));
   CHECK(q.fault_bandwidth_scale == 0.75);
-  CHECK_THROWS_WITH_AS(parse_timing_config("fault_bandwidth_scale = -1", "dev.cfg"),
-                       doctest::Contains("dev.cfg: timing_params: fault_bandwidth_scale = -1; expected a factor in (0, 4], or 0"),
-                       error);
+  CHECK_THROWS_WITH_AS(
+      parse_timing_config("fault_bandwidth_scale = -1", "dev.cfg"),
+      doctest::Contains("dev.cfg: timing_params: fault_bandwidth_scale = -1; expected a factor in (0, 4], or 0"),
+      error);
   CHECK(timing_params{}.fault_bandwidth_scale == 0);  // tied to β by default
   CHECK(parse_timing_config("bandwidth_scale = 2\n", "dev.cfg").fault_scale() == 2);
   CHECK(q.curve.to_list() == "1:1809.9,2:2459.8,4:2457.9,8:2420,12:2360.1,16:2243.9,24:2308.6,32:2254.8");
@@ -303,10 +305,14 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
                        doctest::Contains("dev.cfg: line 2: unknown key 'speed'"), error);
   CHECK_THROWS_WITH_AS(parse_timing_config("overlap = 1.5", "dev.cfg"),
                        doctest::Contains("overlap = 1.5; expected a share in [0, 1]"), error);
-  CHECK_THROWS_WITH_AS(parse_timing_config("lanes = two", "dev.cfg"), "dev.cfg: line 1: lanes: 'two' is not a whole number in decimal digits; expected a whole number from 1 to 64", error);
+  CHECK_THROWS_WITH_AS(
+      parse_timing_config("lanes = two", "dev.cfg"),
+      "dev.cfg: line 1: lanes: 'two' is not a whole number in decimal digits; expected a whole number from 1 to 64",
+      error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_list("1:100,1:200"), doctest::Contains("strictly increasing"), error);
   CHECK_THROWS_WITH_AS(storage_curve::parse_list("2"), doctest::Contains("expected lanes:MiB/s pairs"), error);
-  const storage_curve c = storage_curve::parse_csv("lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n", "x.csv");
+  const storage_curve c =
+      storage_curve::parse_csv("lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n", "x.csv");
   CHECK(c.mib_per_s(2) == 150.0);
   const token_metrics m = parse_token_metrics("step,wall_ms,stall_ms\n1,10.5,2\n# summary\n2,11,3\n", "m.csv");
   CHECK(m.size() == 2);
@@ -325,13 +331,15 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
     CHECK(parse_token_metrics("wall_ms\n20\n10\n", "p.csv").wall_ms == std::vector<double>{20, 10});
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,10\n3,30\n4,40\n", "gap.csv"),
                          "gap.csv: line 3: step 3, but step 2 is missing; expected steps 1 to 3, one row per "
-                         "decode token", error);
+                         "decode token",
+                         error);
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n1,10\n2,20\n2,21\n", "dup.csv"),
                          "dup.csv: line 4: step 2 again (line 3 has it); expected each decode token's step once",
                          error);
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n2,10\n3,20\n", "late.csv"),
                          "late.csv: line 2: step 2, but step 1 is missing; expected steps 1 to 2, one row per "
-                         "decode token", error);
+                         "decode token",
+                         error);
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n0,10\n", "zero.csv"),
                          "zero.csv: line 2, column step: '0' is out of range; expected a whole number >= 1", error);
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms\n-1,10\n", "neg.csv"),
@@ -339,7 +347,8 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
     // a steps column that disagrees with the rows: a file cut short (or two runs merged)
     CHECK_THROWS_WITH_AS(parse_token_metrics("step,steps,wall_ms\n1,3,10\n2,3,20\n", "cut.csv"),
                          "cut.csv: line 2: steps 3 (the run's decode tokens), but the file has 2 rows; expected "
-                         "one row per decode token (a cut or merged file?)", error);
+                         "one row per decode token (a cut or merged file?)",
+                         error);
     CHECK(parse_token_metrics("step,steps,wall_ms\n1,2,10\n2,2,20\n", "ok.csv").size() == 2);
   }
 
@@ -365,8 +374,8 @@ TEST_CASE("calibration recovers known parameters from metrics the model itself p
     for (std::uint16_t l = 0; l < 3; ++l)
       // Misses vary with token and layer (0-6 per layer: one to four waves), so
       // latency (per wave) and overlap (per stalled layer) are separable.
-      loads.push_back(load(t, l, static_cast<std::uint16_t>((t * t * 3 + t * 5 + l * 11u) % 7), shape.expert_bytes(layer_id(l)),
-                           (t * 5 + l) % 4));
+      loads.push_back(load(t, l, static_cast<std::uint16_t>((t * t * 3 + t * 5 + l * 11u) % 7),
+                           shape.expert_bytes(layer_id(l)), (t * 5 + l) % 4));
   const auto ts = simulate_timing(shape, truth, loads);
   token_metrics m;
   for (const auto& x : ts) {
@@ -436,20 +445,20 @@ TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.met
   // few KiB per read: it reads an expert's three tensors at page-aligned extents. On
   // Qwen that is exactly 3 x 4096 bytes per read on 127 of the 128 tokens; on gpt-oss
   // it varies per expert. Either way the replay's reads are within 0.5% of the bytes.
-  for_each_phone_run([](const phone_run& run, const routed_replay_input& in, const dynamic_replay_result& r,
-                        const token_metrics& m) {
-    const auto ts = simulate_timing(in.shape(), timing_params{}, r.decode_loads);
-    REQUIRE(ts.size() == m.size());
-    std::size_t aligned = 0, close = 0;
-    for (std::size_t t = 0; t < ts.size(); ++t) {
-      const double replayed = static_cast<double>(ts[t].demanded_bytes);
-      aligned += m.read_bytes[t] == replayed + 12288.0 * ts[t].demanded_reads;
-      close += m.read_bytes[t] >= replayed && m.read_bytes[t] <= replayed * 1.005;
-    }
-    CAPTURE(run.name);
-    CHECK(close == ts.size());
-    if (std::string(run.name) == "qwen") CHECK(aligned == 127);
-  });
+  for_each_phone_run(
+      [](const phone_run& run, const routed_replay_input& in, const dynamic_replay_result& r, const token_metrics& m) {
+        const auto ts = simulate_timing(in.shape(), timing_params{}, r.decode_loads);
+        REQUIRE(ts.size() == m.size());
+        std::size_t aligned = 0, close = 0;
+        for (std::size_t t = 0; t < ts.size(); ++t) {
+          const double replayed = static_cast<double>(ts[t].demanded_bytes);
+          aligned += m.read_bytes[t] == replayed + 12288.0 * ts[t].demanded_reads;
+          close += m.read_bytes[t] >= replayed && m.read_bytes[t] <= replayed * 1.005;
+        }
+        CAPTURE(run.name);
+        CHECK(close == ts.size());
+        if (std::string(run.name) == "qwen") CHECK(aligned == 127);
+      });
 }
 
 TEST_CASE("calibrated on the first half of the phone's tokens, the model predicts the second half") {
@@ -457,19 +466,19 @@ TEST_CASE("calibrated on the first half of the phone's tokens, the model predict
   // time, mean s/token within 10%. Qwen3-30B at 4000 MiB meets both (asserted). gpt-oss-120b
   // at 3000 MiB does not: its recorded compute alone varies 0.2-12.9 s per token with no
   // relation to routing (docs/wall-clock.md), so only the fit's sanity is asserted there.
-  for_each_phone_run([](const phone_run& run, const routed_replay_input& in, const dynamic_replay_result& r,
-                        const token_metrics& m) {
-    const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, timing_params{});
-    CAPTURE(run.name);
-    CAPTURE(calibration_csv(c));
-    CHECK(c.fit.tokens + c.held_out.tokens == m.size());
-    CHECK(std::abs(c.fit.mean_predicted_ms / c.fit.mean_recorded_ms - 1) < 0.05);
-    // The floor a constant-compute model cannot beat, from the recorded compute alone.
-    if (std::string(run.name) == "gptoss") CHECK(c.compute_floor_pct > 50.0);
-    if (std::string(run.name) == "qwen") {
-      CHECK(c.held_out.median_abs_err_pct <= 15.0);
-      CHECK(std::abs(c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1) <= 0.10);
-      CHECK(std::abs(c.held_out.mean_predicted_ms / 177.0 - 1) <= 0.10);  // the summary's 0.177 s/token
-    }
-  });
+  for_each_phone_run(
+      [](const phone_run& run, const routed_replay_input& in, const dynamic_replay_result& r, const token_metrics& m) {
+        const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, timing_params{});
+        CAPTURE(run.name);
+        CAPTURE(calibration_csv(c));
+        CHECK(c.fit.tokens + c.held_out.tokens == m.size());
+        CHECK(std::abs(c.fit.mean_predicted_ms / c.fit.mean_recorded_ms - 1) < 0.05);
+        // The floor a constant-compute model cannot beat, from the recorded compute alone.
+        if (std::string(run.name) == "gptoss") CHECK(c.compute_floor_pct > 50.0);
+        if (std::string(run.name) == "qwen") {
+          CHECK(c.held_out.median_abs_err_pct <= 15.0);
+          CHECK(std::abs(c.held_out.mean_predicted_ms / c.held_out.mean_recorded_ms - 1) <= 0.10);
+          CHECK(std::abs(c.held_out.mean_predicted_ms / 177.0 - 1) <= 0.10);  // the summary's 0.177 s/token
+        }
+      });
 }

@@ -58,7 +58,8 @@ route_trace toy_trace(std::size_t layers, std::size_t n_expert, std::size_t k, c
   for (std::size_t i = 0; i < prompt.size(); ++i)
     for (std::uint16_t l = 0; l < layers; ++l)
       for (std::uint8_t j = 0; j < k; ++j)
-        row(run_phase::prefill, static_cast<std::uint32_t>(i), l, j, static_cast<std::uint16_t>((prompt[i] + j) % n_expert));
+        row(run_phase::prefill, static_cast<std::uint32_t>(i), l, j,
+            static_cast<std::uint16_t>((prompt[i] + j) % n_expert));
   for (std::size_t tok = 0; tok < decode.size(); ++tok)
     for (std::uint16_t l = 0; l < layers; ++l)
       for (std::uint8_t j = 0; j < decode[tok][l].size(); ++j)
@@ -106,8 +107,8 @@ TEST_CASE("each lab configuration maps to its model, by hand") {
   CHECK_THROWS_WITH_AS(map_lab_config(lab_config::exact, quick_setup(150)),
                        doctest::Contains("leaves -26.250000 MiB for the page cache"), error);
   CHECK(parse_lab_config("degraded") == lab_config::degraded);
-  CHECK_THROWS_WITH_AS(parse_lab_config("resident-all"), doctest::Contains("lab configuration 'resident-all'; expected"),
-                       error);
+  CHECK_THROWS_WITH_AS(parse_lab_config("resident-all"),
+                       doctest::Contains("lab configuration 'resident-all'; expected"), error);
 }
 
 TEST_CASE("the read-around page cache: a fault reads the window around it, the LRU evicts") {
@@ -492,8 +493,8 @@ TEST_CASE("calibrated on one lab cell's own predicted timings, the fit recovers 
   start.lanes = 2;
   calibration_options co;
   co.split = calibration_split::all;
-  co.free = static_cast<unsigned>(timing_param::compute_ms_per_token) | static_cast<unsigned>(timing_param::read_latency_ms) |
-            static_cast<unsigned>(timing_param::overlap);
+  co.free = static_cast<unsigned>(timing_param::compute_ms_per_token) |
+            static_cast<unsigned>(timing_param::read_latency_ms) | static_cast<unsigned>(timing_param::overlap);
   const calibration_result c = calibrate_timing(t.shape(), p.loads, m, start, co);
   CHECK(c.fit.tokens == 40);
   CHECK(c.held_out.tokens == 0);
@@ -539,8 +540,8 @@ TEST_CASE("the lab's calibration fits the wall alone: a probe's stall that holds
   start.curve = truth.curve;
   start.lanes = 2;
   start.overlap = 0;
-  const unsigned free = static_cast<unsigned>(timing_param::compute_ms_per_token) |
-                        static_cast<unsigned>(timing_param::read_latency_ms);
+  const unsigned free =
+      static_cast<unsigned>(timing_param::compute_ms_per_token) | static_cast<unsigned>(timing_param::read_latency_ms);
   const calibration_result c = calibrate_lab(t, lab_config::exact, s, m, start, free);
   CHECK(c.free == std::vector<std::string>{"compute_ms_per_token", "read_latency_ms"});
   CHECK(params_on_bound(c).empty());
@@ -578,7 +579,9 @@ TEST_CASE("the lab's calibration fits the wall alone: a probe's stall that holds
   CHECK(cf.params.curve.to_list() == truth.curve.to_list());
 }
 
-TEST_CASE("with the eval thread's user and kernel time, the lab's calibration pins compute, kernel CPU per MiB and bandwidth apart") {
+TEST_CASE(
+    "with the eval thread's user and kernel time, the lab's calibration pins compute, kernel CPU per MiB and bandwidth "
+    "apart") {
   // The probe's cpu_ms = user + sys; sys_ms is the kernel's part. Made here
   // from the model itself with κ = 0.4 ms per MiB and β = 1.5 on a flat
   // curve, where the reads' time and the kernel's are both proportional to
@@ -617,9 +620,9 @@ TEST_CASE("with the eval thread's user and kernel time, the lab's calibration pi
   CHECK(w.free == std::vector<std::string>{"compute_ms_per_token", "bandwidth_scale"});
   CHECK(w.params.read_cpu_ms_per_mib == 0);
   // ... and nothing else is left free when only κ was asked for.
-  CHECK_THROWS_WITH_AS(calibrate_lab(t, lab_config::exact, s, old, start,
-                                     static_cast<unsigned>(timing_param::read_cpu_ms_per_mib)),
-                       doctest::Contains("needs the metrics' sys_ms"), error);
+  CHECK_THROWS_WITH_AS(
+      calibrate_lab(t, lab_config::exact, s, old, start, static_cast<unsigned>(timing_param::read_cpu_ms_per_mib)),
+      doctest::Contains("needs the metrics' sys_ms"), error);
 }
 
 namespace {
@@ -825,7 +828,8 @@ TEST_CASE("the manager's cost measured with every expert resident: per request a
                        doctest::Contains("the resident-all run has no decode token"), error);
 }
 
-TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins compute, kernel CPU per MiB and bandwidth") {
+TEST_CASE(
+    "calibrated with the manager's measured cost, the lab's fit still pins compute, kernel CPU per MiB and bandwidth") {
   // Metrics made by the model with ν_q = 0.2 ms per request, of which 0.05 in
   // the kernel: the eval thread's sys_ms is κ × MiB + 0.05 × requests. The
   // fit must add the 0.15 off the CPU to its kernel-time target; without
@@ -853,7 +857,9 @@ TEST_CASE("calibrated with the manager's measured cost, the lab's fit still pins
   CHECK(std::abs(w.params.read_cpu_ms_per_mib - 0.4) > 1e-2);
 }
 
-TEST_CASE("the manager's user time leaves the compute target: C is the engine's compute, the manager's calls are not counted twice") {
+TEST_CASE(
+    "the manager's user time leaves the compute target: C is the engine's compute, the manager's calls are not counted "
+    "twice") {
   // Metrics made by the model with ν_q = 0.2 ms per request: 0.05 in the
   // kernel, 0.1 in the eval thread's user time, 0.05 off the CPU. The eval
   // thread's user time is then C + 0.1 × requests; the fit must take that
@@ -939,7 +945,9 @@ TEST_CASE("append_token_metrics: a column one run lacks is NaN for its rows") {
   CHECK(std::isnan(a.sys_ms[2]));
 }
 
-TEST_CASE("the fault path's own bandwidth scale: untied, a fault cell fits β_f and hands β back, a lanes cell the other way round") {
+TEST_CASE(
+    "the fault path's own bandwidth scale: untied, a fault cell fits β_f and hands β back, a lanes cell the other way "
+    "round") {
   // Metrics made by the model on the drift trace with β = 1.5 for the
   // manager's lanes and β_f = 0.6 for the faults, κ = 0.4 ms per MiB, C = 30.
   const route_trace t = drift_trace();

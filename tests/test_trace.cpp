@@ -29,7 +29,6 @@
 
 #include "support.hpp"
 
-
 using namespace moe_residency;
 
 namespace {
@@ -73,13 +72,15 @@ std::vector<ref_batch> reference_batches(const route_trace& t) {
       groups;
   for (const trace_row& r : t.rows) {
     const bool decode = r.phase == run_phase::decode;
-    groups[{r.turn, decode ? 1 : 0, decode ? r.step : 0, to_index(r.layer)}][{r.step, r.slot}] =
-        to_index(r.expert);
+    groups[{r.turn, decode ? 1 : 0, decode ? r.step : 0, to_index(r.layer)}][{r.step, r.slot}] = to_index(r.expert);
   }
   std::vector<ref_batch> out;
   for (const auto& [key, members] : groups) {
-    ref_batch b{std::get<1>(key) ? run_phase::decode : run_phase::prefill, std::get<0>(key),
-                members.begin()->first.first, std::get<3>(key), {}};
+    ref_batch b{std::get<1>(key) ? run_phase::decode : run_phase::prefill,
+                std::get<0>(key),
+                members.begin()->first.first,
+                std::get<3>(key),
+                {}};
     for (const auto& m : members) b.ids.push_back(m.second);
     out.push_back(b);
   }
@@ -288,8 +289,9 @@ TEST_CASE("weights: nan round-trips; non-canonical text is counted, not hidden")
     // A hand-built trace too (the binary reader: tests/test_trace_errors.cpp).
     route_trace t = parse_route_trace_csv(row("0.5"), "w.csv");
     t.rows[2].weight = -1.0f;
-    CHECK_THROWS_WITH_AS(validate_route_trace(t, "hand"), doctest::Contains("hand: rows[2], column weight: weight -1 "
-                                                                            "is negative"),
+    CHECK_THROWS_WITH_AS(validate_route_trace(t, "hand"),
+                         doctest::Contains("hand: rows[2], column weight: weight -1 "
+                                           "is negative"),
                          error);
   }
   SUBCASE("0.50 and 5e-1 parse as 0.5 and are reported as non-canonical") {
@@ -369,9 +371,8 @@ TEST_CASE("small traces: dropped column, dense layers, ubatches, multi-turn") {
     const load_batches lb = group_load_batches(t);
     // (phase, turn, step, layer, first, count)
     const std::vector<std::tuple<int, int, int, int, int, int>> want = {
-        {0, 0, 0, 0, 0, 2}, {0, 0, 0, 1, 2, 2}, {0, 0, 2, 0, 4, 1}, {0, 0, 2, 1, 5, 1},
-        {1, 0, 3, 0, 6, 1}, {1, 0, 3, 1, 7, 1}, {0, 1, 4, 0, 8, 2}, {0, 1, 5, 1, 10, 1},
-        {1, 1, 6, 0, 11, 1}, {1, 1, 6, 1, 12, 1}};
+        {0, 0, 0, 0, 0, 2}, {0, 0, 0, 1, 2, 2}, {0, 0, 2, 0, 4, 1},  {0, 0, 2, 1, 5, 1},  {1, 0, 3, 0, 6, 1},
+        {1, 0, 3, 1, 7, 1}, {0, 1, 4, 0, 8, 2}, {0, 1, 5, 1, 10, 1}, {1, 1, 6, 0, 11, 1}, {1, 1, 6, 1, 12, 1}};
     REQUIRE(lb.batches.size() == want.size());
     for (std::size_t i = 0; i < want.size(); ++i) {
       const load_batch& b = lb.batches[i];
@@ -429,10 +430,9 @@ TEST_CASE("binary and CSV are told apart by content") {
   CHECK(to_csv(read_route_trace(bin_path)) == text);
   std::remove(csv_path.c_str());
   std::remove(bin_path.c_str());
-  CHECK_THROWS_WITH_AS(read_route_trace("no/such/trace.csv"),
-                       doctest::Contains("no/such/trace.csv: cannot open"), error);
+  CHECK_THROWS_WITH_AS(read_route_trace("no/such/trace.csv"), doctest::Contains("no/such/trace.csv: cannot open"),
+                       error);
 }
-
 
 // ---------------------------------------------------------------------------
 // The validated-trace contract and the smells fixed in the trace split.
@@ -451,10 +451,11 @@ const char* const tiny_csv =
 // Only the parsers and validate_route_trace make one; it cannot be edited.
 static_assert(!std::is_default_constructible<validated_route_trace>::value, "validated only by the library");
 static_assert(!std::is_constructible<validated_route_trace, route_trace>::value, "validated only by the library");
-static_assert(!std::is_constructible<validated_route_trace, const route_trace&>::value, "validated only by the library");
-static_assert(std::is_same<decltype(std::declval<const validated_route_trace&>().rows()),
-                           const std::vector<trace_row>&>::value,
-              "rows are read-only");
+static_assert(!std::is_constructible<validated_route_trace, const route_trace&>::value,
+              "validated only by the library");
+static_assert(
+    std::is_same<decltype(std::declval<const validated_route_trace&>().rows()), const std::vector<trace_row>&>::value,
+    "rows are read-only");
 // The old spelling keeps compiling: a parse result converts into an open route_trace.
 static_assert(std::is_convertible<validated_route_trace&&, route_trace>::value, "source compatibility");
 

@@ -25,34 +25,34 @@ namespace {
 // A valid trace: 3 layers, 16 experts, top-2; a 2-token prompt (layer 2 only
 // for the last token), then decode tokens 2 and 3.
 const std::vector<std::string> base_lines = {
-    "# route_trace v1",                                                   // 1
+    "# route_trace v1",                                                    // 1
     "# model=m.gguf arch=qwen3moe n_layer=3 n_expert=16 n_expert_used=2",  // 2
-    "# layer=0 expert_bytes=1000 dense_bytes=50",                         // 3
-    "# layer=1 expert_bytes=2000 dense_bytes=50",                         // 4
-    "# layer=2 expert_bytes=1000 dense_bytes=50",                         // 5
-    "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes",    // 6
-    "0,0,0,0,0,5,0.6,0,1000",                                             // 7
-    "0,0,0,0,1,9,0.4,0,1000",                                             // 8
-    "0,0,1,0,0,5,0.7,0,0",                                                // 9
-    "0,0,1,0,1,3,0.3,0,1000",                                             // 10
-    "0,0,0,1,0,2,0.5,0,2000",                                             // 11
-    "0,0,0,1,1,1,0.5,0,2000",                                             // 12
-    "0,0,1,1,0,2,0.9,0,0",                                                // 13
-    "0,0,1,1,1,4,0.1,0,2000",                                             // 14
-    "0,0,1,2,0,7,0.8,0,1000",                                             // 15
-    "0,0,1,2,1,8,0.2,0,1000",                                             // 16
-    "0,1,2,0,0,5,0.6,1,0",                                                // 17
-    "0,1,2,0,1,6,0.4,0,1000",                                             // 18
-    "0,1,2,1,0,2,0.5,1,0",                                                // 19
-    "0,1,2,1,1,3,nan,0,2000",                                             // 20
-    "0,1,2,2,0,7,0.8,1,0",                                                // 21
-    "0,1,2,2,1,8,0.2,1,0",                                                // 22
-    "0,1,3,0,0,5,0.6,1,0",                                                // 23
-    "0,1,3,0,1,6,0.4,1,0",                                                // 24
-    "0,1,3,1,0,2,0.5,1,0",                                                // 25
-    "0,1,3,1,1,3,0.5,1,0",                                                // 26
-    "0,1,3,2,0,7,0.8,1,0",                                                // 27
-    "0,1,3,2,1,8,0.2,1,0",                                                // 28
+    "# layer=0 expert_bytes=1000 dense_bytes=50",                          // 3
+    "# layer=1 expert_bytes=2000 dense_bytes=50",                          // 4
+    "# layer=2 expert_bytes=1000 dense_bytes=50",                          // 5
+    "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes",     // 6
+    "0,0,0,0,0,5,0.6,0,1000",                                              // 7
+    "0,0,0,0,1,9,0.4,0,1000",                                              // 8
+    "0,0,1,0,0,5,0.7,0,0",                                                 // 9
+    "0,0,1,0,1,3,0.3,0,1000",                                              // 10
+    "0,0,0,1,0,2,0.5,0,2000",                                              // 11
+    "0,0,0,1,1,1,0.5,0,2000",                                              // 12
+    "0,0,1,1,0,2,0.9,0,0",                                                 // 13
+    "0,0,1,1,1,4,0.1,0,2000",                                              // 14
+    "0,0,1,2,0,7,0.8,0,1000",                                              // 15
+    "0,0,1,2,1,8,0.2,0,1000",                                              // 16
+    "0,1,2,0,0,5,0.6,1,0",                                                 // 17
+    "0,1,2,0,1,6,0.4,0,1000",                                              // 18
+    "0,1,2,1,0,2,0.5,1,0",                                                 // 19
+    "0,1,2,1,1,3,nan,0,2000",                                              // 20
+    "0,1,2,2,0,7,0.8,1,0",                                                 // 21
+    "0,1,2,2,1,8,0.2,1,0",                                                 // 22
+    "0,1,3,0,0,5,0.6,1,0",                                                 // 23
+    "0,1,3,0,1,6,0.4,1,0",                                                 // 24
+    "0,1,3,1,0,2,0.5,1,0",                                                 // 25
+    "0,1,3,1,1,3,0.5,1,0",                                                 // 26
+    "0,1,3,2,0,7,0.8,1,0",                                                 // 27
+    "0,1,3,2,1,8,0.2,1,0",                                                 // 28
 };
 
 std::string join(const std::vector<std::string>& lines) {
@@ -132,8 +132,8 @@ void reseal(std::string& b) {
   unsigned char* sums = p + first + 20 * n;
   detail::store_le<std::uint64_t>(sums, detail::xxh64(p, first));
   for (std::size_t k = 0; 4096 * k < n; ++k)
-    detail::store_le<std::uint64_t>(sums + 8 + 8 * k,
-                                    detail::xxh64(p + first + 20 * 4096 * k, 20 * std::min<std::size_t>(4096, n - 4096 * k)));
+    detail::store_le<std::uint64_t>(
+        sums + 8 + 8 * k, detail::xxh64(p + first + 20 * 4096 * k, 20 * std::min<std::size_t>(4096, n - 4096 * k)));
 }
 
 }  // namespace
@@ -154,9 +154,9 @@ TEST_CASE("the base fixture is valid (so each error below is the one defect)") {
 
 TEST_CASE("CSV: magic and header lines") {
   SUBCASE("empty file") {
-    CHECK_THROWS_WITH_AS(parse(""),
-                         "t.csv: line 1, column 1: empty file; expected '# route_trace v1' (CSV) or a binary route trace",
-                         error);
+    CHECK_THROWS_WITH_AS(
+        parse(""), "t.csv: line 1, column 1: empty file; expected '# route_trace v1' (CSV) or a binary route trace",
+        error);
   }
   SUBCASE("missing magic line") {
     CHECK_THROWS_WITH_AS(parse(without_line(1)),
@@ -166,8 +166,7 @@ TEST_CASE("CSV: magic and header lines") {
   }
   SUBCASE("one replaced line each (defect, line, text, message)") {
     check_line_cases({
-        {"unknown version", 1, "# route_trace v2",
-         "t.csv: line 1, column 2: unsupported version 'v2'; expected 'v1'"},
+        {"unknown version", 1, "# route_trace v2", "t.csv: line 1, column 2: unsupported version 'v2'; expected 'v1'"},
         {"CRLF line endings are named", 1, "# route_trace v1\r",
          "t.csv: line 1, column 2: unsupported version 'v1\\r'; expected 'v1' (the file has CRLF "
          "line endings; expected LF)"},
@@ -260,16 +259,12 @@ TEST_CASE("CSV: row fields") {
          "t.csv: line 9, column 4: layer is empty; expected an unsigned integer"},
         {"negative number", 9, "-1,0,1,0,0,5,0.7,0,0",
          "t.csv: line 9, column 1: turn '-1' is negative; expected an unsigned integer"},
-        {"too few columns", 9, "0,0,1,0,0,5,0.7,0",
-         "t.csv: line 9, column 9: row has 8 fields; expected 9"},
-        {"too many columns", 9, "0,0,1,0,0,5,0.7,0,0,0",
-         "t.csv: line 9, column 10: row has 10 fields; expected 9"},
-        {"a row with only a few fields", 9, "0,0,1",
-         "t.csv: line 9, column 4: row has 3 fields; expected 9"},
+        {"too few columns", 9, "0,0,1,0,0,5,0.7,0", "t.csv: line 9, column 9: row has 8 fields; expected 9"},
+        {"too many columns", 9, "0,0,1,0,0,5,0.7,0,0,0", "t.csv: line 9, column 10: row has 10 fields; expected 9"},
+        {"a row with only a few fields", 9, "0,0,1", "t.csv: line 9, column 4: row has 3 fields; expected 9"},
         {"expert id out of range", 9, "0,0,1,0,0,16,0.7,0,0",
          "t.csv: line 9, column 6: expert 16 out of range [0, 16)"},
-        {"layer out of range", 16, "0,0,1,3,1,8,0.2,0,1000",
-         "t.csv: line 16, column 4: layer 3 out of range [0, 3)"},
+        {"layer out of range", 16, "0,0,1,3,1,8,0.2,0,1000", "t.csv: line 16, column 4: layer 3 out of range [0, 3)"},
         {"slot >= n_expert_used", 9, "0,0,1,0,2,5,0.7,0,0",
          "t.csv: line 9, column 5: slot 2 out of range [0, 2) (n_expert_used=2)"},
         {"slot > 32 (beyond any routing the library holds)", 9, "0,0,1,0,33,5,0.7,0,0",
@@ -302,12 +297,12 @@ TEST_CASE("CSV: row fields") {
     lines[5] += ",dropped";
     for (std::size_t i = 6; i < lines.size(); ++i) lines[i] += ",0";
     lines[8] = "0,0,1,0,0,5,0.7,0,0,2";
-    CHECK_THROWS_WITH_AS(parse(join(lines)),
-                         "t.csv: line 9, column 10: dropped 2 out of range; expected 0 or 1", error);
+    CHECK_THROWS_WITH_AS(parse(join(lines)), "t.csv: line 9, column 10: dropped 2 out of range; expected 0 or 1",
+                         error);
   }
   SUBCASE("empty line and comment among the rows") {
-    CHECK_THROWS_WITH_AS(parse(with_inserted(9, "")),
-                         "t.csv: line 9, column 1: empty line; expected a row of 9 fields", error);
+    CHECK_THROWS_WITH_AS(parse(with_inserted(9, "")), "t.csv: line 9, column 1: empty line; expected a row of 9 fields",
+                         error);
     CHECK_THROWS_WITH_AS(parse(with_inserted(9, "# note")),
                          "t.csv: line 9, column 1: comment line '# note' after the column header; expected a row",
                          error);
@@ -509,8 +504,7 @@ TEST_CASE("binary: magic, version, truncation, records") {
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, good.size() - 7), "t.bin"),
                          "t.bin: truncated: 449 bytes of records and checksums for 22 rows; expected 456", error);
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(good.substr(0, good.size() - 30), "t.bin"),
-                         "t.bin: truncated: 426 bytes of records for 22 rows; expected 440 and their checksums",
-                         error);
+                         "t.bin: truncated: 426 bytes of records for 22 rows; expected 440 and their checksums", error);
     const std::string v1 = binary_v1_of(t);
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(v1.substr(0, v1.size() - 7), "t.bin"),
                          "t.bin: truncated: 433 bytes of records for 22 rows; expected 440", error);
@@ -531,15 +525,16 @@ TEST_CASE("binary: magic, version, truncation, records") {
   SUBCASE("a record's weight: negative or infinite is refused, by the scan as by the exact pass; -0 and NaN pass") {
     for (std::uint32_t bits : {0xbf800000u, 0x7f800000u, 0xff800000u, 0x80000001u, 0x80000000u, 0xffc00000u}) {
       std::string b = good;
-      for (int i = 0; i < 4; ++i) b[120 + 3 * 20 + 8 + static_cast<std::size_t>(i)] = static_cast<char>(bits >> (8 * i));
+      for (int i = 0; i < 4; ++i)
+        b[120 + 3 * 20 + 8 + static_cast<std::size_t>(i)] = static_cast<char>(bits >> (8 * i));
       reseal(b);
       const bool valid = bits == 0x80000000u || bits == 0xffc00000u;  // -0, -nan
       CHECK(detail::weight_bits_in_domain(bits) == valid);
       if (valid) {
         CHECK(parse_route_trace_binary(b, "t.bin").rows().size() == 22);
       } else {
-        CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"), doctest::Contains("t.bin: record 3, column weight: weight "),
-                             error);
+        CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
+                             doctest::Contains("t.bin: record 3, column weight: weight "), error);
         CHECK_THROWS_WITH_AS(detail::parse_route_trace_binary_with(b, "t.bin", detail::binary_rows_pass::exact),
                              doctest::Contains("t.bin: record 3, column weight: weight "), error);
       }
@@ -605,7 +600,7 @@ TEST_CASE("read_route_trace checks a file's head before reading the rest, with t
     const std::string from_file = verdict([&] { (void)read_route_trace(path, [](auto&&) {}); });
     const std::string in_memory = verdict([&] {
       (void)(!f.empty() && static_cast<unsigned char>(f[0]) == 0x89 ? parse_route_trace_binary(f, path, [](auto&&) {})
-                                                                      : parse_route_trace_csv(f, path));
+                                                                    : parse_route_trace_csv(f, path));
     });
     REQUIRE_MESSAGE(from_file == in_memory, "a file of ", f.size(), " bytes");
     refused += from_file != "accepted";
@@ -620,9 +615,7 @@ TEST_CASE("read_route_trace refuses a huge sparse file from its head, without re
   // the trace's message.
   const std::string path = "test_trace_errors_sparse.trace";
   const std::uint64_t tib = std::uint64_t{1} << 40;
-  {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  }
+  { std::ofstream f(path, std::ios::binary | std::ios::trunc); }
   std::error_code ec;
   std::filesystem::resize_file(path, tib, ec);
   if (ec) {
@@ -630,8 +623,8 @@ TEST_CASE("read_route_trace refuses a huge sparse file from its head, without re
     std::remove(path.c_str());
     return;
   }
-  CHECK_THROWS_WITH_AS(read_route_trace(path), doctest::Contains((path + ": line 1, column 1: missing magic line").c_str()),
-                       error);
+  CHECK_THROWS_WITH_AS(read_route_trace(path),
+                       doctest::Contains((path + ": line 1, column 1: missing magic line").c_str()), error);
   const route_trace t = parse(join(base_lines));
   {
     std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
@@ -688,8 +681,9 @@ TEST_CASE("binary: a damaged byte is caught by its block's checksum, even where 
     CHECK(read.binary_version() == 1);
     CHECK(detail::float_bits(read.rows()[5].weight) != detail::float_bits(t.rows[5].weight));
     REQUIRE(warnings.size() == 1);
-    CHECK(warnings[0] == "old.bin: binary trace version 1 has no checksums, so a damaged byte that still parses goes "
-                         "unnoticed; rewrite it as version 2 (moe-residency convert --to binary)");
+    CHECK(warnings[0] ==
+          "old.bin: binary trace version 1 has no checksums, so a damaged byte that still parses goes "
+          "unnoticed; rewrite it as version 2 (moe-residency convert --to binary)");
     std::string b = good;
     b[120 + 5 * 20 + 8] ^= 0x10;
     CHECK_THROWS_WITH_AS(parse_route_trace_binary(b, "t.bin"),
@@ -854,10 +848,9 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
       bool same = a.size() == b.size();
       for (std::size_t i = 0; same && i < a.size(); ++i) {
         const trace_row &x = a[i], &y = b[i];
-        same = x.turn == y.turn && x.phase == y.phase && x.step == y.step && x.layer == y.layer &&
-               x.slot == y.slot && x.expert == y.expert &&
-               detail::float_bits(x.weight) == detail::float_bits(y.weight) && x.residency == y.residency &&
-               x.expert_bytes == y.expert_bytes && x.dropped == y.dropped;
+        same = x.turn == y.turn && x.phase == y.phase && x.step == y.step && x.layer == y.layer && x.slot == y.slot &&
+               x.expert == y.expert && detail::float_bits(x.weight) == detail::float_bits(y.weight) &&
+               x.residency == y.residency && x.expert_bytes == y.expert_bytes && x.dropped == y.dropped;
       }
       return same;
     };
@@ -906,13 +899,13 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
           }
         if (!slow) continue;
         rows_differ += !same_rows(parse_route_trace_binary(b, "t.bin").rows(), exact);
-        stores_differ += !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::words>{}),
-                                    exact);
-        stores_differ += !same_rows(
-            decoded(b, std::integral_constant<detail::row_store, detail::row_store::members>{}), exact);
+        stores_differ +=
+            !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::words>{}), exact);
+        stores_differ +=
+            !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::members>{}), exact);
 #if MOE_RESIDENCY_BINARY_SCAN_VECTOR
-        stores_differ += !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::lanes>{}),
-                                    exact);
+        stores_differ +=
+            !same_rows(decoded(b, std::integral_constant<detail::row_store, detail::row_store::lanes>{}), exact);
 #endif
       }
     }
@@ -922,8 +915,8 @@ TEST_CASE("binary: the reader's scan accepts exactly the records the exact pass 
     CHECK(stores_differ == 0);
     CHECK(values_differ == 0);
     CHECK(values_refused > cases / 4);  // the value checks alone refuse much of the damage
-    CHECK(accepted > 0);          // harmless damage exists (a weight byte)
-    CHECK(accepted < cases / 2);  // and most is caught
+    CHECK(accepted > 0);                // harmless damage exists (a weight byte)
+    CHECK(accepted < cases / 2);        // and most is caught
   }
 }
 
@@ -1047,7 +1040,8 @@ void damage_records(std::string& b, std::size_t first, const trace_header& h, st
 
 }  // namespace
 
-TEST_CASE("binary: the reader and its exact twin agree on random traces and random damage, row for row and word for word") {
+TEST_CASE(
+    "binary: the reader and its exact twin agree on random traces and random damage, row for row and word for word") {
   // The reader (scan in chunks of 512, then decode) against the exact pass
   // alone (each record decoded and run through trace_row_checker, the
   // reader's whole reference): on random valid traces and on the same traces
@@ -1095,8 +1089,7 @@ TEST_CASE("binary: the reader and its exact twin agree on random traces and rand
         fast_message = e.what();
       }
       try {
-        exact_rows =
-            detail::parse_route_trace_binary_with(b, "r.bin", detail::binary_rows_pass::exact).rows();
+        exact_rows = detail::parse_route_trace_binary_with(b, "r.bin", detail::binary_rows_pass::exact).rows();
       } catch (const error& e) {
         exact_message = e.what();
       }
@@ -1179,15 +1172,16 @@ TEST_CASE("binary: the scanner's (phase, residency, bits) slot is one to one on 
   for (std::uint32_t phase = 0; phase < 2; ++phase)
     for (std::uint32_t residency = 0; residency < 4; ++residency)
       for (std::uint32_t bits = 0; bits < 8; ++bits) {
-        const std::uint32_t slot =
-            detail::binary_record_scanner::combo_index(phase | residency << 8 | bits << 16);
+        const std::uint32_t slot = detail::binary_record_scanner::combo_index(phase | residency << 8 | bits << 16);
         REQUIRE(slot < 64);
         ++seen[slot];
       }
   CHECK(std::count(seen.begin(), seen.end(), 1) == 64);
 }
 
-TEST_CASE("header strings: a model name of any length round-trips whole; past the binary form's 32-bit length it is refused") {
+TEST_CASE(
+    "header strings: a model name of any length round-trips whole; past the binary form's 32-bit length it is "
+    "refused") {
   // Issue 11: the llama.cpp adapter read GGUF metadata into 256 bytes, so a model
   // name was cut at 255 silently (tests/llama_cpp/test_llama_cpp_files.cpp holds
   // the adapter to the whole name). Here the trace forms themselves: 300 bytes
@@ -1260,7 +1254,9 @@ route_trace long_trace(bool dropped_column) {
 
 }  // namespace
 
-TEST_CASE("binary: a long trace decodes to its rows, and defects at the reader's chunk boundaries get the exact pass's message") {
+TEST_CASE(
+    "binary: a long trace decodes to its rows, and defects at the reader's chunk boundaries get the exact pass's "
+    "message") {
   // The reader checks and decodes in chunks of 512 records, its scan state
   // (the routing, the per-expert stamps, the row order) carried from one
   // chunk to the next. The traces above are mostly shorter than a chunk;

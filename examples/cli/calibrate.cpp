@@ -35,7 +35,8 @@ void run(const calibrate_args& a) {
     moe_residency_cli::check_output_path(a.write_config, "--write-config",
                                          {{"--trace", a.trace}, {"--metrics", a.metrics}, {"--config", a.config}});
   timing_params start;
-  if (!a.config.empty()) start = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
+  if (!a.config.empty())
+    start = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const token_metrics m = parse_token_metrics(moe_residency_cli::read_whole_file(a.metrics, "--metrics"), a.metrics);
   const routed_replay_input in = routed_replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
   dynamic_replay_options o;
@@ -55,8 +56,8 @@ void run(const calibrate_args& a) {
     moe_residency_cli::write_output_file(
         a.write_config, "--write-config", {{"--trace", a.trace}, {"--metrics", a.metrics}, {"--config", a.config}},
         [&](std::ostream& f) {
-          f << "# moe-residency calibrate --trace " << a.trace << " --metrics " << a.metrics << " --budget "
-            << a.budget << " --policy " << a.policy << " --split " << a.split << "\n"
+          f << "# moe-residency calibrate --trace " << a.trace << " --metrics " << a.metrics << " --budget " << a.budget
+            << " --policy " << a.policy << " --split " << a.split << "\n"
             << format_timing_config(c.params);
         });
   std::string fitted;
@@ -68,8 +69,8 @@ void run(const calibrate_args& a) {
     return;
   }
   char buf[256];
-  std::cout << in.shape().name() << " (" << a.trace << "), " << a.policy << " at " << a.budget << " MiB: "
-            << m.size() << " decode tokens; "
+  std::cout << in.shape().name() << " (" << a.trace << "), " << a.policy << " at " << a.budget << " MiB: " << m.size()
+            << " decode tokens; "
             << (co.split == calibration_split::halves ? "fitted on the first half, scored on the second"
                 : co.split == calibration_split::all  ? "every token fitted, none held out"
                                                       : "fitted on even tokens, scored on odd ones")
@@ -97,8 +98,7 @@ void run(const calibrate_args& a) {
 }
 
 const moe_residency_cli::command_registrar reg{
-    "calibrate", "Fit the timing model to recorded per-token metrics; score it on held-out tokens",
-    [](CLI::App& sub) {
+    "calibrate", "Fit the timing model to recorded per-token metrics; score it on held-out tokens", [](CLI::App& sub) {
       auto a = std::make_shared<calibrate_args>();
       sub.add_option("--trace", a->trace, "route trace of the run, CSV or binary; - for standard input")->required();
       sub.add_option("--metrics", a->metrics, "the run's per-token metrics CSV (wall_ms, stall_ms, mgmt_ms, ...)")

@@ -36,8 +36,7 @@ inline std::vector<command>& commands() {
 
 /// `static const command_registrar reg{"name", "what it does", setup};` in a .cpp.
 struct command_registrar {
-  command_registrar(std::string name, std::string description,
-                    std::function<void(CLI::App&)> setup) {
+  command_registrar(std::string name, std::string description, std::function<void(CLI::App&)> setup) {
     commands().push_back({std::move(name), std::move(description), std::move(setup)});
   }
 };
@@ -87,7 +86,8 @@ inline moe_residency::validated_route_trace read_trace(const std::string& path) 
 /// measurement. `decode_tokens` counts the trace's decode tokens.
 inline void require_decode_tokens(std::size_t decode_tokens, const std::string& path) {
   if (decode_tokens == 0)
-    throw moe_residency::error(path + ": no decode tokens (the trace holds only prefill rows); expected decode rows, "
+    throw moe_residency::error(path +
+                               ": no decode tokens (the trace holds only prefill rows); expected decode rows, "
                                "since this command reports figures per decode token");
 }
 

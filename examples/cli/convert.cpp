@@ -18,9 +18,10 @@ using moe_residency_cli::check_output_path;
 using moe_residency_cli::write_output_file;
 
 void convert(const std::string& in, const std::string& out, std::string to) {
-  if (!to.empty() && to != "csv" && to != "binary") throw error("--to: unknown form '" + to + "'; expected csv or binary");
+  if (!to.empty() && to != "csv" && to != "binary")
+    throw error("--to: unknown form '" + to + "'; expected csv or binary");
   const bool to_stdout = out == "-";
-  if (!to_stdout) check_output_path(out, "--out", {{"--in", in}});  // before the input is read
+  if (!to_stdout) check_output_path(out, "--out", {{"--in", in}});    // before the input is read
   const validated_route_trace t = moe_residency_cli::read_trace(in);  // validated once, written without a second pass
   if (to.empty()) to = t.binary_version() != 0 ? "csv" : "binary";
   if (t.noncanonical_weights())
@@ -73,8 +74,8 @@ void trace_info(const std::string& path) {
     dropped += r.dropped == 1;
     if (i == 0 || r.turn != rows[i - 1].turn) ++turns;
   }
-  std::printf("rows: %zu (prefill %zu, decode %zu) in %zu turn(s)%s\n", rows.size(), rows_by_phase[0],
-              rows_by_phase[1], turns, h.has_dropped_column ? "" : "; no dropped column");
+  std::printf("rows: %zu (prefill %zu, decode %zu) in %zu turn(s)%s\n", rows.size(), rows_by_phase[0], rows_by_phase[1],
+              turns, h.has_dropped_column ? "" : "; no dropped column");
   if (h.has_dropped_column) std::printf("dropped: %zu\n", dropped);
 
   const load_batches lb = group_load_batches(t);
@@ -94,8 +95,8 @@ void trace_info(const std::string& path) {
   std::printf("decode tokens: %zu\n", decode_tokens);
   const trace_routings tr = collect_routings(t);
   std::printf("routings: %zu (%zu declined, wider than 32)\n", tr.routings.size(), tr.declined);
-  std::printf("recorded residency (rows): %zu miss, %zu hit, %zu speculative hit\n", by_residency[0],
-              by_residency[1], by_residency[2]);
+  std::printf("recorded residency (rows): %zu miss, %zu hit, %zu speculative hit\n", by_residency[0], by_residency[1],
+              by_residency[2]);
   std::printf("recorded expert reads: prefill %.1f MiB, decode %.1f MiB (%.2f MiB per decode token)\n",
               to_mib(read_bytes[0]), to_mib(read_bytes[1]),
               decode_tokens ? to_mib(read_bytes[1]) / static_cast<double>(decode_tokens) : 0.0);

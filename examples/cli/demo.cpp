@@ -35,9 +35,9 @@ struct demo_args {
   std::size_t lanes = 2;
   std::size_t cap = 2;
   std::size_t horizon = 1;
-  double drop = 0;            // F; 0 = dropping off
+  double drop = 0;              // F; 0 = dropping off
   bool no_speculation = false;  // the control arm of a matched pair
-  double compute_ms = 0;      // simulated compute per MoE layer (what speculation overlaps)
+  double compute_ms = 0;        // simulated compute per MoE layer (what speculation overlaps)
   double flash_mibps = 2459.8;
   double lane_mibps = 1809.9;
 };
@@ -48,8 +48,7 @@ struct demo_args {
 // prefetch lines, then the decode speed.
 using streamed_speculation = speculation<expert_cache<lru_policy>, 0>;
 using streamed_session =
-    session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>,
-            streamed_speculation>;
+    session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>, streamed_speculation>;
 
 void run_streamed(const demo_args& a, const synthetic_model& model) {
   const model_shape& shape = model.shape();
@@ -67,11 +66,10 @@ void run_streamed(const demo_args& a, const synthetic_model& model) {
     o.drop->fraction = a.drop;
     o.drop->on_warning = [](const std::string& w) { std::fprintf(stderr, "demo: %s\n", w.c_str()); };
   }
-  streamed_session s(
-      shape, session_options{}, {},
-      std::tuple<streamed_speculation>{streamed_speculation(
-          shape, expert_cache<lru_policy>(shape, {from_mib(a.budget_mib), cycle_guard::refuse, {}}),
-          flash.callback(), o)});
+  streamed_session s(shape, session_options{}, {},
+                     std::tuple<streamed_speculation>{streamed_speculation(
+                         shape, expert_cache<lru_policy>(shape, {from_mib(a.budget_mib), cycle_guard::refuse, {}}),
+                         flash.callback(), o)});
   install_routers(s, model);
   synthetic_stream stream(model);
   auto feed = [&](run_phase phase, std::size_t n) {
@@ -80,10 +78,9 @@ void run_streamed(const demo_args& a, const synthetic_model& model) {
     for (std::size_t l = 0; l < shape.n_layers(); ++l) {
       const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
       if (!shape.is_moe(lid)) continue;
-      s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n,
-                   model.n_embd() * sizeof(float));
+      s.gate_input(lid, stream.gate_inputs(lid), model.n_embd(), n, model.n_embd() * sizeof(float));
       s.routed(lid, span<const routing>(&stream.routed(lid, 0), n));  // demanded load (+ drops)
-      s.layer_loaded(lid);  // speculative reads for the next layer handed to the lanes
+      s.layer_loaded(lid);   // speculative reads for the next layer handed to the lanes
       if (a.compute_ms > 0)  // the layer's compute, which speculation overlaps
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(a.compute_ms));
     }
@@ -92,21 +89,22 @@ void run_streamed(const demo_args& a, const synthetic_model& model) {
   if (a.prompt) feed(run_phase::prefill, a.prompt);
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t t = 0; t < a.tokens; ++t) feed(run_phase::decode, 1);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   s.extension<0>().finish();
   const prediction_report r = s.report();
   std::fputs((a.format == "table" ? format_text(r)
               : a.format == "csv" ? format_csv(r)
-                                  : format_json(r)).c_str(),
+                                  : format_json(r))
+                 .c_str(),
              stdout);
   if (a.format != "table") return;
   for (const std::string& line : s.extension<0>().lines()) std::printf("%s\n", line.c_str());
   const double tokens = static_cast<double>(a.tokens);
-  std::printf("moe-stream: decode %.1f ms/token (%.2f tokens/s); flash %.1f MiB demanded + %.1f "
-              "MiB speculative per token (prefill included), %.0f MiB/s device, %zu lanes\n",
-              1e3 * secs / tokens, tokens / secs, to_mib(flash.demanded_bytes()) / tokens,
-              to_mib(flash.speculative_bytes()) / tokens, a.flash_mibps, a.lanes);
+  std::printf(
+      "moe-stream: decode %.1f ms/token (%.2f tokens/s); flash %.1f MiB demanded + %.1f "
+      "MiB speculative per token (prefill included), %.0f MiB/s device, %zu lanes\n",
+      1e3 * secs / tokens, tokens / secs, to_mib(flash.demanded_bytes()) / tokens,
+      to_mib(flash.speculative_bytes()) / tokens, a.flash_mibps, a.lanes);
 }
 
 element_type parse_router(const std::string& s) {
@@ -122,13 +120,10 @@ void run_demo(const demo_args& a) {
   if (a.tokens == 0) throw error("--tokens: 0; expected at least 1 decode token");
   synthetic_config c;
   if (a.preset == "qwen3-30b")
-    c = synthetic_presets::qwen3_30b(a.router.empty() ? element_type::f16 : parse_router(a.router),
-                                     a.seed);
+    c = synthetic_presets::qwen3_30b(a.router.empty() ? element_type::f16 : parse_router(a.router), a.seed);
   else if (a.preset == "gpt-oss-120b")
-    c = synthetic_presets::gpt_oss_120b(
-        a.router.empty() ? element_type::f32 : parse_router(a.router), a.seed);
-  else
-    throw error("--preset: unknown preset '" + a.preset + "'; expected qwen3-30b or gpt-oss-120b");
+    c = synthetic_presets::gpt_oss_120b(a.router.empty() ? element_type::f32 : parse_router(a.router), a.seed);
+  else throw error("--preset: unknown preset '" + a.preset + "'; expected qwen3-30b or gpt-oss-120b");
 
   const auto t0 = std::chrono::steady_clock::now();
   const synthetic_model model(c);
@@ -144,32 +139,28 @@ void run_demo(const demo_args& a) {
     stream.next(1);
     feed_batch(s, stream, run_phase::decode);
   }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr,
                "demo: synthetic %s, %zu layers x %zu experts x %zu, top-%zu, %s routers (%s), "
                "%zu prompt + %zu decode tokens, seed %llu, %.1f s\n",
-               model.shape().name().c_str(), model.shape().n_layers(), model.shape().n_experts(),
-               model.n_embd(), model.shape().top_k(), to_string(c.router_type),
-               to_string(c.rule), a.prompt, a.tokens, static_cast<unsigned long long>(a.seed),
-               secs);
+               model.shape().name().c_str(), model.shape().n_layers(), model.shape().n_experts(), model.n_embd(),
+               model.shape().top_k(), to_string(c.router_type), to_string(c.rule), a.prompt, a.tokens,
+               static_cast<unsigned long long>(a.seed), secs);
   const prediction_report r = s.report();
-  const std::string out = a.format == "table" ? format_text(r)
-                          : a.format == "csv" ? format_csv(r)
-                                              : format_json(r);
+  const std::string out = a.format == "table" ? format_text(r) : a.format == "csv" ? format_csv(r) : format_json(r);
   std::fputs(out.c_str(), stdout);
 }
 
 const moe_residency_cli::command_registrar reg{
-    "demo",
-    "Run a synthetic MoE workload through a session and print the prediction report",
-    [](CLI::App& sub) {
+    "demo", "Run a synthetic MoE workload through a session and print the prediction report", [](CLI::App& sub) {
       auto a = std::make_shared<demo_args>();
       sub.add_option("--preset", a->preset, "qwen3-30b | gpt-oss-120b")->capture_default_str();
       sub.add_option("--tokens", a->tokens, "decode tokens (scored)")
-          ->check(moe_residency_cli::whole(1, 10000000))->capture_default_str();
+          ->check(moe_residency_cli::whole(1, 10000000))
+          ->capture_default_str();
       sub.add_option("--prompt", a->prompt, "prompt tokens, one prefill batch (not scored)")
-          ->check(moe_residency_cli::whole(0, 1000000))->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 1000000))
+          ->capture_default_str();
       sub.add_option("--router", a->router,
                      "router element type f32 | f16 | bf16 (default: f16 for qwen3-30b, f32 for "
                      "gpt-oss-120b)");
@@ -178,27 +169,33 @@ const moe_residency_cli::command_registrar reg{
       CLI::Option* streamed = sub.add_flag("--streamed", a->streamed,
                                            "read experts from a simulated flash through a cache, with speculation");
       sub.add_option("--budget", a->budget_mib, "--streamed: cache budget, MiB")
-          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1e12)))->capture_default_str();
+          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1e12)))
+          ->capture_default_str();
       sub.add_option("--lanes", a->lanes, "--streamed: read lanes (0 = synchronous)")
-          ->check(moe_residency_cli::whole(0, 64))->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 64))
+          ->capture_default_str();
       sub.add_option("--cap", a->cap, "--streamed: speculative reads per layer")
-          ->check(moe_residency_cli::whole(0, 32))->capture_default_str();
-      sub.add_option("--horizon", a->horizon, "--streamed: speculate this many MoE layers ahead (the stale-gate ranks only the next one, so 2 is refused)")
-          ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 32))
+          ->capture_default_str();
+      sub.add_option("--horizon", a->horizon,
+                     "--streamed: speculate this many MoE layers ahead (the stale-gate ranks only the next one, so 2 "
+                     "is refused)")
+          ->check(moe_residency_cli::whole(1, 2))
+          ->capture_default_str();
       sub.add_option("--drop", a->drop, "--streamed: drop fraction F in (0, 1]; 0 = off")
           ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))
           ->capture_default_str();
       sub.add_flag("--no-speculation", a->no_speculation,
                    "--streamed: the control arm (same cache and drops, no speculative reads)");
-      sub.add_option("--compute-ms", a->compute_ms,
-                     "--streamed: simulated compute per MoE layer, ms")
+      sub.add_option("--compute-ms", a->compute_ms, "--streamed: simulated compute per MoE layer, ms")
           ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1000)))
           ->capture_default_str();
       sub.add_option("--flash-mibps", a->flash_mibps, "--streamed: device bandwidth, MiB/s")
-          ->check(moe_residency_cli::positive())->capture_default_str();
-      sub.add_option("--lane-mibps", a->lane_mibps,
-                     "--streamed: bandwidth of one lane alone, MiB/s")
-          ->check(moe_residency_cli::positive())->capture_default_str();
+          ->check(moe_residency_cli::positive())
+          ->capture_default_str();
+      sub.add_option("--lane-mibps", a->lane_mibps, "--streamed: bandwidth of one lane alone, MiB/s")
+          ->check(moe_residency_cli::positive())
+          ->capture_default_str();
       // The --streamed options do nothing without it: "--budget requires --streamed".
       for (const char* o : {"--budget", "--lanes", "--cap", "--horizon", "--drop", "--no-speculation", "--compute-ms",
                             "--flash-mibps", "--lane-mibps"})

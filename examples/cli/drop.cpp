@@ -25,8 +25,7 @@ struct drop_args {
 };
 
 void run(const drop_args& a) {
-  if (a.format != "table" && a.format != "csv")
-    throw error("--format: '" + a.format + "'; expected table or csv");
+  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   std::vector<double> fractions;
   for (const std::string& f : moe_residency_cli::split_list(a.thresholds, "--thresholds"))
     fractions.push_back(detail::parse_real(f, "--thresholds", detail::real_domain::open_closed(0, 1)));
@@ -36,15 +35,16 @@ void run(const drop_args& a) {
       ks.push_back(detail::parse_whole<std::size_t>(k, "--keep-k", 1, 32));
   const route_trace t = moe_residency_cli::read_trace(a.trace);
   moe_residency_cli::require_decode_tokens(
-      static_cast<std::size_t>(std::count_if(t.rows.begin(), t.rows.end(),
-                                             [](const trace_row& r) { return r.phase == run_phase::decode; })),
+      static_cast<std::size_t>(
+          std::count_if(t.rows.begin(), t.rows.end(), [](const trace_row& r) { return r.phase == run_phase::decode; })),
       a.trace);
   const model_shape shape = t.shape();
   const recorded_routings rr = read_recorded_routings(t);
   std::vector<static_drop_row> rows;
   for (double f : fractions) rows.push_back(static_drop_replay(shape, rr, f));
   for (std::size_t k : ks) rows.push_back(static_keep_k_replay(shape, rr, k));
-  if (!rows.empty() && !rows.front().warning.empty()) std::cerr << "moe-residency drop: " << rows.front().warning << "\n";
+  if (!rows.empty() && !rows.front().warning.empty())
+    std::cerr << "moe-residency drop: " << rows.front().warning << "\n";
   if (a.format == "csv") {
     std::cout << static_drop_csv(rows);
   } else {
@@ -55,8 +55,7 @@ void run(const drop_args& a) {
 }
 
 const moe_residency_cli::command_registrar reg{
-    "drop", "Static drop replay over the recorded residency (io saved %, router weight lost %)",
-    [](CLI::App& sub) {
+    "drop", "Static drop replay over the recorded residency (io saved %, router weight lost %)", [](CLI::App& sub) {
       auto a = std::make_shared<drop_args>();
       sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
       sub.add_option("--thresholds", a->thresholds, "drop fractions F, comma-separated (0 < F <= 1)")

@@ -34,8 +34,8 @@ struct lab_args {
   std::size_t lanes = 2, spec_cap = 2;
   std::string free = "compute,bandwidth,kernel";
   double overlap = 0;
-  double bandwidth_scale = 1;             // β where not fitted
-  double fault_bandwidth_scale = 0;      // β_f where not fitted; 0: tied to β
+  double bandwidth_scale = 1;        // β where not fitted
+  double fault_bandwidth_scale = 0;  // β_f where not fitted; 0: tied to β
   std::string manager_runs;   // BASELINE,EXACT,CACHE metrics (memlab's resident-all, manager-exact, manager-cache)
   double manager_budget = 0;  // the manager-cache run's budget, MiB
   std::string fault_walk;     // fault-walk.csv files, ';' between them (memlab's moe-disk-lanes --fault-walk)
@@ -57,7 +57,8 @@ token_metrics read_metrics_list(const std::string& list, const char* what, std::
   std::size_t k = 0;
   std::stringstream ls(list);
   for (std::string path; std::getline(ls, path, ';');) {
-    if (path.empty()) throw error(std::string(what) + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
+    if (path.empty())
+      throw error(std::string(what) + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
     append_token_metrics(m, parse_token_metrics(moe_residency_cli::read_whole_file(path, what), path));
     ++k;
   }
@@ -144,7 +145,9 @@ void run(const lab_args& a) {
     else if (p == "mgmt") free |= static_cast<unsigned>(timing_param::mgmt_ms_per_read);
     else if (p == "bandwidth") free |= static_cast<unsigned>(timing_param::bandwidth_scale);
     else if (p == "kernel") free |= static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);
-    else throw error("--free: '" + p + "' in '" + a.free + "'; expected compute, latency, overlap, mgmt, bandwidth, kernel");
+    else
+      throw error("--free: '" + p + "' in '" + a.free +
+                  "'; expected compute, latency, overlap, mgmt, bandwidth, kernel");
   }
 
   const cell* fit = nullptr;
@@ -224,12 +227,13 @@ void run(const lab_args& a) {
       std::cout << buf;
     }
     if (have_mc) {
-      std::snprintf(buf, sizeof buf,
-                    "the manager's own cost, every expert resident: exact +%.1f ms/token over %.1f requests "
-                    "(%.3f ms each, %.3f in the kernel, %.3f in user time), cache +%.1f ms/token over %.1f pins at %.0f MiB "
-                    "(%.3f ms each, %.3f in the kernel, %.3f in user time)\n",
-                    mc.exact_extra_ms, mc.requests_per_token, mc.request_ms, mc.request_sys_ms, mc.request_user_ms,
-                    mc.cache_extra_ms, mc.pins_per_token, a.manager_budget, mc.pin_ms, mc.pin_sys_ms, mc.pin_user_ms);
+      std::snprintf(
+          buf, sizeof buf,
+          "the manager's own cost, every expert resident: exact +%.1f ms/token over %.1f requests "
+          "(%.3f ms each, %.3f in the kernel, %.3f in user time), cache +%.1f ms/token over %.1f pins at %.0f MiB "
+          "(%.3f ms each, %.3f in the kernel, %.3f in user time)\n",
+          mc.exact_extra_ms, mc.requests_per_token, mc.request_ms, mc.request_sys_ms, mc.request_user_ms,
+          mc.cache_extra_ms, mc.pins_per_token, a.manager_budget, mc.pin_ms, mc.pin_sys_ms, mc.pin_user_ms);
       std::cout << buf;
     }
     std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9s %9s %8s %4s %10s %10s\n", "ratio", "config", "model",
@@ -252,8 +256,9 @@ void run(const lab_args& a) {
     const double pmib = p.summary.demanded_mib_per_token + p.summary.speculative_mib_per_token;
     if (a.format == "csv") {
       std::snprintf(buf, sizeof buf, "%s,%s,%s,%.3f,%.3f,%.1f,%s,%.2f,%.2f,%s\n", c.ratio.c_str(), to_string(c.config),
-                    to_string(p.mapping.kind), meas, pred, err, std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-",
-                    pmib, meas_mib, is_fit ? "yes" : "no");
+                    to_string(p.mapping.kind), meas, pred, err,
+                    std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-", pmib, meas_mib,
+                    is_fit ? "yes" : "no");
     } else {
       std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9.3f %9.3f %+8.1f %4s %10.1f %10.1f%s\n", c.ratio.c_str(),
                     to_string(c.config), to_string(p.mapping.kind), meas, pred, err,
@@ -269,11 +274,14 @@ const moe_residency_cli::command_registrar reg{
     "Calibrate the timing model on one memory-lab run; predict every other configuration x ratio (docs/wall-clock.md)",
     [](CLI::App& sub) {
       auto a = std::make_shared<lab_args>();
-      sub.add_option("--trace", a->trace, "route trace of a lab run with the observer (routing is the same in every run)")
+      sub.add_option("--trace", a->trace,
+                     "route trace of a lab run with the observer (routing is the same in every run)")
           ->required();
       sub.add_option("--curve", a->curve, "the disk's lanes curve, lanes:MiB/s list (moe-disk-lanes)")->required();
-      sub.add_option("--cells", a->cells, "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (metrics: FILE, or "
-                     "FILE;FILE;... for a cell measured in several runs)")->required();
+      sub.add_option("--cells", a->cells,
+                     "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (metrics: FILE, or "
+                     "FILE;FILE;... for a cell measured in several runs)")
+          ->required();
       sub.add_option("--fit", a->fit, "the calibration cell, CONFIG@RATIO (e.g. exact@2.5)")->required();
       sub.add_option("--overhead-mib", a->overhead_mib, "the cgroup's memory besides the model's pages (assumed)")
           ->check(moe_residency_cli::non_negative())
@@ -282,15 +290,18 @@ const moe_residency_cli::command_registrar reg{
           ->check(moe_residency_cli::non_negative())
           ->capture_default_str();
       sub.add_option("--lanes", a->lanes, "the manager's read lanes")
-          ->check(moe_residency_cli::whole(1, 64))->capture_default_str();
+          ->check(moe_residency_cli::whole(1, 64))
+          ->capture_default_str();
       sub.add_option("--spec-cap", a->spec_cap, "predicted reads per layer at most")
           ->check(moe_residency_cli::whole(0, 32))
           ->capture_default_str();
-      sub.add_option("--free", a->free, "parameters fitted: compute,latency,overlap,mgmt,bandwidth,kernel (read_cpu_ms_per_mib: fitted "
+      sub.add_option("--free", a->free,
+                     "parameters fitted: compute,latency,overlap,mgmt,bandwidth,kernel (read_cpu_ms_per_mib: fitted "
                      "only when the cell's metrics record sys_ms)")
           ->capture_default_str();
-      sub.add_option("--overlap", a->overlap,
-                     "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")
+      sub.add_option(
+             "--overlap", a->overlap,
+             "ω when not fitted: the share of a layer's compute its demanded reads hide behind (the lab waits: 0)")
           ->check(moe_residency_cli::real(moe_residency::detail::real_domain::closed(0, 1)))
           ->capture_default_str();
       sub.add_option("--bandwidth-scale", a->bandwidth_scale,
@@ -316,7 +327,8 @@ const moe_residency_cli::command_registrar reg{
                      "their shape, in place of the curve's top x beta_f and kappa (default: none)");
       sub.add_option("--inline-walk", a->inline_walk,
                      "inline-walk.csv (memlab's moe-disk-lanes --inline-walk in each ratio's limit at its budget; "
-                     "FILE;FILE;... for several runs, the median of each limit's rows): the cache cells' inline reads and pins cost "
+                     "FILE;FILE;... for several runs, the median of each limit's rows): the cache cells' inline reads "
+                     "and pins cost "
                      "what the walk measured in their shape, in place of the curve x beta, kappa, psi = 1 and the "
                      "pins' kernel time (default: none)");
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();

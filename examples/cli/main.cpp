@@ -15,8 +15,7 @@ int main(int argc, char** argv) {
                                         std::to_string(MOE_RESIDENCY_VERSION_PATCH));
   app.require_subcommand(1);
   auto& cmds = moe_residency_cli::commands();
-  std::sort(cmds.begin(), cmds.end(),
-            [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   for (auto& c : cmds) c.setup(*app.add_subcommand(c.name, c.description));
   try {
     app.parse(argc, argv);

@@ -110,8 +110,7 @@ inline void render_gnuplot(const std::string& script, const std::string& data, c
 /// fills a new temporary file beside it, which then replaces `path`. On any
 /// failure the temporary file is removed and `path` is left as it was.
 inline void write_output_file(const std::string& path, const std::string& option,
-                              const std::vector<named_input>& inputs,
-                              const std::function<void(std::ostream&)>& write) {
+                              const std::vector<named_input>& inputs, const std::function<void(std::ostream&)>& write) {
   using moe_residency::error;
   check_output_path(path, option, inputs);
   const std::string tmp = temp_file_beside(path, option);

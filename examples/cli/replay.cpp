@@ -16,13 +16,11 @@
 
 #include <nlohmann/json.hpp>
 
-
 #include "checked_options.hpp"
 #include "command.hpp"
 #include "output.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/replay/oracle_profile.hpp"
-
 
 namespace {
 
@@ -51,7 +49,6 @@ struct replay_args {
   std::size_t horizon = 1;
   std::string oracle_profile;
 };
-
 
 std::vector<double> parse_budgets(const std::string& s) {
   std::vector<double> out;
@@ -116,8 +113,8 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
 
 // replay/oracle_profile.hpp has the two forms and their checks.
 std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_layers) {
-  return parse_oracle_profile(moe_residency_cli::read_whole_file(path, "--oracle-profile"),
-                              "--oracle-profile: " + path, n_layers);
+  return parse_oracle_profile(moe_residency_cli::read_whole_file(path, "--oracle-profile"), "--oracle-profile: " + path,
+                              n_layers);
 }
 
 // `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.
@@ -151,7 +148,8 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
       o.policy = p;
       o.budget_mib = b;
       rs.push_back(replay_dynamic(in, o));
-      if (!rs.back().warning.empty()) std::cerr << "note: " << p << " at " << b << " MiB: " << rs.back().warning << "\n";
+      if (!rs.back().warning.empty())
+        std::cerr << "note: " << p << " at " << b << " MiB: " << rs.back().warning << "\n";
     }
   const bool csv = a.format == "csv";
   if (!csv)
@@ -187,7 +185,8 @@ void check_option_effects(const CLI::App& sub, const replay_args& a, const std::
   const bool oracle = a.speculate.rfind("oracle", 0) == 0;
   for (const char* o : {"--spec-cap", "--horizon"})
     if (given(o) && a.speculate.empty())
-      throw error(std::string(o) + ": has no effect without --speculate; expected --speculate prev-token, frequency "
+      throw error(std::string(o) +
+                  ": has no effect without --speculate; expected --speculate prev-token, frequency "
                   "or oracle:P with it");
   if (given("--oracle-profile") && !oracle)
     throw error("--oracle-profile: has no effect without --speculate oracle:P; expected them together");
@@ -288,13 +287,16 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
       sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
       sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")
-          ->check(moe_residency_cli::whole(0, 4096))->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 4096))
+          ->capture_default_str();
       sub.add_option("--seed", a->seed, "seed of the random policy")
-          ->check(moe_residency_cli::whole())->capture_default_str();
+          ->check(moe_residency_cli::whole())
+          ->capture_default_str();
       sub.add_option("--decay", a->decay, "usage decay per token of the cycle policy, in (0, 1)")
           ->check(moe_residency_cli::real(detail::real_domain::open(0, 1)))
           ->capture_default_str();
-      sub.add_option("--drop", a->drop, "cache-aware drop at fraction F (0 < F <= 1): a dropped expert is never "
+      sub.add_option("--drop", a->drop,
+                     "cache-aware drop at fraction F (0 < F <= 1): a dropped expert is never "
                      "read and never enters the cache; 0 = off")
           ->check(moe_residency_cli::real(detail::real_domain::closed(0, 1)));
       sub.add_option("--speculate", a->speculate,
@@ -303,7 +305,8 @@ const moe_residency_cli::command_registrar reg{
           ->check(moe_residency_cli::whole(0, 32))
           ->capture_default_str();
       sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")
-          ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
+          ->check(moe_residency_cli::whole(1, 2))
+          ->capture_default_str();
       sub.add_option("--oracle-profile", a->oracle_profile,
                      "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
       sub.callback([a, &sub] { run(sub, *a); });

@@ -42,12 +42,12 @@ void run_score(const score_args& a) {
   options.score_prefill = a.include_prefill;
   frequency_options frequency;
   frequency.decay = a.decay;
-  const prediction_report r = score_history_predictors(shape, span<const routing>(routings.routings),
-                                                       routings.declined, a.predictors, options, frequency);
+  const prediction_report r = score_history_predictors(shape, span<const routing>(routings.routings), routings.declined,
+                                                       a.predictors, options, frequency);
   std::string out;
   if (a.format == "table") {
-    std::printf("trace: %s (%s, %zu layers, %zu experts, top-%zu)\n", a.trace.c_str(),
-                t.header.arch.c_str(), shape.n_layers(), shape.n_experts(), shape.top_k());
+    std::printf("trace: %s (%s, %zu layers, %zu experts, top-%zu)\n", a.trace.c_str(), t.header.arch.c_str(),
+                shape.n_layers(), shape.n_experts(), shape.top_k());
     out = format_text(r, !a.no_layers);
   } else if (a.format == "csv") {
     out = format_csv(r);
@@ -58,17 +58,14 @@ void run_score(const score_args& a) {
 }
 
 const moe_residency_cli::command_registrar reg{
-    "score", "Score routing-history predictors on a recorded route trace (decode, slot overlap)",
-    [](CLI::App& sub) {
+    "score", "Score routing-history predictors on a recorded route trace (decode, slot overlap)", [](CLI::App& sub) {
       auto a = std::make_shared<score_args>();
       sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
-      sub.add_option("--predictors", a->predictors,
-                     "comma-separated: prev-token, frequency, static-hottest")
+      sub.add_option("--predictors", a->predictors, "comma-separated: prev-token, frequency, static-hottest")
           ->delimiter(',')
           ->capture_default_str();
       sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
-      sub.add_option("--decay", a->decay,
-                     "frequency: per-routing decay of the counts, (0, 1]; 1 = running counts")
+      sub.add_option("--decay", a->decay, "frequency: per-routing decay of the counts, (0, 1]; 1 = running counts")
           ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1)))
           ->capture_default_str();
       sub.add_flag("--unpaired", a->unpaired,

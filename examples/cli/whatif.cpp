@@ -13,12 +13,10 @@
 #include <string>
 #include <vector>
 
-
 #include "checked_options.hpp"
 #include "command.hpp"
 #include "output.hpp"
 #include "moe_residency/timing.hpp"
-
 
 namespace {
 
@@ -37,7 +35,6 @@ struct whatif_args {
   std::string format = "table";
   std::string plot;
 };
-
 
 struct cell {
   dynamic_replay_options replay;
@@ -136,9 +133,9 @@ void run(const CLI::App& sub, const whatif_args& a) {
   if (lanes.empty()) lanes.push_back(device.lanes);
   std::vector<std::optional<double>> drops;
   for (const auto& d : split_list(a.drops, "--drops"))
-    drops.push_back(d == "off" ? std::optional<double>()
-                              : detail::parse_real(d, "--drops (a fraction F, or off)",
-                                                   detail::real_domain::open_closed(0, 1)));
+    drops.push_back(
+        d == "off" ? std::optional<double>()
+                   : detail::parse_real(d, "--drops (a fraction F, or off)", detail::real_domain::open_closed(0, 1)));
   const auto specs = split_list(a.speculate, "--speculate"), policies = split_list(a.policies, "--policies");
   check_option_effects(sub, a, specs, policies);
 
@@ -173,8 +170,8 @@ void run(const CLI::App& sub, const whatif_args& a) {
                  "speculative_mib_per_token,stall_ms_per_token,mgmt_ms_per_token,hit_pct,cancelled_per_token,"
                  "speedup_vs_first\n";
   } else {
-    std::cout << shape.name() << " (" << a.trace << "), " << in.decode_tokens() << " decode tokens; device "
-              << a.config << "\n"
+    std::cout << shape.name() << " (" << a.trace << "), " << in.decode_tokens() << " decode tokens; device " << a.config
+              << "\n"
               << "budget  policy    lanes  drop  speculate        cap  s/token  tok/s  MiB/tok dem  MiB/tok spec  "
                  "stall ms  hit %  vs first\n";
   }
@@ -199,8 +196,7 @@ void run(const CLI::App& sub, const whatif_args& a) {
 }
 
 const moe_residency_cli::command_registrar reg{
-    "whatif", "Predicted decode s/token of configurations side by side (replay + timing model)",
-    [](CLI::App& sub) {
+    "whatif", "Predicted decode s/token of configurations side by side (replay + timing model)", [](CLI::App& sub) {
       auto a = std::make_shared<whatif_args>();
       sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
       sub.add_option("--config", a->config, "timing config (key = value), e.g. from calibrate --write-config")
@@ -215,11 +211,14 @@ const moe_residency_cli::command_registrar reg{
                      "none, prev-token, frequency, oracle:P, full (oracle:1 at cap k), comma-separated")
           ->capture_default_str();
       sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer")
-          ->check(moe_residency_cli::whole(0, 32))->capture_default_str();
+          ->check(moe_residency_cli::whole(0, 32))
+          ->capture_default_str();
       sub.add_option("--horizon", a->horizon, "read for the MoE layer 1 or 2 ahead")
-          ->check(moe_residency_cli::whole(1, 2))->capture_default_str();
+          ->check(moe_residency_cli::whole(1, 2))
+          ->capture_default_str();
       sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")
-          ->check(moe_residency_cli::whole())->capture_default_str();
+          ->check(moe_residency_cli::whole())
+          ->capture_default_str();
       sub.add_option("--format", a->format, "table | csv")->capture_default_str();
       sub.add_option("--plot", a->plot, "write an SVG of predicted tok/s vs budget per configuration (gnuplot)");
       sub.callback([a, &sub] { run(sub, *a); });

@@ -23,8 +23,7 @@ inline CLI::Validator whole(std::uint64_t lo = 0, std::uint64_t hi = std::numeri
   const std::string desc = hi == std::numeric_limits<std::uint64_t>::max()
                                ? "WHOLE >= " + std::to_string(lo)
                                : "WHOLE " + std::to_string(lo) + ".." + std::to_string(hi);
-  return CLI::Validator(
-      [lo, hi](std::string& s) { return moe_residency::detail::whole_problem(s, lo, hi); }, desc);
+  return CLI::Validator([lo, hi](std::string& s) { return moe_residency::detail::whole_problem(s, lo, hi); }, desc);
 }
 
 /// A finite real in `d`.

@@ -175,7 +175,8 @@ void path_cost(const std::string& file, std::size_t slice_kib, double read_mib, 
       const std::size_t at = pick(gen) * page;
       if (faults) {
         for (std::size_t o = 0; o < slice; o += page) (void)touch[at + o];  // a volatile read: one touch
-      } else if (::madvise(bytes + at, slice, MADV_WILLNEED) != 0 || ::madvise(bytes + at, slice, MADV_POPULATE_READ) != 0) {
+      } else if (::madvise(bytes + at, slice, MADV_WILLNEED) != 0 ||
+                 ::madvise(bytes + at, slice, MADV_POPULATE_READ) != 0) {
         throw std::runtime_error(std::string("madvise (WILLNEED, POPULATE_READ) failed: ") + std::strerror(errno));
       }
       // The counter costs ~11 us a read here: ~0.7 us a request, 1% of a 16 KiB slice's.
@@ -197,11 +198,11 @@ struct walk_layout {
   struct range {
     std::uint64_t offset = 0, bytes = 0;
   };
-  std::vector<std::vector<range>> dense;               ///< per layer: its non-expert tensors
+  std::vector<std::vector<range>> dense;                                          ///< per layer: its non-expert tensors
   std::vector<std::vector<moe_residency::llama_cpp::expert_file_range>> experts;  ///< per layer
-  std::vector<range> tail;                             ///< non-layer tensors but the token embedding
+  std::vector<range> tail;  ///< non-layer tensors but the token embedding
   std::size_t top_k = 0;
-  std::uint64_t dense_bytes = 0;                       ///< every non-expert tensor of a layer, and the tail
+  std::uint64_t dense_bytes = 0;  ///< every non-expert tensor of a layer, and the tail
 };
 
 walk_layout read_walk_layout(const std::string& file, const std::string& flag) {
@@ -416,20 +417,20 @@ void fault_walk(const std::string& file, int tokens, int skip, double gap_us, bo
   const std::uint64_t read = sum.read;
   const long faults = sum.faults;
   const double n = tokens - skip, mib = static_cast<double>(read) / 1048576.0;
-  std::printf("pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
-              "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n");
+  std::printf(
+      "pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
+      "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n");
   std::printf("%.1f,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%.1f,%.4f,%.4f,%.2f\n",
               pin_dense ? static_cast<double>(w.dense_bytes) / 1048576.0 : 0.0, tokens - skip,
-              static_cast<double>(touched * page) / 1048576.0 / n, mib / n, wall / n,
-              cpu / n, sys / n, static_cast<double>(faults) / n, mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0,
+              static_cast<double>(touched * page) / 1048576.0 / n, mib / n, wall / n, cpu / n, sys / n,
+              static_cast<double>(faults) / n, mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0,
               mib > 0 ? sys / mib : 0.0, faults > 0 ? mib / static_cast<double>(faults) : 0.0);
   std::fflush(stdout);
 }
 
 /// --inline-walk: the residency manager's `cache` path, read inline by the
 /// eval thread, without llama.cpp (see the top of the file).
-void inline_walk(const std::string& file, int tokens, int skip, double gap_us, double budget_mib,
-                 std::uint64_t seed) {
+void inline_walk(const std::string& file, int tokens, int skip, double gap_us, double budget_mib, std::uint64_t seed) {
   const walk_frame fr(file, tokens, skip, gap_us, "--inline-walk");
   const walk_layout& w = fr.w;
   const std::size_t size = fr.size, page = fr.page;
@@ -532,11 +533,12 @@ void inline_walk(const std::string& file, int tokens, int skip, double gap_us, d
   const double wall = sum.wall, cpu = sum.cpu, sys = sum.sys;
   const std::uint64_t read = sum.read;
   const double n = tokens - skip, mib = static_cast<double>(read) / 1048576.0;
-  std::printf("budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
-              "sys_ms_per_mib\n");
-  std::printf("%.1f,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%.4f,%.4f\n", budget_mib, tokens - skip,
-              static_cast<double>(pins) / n, mib / n, wall / n, cpu / n, sys / n,
-              mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0, mib > 0 ? sys / mib : 0.0);
+  std::printf(
+      "budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"
+      "sys_ms_per_mib\n");
+  std::printf("%.1f,%d,%.1f,%.1f,%.2f,%.2f,%.2f,%.4f,%.4f\n", budget_mib, tokens - skip, static_cast<double>(pins) / n,
+              mib / n, wall / n, cpu / n, sys / n, mib > 0 ? std::max(0.0, wall - cpu) / mib : 0.0,
+              mib > 0 ? sys / mib : 0.0);
   std::fflush(stdout);
 }
 
@@ -575,7 +577,8 @@ int main(int argc, char** argv) {
                "Instead: llama.cpp's decode fault path through mmap, without llama.cpp (run it inside the "
                "memory limit studied, page cache dropped)");
   app.add_option("--walk-tokens", walk_tokens, "--fault-walk: tokens walked")
-      ->check(opt::whole(1, 1 << 16))->capture_default_str();
+      ->check(opt::whole(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--walk-skip", walk_skip, "--fault-walk: first tokens left out of the figures")
       ->check(opt::whole(0, 1 << 16))
       ->capture_default_str();
@@ -616,8 +619,7 @@ int main(int argc, char** argv) {
                                   " MiB; expected a multiple of 4 KiB, at least 4 KiB");
     fd_guard f;
     f.fd = ::open(file.c_str(), O_RDONLY | O_DIRECT);
-    if (f.fd < 0)
-      throw std::runtime_error("--file: cannot open '" + file + "' with O_DIRECT: " + std::strerror(errno));
+    if (f.fd < 0) throw std::runtime_error("--file: cannot open '" + file + "' with O_DIRECT: " + std::strerror(errno));
     struct stat st {};
     if (::fstat(f.fd, &st) != 0) throw std::runtime_error("--file: fstat failed: " + std::string(std::strerror(errno)));
     const std::uint64_t n_blocks = static_cast<std::uint64_t>(st.st_size) / block;

@@ -52,13 +52,13 @@ namespace {
 using namespace moe_residency;
 namespace mrl = moe_residency::llama_cpp;
 namespace mre = moe_residency::llama_cpp::examples;
-using mre::proc_read_bytes;
 using mre::mapping_kib;
 using mre::proc_mapping;
+using mre::proc_read_bytes;
 using mre::thread_cpu_ms;
 
-using probe_session = session<predictor_set<stale_gate_predictor, prev_token_predictor,
-                                            frequency_predictor, fresh_gate_control>>;
+using probe_session =
+    session<predictor_set<stale_gate_predictor, prev_token_predictor, frequency_predictor, fresh_gate_control>>;
 
 struct probe_args {
   std::string model_path, random_arch;
@@ -66,7 +66,7 @@ struct probe_args {
   std::string router = "f32";
   std::string expert_type = "f32";
   std::string dense_type = "f32";
-  std::string shape;  // a named real model's shape (random_model.hpp's named_shapes)
+  std::string shape;               // a named real model's shape (random_model.hpp's named_shapes)
   std::string load_mode = "mmap";  // llama.cpp's own load modes, for the lab's stock baselines
   bool save_only = false;
   int splits = 1;  // --save-model as this many splits (llama.cpp's names)
@@ -89,7 +89,7 @@ struct probe_args {
   std::string prompt;
   std::size_t tokens = 32;  // prompt tokens when no --prompt
   std::size_t decode = 64;
-  double budget_mib = 0;    // 0: half of all experts' bytes
+  double budget_mib = 0;  // 0: half of all experts' bytes
   std::string trace_out, save_model, warm;
   int threads = 2;
   bool cost = false;
@@ -240,10 +240,10 @@ struct token_record {
   std::uint64_t majflt = 0, minflt = 0, read_bytes = 0, cgroup_read_bytes = 0, engine_majflt = 0;
   std::uint64_t prefetch_issued = 0, prefetch_useful = 0, prefetch_late = 0;
   double pinned_mib = 0;
-  double hit_pct = -1;  // < 0: not measured (no residency manager)
+  double hit_pct = -1;                      // < 0: not measured (no residency manager)
   double proc_cpu_ms = 0, proc_sys_ms = 0;  ///< every thread of the process (RUSAGE_SELF): compute, lanes, kernel
-  double read_wait_ms = 0;      ///< the eval thread waiting for the manager's demanded reads
-  std::uint64_t read_waits = 0;  ///< layers whose reads it had to wait for
+  double read_wait_ms = 0;                  ///< the eval thread waiting for the manager's demanded reads
+  std::uint64_t read_waits = 0;             ///< layers whose reads it had to wait for
 };
 
 struct run_result {
@@ -291,9 +291,9 @@ double kernel_share_ms(const rusage_split& a, const rusage_split& b, double cpu_
 /// the counters around each; digests the logits every decode token produced.
 using residency_manager = mrl::residency_manager;
 
-run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt,
-               std::size_t n_decode, std::uint64_t seed, bool record = false,
-               residency_manager* res = nullptr, std::vector<std::string> engine = {}) {
+run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama_token>& prompt, std::size_t n_decode,
+               std::uint64_t seed, bool record = false, residency_manager* res = nullptr,
+               std::vector<std::string> engine = {}) {
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(m));
   const std::string cg_file = record ? cgroup_io_file() : std::string();
   if (record && engine.empty()) engine = current_threads();
@@ -342,7 +342,8 @@ run_result run(llama_context* ctx, const llama_model* m, const std::vector<llama
         t.read_waits = r1.read_waits - r0.read_waits;
         const std::uint64_t routed = r1.routed_experts - r0.routed_experts;
         if (routed)
-          t.hit_pct = 100.0 * static_cast<double>(r1.routed_resident - r0.routed_resident) / static_cast<double>(routed);
+          t.hit_pct =
+              100.0 * static_cast<double>(r1.routed_resident - r0.routed_resident) / static_cast<double>(routed);
       }
       r.rows.push_back(t);
     }
@@ -395,9 +396,10 @@ double percentile(std::vector<double> v, double q) {
 void report_run(const probe_args& a, const run_result& r) {
   std::printf("logits: fnv1a64 %016llx over %zu tokens\n", static_cast<unsigned long long>(r.digest), r.digested);
   if (r.mapping.rss != 0)
-    std::printf("mapping: %.1f MiB of the process's %.1f MiB resident mapped by 2 MiB pages (FilePmdMapped), "
-                "at the end of the decode\n",
-                static_cast<double>(r.mapping.file_pmd_mapped) / 1024.0, static_cast<double>(r.mapping.rss) / 1024.0);
+    std::printf(
+        "mapping: %.1f MiB of the process's %.1f MiB resident mapped by 2 MiB pages (FilePmdMapped), "
+        "at the end of the decode\n",
+        static_cast<double>(r.mapping.file_pmd_mapped) / 1024.0, static_cast<double>(r.mapping.rss) / 1024.0);
   if (r.rows.empty()) return;
   std::uint64_t proc = 0, cg = 0;
   for (const auto& t : r.rows) {
@@ -415,11 +417,12 @@ void report_run(const probe_args& a, const run_result& r) {
       bytes += use_cgroup ? t.cgroup_read_bytes : t.read_bytes;
     }
   const double n = static_cast<double>(ms.size());
-  std::printf("decode: %zu tokens, %.3f tok/s, p50 %.1f ms, p90 %.1f ms, %.2f major faults/token "
-              "(%.2f in the engine's threads), %.2f MiB read/token (%s)\n",
-              ms.size(), r.decode_s > 0 ? n / r.decode_s : 0.0, percentile(ms, 0.5), percentile(ms, 0.9),
-              static_cast<double>(majflt) / n, static_cast<double>(engine_majflt) / n, to_mib(bytes) / n,
-              use_cgroup ? "the cgroup's I/O statistics" : "the process's read_bytes");
+  std::printf(
+      "decode: %zu tokens, %.3f tok/s, p50 %.1f ms, p90 %.1f ms, %.2f major faults/token "
+      "(%.2f in the engine's threads), %.2f MiB read/token (%s)\n",
+      ms.size(), r.decode_s > 0 ? n / r.decode_s : 0.0, percentile(ms, 0.5), percentile(ms, 0.9),
+      static_cast<double>(majflt) / n, static_cast<double>(engine_majflt) / n, to_mib(bytes) / n,
+      use_cgroup ? "the cgroup's I/O statistics" : "the process's read_bytes");
   if (!a.metrics_csv.empty()) {
     // The phone's metrics format, the columns this machine can measure (docs/wall-clock.md,
     // "Against this machine"): one row per decode token; compute_ms = cpu_ms = the eval
@@ -439,8 +442,7 @@ void report_run(const probe_args& a, const run_result& r) {
       if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
       std::snprintf(line, sizeof line, "%zu,%zu,%.3f,%.3f,%llu,%s,%.3f,%llu,%.3f,%.3f\n", ++step, steps, t.wall_ms,
                     t.cpu_ms, static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes), hit,
-                    std::max(0.0, t.wall_ms - t.cpu_ms), static_cast<unsigned long long>(t.majflt), t.cpu_ms,
-                    t.sys_ms);
+                    std::max(0.0, t.wall_ms - t.cpu_ms), static_cast<unsigned long long>(t.majflt), t.cpu_ms, t.sys_ms);
       m << line;
     }
     if (!m) throw error("--metrics-csv: writing '" + a.metrics_csv + "' failed");
@@ -454,14 +456,14 @@ void report_run(const probe_args& a, const run_result& r) {
   for (const auto& t : r.rows) {
     char hit[32] = "";
     if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
-    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu\n", t.token,
-                  t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
+    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu\n",
+                  t.token, t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
                   static_cast<unsigned long long>(t.minflt),
                   static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes),
-                  static_cast<unsigned long long>(t.prefetch_issued), static_cast<unsigned long long>(t.prefetch_useful),
-                  static_cast<unsigned long long>(t.prefetch_late), t.pinned_mib, hit,
-                  static_cast<unsigned long long>(t.engine_majflt), t.proc_cpu_ms, t.proc_sys_ms, t.read_wait_ms,
-                  static_cast<unsigned long long>(t.read_waits));
+                  static_cast<unsigned long long>(t.prefetch_issued),
+                  static_cast<unsigned long long>(t.prefetch_useful), static_cast<unsigned long long>(t.prefetch_late),
+                  t.pinned_mib, hit, static_cast<unsigned long long>(t.engine_majflt), t.proc_cpu_ms, t.proc_sys_ms,
+                  t.read_wait_ms, static_cast<unsigned long long>(t.read_waits));
     out << line;
   }
   if (!out) throw error("--per-token-csv: writing '" + a.per_token_csv + "' failed");
@@ -490,8 +492,9 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
     throw error("--policy " + a.policy + " with --residency " + a.residency +
                 ": the policy is the cache's, and the cache is not on; expected --residency all or a list with cache");
   if (a.residency_budget != "auto") {
-    o.cache_budget_bytes = from_mib(moe_residency::detail::parse_real(
-        a.residency_budget, "--residency-budget (auto, or MiB)", moe_residency::detail::real_domain::open_closed(0, 1e9)));
+    o.cache_budget_bytes =
+        from_mib(moe_residency::detail::parse_real(a.residency_budget, "--residency-budget (auto, or MiB)",
+                                                   moe_residency::detail::real_domain::open_closed(0, 1e9)));
   }
   o.lanes = a.lanes;
   o.overlap = !a.serial;
@@ -521,9 +524,11 @@ int probe(const probe_args& a) {
     throw error("--warm: '" + a.warm + "'; expected pread or fadvise");
   if (a.save_only && (a.random_arch.empty() || a.save_model.empty()))
     throw error("--save-only needs --random ARCH and --save-model FILE");
-  llama_log_set([](ggml_log_level level, const char* text, void*) {
-    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
-  }, nullptr);
+  llama_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) std::fputs(text, stderr);
+      },
+      nullptr);
   llama_backend_init();
 
   // The model: from a file (mmap), or random weights — streamed to a GGUF file
@@ -542,7 +547,8 @@ int probe(const probe_args& a) {
       spec.seed = seed;
       spec.text_vocab = text_vocab;
       if (a.random_arch != spec.arch)
-        throw std::invalid_argument("--shape " + a.shape + " is a " + spec.arch + " model; --random is " + a.random_arch);
+        throw std::invalid_argument("--shape " + a.shape + " is a " + spec.arch + " model; --random is " +
+                                    a.random_arch);
     } else {
       spec.router_type = mre::parse_router_type(a.router);
       // One type, or a comma list of one per layer.
@@ -563,20 +569,23 @@ int probe(const probe_args& a) {
       const auto t0 = std::chrono::steady_clock::now();
       int last = -1;
       const bool tty = isatty(fileno(stderr)) != 0;
-      mre::save_random_gguf(spec, gguf_path, [&](std::uint64_t done, std::uint64_t total) {
-        // A bar redrawn in place on a terminal (every 1%), a line every 10% otherwise.
-        const int pct = total ? static_cast<int>(100 * done / total) : 100;
-        if (pct == last || (!tty && pct / 10 == last / 10 && pct != 100)) return;
-        last = pct;
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double rate = s > 0 ? to_mib(done) / s : 0.0;
-        char bar[41];
-        for (int i = 0; i < 40; ++i) bar[i] = i < pct * 40 / 100 ? '#' : '.';
-        bar[40] = '\0';
-        std::fprintf(stderr, "%smoe-llama-probe: writing %s [%s] %3d%% %.0f / %.0f MiB, %.0f MiB/s, %.0f s left%s",
-                     tty ? "\r" : "", gguf_path.c_str(), bar, pct, to_mib(done), to_mib(total), rate,
-                     rate > 0 ? (to_mib(total) - to_mib(done)) / rate : 0.0, tty && pct < 100 ? "" : "\n");
-      }, a.splits);
+      mre::save_random_gguf(
+          spec, gguf_path,
+          [&](std::uint64_t done, std::uint64_t total) {
+            // A bar redrawn in place on a terminal (every 1%), a line every 10% otherwise.
+            const int pct = total ? static_cast<int>(100 * done / total) : 100;
+            if (pct == last || (!tty && pct / 10 == last / 10 && pct != 100)) return;
+            last = pct;
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            const double rate = s > 0 ? to_mib(done) / s : 0.0;
+            char bar[41];
+            for (int i = 0; i < 40; ++i) bar[i] = i < pct * 40 / 100 ? '#' : '.';
+            bar[40] = '\0';
+            std::fprintf(stderr, "%smoe-llama-probe: writing %s [%s] %3d%% %.0f / %.0f MiB, %.0f MiB/s, %.0f s left%s",
+                         tty ? "\r" : "", gguf_path.c_str(), bar, pct, to_mib(done), to_mib(total), rate,
+                         rate > 0 ? (to_mib(total) - to_mib(done)) / rate : 0.0, tty && pct < 100 ? "" : "\n");
+          },
+          a.splits);
       if (a.save_only) {
         std::uint64_t bytes = 0;
         const mrl::gguf_expert_map saved = mrl::gguf_expert_map::by_name(gguf_path);
@@ -584,7 +593,7 @@ int probe(const probe_args& a) {
           std::ifstream f(p, std::ios::binary | std::ios::ate);
           bytes += static_cast<std::uint64_t>(f.tellg());
         }
-        const char* experts = spec.arch == "qwen3"                ? "none (dense)"
+        const char* experts = spec.arch == "qwen3"              ? "none (dense)"
                               : spec.layer_expert_types.empty() ? ggml_type_name(spec.expert_type)
                                                                 : a.expert_type.c_str();
         std::printf("saved: %s%s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
@@ -664,8 +673,7 @@ int probe(const probe_args& a) {
   mrl::route_recorder<lru_policy> rec(shape, budget);
 
   // The trace header's model: the file, or the random model's general.name (no spaces).
-  std::string label = !a.model_path.empty() ? a.model_path
-                      : !obs.model_name().empty() ? obs.model_name() : obs.arch();
+  std::string label = !a.model_path.empty() ? a.model_path : !obs.model_name().empty() ? obs.model_name() : obs.arch();
   for (char& c : label)
     if (c == ' ' || c == '\t') c = '_';
   std::unique_ptr<mrl::gguf_expert_map> map;
@@ -704,27 +712,26 @@ int probe(const probe_args& a) {
 
   std::size_t first_moe = 0;
   while (!shape.is_moe(layer_id(static_cast<std::uint16_t>(first_moe)))) ++first_moe;
-  std::printf("model: %s (%s), %zu layers (%zu MoE), %zu experts, top-%zu, router %s\n", desc,
-              obs.arch().c_str(), shape.n_layers(), shape.n_moe_layers(), shape.n_experts(),
-              shape.top_k(), to_string(obs.layers()[first_moe].router.type));
-  std::printf("run: %zu prompt tokens, %zu decoded; %zu routers configured\n\n", prompt.size(), a.decode,
-              n_routers);
+  std::printf("model: %s (%s), %zu layers (%zu MoE), %zu experts, top-%zu, router %s\n", desc, obs.arch().c_str(),
+              shape.n_layers(), shape.n_moe_layers(), shape.n_experts(), shape.top_k(),
+              to_string(obs.layers()[first_moe].router.type));
+  std::printf("run: %zu prompt tokens, %zu decoded; %zu routers configured\n\n", prompt.size(), a.decode, n_routers);
   std::fputs(format_text(s.report()).c_str(), stdout);
   std::printf("\n%s\n", rec.cache_line().c_str());
   if (!rec.warning().empty()) std::printf("note: %s\n", rec.warning().c_str());
   if (reader)
     std::printf("warm (%s): %llu expert reads, %.1f MiB from %s in %.3f s, %llu failed\n", a.warm.c_str(),
-                static_cast<unsigned long long>(reader->reads()), to_mib(reader->bytes_read()),
-                gguf_path.c_str(), read_s, static_cast<unsigned long long>(failed_reads));
+                static_cast<unsigned long long>(reader->reads()), to_mib(reader->bytes_read()), gguf_path.c_str(),
+                read_s, static_cast<unsigned long long>(failed_reads));
   const auto& st = obs.stats();
-  std::printf("observer: %llu graphs, %llu layer batches, %llu partial (output rows only, sent), "
-              "%llu not sent, %llu unreadable, %llu unsupported, %llu exceptions%s%s\n",
-              static_cast<unsigned long long>(st.graphs), static_cast<unsigned long long>(st.layer_batches),
-              static_cast<unsigned long long>(sink.partial_layers()),
-              static_cast<unsigned long long>(sink.bad_layers()),
-              static_cast<unsigned long long>(st.unreadable), static_cast<unsigned long long>(st.unsupported),
-              static_cast<unsigned long long>(st.exceptions), st.exceptions ? "; last: " : "",
-              st.exceptions ? obs.last_error() : "");
+  std::printf(
+      "observer: %llu graphs, %llu layer batches, %llu partial (output rows only, sent), "
+      "%llu not sent, %llu unreadable, %llu unsupported, %llu exceptions%s%s\n",
+      static_cast<unsigned long long>(st.graphs), static_cast<unsigned long long>(st.layer_batches),
+      static_cast<unsigned long long>(sink.partial_layers()), static_cast<unsigned long long>(sink.bad_layers()),
+      static_cast<unsigned long long>(st.unreadable), static_cast<unsigned long long>(st.unsupported),
+      static_cast<unsigned long long>(st.exceptions), st.exceptions ? "; last: " : "",
+      st.exceptions ? obs.last_error() : "");
   if (st.metadata_mismatches)
     std::printf("note: %llu layers' GGUF keys disagree with the graph (the graph is used); first: %s\n",
                 static_cast<unsigned long long>(st.metadata_mismatches), obs.metadata_note().c_str());
@@ -773,13 +780,14 @@ int probe(const probe_args& a) {
       obs.set_sink(nullptr);
     }
     const double n = static_cast<double>(a.decode);
-    std::printf("cost (fastest of %d rounds, decode only, ms/token): plain %.3f; callback asking "
-                "nothing %.3f (x%.3f); one split per MoE layer, empty sink %.3f (x%.3f); "
-                "observed with the session %.3f (x%.3f)\n",
-                a.cost_rounds, 1e3 * plain_s / n, 1e3 * idle_s / n, idle_s / plain_s, 1e3 * split_s / n,
-                split_s / plain_s, 1e3 * observed_best / n, observed_best / plain_s);
-    std::printf("      the first observed run, with trace, cache%s: %.3f ms/token\n",
-                reader ? " and reads" : "", 1e3 * observed_s / n);
+    std::printf(
+        "cost (fastest of %d rounds, decode only, ms/token): plain %.3f; callback asking "
+        "nothing %.3f (x%.3f); one split per MoE layer, empty sink %.3f (x%.3f); "
+        "observed with the session %.3f (x%.3f)\n",
+        a.cost_rounds, 1e3 * plain_s / n, 1e3 * idle_s / n, idle_s / plain_s, 1e3 * split_s / n, split_s / plain_s,
+        1e3 * observed_best / n, observed_best / plain_s);
+    std::printf("      the first observed run, with trace, cache%s: %.3f ms/token\n", reader ? " and reads" : "",
+                1e3 * observed_s / n);
   }
   obs.set_sink(nullptr);
   return 0;
@@ -793,22 +801,30 @@ int main(int argc, char** argv) {
   probe_args a;
   CLI::App app{"moe-llama-probe: observe llama.cpp's MoE routing, score predictors, replay a cache"};
   app.add_option("--model", a.model_path, "A GGUF model file (loaded with mmap)");
-  app.add_option("--random", a.random_arch, "A random-weight model of this architecture: qwen3moe, deepseek2, gpt-oss; qwen3 (dense, no experts: for --save-only)");
+  app.add_option("--random", a.random_arch,
+                 "A random-weight model of this architecture: qwen3moe, deepseek2, gpt-oss; qwen3 (dense, no experts: "
+                 "for --save-only)");
   app.add_option("--layers", a.spec.n_layer, "Random model: layers")->check(opt::whole(2, 4096))->capture_default_str();
   app.add_option("--experts", a.spec.n_expert, "Random model: experts per layer")
-      ->check(opt::whole(1, 65536))->capture_default_str();
+      ->check(opt::whole(1, 65536))
+      ->capture_default_str();
   app.add_option("--k", a.spec.n_expert_used, "Random model: experts used per token")
-      ->check(opt::whole(1, 32))->capture_default_str();
+      ->check(opt::whole(1, 32))
+      ->capture_default_str();
   app.add_option("--embd", a.spec.n_embd, "Random model: embedding length (multiple of 64)")
-      ->check(opt::whole(64, 1 << 20))->capture_default_str();
+      ->check(opt::whole(64, 1 << 20))
+      ->capture_default_str();
   app.add_option("--expert-ff", a.spec.n_ff_exp, "Random model: width of one expert")
-      ->check(opt::whole(1, 1 << 20))->capture_default_str();
+      ->check(opt::whole(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--router", a.router, "Random model: router type f32, f16 or bf16")->capture_default_str();
   app.add_option("--prompt", a.prompt, "Prompt text (needs a model with a vocabulary)");
   app.add_option("--tokens", a.tokens, "Prompt length in random tokens when no --prompt")
-      ->check(opt::whole(1, 1 << 20))->capture_default_str();
+      ->check(opt::whole(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--decode", a.decode, "Tokens to decode after the prompt")
-      ->check(opt::whole(0, 1 << 20))->capture_default_str();
+      ->check(opt::whole(0, 1 << 20))
+      ->capture_default_str();
   app.add_option("--budget-mib", a.budget_mib, "LRU cache budget in MiB (default: half of all experts)")
       ->check(opt::real(real_domain::open_closed(0, 1e12)));
   app.add_option("--trace-out", a.trace_out, "Write the route trace (route_trace v1 CSV)");
@@ -819,31 +835,49 @@ int main(int argc, char** argv) {
   app.add_option("--splits", a.splits,
                  "Random model: write --save-model as N splits, as llama.cpp's gguf-split names them "
                  "(--save-model must end in -00001-of-0000N.gguf)")
-      ->check(opt::whole(1, 99))->capture_default_str();
+      ->check(opt::whole(1, 99))
+      ->capture_default_str();
   app.add_flag("--text-vocab", a.spec.text_vocab,
-               "Random model: a text vocabulary (SentencePiece, byte tokens), so --prompt text tokenizes (needs --vocab >= 512)");
+               "Random model: a text vocabulary (SentencePiece, byte tokens), so --prompt text tokenizes (needs "
+               "--vocab >= 512)");
   app.add_option("--expert-type", a.expert_type,
-                 "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see random_model.hpp); "
+                 "Random model: expert weights f32, f16, bf16, q8_0 or q4_K (quantised ones from a pool; see "
+                 "random_model.hpp); "
                  "or a comma list, one type per layer")
       ->capture_default_str();
   app.add_option("--dense-type", a.dense_type,
                  "Random model: 2-D dense weights (attention, embedding, output) f32, or quantised (rows from a pool)")
       ->capture_default_str();
   app.add_option("--heads", a.spec.n_head, "Random model: attention query heads (0: embedding / 64)")
-      ->check(opt::whole(0, 1 << 16))->capture_default_str();
+      ->check(opt::whole(0, 1 << 16))
+      ->capture_default_str();
   app.add_option("--heads-kv", a.spec.n_head_kv, "Random model: attention key/value heads")
-      ->check(opt::whole(1, 1 << 16))->capture_default_str();
+      ->check(opt::whole(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--head-dim", a.spec.head_dim, "Random model: width of one attention head")
-      ->check(opt::whole(1, 1 << 16))->capture_default_str();
+      ->check(opt::whole(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--vocab", a.spec.n_vocab, "Random model: vocabulary size")
-      ->check(opt::whole(1, 1 << 24))->capture_default_str();
-  app.add_option("--shape", a.shape,
-                 "Random model: a real model's shape, every size above taken from it: qwen3-30b-a3b, qwen3-30b-a3b-half")
-      ->excludes("--layers")->excludes("--experts")->excludes("--k")->excludes("--embd")->excludes("--expert-ff")
-      ->excludes("--dense-type")->excludes("--expert-type")->excludes("--heads")->excludes("--heads-kv")
-      ->excludes("--head-dim")->excludes("--vocab")->excludes("--router");
+      ->check(opt::whole(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option(
+         "--shape", a.shape,
+         "Random model: a real model's shape, every size above taken from it: qwen3-30b-a3b, qwen3-30b-a3b-half")
+      ->excludes("--layers")
+      ->excludes("--experts")
+      ->excludes("--k")
+      ->excludes("--embd")
+      ->excludes("--expert-ff")
+      ->excludes("--dense-type")
+      ->excludes("--expert-type")
+      ->excludes("--heads")
+      ->excludes("--heads-kv")
+      ->excludes("--head-dim")
+      ->excludes("--vocab")
+      ->excludes("--router");
   app.add_option("--expert-pool", a.spec.expert_pool, "Random model: distinct quantised experts per kind")
-      ->check(opt::whole(1, 1 << 20))->capture_default_str();
+      ->check(opt::whole(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--load-mode", a.load_mode,
                  "How llama.cpp loads --model: mmap (default), or a stock baseline: no-mmap (read into memory), "
                  "mlock (mmap and lock it all), direct-io (O_DIRECT reads into memory)")
@@ -865,25 +899,29 @@ int main(int argc, char** argv) {
   app.add_flag("--owned-reads", a.owned_reads,
                "Residency: the lanes read each miss themselves (sendfile into the page cache, exact ranges), "
                "not the eval thread's willneed of every miss and populate_read on the lanes");
-  app.add_flag("--pool", a.pool,
-               "Residency: the cache's experts in an expert pool the manager owns (read past the page cache with "
-               "O_DIRECT into memory allocated once, mapped over the expert's pages), not locked page cache; needs cache");
+  app.add_flag(
+      "--pool", a.pool,
+      "Residency: the cache's experts in an expert pool the manager owns (read past the page cache with "
+      "O_DIRECT into memory allocated once, mapped over the expert's pages), not locked page cache; needs cache");
   app.add_option("--spec-cap", a.spec_cap, "Residency: predicted reads per layer at most")
-      ->check(opt::whole(0, 32))->capture_default_str();
+      ->check(opt::whole(0, 32))
+      ->capture_default_str();
   app.add_option("--degrade", a.degrade,
                  "Residency: share of predicted slots replaced by a wrong expert (seeded by --seed)")
-      ->check(opt::real(real_domain::closed(0, 1)))->capture_default_str();
+      ->check(opt::real(real_domain::closed(0, 1)))
+      ->capture_default_str();
   app.add_flag("--no-hit-measure", a.no_hit_measure,
                "Residency: no mincore of the routed experts at each routing (hit_pct stays empty)");
   app.add_option("--residency-when-fits", a.when_fits,
                  "Residency: stand-down (nothing advised when the model fits the memory limit) or act "
                  "(manage it anyway: what the manager costs a token when every routed expert is resident)")
       ->capture_default_str();
-  app.add_option("--per-token-csv", a.per_token_csv,
-                 "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
-                 "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,"
-                 "read_wait_ms,read_waits (proc_*: every thread of the process; read_wait*: the eval thread waiting "
-                 "for the manager's demanded reads, and the layers it had to)");
+  app.add_option(
+      "--per-token-csv", a.per_token_csv,
+      "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
+      "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,"
+      "read_wait_ms,read_waits (proc_*: every thread of the process; read_wait*: the eval thread waiting "
+      "for the manager's demanded reads, and the layers it had to)");
   app.add_option("--metrics-csv", a.metrics_csv,
                  "Write one row per decode token in the phone's metrics format for moe-residency calibrate: "
                  "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms "
@@ -893,7 +931,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", a.seed, "Seed of the prompt and of the sampler")->check(opt::whole())->capture_default_str();
   app.add_flag("--cost", a.cost, "Also measure decode time without and with the observer (ratio)");
   app.add_option("--cost-rounds", a.cost_rounds, "Rounds of the --cost measurement")
-      ->check(opt::whole(1, 1000))->capture_default_str();
+      ->check(opt::whole(1, 1000))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   a.policy_given = app.count("--policy") != 0;
   try {
@@ -907,8 +946,8 @@ int main(int argc, char** argv) {
            "--vocab", "--shape", "--expert-pool", "--expert-type", "--dense-type", "--text-vocab", "--save-model",
            "--splits"},
           !a.random_arch.empty(), "--random (they shape a random-weight model)");
-    needs({"--residency-budget", "--policy", "--lanes", "--serial", "--owned-reads", "--pool", "--spec-cap", "--degrade",
-           "--no-hit-measure", "--residency-when-fits"},
+    needs({"--residency-budget", "--policy", "--lanes", "--serial", "--owned-reads", "--pool", "--spec-cap",
+           "--degrade", "--no-hit-measure", "--residency-when-fits"},
           a.residency != "none", "--residency (the manager's parts)");
     if (app.count("--tokens") != 0 && !a.prompt.empty())
       throw error("--tokens and --prompt: --tokens sizes a random prompt, --prompt gives the text; give one of them");

@@ -121,8 +121,10 @@ inline std::vector<named_shape> named_shapes() {
   q.head_dim = 128;
   q.expert_type = GGML_TYPE_Q4_K;
   q.dense_type = GGML_TYPE_Q4_K;
-  v.push_back({"qwen3-30b-a3b", "Qwen3-30B-A3B: 48 MoE layers x 128 experts, top-8, embedding 2048, expert ff 768, "
-                                "32/4 heads of 128, vocabulary 151936", q});
+  v.push_back({"qwen3-30b-a3b",
+               "Qwen3-30B-A3B: 48 MoE layers x 128 experts, top-8, embedding 2048, expert ff 768, "
+               "32/4 heads of 128, vocabulary 151936",
+               q});
   random_model_spec h = q;  // the same widths, half the layers: about half the file, for quicker runs
   h.n_layer = 24;
   v.push_back({"qwen3-30b-a3b-half", "Qwen3-30B-A3B's layers and widths, 24 of its 48 layers", h});
@@ -177,8 +179,8 @@ inline bool ends_with(const std::string& s, const char* suffix) {
 inline bool is_expert_weight(const std::string& name) { return ends_with(name, "_exps.weight"); }
 
 /// The standard deviation (and mean) a trained network would have for this tensor.
-inline void init_scale(const std::string& name, bool one_dim, std::int64_t fan_in,
-                       const random_model_spec& spec, float& mean, float& stddev) {
+inline void init_scale(const std::string& name, bool one_dim, std::int64_t fan_in, const random_model_spec& spec,
+                       float& mean, float& stddev) {
   mean = 0.0f;
   if (name.find("ffn_gate_inp.weight") != std::string::npos) {
     stddev = spec.router_logit_std / std::sqrt(static_cast<float>(fan_in));
@@ -207,15 +209,9 @@ inline void convert_rows(ggml_type type, const float* f, std::int64_t rows, std:
   out.resize(bytes);
   const std::int64_t n = rows * n_per_row;
   switch (type) {
-    case GGML_TYPE_F32:
-      std::memcpy(out.data(), f, bytes);
-      break;
-    case GGML_TYPE_F16:
-      ggml_fp32_to_fp16_row(f, reinterpret_cast<ggml_fp16_t*>(out.data()), n);
-      break;
-    case GGML_TYPE_BF16:
-      ggml_fp32_to_bf16_row(f, reinterpret_cast<ggml_bf16_t*>(out.data()), n);
-      break;
+    case GGML_TYPE_F32: std::memcpy(out.data(), f, bytes); break;
+    case GGML_TYPE_F16: ggml_fp32_to_fp16_row(f, reinterpret_cast<ggml_fp16_t*>(out.data()), n); break;
+    case GGML_TYPE_BF16: ggml_fp32_to_bf16_row(f, reinterpret_cast<ggml_bf16_t*>(out.data()), n); break;
     default:
       if (ggml_quantize_chunk(type, f, out.data(), 0, rows, n_per_row, nullptr) != bytes)
         throw std::runtime_error(std::string("random model: ggml_quantize_chunk to ") + ggml_type_name(type) +
@@ -242,7 +238,8 @@ class weight_source {
     if (is_expert_weight(name) && ggml_is_quantized(type) && n_dims == 3) {
       const auto& pool = pool_for(name, type, ne[0], ne[1]);
       for (std::int64_t e = 0; e < ne[2]; ++e) {
-        const std::uint64_t pick = splitmix64(spec_.seed ^ fnv1a(name.c_str()) ^ splitmix64(static_cast<std::uint64_t>(e)));
+        const std::uint64_t pick =
+            splitmix64(spec_.seed ^ fnv1a(name.c_str()) ^ splitmix64(static_cast<std::uint64_t>(e)));
         const auto& slice = pool[static_cast<std::size_t>(pick % pool.size())];
         sink(slice.data(), slice.size());
       }
@@ -256,7 +253,8 @@ class weight_source {
       buf_.resize(per_chunk * row);
       std::size_t in_buf = 0;
       for (std::int64_t r = 0; r < ne[1]; ++r) {
-        const std::uint64_t pick = splitmix64(spec_.seed ^ fnv1a(name.c_str()) ^ splitmix64(static_cast<std::uint64_t>(r)));
+        const std::uint64_t pick =
+            splitmix64(spec_.seed ^ fnv1a(name.c_str()) ^ splitmix64(static_cast<std::uint64_t>(r)));
         std::memcpy(buf_.data() + in_buf * row, pool[0].data() + (pick % dense_pool_rows()) * row, row);
         if (++in_buf == per_chunk) {
           sink(buf_.data(), in_buf * row);
@@ -340,14 +338,13 @@ inline void validate(const random_model_spec& spec) {
                                 "'; expected qwen3moe, deepseek2, gpt-oss or qwen3 (dense)");
   if (spec.n_layer < 2) throw std::invalid_argument("random model: --layers must be >= 2");
   if (spec.n_expert_used < 1 || spec.n_expert_used > spec.n_expert)
-    throw std::invalid_argument("random model: --k " + std::to_string(spec.n_expert_used) +
-                                " out of range [1, " + std::to_string(spec.n_expert) + "]");
+    throw std::invalid_argument("random model: --k " + std::to_string(spec.n_expert_used) + " out of range [1, " +
+                                std::to_string(spec.n_expert) + "]");
   if (a == "deepseek2" && (spec.n_expert % 8 != 0 || spec.n_expert / 8 < 2))
     throw std::invalid_argument("random model: deepseek2 uses 8 expert groups; --experts " +
                                 std::to_string(spec.n_expert) + " must be a multiple of 8, >= 16");
   if (spec.n_embd % 64 != 0)
-    throw std::invalid_argument("random model: --embd " + std::to_string(spec.n_embd) +
-                                " must be a multiple of 64");
+    throw std::invalid_argument("random model: --embd " + std::to_string(spec.n_embd) + " must be a multiple of 64");
 
   if (spec.head_dim == 0 || spec.n_head_kv == 0 || (spec.n_head != 0 && spec.n_head % spec.n_head_kv != 0))
     throw std::invalid_argument("random model: heads " + std::to_string(spec.n_head) + "/" +
@@ -378,8 +375,8 @@ inline void validate(const random_model_spec& spec) {
                            std::pair<const char*, std::uint32_t>{"--expert-ff", spec.n_ff_exp}})
       if (v % blck != 0)
         throw std::invalid_argument(std::string("random model: ") + what + " " + std::to_string(v) +
-                                    " must be a multiple of " + std::to_string(blck) + " for " +
-                                    ggml_type_name(t) + " experts (its block size)");
+                                    " must be a multiple of " + std::to_string(blck) + " for " + ggml_type_name(t) +
+                                    " experts (its block size)");
   }
 }
 
@@ -504,7 +501,8 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
   }
   for (std::uint32_t il = 0; il < spec.n_layer; ++il) {
     if (spec.dense_type != GGML_TYPE_F32)
-      for (const char* fmt : {"blk.%u.attn_q.weight", "blk.%u.attn_k.weight", "blk.%u.attn_v.weight", "blk.%u.attn_output.weight"})
+      for (const char* fmt :
+           {"blk.%u.attn_q.weight", "blk.%u.attn_k.weight", "blk.%u.attn_v.weight", "blk.%u.attn_output.weight"})
         entry(spec.dense_type, fmt, il);
     if (spec.router_type != GGML_TYPE_F32) entry(spec.router_type, "blk.%u.ffn_gate_inp.weight", il);
     const ggml_type et = expert_type_of(spec, il);
@@ -617,8 +615,7 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
 /// order, cut into runs of about equal bytes; the first file holds every
 /// metadata key, each file split.no, split.count and split.tensors.count.
 inline void save_random_gguf(const random_model_spec& spec, const std::string& path,
-                             const std::function<void(std::uint64_t, std::uint64_t)>& progress = {},
-                             int splits = 1) {
+                             const std::function<void(std::uint64_t, std::uint64_t)>& progress = {}, int splits = 1) {
   const std::vector<tensor_entry> tensors = random_model_tensors(spec);
   if (splits < 1 || static_cast<std::size_t>(splits) > tensors.size() || splits > 99999)
     throw std::invalid_argument("random model: " + std::to_string(splits) + " splits; expected 1 to " +
@@ -650,8 +647,10 @@ inline void save_random_gguf(const random_model_spec& spec, const std::string& p
     std::uint64_t acc = 0;
     for (std::size_t i = 0; i < tensors.size() && cut.size() < static_cast<std::size_t>(splits); ++i) {
       acc += ggml_nbytes(made[i]);
-      const std::size_t left_tensors = tensors.size() - (i + 1), left_splits = static_cast<std::size_t>(splits) - cut.size();
-      if (acc * static_cast<std::uint64_t>(splits) >= total * cut.size() || left_tensors == left_splits) cut.push_back(i + 1);
+      const std::size_t left_tensors = tensors.size() - (i + 1),
+                        left_splits = static_cast<std::size_t>(splits) - cut.size();
+      if (acc * static_cast<std::uint64_t>(splits) >= total * cut.size() || left_tensors == left_splits)
+        cut.push_back(i + 1);
     }
     cut.push_back(tensors.size());
   }
@@ -673,7 +672,8 @@ inline void save_random_gguf(const random_model_spec& spec, const std::string& p
     auto fail = [&](const char* what) {
       f.reset();
       std::remove(part.c_str());
-      throw std::runtime_error(std::string("random model: ") + what + " '" + part + "' failed: " + std::strerror(errno));
+      throw std::runtime_error(std::string("random model: ") + what + " '" + part +
+                               "' failed: " + std::strerror(errno));
     };
     if (!gguf_write_to_file_ptr(g.get(), f.get(), true)) fail("writing the metadata of");
     const long data_start = std::ftell(f.get());

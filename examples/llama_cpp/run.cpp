@@ -102,9 +102,10 @@ std::string summary_line(const outcome& o) {
   std::snprintf(line, sizeof line,
                 "moe-run: %s: prompt %zu tokens %.2f tok/s, decode %zu tokens %.3f tok/s, p50 %.1f ms, p90 %.1f ms, "
                 "%.1f MiB read/token, expert hit %s, pinned %.0f MiB, %.2f major faults/token",
-                o.label.c_str(), o.prompt_tokens, o.prompt_s > 0 ? static_cast<double>(o.prompt_tokens) / o.prompt_s : 0.0,
-                o.decode_ms.size(), o.decode_s > 0 ? n / o.decode_s : 0.0, percentile(o.decode_ms, 0.5),
-                percentile(o.decode_ms, 0.9), n > 0 ? mib(o.read_bytes) / n : 0.0, hit, o.pinned_mib,
+                o.label.c_str(), o.prompt_tokens,
+                o.prompt_s > 0 ? static_cast<double>(o.prompt_tokens) / o.prompt_s : 0.0, o.decode_ms.size(),
+                o.decode_s > 0 ? n / o.decode_s : 0.0, percentile(o.decode_ms, 0.5), percentile(o.decode_ms, 0.9),
+                n > 0 ? mib(o.read_bytes) / n : 0.0, hit, o.pinned_mib,
                 n > 0 ? static_cast<double>(o.majflt) / n : 0.0);
   return line;
 }
@@ -133,8 +134,8 @@ std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& t
                          static_cast<int32_t>(t.size()), true, true);
   if (n < 0) {
     t.resize(static_cast<std::size_t>(-n));
-    n = llama_tokenize(vocab, text.c_str(), static_cast<int32_t>(text.size()), t.data(),
-                       static_cast<int32_t>(t.size()), true, true);
+    n = llama_tokenize(vocab, text.c_str(), static_cast<int32_t>(text.size()), t.data(), static_cast<int32_t>(t.size()),
+                       true, true);
   }
   if (n <= 0) throw error("-p: the model's vocabulary produced no tokens for the prompt");
   t.resize(static_cast<std::size_t>(n));
@@ -144,7 +145,8 @@ std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& t
 std::string prompt_text(const run_args& a, const llama_model* m) {
   if (!a.chat) return a.prompt;
   const char* tmpl = llama_model_chat_template(m, nullptr);
-  if (tmpl == nullptr) throw error("--chat: " + a.model + " has no chat template (tokenizer.chat_template); drop --chat");
+  if (tmpl == nullptr)
+    throw error("--chat: " + a.model + " has no chat template (tokenizer.chat_template); drop --chat");
   llama_chat_message msg{"user", a.prompt.c_str()};
   std::vector<char> buf(a.prompt.size() * 2 + 512);
   int n = llama_chat_apply_template(tmpl, &msg, 1, true, buf.data(), static_cast<int32_t>(buf.size()));
@@ -227,7 +229,8 @@ outcome generate(const run_args& a, bool want_managed) {
 
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = static_cast<std::uint32_t>(prompt.size() + static_cast<std::size_t>(a.n_predict) + 16);
-  cp.n_batch = cp.n_ubatch = static_cast<std::uint32_t>(std::min<std::size_t>(cp.n_ctx, static_cast<std::size_t>(a.batch)));
+  cp.n_batch = cp.n_ubatch =
+      static_cast<std::uint32_t>(std::min<std::size_t>(cp.n_ctx, static_cast<std::size_t>(a.batch)));
   cp.n_threads = cp.n_threads_batch = a.threads;
   cp.no_perf = true;
 
@@ -235,8 +238,9 @@ outcome generate(const run_args& a, bool want_managed) {
   std::unique_ptr<mrl::residency_manager> res;
   bool managed = parts && want_managed;
   if (managed && a.no_mmap) {
-    std::fprintf(stderr, "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to "
-                         "manage; running stock\n");
+    std::fprintf(stderr,
+                 "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to "
+                 "manage; running stock\n");
     managed = false;
   }
   if (managed) obs.install(cp);
@@ -249,7 +253,8 @@ outcome generate(const run_args& a, bool want_managed) {
     llama_memory_clear(llama_get_memory(ctx.get()), true);
     obs.set_position(0);
     if (!obs.structure_known()) {
-      std::fprintf(stderr, "moe-run: %s has no MoE routing in its graph (a dense model): nothing to manage; running stock\n",
+      std::fprintf(stderr,
+                   "moe-run: %s has no MoE routing in its graph (a dense model): nothing to manage; running stock\n",
                    a.model.c_str());
       managed = false;
     }
@@ -267,8 +272,8 @@ outcome generate(const run_args& a, bool want_managed) {
     const double budget = a.budget == "auto" ? 0.0 : std::stod(a.budget) * 1024 * 1024;
     if (ro.cache && lim.bytes != 0 && budget + static_cast<double>(dense) >= static_cast<double>(lim.bytes))
       throw error("--budget " + a.budget + " MiB + the dense weights' " + std::to_string(std::llround(mib(dense))) +
-                  " MiB do not fit the memory limit of " + std::to_string(std::llround(mib(lim.bytes))) +
-                  " MiB (" + lim.source + "); expected a budget below " +
+                  " MiB do not fit the memory limit of " + std::to_string(std::llround(mib(lim.bytes))) + " MiB (" +
+                  lim.source + "); expected a budget below " +
                   std::to_string(static_cast<long long>(mib(lim.bytes > dense ? lim.bytes - dense : 0))) +
                   " MiB, or --budget auto");
   }
@@ -298,12 +303,14 @@ outcome generate(const run_args& a, bool want_managed) {
       experts += ms.expert_bytes(layer_id(static_cast<std::uint16_t>(l))) * ms.n_experts();
     shape = ms;
     if (!res->unmanaged_note().empty())
-      std::fprintf(stderr, "moe-run: left to llama.cpp, not in the file's mapping: %s\n", res->unmanaged_note().c_str());
+      std::fprintf(stderr, "moe-run: left to llama.cpp, not in the file's mapping: %s\n",
+                   res->unmanaged_note().c_str());
     std::string what;
     if (res->standing_down()) what = "the model fits: nothing advised (" + res->fit_note() + ")";
     else if (ro.cache)
-      what = "budget " + std::string(a.budget == "auto" ? "auto " : "") + std::to_string(static_cast<long long>(mib(res->budget_bytes()))) +
-             " MiB" + (res->budget_note().empty() ? std::string() : " (" + res->budget_note() + ")") + ", policy " +
+      what = "budget " + std::string(a.budget == "auto" ? "auto " : "") +
+             std::to_string(static_cast<long long>(mib(res->budget_bytes()))) + " MiB" +
+             (res->budget_note().empty() ? std::string() : " (" + res->budget_note() + ")") + ", policy " +
              res->policy_name();
     else what = "no pinned cache";
     std::fprintf(stderr,
@@ -311,11 +318,11 @@ outcome generate(const run_args& a, bool want_managed) {
                  "memory limit %.0f MiB (%s); %s; parts %s; %d threads\n",
                  shape.n_moe_layers(), shape.n_experts(), shape.top_k(), a.model.c_str(), mib(experts),
                  res->unmanaged_note().empty() ? "dense" : "the rest (dense and left to llama.cpp)",
-                 mib(total > experts ? total - experts : 0), mib(lim.bytes), lim.source.empty() ? "unknown" : lim.source.c_str(),
-                 what.c_str(), a.residency.c_str(), a.threads);
+                 mib(total > experts ? total - experts : 0), mib(lim.bytes),
+                 lim.source.empty() ? "unknown" : lim.source.c_str(), what.c_str(), a.residency.c_str(), a.threads);
   }
   o.managed = res != nullptr;
-  o.label = !res ? "residency off"
+  o.label = !res                   ? "residency off"
             : res->standing_down() ? "residency " + a.residency + " (stood down: the model fits)"
                                    : "residency " + a.residency + (a.pool ? " in the expert pool" : "");
 
@@ -326,7 +333,8 @@ outcome generate(const run_args& a, bool want_managed) {
     if (prompt.size() > cp.n_batch && !a.quiet)
       std::fprintf(stderr, "%smoe-run: prompt %zu / %zu tokens%s", tty ? "\r" : "", at + n, prompt.size(),
                    tty && at + n < prompt.size() ? "" : "\n");
-    if (llama_decode(ctx.get(), llama_batch_get_one(const_cast<llama_token*>(prompt.data() + at), static_cast<int32_t>(n))) != 0)
+    if (llama_decode(ctx.get(),
+                     llama_batch_get_one(const_cast<llama_token*>(prompt.data() + at), static_cast<int32_t>(n))) != 0)
       throw error("llama_decode failed on the prompt (tokens " + std::to_string(at) + "..)");
     if (res) res->settle();
   }
@@ -362,7 +370,8 @@ outcome generate(const run_args& a, bool want_managed) {
   if (res) {
     const mrl::residency_stats s1 = res->stats();
     const std::uint64_t routed = s1.routed_experts - s0.routed_experts;
-    if (routed) o.hit_pct = 100.0 * static_cast<double>(s1.routed_resident - s0.routed_resident) / static_cast<double>(routed);
+    if (routed)
+      o.hit_pct = 100.0 * static_cast<double>(s1.routed_resident - s0.routed_resident) / static_cast<double>(routed);
     o.pinned_mib = mib(s1.pinned_bytes + s1.dense_bytes);
     obs.set_sink(nullptr);
   }
@@ -381,18 +390,22 @@ int run(run_args a) {
     (void)moe_residency::detail::parse_real(a.budget, "--budget (auto, or MiB)",
                                             moe_residency::detail::real_domain::open_closed(0, 1e9));
     if (!manages || !probe.cache)
-      throw error("--budget " + a.budget + " with --residency " + a.residency +
-                  ": the budget is the cache's, and the cache is not on; expected --residency all or a list with cache");
+      throw error(
+          "--budget " + a.budget + " with --residency " + a.residency +
+          ": the budget is the cache's, and the cache is not on; expected --residency all or a list with cache");
   }
   if (a.pool && (!manages || !probe.cache))
-    throw error("--pool with --residency " + a.residency +
-                ": the pool holds the cache's experts, and the cache is not on; expected --residency all or a list with cache");
+    throw error(
+        "--pool with --residency " + a.residency +
+        ": the pool holds the cache's experts, and the cache is not on; expected --residency all or a list with cache");
   // The files first (a later split, a missing or misnamed split, a truncated
   // file), with the file named, before llama.cpp's own messages.
   (void)model_bytes(a.model);
-  llama_log_set([](ggml_log_level level, const char* text, void*) {
-    if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-  }, nullptr);
+  llama_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+      },
+      nullptr);
   llama_backend_init();
   if (!a.compare) {
     const outcome o = generate(a, true);
@@ -424,38 +437,52 @@ int main(int argc, char** argv) {
   run_args a;
   CLI::App app{"moe-run: generate text from a MoE GGUF with expert residency on"};
   app.add_option("-m,--model", a.model, "The GGUF model (a split model: its first file, ...-00001-of-0000N.gguf)")
-      ->required()->check(CLI::ExistingFile);
+      ->required()
+      ->check(CLI::ExistingFile);
   app.add_option("-p,--prompt", a.prompt, "The prompt")->required();
   app.add_option("-n,--n-predict", a.n_predict, "Tokens to generate")
-      ->check(opt::whole(1, 1 << 20))->capture_default_str();
+      ->check(opt::whole(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("-t,--threads", a.threads, "Threads (default: every core)")
-      ->check(opt::whole(1, 1024))->capture_default_str();
-  app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")->capture_default_str();
-  app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")->capture_default_str();
-  app.add_option("--policy", a.policy, "The expert cache's policy: " + mrl::live_cache_policy_names())->capture_default_str();
+      ->check(opt::whole(1, 1024))
+      ->capture_default_str();
+  app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")
+      ->capture_default_str();
+  app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")
+      ->capture_default_str();
+  app.add_option("--policy", a.policy, "The expert cache's policy: " + mrl::live_cache_policy_names())
+      ->capture_default_str();
   app.add_flag("--chat", a.chat, "Apply the model's chat template to the prompt (one user turn)");
   app.add_flag("--pool", a.pool,
                "Keep the cache's experts in an expert pool (read past the page cache into memory allocated once, "
                "the next layer's predicted experts placed ahead) instead of locked page cache; Linux");
   app.add_option("--temp", a.temp, "Temperature; 0: greedy")
-      ->check(opt::real(real_domain::closed(0, 100)))->capture_default_str();
+      ->check(opt::real(real_domain::closed(0, 100)))
+      ->capture_default_str();
   app.add_option("--top-k", a.top_k, "Top-k (with --temp)")->check(opt::whole(1, 1 << 30))->capture_default_str();
   app.add_option("--top-p", a.top_p, "Top-p (with --temp)")
-      ->check(opt::real(real_domain::closed(0, 1)))->capture_default_str();
+      ->check(opt::real(real_domain::closed(0, 1)))
+      ->capture_default_str();
   app.add_option("--seed", a.seed, "Sampler seed (with --temp)")
-      ->check(opt::whole(0, UINT32_MAX))->capture_default_str();
-  app.add_flag("--compare", a.compare,
-               "Run residency off, drop the page cache, run it on: both summaries, the ratio, and whether the texts match");
+      ->check(opt::whole(0, UINT32_MAX))
+      ->capture_default_str();
+  app.add_flag(
+      "--compare", a.compare,
+      "Run residency off, drop the page cache, run it on: both summaries, the ratio, and whether the texts match");
   app.add_flag("--ignore-eos", a.ignore_eos, "Do not stop at an end-of-generation token");
   app.add_flag("--repack", a.repack,
                "Let llama.cpp's CPU backend repack quantised weights (its extra buffer types, llama.cpp's default): "
                "the repacked experts are copies outside the file's mapping, left to llama.cpp; the rest managed");
   app.add_option("--n-gpu-layers,--ngl", a.n_gpu_layers,
-                 "Layers to offload to a GPU (a llama.cpp built with one): their experts are left to llama.cpp, the rest managed")
-      ->check(opt::whole(0, 1 << 20))->capture_default_str();
-  app.add_flag("--no-mmap", a.no_mmap, "Load the weights into memory (llama.cpp's --no-mmap): nothing to manage, runs stock");
+                 "Layers to offload to a GPU (a llama.cpp built with one): their experts are left to llama.cpp, the "
+                 "rest managed")
+      ->check(opt::whole(0, 1 << 20))
+      ->capture_default_str();
+  app.add_flag("--no-mmap", a.no_mmap,
+               "Load the weights into memory (llama.cpp's --no-mmap): nothing to manage, runs stock");
   app.add_option("--batch", a.batch, "Prompt batch (tokens per graph)")
-      ->check(opt::whole(1, 1 << 16))->capture_default_str();
+      ->check(opt::whole(1, 1 << 16))
+      ->capture_default_str();
   app.add_flag("-q,--quiet", a.quiet, "No text to stdout (the summary lines only)");
   CLI11_PARSE(app, argc, argv);
   a.policy_given = app.count("--policy") != 0;
@@ -464,8 +491,8 @@ int main(int argc, char** argv) {
     if (!(a.temp > 0))
       for (const char* o : {"--top-k", "--top-p", "--seed"})
         if (app.count(o) != 0)
-          throw error(std::string(o) + " has no effect without --temp above 0 (greedy decoding); give --temp, or drop " +
-                      o);
+          throw error(std::string(o) +
+                      " has no effect without --temp above 0 (greedy decoding); give --temp, or drop " + o);
     return run(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moe-run: %s\n", e.what());

@@ -34,9 +34,7 @@ constexpr std::size_t to_index(expert_id e) noexcept { return static_cast<std::s
 /// `phase` column of route_trace v1.
 enum class run_phase : std::uint8_t { prefill = 0, decode = 1 };
 
-inline const char* to_string(run_phase p) noexcept {
-  return p == run_phase::prefill ? "prefill" : "decode";
-}
+inline const char* to_string(run_phase p) noexcept { return p == run_phase::prefill ? "prefill" : "decode"; }
 
 /// A non-owning view of contiguous elements (std::span is C++20).
 template <class T>
@@ -46,8 +44,7 @@ class span {
   using value_type = std::remove_cv_t<T>;
   constexpr span() noexcept = default;
   constexpr span(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
-  template <class Container,
-            class = decltype(std::declval<Container&>().data()),
+  template <class Container, class = decltype(std::declval<Container&>().data()),
             class = decltype(std::declval<Container&>().size())>
   constexpr span(Container& c) noexcept  // NOLINT(google-explicit-constructor)
       : data_(c.data()), size_(c.size()) {}
@@ -59,9 +56,7 @@ class span {
   constexpr T& operator[](std::size_t i) const noexcept { return data_[i]; }
   constexpr T* begin() const noexcept { return data_; }
   constexpr T* end() const noexcept { return data_ + size_; }
-  constexpr span subspan(std::size_t offset, std::size_t count) const noexcept {
-    return span(data_ + offset, count);
-  }
+  constexpr span subspan(std::size_t offset, std::size_t count) const noexcept { return span(data_ + offset, count); }
 
  private:
   T* data_ = nullptr;
@@ -78,39 +73,33 @@ class model_shape {
   /// All layers MoE. `expert_bytes[l]` is the bytes to read one expert of
   /// layer l. Throws `error` on k outside [1, min(32, n_experts)], on
   /// n_experts outside [1, 65535], or on a MoE layer with zero bytes.
-  model_shape(std::string name, std::size_t n_experts, std::size_t top_k,
-              std::vector<std::uint64_t> expert_bytes)
+  model_shape(std::string name, std::size_t n_experts, std::size_t top_k, std::vector<std::uint64_t> expert_bytes)
       : model_shape(std::move(name), n_experts, top_k, std::move(expert_bytes), {}) {}
 
   /// `is_moe[l]` false marks a dense layer (its expert bytes must be 0).
   /// An empty `is_moe` means every layer is MoE.
-  model_shape(std::string name, std::size_t n_experts, std::size_t top_k,
-              std::vector<std::uint64_t> expert_bytes, std::vector<bool> is_moe)
+  model_shape(std::string name, std::size_t n_experts, std::size_t top_k, std::vector<std::uint64_t> expert_bytes,
+              std::vector<bool> is_moe)
       : name_(std::move(name)),
         n_experts_(n_experts),
         top_k_(top_k),
         expert_bytes_(std::move(expert_bytes)),
         is_moe_(std::move(is_moe)) {
     const std::string who = "model_shape '" + name_ + "': ";
-    if (expert_bytes_.empty())
-      throw error(who + "no layers (expert_bytes is empty); expected one entry per layer");
+    if (expert_bytes_.empty()) throw error(who + "no layers (expert_bytes is empty); expected one entry per layer");
     if (expert_bytes_.size() > std::numeric_limits<std::uint16_t>::max())
-      throw error(who + std::to_string(expert_bytes_.size()) +
-                  " layers; expected at most 65535");
+      throw error(who + std::to_string(expert_bytes_.size()) + " layers; expected at most 65535");
     if (n_experts_ < 1 || n_experts_ > std::numeric_limits<std::uint16_t>::max())
-      throw error(who + "n_experts " + std::to_string(n_experts_) +
-                  " out of range; expected [1, 65535]");
+      throw error(who + "n_experts " + std::to_string(n_experts_) + " out of range; expected [1, 65535]");
     if (top_k_ < 1 || top_k_ > max_top_k)
-      throw error(who + "top-k " + std::to_string(top_k_) + " out of range; expected [1, " +
-                  std::to_string(max_top_k) + "]");
+      throw error(who + "top-k " + std::to_string(top_k_) + " out of range; expected [1, " + std::to_string(max_top_k) +
+                  "]");
     if (top_k_ > n_experts_)
-      throw error(who + "top-k " + std::to_string(top_k_) + " exceeds n_experts " +
-                  std::to_string(n_experts_));
+      throw error(who + "top-k " + std::to_string(top_k_) + " exceeds n_experts " + std::to_string(n_experts_));
     if (is_moe_.empty()) is_moe_.assign(expert_bytes_.size(), true);
     if (is_moe_.size() != expert_bytes_.size())
-      throw error(who + "is_moe has " + std::to_string(is_moe_.size()) +
-                  " entries but expert_bytes has " + std::to_string(expert_bytes_.size()) +
-                  "; expected one of each per layer");
+      throw error(who + "is_moe has " + std::to_string(is_moe_.size()) + " entries but expert_bytes has " +
+                  std::to_string(expert_bytes_.size()) + "; expected one of each per layer");
     for (std::size_t l = 0; l < expert_bytes_.size(); ++l) {
       if (is_moe_[l]) {
         ++n_moe_layers_;
@@ -131,12 +120,8 @@ class model_shape {
   std::size_t n_moe_layers() const noexcept { return n_moe_layers_; }
   std::size_t n_experts() const noexcept { return n_experts_; }
   std::size_t top_k() const noexcept { return top_k_; }
-  bool is_moe(layer_id l) const noexcept {
-    return to_index(l) < is_moe_.size() && is_moe_[to_index(l)];
-  }
-  bool contains(layer_id l, expert_id e) const noexcept {
-    return is_moe(l) && to_index(e) < n_experts_;
-  }
+  bool is_moe(layer_id l) const noexcept { return to_index(l) < is_moe_.size() && is_moe_[to_index(l)]; }
+  bool contains(layer_id l, expert_id e) const noexcept { return is_moe(l) && to_index(e) < n_experts_; }
   /// Bytes to read one expert of layer l (0 for a dense or unknown layer).
   std::uint64_t expert_bytes(layer_id l) const noexcept {
     return to_index(l) < expert_bytes_.size() ? expert_bytes_[to_index(l)] : 0;
@@ -145,17 +130,13 @@ class model_shape {
 
   /// The same model routed with a different top-k (engines expose
   /// `--n-expert-used`). Throws like the constructor.
-  model_shape with_top_k(std::size_t k) const {
-    return model_shape(name_, n_experts_, k, expert_bytes_, is_moe_);
-  }
+  model_shape with_top_k(std::size_t k) const { return model_shape(name_, n_experts_, k, expert_bytes_, is_moe_); }
 
   friend bool operator==(const model_shape& a, const model_shape& b) noexcept {
-    return a.n_experts_ == b.n_experts_ && a.top_k_ == b.top_k_ &&
-           a.expert_bytes_ == b.expert_bytes_ && a.is_moe_ == b.is_moe_;
+    return a.n_experts_ == b.n_experts_ && a.top_k_ == b.top_k_ && a.expert_bytes_ == b.expert_bytes_ &&
+           a.is_moe_ == b.is_moe_;
   }
-  friend bool operator!=(const model_shape& a, const model_shape& b) noexcept {
-    return !(a == b);
-  }
+  friend bool operator!=(const model_shape& a, const model_shape& b) noexcept { return !(a == b); }
 
  private:
   std::string name_;
@@ -178,8 +159,7 @@ inline std::uint64_t token_cycle_bytes(const model_shape& shape) noexcept {
 
 /// The MoE layer `horizon` MoE layers after `source` (horizon 0: source
 /// itself when it is MoE), or false when there is none.
-inline bool moe_layer_ahead(const model_shape& shape, layer_id source, std::size_t horizon,
-                            layer_id& target) noexcept {
+inline bool moe_layer_ahead(const model_shape& shape, layer_id source, std::size_t horizon, layer_id& target) noexcept {
   std::size_t l = to_index(source);
   if (horizon == 0) {
     target = source;
@@ -270,8 +250,7 @@ class ranking {
   span<const float> weights() const noexcept { return {weights_.data(), size_}; }
 
   /// Appends the next-ranked expert; false when full.
-  bool push_back(expert_id e, float score,
-                 float weight = std::numeric_limits<float>::quiet_NaN()) noexcept {
+  bool push_back(expert_id e, float score, float weight = std::numeric_limits<float>::quiet_NaN()) noexcept {
     if (size_ == capacity) return false;
     ids_[size_] = e;
     scores_[size_] = score;

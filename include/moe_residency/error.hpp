@@ -13,10 +13,9 @@
 /// Checks an internal invariant. Active unless NDEBUG is defined (define
 /// MOE_RESIDENCY_ENABLE_ASSERTS to keep it in release builds). Override by
 /// defining MOE_RESIDENCY_ASSERT(cond) before including any header.
-#define MOE_RESIDENCY_ASSERT(cond)                                             \
-  ((cond) ? static_cast<void>(0)                                               \
-          : (std::fprintf(stderr, "moe_residency: %s:%d: assertion '%s' failed\n", \
-                          __FILE__, __LINE__, #cond),                          \
+#define MOE_RESIDENCY_ASSERT(cond)                                                                             \
+  ((cond) ? static_cast<void>(0)                                                                               \
+          : (std::fprintf(stderr, "moe_residency: %s:%d: assertion '%s' failed\n", __FILE__, __LINE__, #cond), \
              std::abort()))
 #else
 #define MOE_RESIDENCY_ASSERT(cond) static_cast<void>(0)
@@ -41,10 +40,8 @@ using warning_sink = std::function<void(const std::string&)>;
 namespace detail {
 /// Delivers a warning to `sink`, or to stderr when the sink is empty.
 inline void emit_warning(const warning_sink& sink, const std::string& text) {
-  if (sink)
-    sink(text);
-  else
-    std::fprintf(stderr, "moe_residency: warning: %s\n", text.c_str());
+  if (sink) sink(text);
+  else std::fprintf(stderr, "moe_residency: warning: %s\n", text.c_str());
 }
 }  // namespace detail
 

@@ -47,9 +47,7 @@ enum class read_outcome : std::uint8_t {
   not_run = 4,    ///< never called: a demanded read on a scheduler that was shut down
 };
 
-inline const char* to_string(read_reason r) noexcept {
-  return r == read_reason::demanded ? "demanded" : "speculative";
-}
+inline const char* to_string(read_reason r) noexcept { return r == read_reason::demanded ? "demanded" : "speculative"; }
 inline const char* to_string(read_outcome o) noexcept {
   switch (o) {
     case read_outcome::ok: return "ok";
@@ -112,21 +110,21 @@ struct scheduler_options {
 struct scheduler_stats {
   // speculative
   std::uint64_t issued = 0, issued_bytes = 0;        ///< accepted by speculate()
-  std::uint64_t rejected = 0;      ///< refused by speculate(): queue full or shut down (not issued)
-  std::uint64_t cancelled = 0;     ///< dequeued by quiesce()/shutdown before a lane called the host
+  std::uint64_t rejected = 0;                        ///< refused by speculate(): queue full or shut down (not issued)
+  std::uint64_t cancelled = 0;                       ///< dequeued by quiesce()/shutdown before a lane called the host
   std::uint64_t completed = 0, completed_bytes = 0;  ///< callback returned ok (disowned ones included)
-  std::uint64_t failed = 0;        ///< callback failed, timed out or threw
-  std::uint64_t timed_out = 0, threw = 0;  ///< of failed: returned read_status::timed_out; threw
-  std::uint64_t in_flight = 0;     ///< in a lane right now (disowned ones included)
-  std::uint64_t queued = 0;        ///< waiting for a lane right now
-  std::uint64_t disowned = 0;      ///< in flight when a quiesce stopped waiting for them
+  std::uint64_t failed = 0;                          ///< callback failed, timed out or threw
+  std::uint64_t timed_out = 0, threw = 0;            ///< of failed: returned read_status::timed_out; threw
+  std::uint64_t in_flight = 0;                       ///< in a lane right now (disowned ones included)
+  std::uint64_t queued = 0;                          ///< waiting for a lane right now
+  std::uint64_t disowned = 0;                        ///< in flight when a quiesce stopped waiting for them
   std::uint64_t discarded = 0, discarded_bytes = 0;  ///< disowned reads that completed ok; never handed back
-  std::uint64_t delivered = 0;     ///< completed reads handed back by quiesce (ok or not)
+  std::uint64_t delivered = 0;                       ///< completed reads handed back by quiesce (ok or not)
   // demanded
-  std::uint64_t demanded = 0, demanded_bytes = 0;    ///< demanded reads run
-  std::uint64_t demanded_failed = 0;  ///< of demanded: failed, timed out, threw or not run
-  std::uint64_t demanded_queued = 0;  ///< demanded reads waiting for a lane right now
-  std::uint64_t demand_loads = 0, quiesces = 0;  ///< demand() / begin_demand() and quiesce() calls
+  std::uint64_t demanded = 0, demanded_bytes = 0;  ///< demanded reads run
+  std::uint64_t demanded_failed = 0;               ///< of demanded: failed, timed out, threw or not run
+  std::uint64_t demanded_queued = 0;               ///< demanded reads waiting for a lane right now
+  std::uint64_t demand_loads = 0, quiesces = 0;    ///< demand() / begin_demand() and quiesce() calls
   // stall seen by the host, nanoseconds
   std::uint64_t quiesce_wait_ns = 0;  ///< inside quiesce(): waiting for in-flight speculation
   std::uint64_t demand_ns = 0;        ///< the host waiting for demanded reads (demand(), end_demand())
@@ -134,9 +132,7 @@ struct scheduler_stats {
   std::uint64_t demand_waits = 0;     ///< end_demand() calls that found reads running and blocked
 
   std::uint64_t stall_ns() const noexcept { return quiesce_wait_ns + demand_ns; }
-  bool balanced() const noexcept {
-    return issued == completed + cancelled + failed + in_flight + queued;
-  }
+  bool balanced() const noexcept { return issued == completed + cancelled + failed + in_flight + queued; }
 };
 
 /// N lanes calling the host's read callback; demanded before speculative.
@@ -154,8 +150,7 @@ class read_scheduler {
         completions_(options.queue_capacity),
         handed_(options.queue_capacity) {
     if (!read_) throw error("read_scheduler: the read callback is empty; expected a callable");
-    if (options_.queue_capacity == 0)
-      throw error("read_scheduler: queue_capacity 0; expected at least 1");
+    if (options_.queue_capacity == 0) throw error("read_scheduler: queue_capacity 0; expected at least 1");
     if (options_.lanes > 256)
       throw error("read_scheduler: " + std::to_string(options_.lanes) +
                   " lanes; expected at most 256 (storage saturates far earlier)");
@@ -165,13 +160,12 @@ class read_scheduler {
     lanes_.resize(options_.lanes);
     threads_.reserve(options_.lanes);
     try {
-      for (std::size_t i = 0; i < options_.lanes; ++i)
-        threads_.emplace_back([this, i] { lane_main(i); });
+      for (std::size_t i = 0; i < options_.lanes; ++i) threads_.emplace_back([this, i] { lane_main(i); });
     } catch (const std::exception& e) {
       const std::size_t started = threads_.size();
       stop_and_join();
-      throw error("read_scheduler: could not start lane thread " + std::to_string(started + 1) +
-                  " of " + std::to_string(options_.lanes) + ": " + e.what() +
+      throw error("read_scheduler: could not start lane thread " + std::to_string(started + 1) + " of " +
+                  std::to_string(options_.lanes) + ": " + e.what() +
                   " (fewer lanes, or lanes = 0 for synchronous reads)");
     }
   }
@@ -248,10 +242,8 @@ class read_scheduler {
     if (!synchronous()) {
       if (options_.mode == quiesce_mode::wait && owned_in_flight_ > 0) {
         auto none_owned = [this] { return owned_in_flight_ == 0; };
-        if (options_.wait_limit.count() == 0)
-          done_cv_.wait(lock, none_owned);
-        else
-          done_cv_.wait_for(lock, options_.wait_limit, none_owned);
+        if (options_.wait_limit.count() == 0) done_cv_.wait(lock, none_owned);
+        else done_cv_.wait_for(lock, options_.wait_limit, none_owned);
       }
       if (owned_in_flight_ > 0) {
         for (lane_state& s : lanes_) {
@@ -356,8 +348,7 @@ class read_scheduler {
   };
 
   static std::uint64_t elapsed_ns(clock::time_point t0) noexcept {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
   }
 
   read_outcome invoke(const read_request& r, read_reason why) const noexcept {
@@ -386,16 +377,14 @@ class read_scheduler {
   }
 
   // Under mu_.
-  std::size_t finish_demand(span<const read_request> reads, span<read_outcome> outcomes,
-                            std::size_t n, clock::time_point t0) noexcept {
+  std::size_t finish_demand(span<const read_request> reads, span<read_outcome> outcomes, std::size_t n,
+                            clock::time_point t0) noexcept {
     std::size_t ok = 0;
     for (std::size_t i = 0; i < n; ++i) {
       ++stats_.demanded;
       stats_.demanded_bytes += reads[i].bytes;
-      if (outcomes[i] == read_outcome::ok)
-        ++ok;
-      else
-        ++stats_.demanded_failed;
+      if (outcomes[i] == read_outcome::ok) ++ok;
+      else ++stats_.demanded_failed;
     }
     ++stats_.demand_loads;
     stats_.demanded_queued = 0;
@@ -406,9 +395,7 @@ class read_scheduler {
   void lane_main(std::size_t lane) noexcept {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      work_cv_.wait(lock, [this] {
-        return stopping_ || demand_next_ < demand_size_ || !queue_.empty();
-      });
+      work_cv_.wait(lock, [this] { return stopping_ || demand_next_ < demand_size_ || !queue_.empty(); });
       if (demand_next_ < demand_size_) {  // demanded work always first
         const std::size_t i = demand_next_++;
         const read_request r = open_reads_[i];

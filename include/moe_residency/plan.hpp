@@ -25,8 +25,6 @@
 
 namespace moe_residency {
 
-
-
 /// How the cache-aware drop policy is configured.
 struct drop_options {
   /// `F`: a routed expert is dropped only when it is a miss and its weight is
@@ -48,9 +46,7 @@ struct drop_decision {
   std::uint64_t bytes_avoided = 0;  ///< expert bytes of the dropped misses
   double weight_discarded = 0.0;    ///< sum of the dropped slots' router weights
 
-  bool dropped(std::size_t slot) const noexcept {
-    return slot < 32 && ((dropped_mask >> slot) & 1u) != 0;
-  }
+  bool dropped(std::size_t slot) const noexcept { return slot < 32 && ((dropped_mask >> slot) & 1u) != 0; }
   bool kept(std::size_t slot) const noexcept { return !dropped(slot); }
   bool any() const noexcept { return dropped_mask != 0; }
 };
@@ -75,8 +71,7 @@ struct drop_stats {
   }
   /// Miss bytes avoided as a fraction of the miss bytes seen, in [0, 1].
   double miss_bytes_avoided_fraction() const noexcept {
-    return miss_bytes > 0 ? static_cast<double>(miss_bytes_avoided) / static_cast<double>(miss_bytes)
-                          : 0.0;
+    return miss_bytes > 0 ? static_cast<double>(miss_bytes_avoided) / static_cast<double>(miss_bytes) : 0.0;
   }
 };
 
@@ -97,14 +92,11 @@ class drop_policy {
   /// Throws `error` when F is not in (0, 1]. Warns once, here, when k <= 4:
   /// through `options.on_warning`, or to stderr when it is empty (and in
   /// `warning()`). Copies and moves never warn again.
-  drop_policy(const model_shape& shape, drop_options options = {})
-      : shape_(shape), options_(std::move(options)) {
+  drop_policy(const model_shape& shape, drop_options options = {}) : shape_(shape), options_(std::move(options)) {
     const double f = options_.fraction;
-    if (std::isnan(f))
-      throw error("drop_policy: fraction F = nan is not a number; expected 0 < F <= 1");
+    if (std::isnan(f)) throw error("drop_policy: fraction F = nan is not a number; expected 0 < F <= 1");
     if (!(f > 0.0) || !(f <= 1.0))
-      throw error("drop_policy: fraction F = " + detail::format_number(f) +
-                  " out of range; expected 0 < F <= 1" +
+      throw error("drop_policy: fraction F = " + detail::format_number(f) + " out of range; expected 0 < F <= 1" +
                   (f > 1.0 ? " (F > 1 could drop every expert but the top one)"
                            : " (F <= 0 never drops; disable the policy instead)"));
     threshold_ = f / static_cast<double>(shape_.top_k());
@@ -277,9 +269,8 @@ class speculation_planner {
   /// Throws `error` when cap > 32 (a ranking holds at most 32). cap 0 plans nothing.
   explicit speculation_planner(std::size_t cap = default_cap) : cap_(cap) {
     if (cap_ > speculation_plan::capacity)
-      throw error("speculation_planner: cap " + std::to_string(cap_) +
-                  " out of range; expected [0, " + std::to_string(speculation_plan::capacity) +
-                  "] (2 is the measured default)");
+      throw error("speculation_planner: cap " + std::to_string(cap_) + " out of range; expected [0, " +
+                  std::to_string(speculation_plan::capacity) + "] (2 is the measured default)");
   }
 
   std::size_t cap() const noexcept { return cap_; }
@@ -289,8 +280,7 @@ class speculation_planner {
   /// policy's F/k when dropping is armed, empty otherwise.
   /// `is_resident(layer, expert)` must not throw.
   template <class IsResident>
-  speculation_plan plan(layer_id target, const ranking& predicted, std::size_t top_k,
-                        IsResident&& is_resident,
+  speculation_plan plan(layer_id target, const ranking& predicted, std::size_t top_k, IsResident&& is_resident,
                         std::optional<double> drop_threshold = std::nullopt) const noexcept {
     speculation_plan p;
     p.layer = target;

@@ -93,8 +93,7 @@ std::vector<replay_result> replay_grid_with(const replay_input& in, const std::v
 /// before starting; rethrows the first error of a worker. Throws `error`
 /// when a worker thread cannot be started (after joining those that were).
 inline std::vector<replay_result> replay_grid(const replay_input& in, const std::vector<double>& budgets_mib,
-                                              const std::vector<std::string>& policies,
-                                              const replay_options& o = {}) {
+                                              const std::vector<std::string>& policies, const replay_options& o = {}) {
   return detail::replay_grid_with(in, budgets_mib, policies, o, detail::replay_thread_starter{});
 }
 

@@ -54,8 +54,7 @@ template <class Arch, bool Fused = (MOE_RESIDENCY_FUSED_MADD != 0)>
 inline void gemv_simd(const matrix_view& w, const float* x, float* y,
                       activation_rounding rounding = activation_rounding::engine) noexcept {
   MOE_RESIDENCY_ASSERT(w.data != nullptr && w.row_stride_bytes >= w.cols * element_size(w.type));
-  detail::gemv_simd_impl<Arch, Fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y,
-                               rounding);
+  detail::gemv_simd_impl<Arch, Fused>(w.data, w.type, w.rows, w.cols, w.row_stride_bytes, x, y, rounding);
 }
 
 /// True when `gemv` in this translation unit takes the run-time dispatched
@@ -79,10 +78,10 @@ inline const char* gemv_arch_name() noexcept {
 #if MOE_RESIDENCY_DETAIL_GEMV_DISPATCH
   if (gemv_dispatched()) {
     static char name[80] = {};
-    static const bool once = (std::snprintf(name, sizeof name, "%s+avx2-fma-f16c-dispatch%s",
-                                            xsimd::default_arch::name(),
-                                            detail::x86_has_avx512f() ? "+avx512f-16bit" : ""),
-                              true);
+    static const bool once =
+        (std::snprintf(name, sizeof name, "%s+avx2-fma-f16c-dispatch%s", xsimd::default_arch::name(),
+                       detail::x86_has_avx512f() ? "+avx512f-16bit" : ""),
+         true);
     (void)once;
     return name;
   }
@@ -120,16 +119,15 @@ inline void gemv(const matrix_view& w, const float* x, float* y,
 /// The ABI tag of this TU's GEMV kernels, e.g. "gemv_abi_sse2_nofma_nof16c_unfused_dispatch".
 inline const char* gemv_abi_name() noexcept { return MOE_RESIDENCY_GEMV_ABI_STRING(MOE_RESIDENCY_GEMV_ABI); }
 
-}  // inline namespace MOE_RESIDENCY_GEMV_ABI
+}  // namespace MOE_RESIDENCY_GEMV_ABI
 
 inline namespace MOE_RESIDENCY_GEMV_ABI {  // calls gemv: see detail/gemv.hpp
 
 /// Route one token: logits = W·x (gemv, engine rounding by default) into the
 /// workspace, then select_experts. False when w.rows != spec.n_experts, on
 /// NaN, when the workspace is too small, or on an invalid spec shape.
-inline bool route_token(const matrix_view& w, const float* x, const router_spec& spec,
-                        routing& out, router_workspace& ws,
-                        activation_rounding rounding = activation_rounding::engine) noexcept {
+inline bool route_token(const matrix_view& w, const float* x, const router_spec& spec, routing& out,
+                        router_workspace& ws, activation_rounding rounding = activation_rounding::engine) noexcept {
   out.clear();
   if (!detail::spec_usable(spec)) return false;
   if (w.rows != spec.n_experts || ws.capacity() < spec.n_experts) return false;
@@ -138,6 +136,6 @@ inline bool route_token(const matrix_view& w, const float* x, const router_spec&
   return detail::select_from_usable(spec, logits, out, ws);
 }
 
-}  // inline namespace MOE_RESIDENCY_GEMV_ABI
+}  // namespace MOE_RESIDENCY_GEMV_ABI
 
 }  // namespace moe_residency

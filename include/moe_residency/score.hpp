@@ -28,11 +28,11 @@ namespace moe_residency {
 
 /// How a predictor appears in the report.
 struct predictor_label {
-  std::string name;        ///< first report line, e.g. "stale-gate", "fresh-gate control"
-  std::string short_name;  ///< second line and CSV/JSON, e.g. "stale-gate", "control"
-  std::string column;      ///< per-layer table header, e.g. "stale"
-  int column_width = 7;    ///< characters after the one-space separator
-  bool is_control = false; ///< a fresh-gate control: below 100% the report warns
+  std::string name;         ///< first report line, e.g. "stale-gate", "fresh-gate control"
+  std::string short_name;   ///< second line and CSV/JSON, e.g. "stale-gate", "control"
+  std::string column;       ///< per-layer table header, e.g. "stale"
+  int column_width = 7;     ///< characters after the one-space separator
+  bool is_control = false;  ///< a fresh-gate control: below 100% the report warns
 };
 
 /// Relative tolerance under which two selection scores are the same score
@@ -41,22 +41,20 @@ inline constexpr float tie_relative_tolerance = 1e-6f;
 
 /// Counters for one predictor on one layer (or summed over layers).
 struct overlap_counts {
-  std::uint64_t routings = 0;       ///< routings scored
-  std::uint64_t slots = 0;          ///< Σ k over scored routings
-  std::uint64_t slot_hits = 0;      ///< Σ |selected ∩ predicted top-k|
-  std::uint64_t whole_hits = 0;     ///< scored routings predicted exactly (as sets)
-  std::uint64_t unscored = 0;       ///< routings offered that the predictor could not rank
-  std::uint64_t tie_forgiven = 0;   ///< slot hits credited only through a score tie
+  std::uint64_t routings = 0;      ///< routings scored
+  std::uint64_t slots = 0;         ///< Σ k over scored routings
+  std::uint64_t slot_hits = 0;     ///< Σ |selected ∩ predicted top-k|
+  std::uint64_t whole_hits = 0;    ///< scored routings predicted exactly (as sets)
+  std::uint64_t unscored = 0;      ///< routings offered that the predictor could not rank
+  std::uint64_t tie_forgiven = 0;  ///< slot hits credited only through a score tie
 
   /// Slot overlap in percent; NaN when nothing was scored.
   double slot_pct() const noexcept {
-    return slots ? 100.0 * static_cast<double>(slot_hits) / static_cast<double>(slots)
-                 : std::nan("");
+    return slots ? 100.0 * static_cast<double>(slot_hits) / static_cast<double>(slots) : std::nan("");
   }
   /// Whole-routing exact rate in percent; NaN when nothing was scored.
   double whole_pct() const noexcept {
-    return routings ? 100.0 * static_cast<double>(whole_hits) / static_cast<double>(routings)
-                    : std::nan("");
+    return routings ? 100.0 * static_cast<double>(whole_hits) / static_cast<double>(routings) : std::nan("");
   }
   bool perfect() const noexcept { return slots > 0 && slot_hits == slots; }
   overlap_counts& operator+=(const overlap_counts& o) noexcept {
@@ -89,8 +87,7 @@ struct overlap_result {
 /// ranking, and `whole` says the selected set is the predicted top-k under
 /// some tie-break. The scores must be the selection scores the engine's top-k
 /// ran on. Allocation-free; O(k × ranking size).
-inline overlap_result slot_overlap(span<const expert_id> selected, const ranking& predicted,
-                                   bool tie_aware,
+inline overlap_result slot_overlap(span<const expert_id> selected, const ranking& predicted, bool tie_aware,
                                    float rel_tol = tie_relative_tolerance) noexcept {
   overlap_result r;
   const std::size_t k = selected.size();
@@ -109,10 +106,8 @@ inline overlap_result slot_overlap(span<const expert_id> selected, const ranking
         rank = j;
         break;
       }
-    if (rank < top)
-      ++r.hits;
-    else if (can_tie && rank < predicted.size() && tied(predicted.score(rank)))
-      ++forgivable;
+    if (rank < top) ++r.hits;
+    else if (can_tie && rank < predicted.size() && tied(predicted.score(rank))) ++forgivable;
   }
   if (forgivable > 0) {
     // Tied top-k slots held by an expert that was not selected: each can go
@@ -168,8 +163,7 @@ class slot_overlap_scorer {
  public:
   slot_overlap_scorer() = default;
   /// Throws `error` when there is no predictor or no layer.
-  slot_overlap_scorer(std::vector<predictor_label> predictors, std::size_t n_layers,
-                      scorer_options options = {})
+  slot_overlap_scorer(std::vector<predictor_label> predictors, std::size_t n_layers, scorer_options options = {})
       : options_(options) {
     if (predictors.empty()) throw error("slot_overlap_scorer: no predictor; expected at least one");
     if (n_layers == 0) throw error("slot_overlap_scorer: 0 layers; expected at least one");
@@ -185,9 +179,7 @@ class slot_overlap_scorer {
   std::size_t n_layers() const noexcept { return report_.offered.size(); }
 
   /// True when a routing of this phase is scored.
-  bool scores_phase(run_phase p) const noexcept {
-    return p == run_phase::decode || options_.score_prefill;
-  }
+  bool scores_phase(run_phase p) const noexcept { return p == run_phase::decode || options_.score_prefill; }
 
   /// Scores one routing against every predictor's ranking. `predicted[p]` is
   /// null when predictor p could not rank it (unscored); `tie_aware[p]` says
@@ -196,12 +188,9 @@ class slot_overlap_scorer {
   /// naming an expert twice would be credited twice; the session checks this
   /// before it records). Returns false (recording nothing) when the routing's
   /// layer is out of range or the spans are the wrong size.
-  bool record(const routing& selected, span<const ranking* const> predicted,
-              span<const bool> tie_aware) noexcept {
+  bool record(const routing& selected, span<const ranking* const> predicted, span<const bool> tie_aware) noexcept {
     const std::size_t l = to_index(selected.layer);
-    if (l >= n_layers() || predicted.size() != n_predictors() ||
-        tie_aware.size() != n_predictors())
-      return false;
+    if (l >= n_layers() || predicted.size() != n_predictors() || tie_aware.size() != n_predictors()) return false;
     if (!scores_phase(selected.phase)) {
       ++report_.ignored_phase;
       return true;
@@ -270,7 +259,6 @@ class slot_overlap_scorer {
 
 namespace detail {
 
-
 /// A percentage with one decimal that never shows 100.0 unless every slot hit
 /// and never shows 0.0 for nothing scored ("-").
 inline std::string score_pct(std::uint64_t hits, std::uint64_t total) {
@@ -293,8 +281,7 @@ inline std::string score_json_string(const std::string& s) {
       default:
         if (static_cast<unsigned char>(c) < 0x20)
           out += format_printf("\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        else
-          out += c;
+        else out += c;
     }
   }
   return out + "\"";
@@ -317,8 +304,8 @@ inline std::string score_json_number(double v) {
 /// With `per_layer` false the table is left out. A control below 100.0% adds
 /// a line saying so.
 inline std::string format_text(const prediction_report& r, bool per_layer = true) {
-  using detail::score_pct;
   using detail::format_printf;
+  using detail::score_pct;
   std::string out = "moe-predict: ";
   for (std::size_t p = 0; p < r.predictors.size(); ++p) {
     const overlap_counts& t = r.totals[p];
@@ -335,23 +322,20 @@ inline std::string format_text(const prediction_report& r, bool per_layer = true
     const overlap_counts& t = r.totals[p];
     if (p) out += ", ";
     out += format_printf("%s %llu routings/%llu slots", r.predictors[p].short_name.c_str(),
-                        static_cast<unsigned long long>(t.routings),
-                        static_cast<unsigned long long>(t.slots));
+                         static_cast<unsigned long long>(t.routings), static_cast<unsigned long long>(t.slots));
   }
   bool first_unscored = true;
   for (std::size_t p = 0; p < r.predictors.size(); ++p) {
     const overlap_counts& t = r.totals[p];
     if (!t.unscored) continue;
     out += first_unscored ? "; " : ", ";
-    out += format_printf(first_unscored ? "%llu routings the %s could not rank"
-                                       : "%llu the %s could not rank",
-                        static_cast<unsigned long long>(t.unscored),
-                        r.predictors[p].short_name.c_str());
+    out += format_printf(first_unscored ? "%llu routings the %s could not rank" : "%llu the %s could not rank",
+                         static_cast<unsigned long long>(t.unscored), r.predictors[p].short_name.c_str());
     first_unscored = false;
   }
   if (r.declined)
-    out += format_printf("; %llu routings wider than %zu declined",
-                        static_cast<unsigned long long>(r.declined), max_top_k);
+    out += format_printf("; %llu routings wider than %zu declined", static_cast<unsigned long long>(r.declined),
+                         max_top_k);
   out += "\n";
   const std::size_t c = r.control_index();
   if (c != static_cast<std::size_t>(-1)) {
@@ -360,8 +344,7 @@ inline std::string format_text(const prediction_report& r, bool per_layer = true
       out += "moe-predict: the " + r.predictors[c].short_name +
              " scored nothing, so nothing proves the probe reproduces the engine's selection\n";
     } else if (!t.perfect()) {
-      out += "moe-predict: the " + r.predictors[c].short_name + " reads " +
-             score_pct(t.slot_hits, t.slots) +
+      out += "moe-predict: the " + r.predictors[c].short_name + " reads " + score_pct(t.slot_hits, t.slots) +
              "%, not 100.0%: the probe does not reproduce the engine's selection (transposed or "
              "mis-strided matrix, wrong token of the batch, different rounding, or a selection "
              "rule not reproduced); read the other predictors against the control, not "
@@ -371,16 +354,14 @@ inline std::string format_text(const prediction_report& r, bool per_layer = true
   for (const std::string& n : r.notes) out += "moe-predict: " + n + "\n";
   if (per_layer) {
     out += "  layer";
-    for (const auto& p : r.predictors)
-      out += format_printf(" %*s", p.column_width, p.column.c_str());
+    for (const auto& p : r.predictors) out += format_printf(" %*s", p.column_width, p.column.c_str());
     out += "   routings\n";
     for (std::size_t l = 0; l < r.n_layers(); ++l) {
       if (r.offered[l] == 0 && r.declined_by_layer[l] == 0) continue;  // a dense or silent layer
       out += format_printf("%7zu", l);
       for (std::size_t p = 0; p < r.predictors.size(); ++p) {
         const overlap_counts& x = r.layers[p][l];
-        out += format_printf(" %*s", r.predictors[p].column_width,
-                            score_pct(x.slot_hits, x.slots).c_str());
+        out += format_printf(" %*s", r.predictors[p].column_width, score_pct(x.slot_hits, x.slots).c_str());
       }
       out += format_printf(" %10llu\n", static_cast<unsigned long long>(r.offered[l]));
     }
@@ -396,11 +377,9 @@ inline std::string format_csv(const prediction_report& r) {
     const overlap_counts& t = r.totals[p];
     const std::string slot = t.slots ? detail::format_printf("%.4f", t.slot_pct()) : "";
     const std::string whole = t.routings ? detail::format_printf("%.4f", t.whole_pct()) : "";
-    out += detail::format_printf("%s,%s,%s,%llu,%llu,%llu\n", r.predictors[p].short_name.c_str(),
-                                slot.c_str(), whole.c_str(),
-                                static_cast<unsigned long long>(t.routings),
-                                static_cast<unsigned long long>(t.slots),
-                                static_cast<unsigned long long>(t.unscored));
+    out += detail::format_printf("%s,%s,%s,%llu,%llu,%llu\n", r.predictors[p].short_name.c_str(), slot.c_str(),
+                                 whole.c_str(), static_cast<unsigned long long>(t.routings),
+                                 static_cast<unsigned long long>(t.slots), static_cast<unsigned long long>(t.unscored));
   }
   return out;
 }
@@ -412,23 +391,20 @@ inline std::string format_json(const prediction_report& r) {
   using detail::score_json_string;
   auto counts = [](const overlap_counts& c) {
     return detail::format_printf(
-               "\"slot_pct\":%s,\"whole_pct\":%s,\"routings\":%llu,\"slots\":%llu,"
-               "\"slot_hits\":%llu,\"whole_hits\":%llu,\"unscored\":%llu,\"tie_forgiven\":%llu",
-               score_json_number(c.slot_pct()).c_str(), score_json_number(c.whole_pct()).c_str(),
-               static_cast<unsigned long long>(c.routings),
-               static_cast<unsigned long long>(c.slots),
-               static_cast<unsigned long long>(c.slot_hits),
-               static_cast<unsigned long long>(c.whole_hits),
-               static_cast<unsigned long long>(c.unscored),
-               static_cast<unsigned long long>(c.tie_forgiven));
+        "\"slot_pct\":%s,\"whole_pct\":%s,\"routings\":%llu,\"slots\":%llu,"
+        "\"slot_hits\":%llu,\"whole_hits\":%llu,\"unscored\":%llu,\"tie_forgiven\":%llu",
+        score_json_number(c.slot_pct()).c_str(), score_json_number(c.whole_pct()).c_str(),
+        static_cast<unsigned long long>(c.routings), static_cast<unsigned long long>(c.slots),
+        static_cast<unsigned long long>(c.slot_hits), static_cast<unsigned long long>(c.whole_hits),
+        static_cast<unsigned long long>(c.unscored), static_cast<unsigned long long>(c.tie_forgiven));
   };
   std::string out = "{\"predictors\":[";
   for (std::size_t p = 0; p < r.predictors.size(); ++p) {
     if (p) out += ",";
     out += "{\"name\":" + score_json_string(r.predictors[p].short_name) +
            ",\"label\":" + score_json_string(r.predictors[p].name) +
-           ",\"control\":" + (r.predictors[p].is_control ? "true" : "false") + "," +
-           counts(r.totals[p]) + ",\"layers\":[";
+           ",\"control\":" + (r.predictors[p].is_control ? "true" : "false") + "," + counts(r.totals[p]) +
+           ",\"layers\":[";
     bool first = true;
     for (std::size_t l = 0; l < r.n_layers(); ++l) {
       if (r.offered[l] == 0 && r.declined_by_layer[l] == 0) continue;
@@ -445,18 +421,17 @@ inline std::string format_json(const prediction_report& r) {
     if (!first) out += ",";
     first = false;
     out += detail::format_printf("{\"layer\":%zu,\"routings\":%llu,\"declined\":%llu}", l,
-                                static_cast<unsigned long long>(r.offered[l]),
-                                static_cast<unsigned long long>(r.declined_by_layer[l]));
+                                 static_cast<unsigned long long>(r.offered[l]),
+                                 static_cast<unsigned long long>(r.declined_by_layer[l]));
   }
   const std::size_t c = r.control_index();
   const bool control_ok = c != static_cast<std::size_t>(-1) && r.totals[c].perfect();
   out += detail::format_printf("],\"declined\":%llu,\"control_exact\":%s,\"notes\":[",
-                              static_cast<unsigned long long>(r.declined),
-                              c == static_cast<std::size_t>(-1) ? "null"
-                              : control_ok                       ? "true"
+                               static_cast<unsigned long long>(r.declined),
+                               c == static_cast<std::size_t>(-1) ? "null"
+                               : control_ok                      ? "true"
                                                                  : "false");
-  for (std::size_t i = 0; i < r.notes.size(); ++i)
-    out += (i ? "," : "") + score_json_string(r.notes[i]);
+  for (std::size_t i = 0; i < r.notes.size(); ++i) out += (i ? "," : "") + score_json_string(r.notes[i]);
   out += "]}\n";
   return out;
 }

@@ -76,7 +76,7 @@ namespace moe_residency {
 template <class... P, class... X>
 class session<predictor_set<P...>, X...> {
   static_assert(sizeof...(P) > 0, "session: give at least one predictor");
-  static_assert(((is_history_predictor_v<P> || is_gate_predictor_v<P>) && ...),
+  static_assert(((is_history_predictor_v<P> || is_gate_predictor_v<P>)&&...),
                 "session: every predictor must satisfy the predictor contract "
                 "(predict/contract.hpp)");
 
@@ -89,8 +89,7 @@ class session<predictor_set<P...>, X...> {
       : session(std::move(shape), options, std::tuple<P...>{}, std::tuple<X...>{}) {}
 
   /// Predictors (and extensions) given, e.g. a configured frequency_predictor.
-  session(model_shape shape, session_options options, std::tuple<P...> predictors,
-          std::tuple<X...> extensions = {})
+  session(model_shape shape, session_options options, std::tuple<P...> predictors, std::tuple<X...> extensions = {})
       : shape_(std::move(shape)),
         options_(options),
         bank_(shape_),
@@ -108,8 +107,7 @@ class session<predictor_set<P...>, X...> {
     buffer_.resize(reserved);
     drop_masks_.assign(reserved, 0);
     gate_required_ = options_.gate_inputs == gate_input_requirement::required ||
-                     (options_.gate_inputs == gate_input_requirement::automatic &&
-                      has_gate_predictor);
+                     (options_.gate_inputs == gate_input_requirement::automatic && has_gate_predictor);
     for_each_extension_const([&](const auto& x) {
       if constexpr (has_on_attach<decltype(x)>::value) x.on_attach(*this);
     });
@@ -120,9 +118,7 @@ class session<predictor_set<P...>, X...> {
   /// Describes MoE layer l's router: a view of the dense weight (never
   /// copied; keep it alive) and its selection rule. Layers without one are
   /// not ranked by gate predictors. Throws `error` (see router_bank::set).
-  void set_router(layer_id l, const matrix_view& w, router_spec spec) {
-    bank_.set(l, w, std::move(spec));
-  }
+  void set_router(layer_id l, const matrix_view& w, router_spec spec) { bank_.set(l, w, std::move(spec)); }
   const router_bank& routers() const noexcept { return bank_; }
   const model_shape& shape() const noexcept { return shape_; }
   const session_options& options() const noexcept { return options_; }
@@ -131,13 +127,21 @@ class session<predictor_set<P...>, X...> {
   template <std::size_t I>
   using predictor_type = std::tuple_element_t<I, std::tuple<P...>>;
   template <std::size_t I>
-  auto& predictor() noexcept { return std::get<I>(predictors_); }
+  auto& predictor() noexcept {
+    return std::get<I>(predictors_);
+  }
   template <std::size_t I>
-  const auto& predictor() const noexcept { return std::get<I>(predictors_); }
+  const auto& predictor() const noexcept {
+    return std::get<I>(predictors_);
+  }
   template <std::size_t I>
-  auto& extension() noexcept { return std::get<I>(extensions_); }
+  auto& extension() noexcept {
+    return std::get<I>(extensions_);
+  }
   template <std::size_t I>
-  const auto& extension() const noexcept { return std::get<I>(extensions_); }
+  const auto& extension() const noexcept {
+    return std::get<I>(extensions_);
+  }
 
   // ---- events ---------------------------------------------------------------
 
@@ -164,7 +168,8 @@ class session<predictor_set<P...>, X...> {
     if (n_tokens - 1 > static_cast<std::size_t>(std::numeric_limits<std::uint32_t>::max() - first_token))
       return anomaly(anomaly_kind::position_overflow, [&] {
         return "session: begin_batch: " + std::to_string(n_tokens) + " tokens from position " +
-               std::to_string(first_token) + " pass 2^32 - 1; expected the last position to fit in 32 bits "
+               std::to_string(first_token) +
+               " pass 2^32 - 1; expected the last position to fit in 32 bits "
                "(start a new sequence at 0)";
       });
     in_batch_ = true;
@@ -177,10 +182,10 @@ class session<predictor_set<P...>, X...> {
     if (buffer_.size() < n_tokens) buffer_.resize(n_tokens);
     if (drop_masks_.size() < n_tokens) drop_masks_.resize(n_tokens);
     std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n_tokens), 0u);
-    if (phase == run_phase::decode) decode_tokens_ += n_tokens; else prefill_tokens_ += n_tokens;
+    if (phase == run_phase::decode) decode_tokens_ += n_tokens;
+    else prefill_tokens_ += n_tokens;
     for_each_extension([&](auto& x) {
-      if constexpr (has_on_begin_batch<decltype(x)>::value)
-        x.on_begin_batch(*this, phase, first_token, n_tokens);
+      if constexpr (has_on_begin_batch<decltype(x)>::value) x.on_begin_batch(*this, phase, first_token, n_tokens);
     });
     return true;
   }
@@ -188,8 +193,7 @@ class session<predictor_set<P...>, X...> {
   /// Ends the current batch (optional: the next begin_batch ends it too).
   bool end_batch() {
     if (!in_batch_)
-      return anomaly(anomaly_kind::no_batch,
-                     [] { return std::string("session: end_batch: no batch has begun"); });
+      return anomaly(anomaly_kind::no_batch, [] { return std::string("session: end_batch: no batch has begun"); });
     const bool ok = close_batch("end_batch");
     in_batch_ = false;
     return ok;
@@ -200,21 +204,18 @@ class session<predictor_set<P...>, X...> {
     if (!check_layer(l, "gate_input")) return false;
     std::uint8_t& st = layer_state_[to_index(l)];
     if (st & gate_seen)
-      return anomaly(anomaly_kind::duplicate_gate_input, [&] {
-        return where(l) + "gate_input: a second gate input for this layer in one batch";
-      });
+      return anomaly(anomaly_kind::duplicate_gate_input,
+                     [&] { return where(l) + "gate_input: a second gate input for this layer in one batch"; });
     const std::size_t stride = g.row_stride_bytes ? g.row_stride_bytes : g.length * sizeof(float);
-    if (!g.data || g.length == 0 || !batch_size_ok(g.n_tokens) ||
-        stride < g.length * sizeof(float) || stride % sizeof(float) != 0 ||
-        (bank_.n_embd() != 0 && g.length != bank_.n_embd()))
+    if (!g.data || g.length == 0 || !batch_size_ok(g.n_tokens) || stride < g.length * sizeof(float) ||
+        stride % sizeof(float) != 0 || (bank_.n_embd() != 0 && g.length != bank_.n_embd()))
       return anomaly(anomaly_kind::gate_input_shape, [&] {
-        return where(l) + "gate_input: " + describe(g, stride) + "; expected " +
-               std::to_string(n_tokens_) + " token(s)" +
+        return where(l) + "gate_input: " + describe(g, stride) + "; expected " + std::to_string(n_tokens_) +
+               " token(s)" +
                (phase_ == run_phase::prefill && n_tokens_ > 1
                     ? " (or the batch's last 1.." + std::to_string(n_tokens_) + ")"
                     : std::string()) +
-               " of " +
-               (bank_.n_embd() ? std::to_string(bank_.n_embd()) : std::string("> 0")) +
+               " of " + (bank_.n_embd() ? std::to_string(bank_.n_embd()) : std::string("> 0")) +
                " floats, stride >= a row, non-null data";
       });
     st |= gate_seen;
@@ -224,16 +225,13 @@ class session<predictor_set<P...>, X...> {
         for (std::size_t i = 0; i < g.length; ++i)
           if (!std::isfinite(x[i]))
             return anomaly(anomaly_kind::nan_gate_input, [&] {
-              return where(l) + "gate_input: token " +
-                     std::to_string(token_of_row(g.n_tokens, t)) + " element " +
-                     std::to_string(i) + " is " + detail::format_number(x[i]) +
-                     "; expected a finite value";
+              return where(l) + "gate_input: token " + std::to_string(token_of_row(g.n_tokens, t)) + " element " +
+                     std::to_string(i) + " is " + detail::format_number(x[i]) + "; expected a finite value";
             });
       }
     }
     st |= gate_ok;
-    if (n_tokens_ == 1 && g.n_tokens == 1 && scorer_.scores_phase(phase_))
-      predict_from_gate(l, g.data);
+    if (n_tokens_ == 1 && g.n_tokens == 1 && scorer_.scores_phase(phase_)) predict_from_gate(l, g.data);
     for_each_extension([&](auto& x) {
       if constexpr (has_on_gate_input<decltype(x)>::value) x.on_gate_input(*this, l, g);
     });
@@ -244,8 +242,7 @@ class session<predictor_set<P...>, X...> {
     return gate_input(l, gate_input_view{x, length, 1, 0});
   }
   /// A batch's gate inputs, row t at x + t·row_stride_bytes.
-  bool gate_input(layer_id l, const float* x, std::size_t length, std::size_t n_tokens,
-                  std::size_t row_stride_bytes) {
+  bool gate_input(layer_id l, const float* x, std::size_t length, std::size_t n_tokens, std::size_t row_stride_bytes) {
     return gate_input(l, gate_input_view{x, length, n_tokens, row_stride_bytes});
   }
 
@@ -258,9 +255,8 @@ class session<predictor_set<P...>, X...> {
     for (std::size_t t = 0; t < n; ++t) {
       if (routings[t].layer != l)
         return anomaly(anomaly_kind::routing_shape, [&] {
-          return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) +
-                 " carries layer " + std::to_string(to_index(routings[t].layer)) +
-                 "; expected the event's layer";
+          return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) + " carries layer " +
+                 std::to_string(to_index(routings[t].layer)) + "; expected the event's layer";
         });
       buffer_[t] = routings[t];
     }
@@ -273,11 +269,9 @@ class session<predictor_set<P...>, X...> {
   bool routed(layer_id l, const expert_id* ids, const float* weights, std::size_t k) {
     if (!check_routing_event(l, 1)) return false;
     if (!ids)
-      return anomaly(anomaly_kind::routing_shape,
-                     [&] { return where(l) + "routed: ids is null; expected k ids"; });
+      return anomaly(anomaly_kind::routing_shape, [&] { return where(l) + "routed: ids is null; expected k ids"; });
     if (k == 0)
-      return anomaly(anomaly_kind::routing_shape,
-                     [&] { return where(l) + "routed: k is 0; expected k >= 1"; });
+      return anomaly(anomaly_kind::routing_shape, [&] { return where(l) + "routed: k is 0; expected k >= 1"; });
     bool declined = false;
     if (k > max_top_k) {
       declined = true;
@@ -291,26 +285,22 @@ class session<predictor_set<P...>, X...> {
   bool routed(layer_id l, const routing_batch_view& b) {
     if (!check_routing_event(l, b.n_tokens)) return false;
     if (!b.ids)
-      return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: routing_batch_view::ids is null; expected k ids per token";
-      });
+      return anomaly(anomaly_kind::routing_shape,
+                     [&] { return where(l) + "routed: routing_batch_view::ids is null; expected k ids per token"; });
     if (b.k == 0)
-      return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: routing_batch_view::k is 0; expected k >= 1";
-      });
+      return anomaly(anomaly_kind::routing_shape,
+                     [&] { return where(l) + "routed: routing_batch_view::k is 0; expected k >= 1"; });
     const std::size_t is = b.ids_row_stride_bytes ? b.ids_row_stride_bytes : b.k * 4;
     const std::size_t ws = b.weights_row_stride_bytes ? b.weights_row_stride_bytes : b.k * 4;
     if (is < b.k * 4 || is % 4)
       return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: ids_row_stride_bytes " + std::to_string(is) + " for k " +
-               std::to_string(b.k) + "; expected a multiple of 4 >= k * 4 = " +
-               std::to_string(b.k * 4) + " (or 0 = packed)";
+        return where(l) + "routed: ids_row_stride_bytes " + std::to_string(is) + " for k " + std::to_string(b.k) +
+               "; expected a multiple of 4 >= k * 4 = " + std::to_string(b.k * 4) + " (or 0 = packed)";
       });
     if (b.weights && (ws < b.k * 4 || ws % 4))
       return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: weights_row_stride_bytes " + std::to_string(ws) + " for k " +
-               std::to_string(b.k) + "; expected a multiple of 4 >= k * 4 = " +
-               std::to_string(b.k * 4) + " (or 0 = packed)";
+        return where(l) + "routed: weights_row_stride_bytes " + std::to_string(ws) + " for k " + std::to_string(b.k) +
+               "; expected a multiple of 4 >= k * 4 = " + std::to_string(b.k * 4) + " (or 0 = packed)";
       });
     const std::size_t n = b.n_tokens;
     if (b.k > max_top_k) {
@@ -318,8 +308,7 @@ class session<predictor_set<P...>, X...> {
       return accept_routings(l, n, &declined);
     }
     for (std::size_t t = 0; t < n; ++t) {
-      const auto* ids = reinterpret_cast<const std::int32_t*>(
-          reinterpret_cast<const unsigned char*>(b.ids) + t * is);
+      const auto* ids = reinterpret_cast<const std::int32_t*>(reinterpret_cast<const unsigned char*>(b.ids) + t * is);
       const float* w = b.weights ? row(b.weights, t, ws) : nullptr;
       routing& r = buffer_[t];
       r.clear();
@@ -327,12 +316,11 @@ class session<predictor_set<P...>, X...> {
       for (std::size_t i = 0; i < b.k; ++i) {
         if (ids[i] < 0 || static_cast<std::size_t>(ids[i]) >= shape_.n_experts())
           return anomaly(anomaly_kind::expert_out_of_range, [&] {
-            return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) + " slot " +
-                   std::to_string(i) + ": expert " + std::to_string(ids[i]) +
-                   " out of range [0, " + std::to_string(shape_.n_experts()) + ")";
+            return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) + " slot " + std::to_string(i) +
+                   ": expert " + std::to_string(ids[i]) + " out of range [0, " + std::to_string(shape_.n_experts()) +
+                   ")";
           });
-        r.push_back(expert_id(static_cast<std::uint16_t>(ids[i])),
-                    w ? w[i] : std::numeric_limits<float>::quiet_NaN());
+        r.push_back(expert_id(static_cast<std::uint16_t>(ids[i])), w ? w[i] : std::numeric_limits<float>::quiet_NaN());
       }
     }
     return accept_routings(l, n, nullptr);
@@ -344,9 +332,8 @@ class session<predictor_set<P...>, X...> {
     if (!check_layer(l, "layer_loaded")) return false;
     std::uint8_t& st = layer_state_[to_index(l)];
     if (!(st & routed_seen))
-      return anomaly(anomaly_kind::loaded_without_routing, [&] {
-        return where(l) + "layer_loaded: the layer's routing has not arrived";
-      });
+      return anomaly(anomaly_kind::loaded_without_routing,
+                     [&] { return where(l) + "layer_loaded: the layer's routing has not arrived"; });
     st |= loaded_seen;
     for_each_extension([&](auto& x) {
       if constexpr (has_on_layer_loaded<decltype(x)>::value) x.on_layer_loaded(*this, l);
@@ -361,9 +348,7 @@ class session<predictor_set<P...>, X...> {
   std::uint32_t first_token() const noexcept { return first_token_; }
   std::size_t batch_tokens() const noexcept { return n_tokens_; }
   /// Slots of token t's last routing an extension asked to skip (bit i = slot i).
-  std::uint32_t drop_mask(std::size_t t = 0) const noexcept {
-    return t < drop_masks_.size() ? drop_masks_[t] : 0u;
-  }
+  std::uint32_t drop_mask(std::size_t t = 0) const noexcept { return t < drop_masks_.size() ? drop_masks_[t] : 0u; }
 
   /// Predictor I's ranking of MoE layer `target` for the current one-token
   /// batch, or null when it cannot rank it (yet). A gate predictor's ranking
@@ -402,8 +387,8 @@ class session<predictor_set<P...>, X...> {
       bool first = true;
       for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
         if (!anomalies_.by_kind[k]) continue;
-        s += (first ? "" : ", ") + std::to_string(anomalies_.by_kind[k]) + " " +
-             to_string(static_cast<anomaly_kind>(k));
+        s +=
+            (first ? "" : ", ") + std::to_string(anomalies_.by_kind[k]) + " " + to_string(static_cast<anomaly_kind>(k));
         first = false;
       }
       s += "); first: " + anomalies_.first_message;
@@ -426,30 +411,30 @@ class session<predictor_set<P...>, X...> {
   struct has_on_begin_batch : std::false_type {};
   template <class T>
   struct has_on_begin_batch<T, std::void_t<decltype(std::declval<T>().on_begin_batch(
-                                   std::declval<session&>(), run_phase{}, std::uint32_t{},
-                                   std::size_t{}))>> : std::true_type {};
+                                   std::declval<session&>(), run_phase{}, std::uint32_t{}, std::size_t{}))>>
+      : std::true_type {};
   template <class T, class = void>
   struct has_on_gate_input : std::false_type {};
   template <class T>
   struct has_on_gate_input<T, std::void_t<decltype(std::declval<T>().on_gate_input(
-                                  std::declval<session&>(), layer_id{},
-                                  std::declval<const gate_input_view&>()))>> : std::true_type {};
+                                  std::declval<session&>(), layer_id{}, std::declval<const gate_input_view&>()))>>
+      : std::true_type {};
   template <class T, class = void>
   struct has_on_routings : std::false_type {};
   template <class T>
   struct has_on_routings<T, std::void_t<decltype(std::declval<T>().on_routings(
-                                std::declval<session&>(), layer_id{}, span<const routing>{},
-                                span<std::uint32_t>{}))>> : std::true_type {};
+                                std::declval<session&>(), layer_id{}, span<const routing>{}, span<std::uint32_t>{}))>>
+      : std::true_type {};
   template <class T, class = void>
   struct has_on_layer_loaded : std::false_type {};
   template <class T>
-  struct has_on_layer_loaded<T, std::void_t<decltype(std::declval<T>().on_layer_loaded(
-                                    std::declval<session&>(), layer_id{}))>> : std::true_type {};
+  struct has_on_layer_loaded<
+      T, std::void_t<decltype(std::declval<T>().on_layer_loaded(std::declval<session&>(), layer_id{}))>>
+      : std::true_type {};
   template <class T, class = void>
   struct has_on_end_batch : std::false_type {};
   template <class T>
-  struct has_on_end_batch<
-      T, std::void_t<decltype(std::declval<T>().on_end_batch(std::declval<session&>()))>>
+  struct has_on_end_batch<T, std::void_t<decltype(std::declval<T>().on_end_batch(std::declval<session&>()))>>
       : std::true_type {};
   template <class T, class = void>
   struct has_on_attach : std::false_type {};
@@ -459,8 +444,9 @@ class session<predictor_set<P...>, X...> {
   template <class T, class = void>
   struct has_append_notes : std::false_type {};
   template <class T>
-  struct has_append_notes<T, std::void_t<decltype(std::declval<T>().append_notes(
-                                 std::declval<std::vector<std::string>&>()))>> : std::true_type {};
+  struct has_append_notes<
+      T, std::void_t<decltype(std::declval<T>().append_notes(std::declval<std::vector<std::string>&>()))>>
+      : std::true_type {};
 
   template <class T, class = void>
   struct declares_hooks : std::false_type {};
@@ -518,8 +504,7 @@ class session<predictor_set<P...>, X...> {
   }
 
   static const float* row(const float* base, std::size_t t, std::size_t stride_bytes) noexcept {
-    return reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(base) +
-                                          t * stride_bytes);
+    return reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(base) + t * stride_bytes);
   }
 
   // Position of row t of a layer event that carries n rows: a prefill layer
@@ -532,16 +517,13 @@ class session<predictor_set<P...>, X...> {
   std::string where(layer_id l) const {
     std::string s = "session: " + std::string(to_string(phase_)) + " token";
     if (n_tokens_ > 1)
-      s += "s " + std::to_string(first_token_) + ".." +
-           std::to_string(token_of_row(n_tokens_, n_tokens_ - 1));
-    else
-      s += " " + std::to_string(first_token_);
+      s += "s " + std::to_string(first_token_) + ".." + std::to_string(token_of_row(n_tokens_, n_tokens_ - 1));
+    else s += " " + std::to_string(first_token_);
     return s + " layer " + std::to_string(to_index(l)) + ": ";
   }
   static std::string describe(const gate_input_view& g, std::size_t stride) {
-    return std::string(g.data ? "" : "null data, ") + std::to_string(g.n_tokens) +
-           " token(s) of " + std::to_string(g.length) + " floats, stride " +
-           std::to_string(stride) + " bytes";
+    return std::string(g.data ? "" : "null data, ") + std::to_string(g.n_tokens) + " token(s) of " +
+           std::to_string(g.length) + " floats, stride " + std::to_string(stride) + " bytes";
   }
 
   // `message()` builds the anomaly's text. It runs only to throw, or to keep
@@ -570,13 +552,11 @@ class session<predictor_set<P...>, X...> {
       });
     if (to_index(l) >= shape_.n_layers())
       return anomaly(anomaly_kind::layer_out_of_range, [&] {
-        return where(l) + event + ": layer out of range [0, " +
-               std::to_string(shape_.n_layers()) + ")";
+        return where(l) + event + ": layer out of range [0, " + std::to_string(shape_.n_layers()) + ")";
       });
     if (!shape_.is_moe(l))
-      return anomaly(anomaly_kind::dense_layer, [&] {
-        return where(l) + event + ": the layer is dense in model '" + shape_.name() + "'";
-      });
+      return anomaly(anomaly_kind::dense_layer,
+                     [&] { return where(l) + event + ": the layer is dense in model '" + shape_.name() + "'"; });
     return true;
   }
 
@@ -591,21 +571,20 @@ class session<predictor_set<P...>, X...> {
     if (!check_layer(l, "routed")) return false;
     const std::uint8_t st = layer_state_[to_index(l)];
     if (st & routed_seen)
-      return anomaly(anomaly_kind::duplicate_routing, [&] {
-        return where(l) + "routed: a second routing for this layer in one batch";
-      });
+      return anomaly(anomaly_kind::duplicate_routing,
+                     [&] { return where(l) + "routed: a second routing for this layer in one batch"; });
     if (!batch_size_ok(n_tokens))
       return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: " + std::to_string(n_tokens) +
-               " token(s); expected the batch's " + std::to_string(n_tokens_) +
-               (phase_ == run_phase::prefill && n_tokens_ > 1
-                    ? " (or its last 1.." + std::to_string(n_tokens_) + ")"
-                    : std::string());
+        return where(l) + "routed: " + std::to_string(n_tokens) + " token(s); expected the batch's " +
+               std::to_string(n_tokens_) +
+               (phase_ == run_phase::prefill && n_tokens_ > 1 ? " (or its last 1.." + std::to_string(n_tokens_) + ")"
+                                                              : std::string());
       });
     if (gate_required_ && !(st & gate_seen))
       return anomaly(anomaly_kind::routing_without_gate_input, [&] {
-        return where(l) + "routed: the layer's gate input never came; expected "
-                          "gate_input before routed";
+        return where(l) +
+               "routed: the layer's gate input never came; expected "
+               "gate_input before routed";
       });
     return true;
   }
@@ -620,9 +599,8 @@ class session<predictor_set<P...>, X...> {
       if ((layer_state_[l] & gate_seen) && !(layer_state_[l] & routed_seen)) {
         layer_state_[l] |= routed_seen;  // report each layer once
         const layer_id lid = layer_id(static_cast<std::uint16_t>(l));
-        ok = anomaly(anomaly_kind::token_boundary_mid_layer, [&] {
-               return where(lid) + event + ": the layer's gate input came but its routing did not";
-             }) &&
+        ok = anomaly(anomaly_kind::token_boundary_mid_layer,
+                     [&] { return where(lid) + event + ": the layer's gate input came but its routing did not"; }) &&
              ok;
       }
     }
@@ -639,8 +617,7 @@ class session<predictor_set<P...>, X...> {
       layer_id target{};
       if (!moe_layer_ahead(shape_, source, PI::horizon, target)) return;
       const std::size_t t = to_index(target);
-      if (std::get<I>(predictors_).predict(bank_, source, target, x, board_[I][t]))
-        stamp_[I][t] = serial_;
+      if (std::get<I>(predictors_).predict(bank_, source, target, x, board_[I][t])) stamp_[I][t] = serial_;
     }
   }
   template <std::size_t... I>
@@ -682,22 +659,19 @@ class session<predictor_set<P...>, X...> {
       for (std::size_t i = 0; i < r.size(); ++i) {
         if (to_index(r.id(i)) >= shape_.n_experts())
           return anomaly(anomaly_kind::expert_out_of_range, [&] {
-            return where(l) + "routed: token " + std::to_string(r.token) + " slot " +
-                   std::to_string(i) + ": expert " + std::to_string(to_index(r.id(i))) +
-                   " out of range [0, " + std::to_string(shape_.n_experts()) + ")";
+            return where(l) + "routed: token " + std::to_string(r.token) + " slot " + std::to_string(i) + ": expert " +
+                   std::to_string(to_index(r.id(i))) + " out of range [0, " + std::to_string(shape_.n_experts()) + ")";
           });
         for (std::size_t j = 0; j < i; ++j)
           if (r.id(j) == r.id(i))
             return anomaly(anomaly_kind::duplicate_expert, [&] {
               return where(l) + "routed: token " + std::to_string(r.token) + ": expert " +
-                     std::to_string(to_index(r.id(i))) + " in slots " + std::to_string(j) +
-                     " and " + std::to_string(i);
+                     std::to_string(to_index(r.id(i))) + " in slots " + std::to_string(j) + " and " + std::to_string(i);
             });
       }
       if (r.empty())
-        return anomaly(anomaly_kind::routing_shape, [&] {
-          return where(l) + "routed: token " + std::to_string(r.token) + ": an empty routing";
-        });
+        return anomaly(anomaly_kind::routing_shape,
+                       [&] { return where(l) + "routed: token " + std::to_string(r.token) + ": an empty routing"; });
     }
     layer_state_[li] |= routed_seen;
     if (scorer_.scores_phase(phase_)) {
@@ -715,8 +689,7 @@ class session<predictor_set<P...>, X...> {
     std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n), 0u);
     for_each_extension([&](auto& x) {
       if constexpr (has_on_routings<decltype(x)>::value)
-        x.on_routings(*this, l, span<const routing>(buffer_.data(), n),
-                      span<std::uint32_t>(drop_masks_.data(), n));
+        x.on_routings(*this, l, span<const routing>(buffer_.data(), n), span<std::uint32_t>(drop_masks_.data(), n));
     });
     std::apply([&](auto&... p) { detail::observe_routings(span<const routing>(buffer_.data(), n), p...); },
                predictors_);
@@ -752,7 +725,6 @@ class session<predictor_set<P...>, X...> {
 
 /// The session of the demo and the published measurement: stale-gate,
 /// prev-token and the fresh-gate control, in report order.
-using standard_session =
-    session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>>;
+using standard_session = session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>>;
 
 }  // namespace moe_residency

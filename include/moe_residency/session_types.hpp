@@ -112,8 +112,8 @@ struct routing_batch_view {
   const std::int32_t* ids = nullptr;
   std::size_t k = 0;
   std::size_t n_tokens = 1;
-  std::size_t ids_row_stride_bytes = 0;  ///< 0 = packed (k·4)
-  const float* weights = nullptr;        ///< may be null (weights NaN)
+  std::size_t ids_row_stride_bytes = 0;      ///< 0 = packed (k·4)
+  const float* weights = nullptr;            ///< may be null (weights NaN)
   std::size_t weights_row_stride_bytes = 0;  ///< 0 = packed (k·4)
 };
 
@@ -126,9 +126,7 @@ struct anomaly_counts {
     for (auto v : by_kind) t += v;
     return t;
   }
-  std::uint64_t operator[](anomaly_kind k) const noexcept {
-    return by_kind[static_cast<std::size_t>(k)];
-  }
+  std::uint64_t operator[](anomaly_kind k) const noexcept { return by_kind[static_cast<std::size_t>(k)]; }
 };
 
 /// The set of predictors a session owns, in report order.

@@ -38,8 +38,7 @@ class simulated_flash {
  public:
   /// Throws `error` naming the value on a bandwidth or time scale that is not
   /// a finite number > 0.
-  simulated_flash(const model_shape& shape, simulated_flash_options o = {})
-      : shape_(shape), o_(o) {
+  simulated_flash(const model_shape& shape, simulated_flash_options o = {}) : shape_(shape), o_(o) {
     check_positive("device_mib_per_s", o_.device_mib_per_s, " MiB/s");
     check_positive("lane_mib_per_s", o_.lane_mib_per_s, " MiB/s");
     check_positive("time_scale", o_.time_scale, "");
@@ -82,8 +81,8 @@ class simulated_flash {
   // "simulated_flash: lane_mib_per_s = 0 MiB/s; expected a finite value > 0"
   static void check_positive(const char* name, double v, const char* unit) {
     if (v > 0 && v <= std::numeric_limits<double>::max()) return;
-    throw error(std::string("simulated_flash: ") + name + " = " + detail::format_number(v) +
-                unit + "; expected a finite value > 0");
+    throw error(std::string("simulated_flash: ") + name + " = " + detail::format_number(v) + unit +
+                "; expected a finite value > 0");
   }
   model_shape shape_;
   simulated_flash_options o_;

@@ -68,25 +68,25 @@ struct speculation_options {
 /// What speculation did to residency, per run. Reads themselves (issued,
 /// completed, cancelled, failed, stall) are in `read_scheduler::stats()`.
 struct speculation_stats {
-  std::uint64_t loads = 0;                ///< demanded loads (layer × batch)
-  std::uint64_t decode_tokens = 0;        ///< counted by begin_token (a session calls it)
-  std::uint64_t no_prediction = 0;        ///< end_load without a ranking for the target layer
-  std::uint64_t planned = 0;              ///< reads the planner proposed
-  std::uint64_t skipped_resident = 0;     ///< predictions already resident
+  std::uint64_t loads = 0;                    ///< demanded loads (layer × batch)
+  std::uint64_t decode_tokens = 0;            ///< counted by begin_token (a session calls it)
+  std::uint64_t no_prediction = 0;            ///< end_load without a ranking for the target layer
+  std::uint64_t planned = 0;                  ///< reads the planner proposed
+  std::uint64_t skipped_resident = 0;         ///< predictions already resident
   std::uint64_t skipped_below_threshold = 0;  ///< predicted misses the armed drop would skip
-  std::uint64_t inserted = 0;             ///< completed reads made resident in the cache
+  std::uint64_t inserted = 0;                 ///< completed reads made resident in the cache
   std::uint64_t inserted_bytes = 0;
-  std::uint64_t redundant = 0;            ///< completed, but already resident when applied
+  std::uint64_t redundant = 0;  ///< completed, but already resident when applied
   std::uint64_t redundant_bytes = 0;
-  std::uint64_t useful = 0;               ///< inserted, then demanded before eviction
+  std::uint64_t useful = 0;  ///< inserted, then demanded before eviction
   std::uint64_t useful_bytes = 0;
-  std::uint64_t evicted_unused = 0;       ///< inserted, evicted before any demand
+  std::uint64_t evicted_unused = 0;  ///< inserted, evicted before any demand
   std::uint64_t evicted_unused_bytes = 0;
-  std::uint64_t pending = 0;              ///< inserted, still resident, not demanded yet
-  std::uint64_t undropped = 0;            ///< experts kept only because speculation made them resident
-  std::uint64_t demanded_reads = 0;       ///< misses read by the demanded loads
-  std::uint64_t demanded_failed = 0;      ///< of those, failed (the host must handle them)
-  std::uint64_t decode_stall_ns = 0;      ///< decode loads' time in quiesce + demanded reads, ns
+  std::uint64_t pending = 0;          ///< inserted, still resident, not demanded yet
+  std::uint64_t undropped = 0;        ///< experts kept only because speculation made them resident
+  std::uint64_t demanded_reads = 0;   ///< misses read by the demanded loads
+  std::uint64_t demanded_failed = 0;  ///< of those, failed (the host must handle them)
+  std::uint64_t decode_stall_ns = 0;  ///< decode loads' time in quiesce + demanded reads, ns
 };
 
 namespace detail {
@@ -94,11 +94,9 @@ namespace detail {
 // tell two shapes apart even when their names are equal.
 inline std::string plan_describe_shape(const model_shape& s) {
   std::uint64_t bytes = 0;
-  for (std::size_t l = 0; l < s.n_layers(); ++l)
-    bytes += s.expert_bytes(layer_id(static_cast<std::uint16_t>(l)));
-  return "'" + s.name() + "' (" + std::to_string(s.n_layers()) + " layers, " +
-         std::to_string(s.n_experts()) + " experts, top-" + std::to_string(s.top_k()) + ", " +
-         std::to_string(bytes) + " expert bytes in all)";
+  for (std::size_t l = 0; l < s.n_layers(); ++l) bytes += s.expert_bytes(layer_id(static_cast<std::uint16_t>(l)));
+  return "'" + s.name() + "' (" + std::to_string(s.n_layers()) + " layers, " + std::to_string(s.n_experts()) +
+         " experts, top-" + std::to_string(s.top_k()) + ", " + std::to_string(bytes) + " expert bytes in all)";
 }
 }  // namespace detail
 
@@ -114,19 +112,14 @@ class speculation {
  public:
   /// Throws `error` on a horizon outside [1, 2], a cap above 32, a bad drop
   /// fraction, a bad scheduler configuration, or a cache of another shape.
-  speculation(const model_shape& shape, Cache cache, read_callback read,
-              speculation_options options = {})
-      : shape_(shape),
-        options_(std::move(options)),
-        cache_(std::move(cache)),
-        planner_(options_.cap) {
+  speculation(const model_shape& shape, Cache cache, read_callback read, speculation_options options = {})
+      : shape_(shape), options_(std::move(options)), cache_(std::move(cache)), planner_(options_.cap) {
     if (options_.horizon < 1 || options_.horizon > 2)
       throw error("speculation: horizon " + std::to_string(options_.horizon) +
                   " out of range; expected 1 (next MoE layer) or 2");
     if (!(cache_.shape() == shape_))
-      throw error("speculation: the cache's model shape " +
-                  detail::plan_describe_shape(cache_.shape()) + " differs from " +
-                  detail::plan_describe_shape(shape_) + "; expected the same shape");
+      throw error("speculation: the cache's model shape " + detail::plan_describe_shape(cache_.shape()) +
+                  " differs from " + detail::plan_describe_shape(shape_) + "; expected the same shape");
     if (options_.drop) drop_.emplace(shape_, *options_.drop);
     scheduler_ = std::make_unique<read_scheduler>(std::move(read), options_.scheduler);
     const std::size_t slots = shape_.n_layers() * shape_.n_experts();
@@ -206,9 +199,8 @@ class speculation {
     stats_.demanded_reads += demanded_.size();
     auto t2 = std::chrono::steady_clock::now(), t3 = t2;
     if (options_.demanded_reads && !demanded_.empty()) {
-      const std::size_t ok = scheduler_->demand(
-          span<const read_request>(demanded_.data(), demanded_.size()),
-          span<read_outcome>(outcomes_.data(), demanded_.size()));
+      const std::size_t ok = scheduler_->demand(span<const read_request>(demanded_.data(), demanded_.size()),
+                                                span<read_outcome>(outcomes_.data(), demanded_.size()));
       stats_.demanded_failed += demanded_.size() - ok;
       t3 = std::chrono::steady_clock::now();
       // The lookup recorded each miss resident before its read: a failed one is not.
@@ -238,17 +230,14 @@ class speculation {
     // The threshold applies only when the drop policy will decide the target's
     // load: the next load is in the phase of the last one.
     std::optional<double> threshold;
-    if (drop_ && (last_phase_ == run_phase::decode || options_.drop->include_prefill))
-      threshold = drop_->threshold();
-    const speculation_plan p =
-        planner_.plan(target, *predicted, shape_.top_k(), resident_query(), threshold);
+    if (drop_ && (last_phase_ == run_phase::decode || options_.drop->include_prefill)) threshold = drop_->threshold();
+    const speculation_plan p = planner_.plan(target, *predicted, shape_.top_k(), resident_query(), threshold);
     stats_.planned += p.size();
     stats_.skipped_resident += p.skipped_resident;
     stats_.skipped_below_threshold += p.skipped_below_threshold;
     std::size_t issued = 0;
     const std::uint64_t bytes = shape_.expert_bytes(target);
-    for (std::size_t i = 0; i < p.size(); ++i)
-      issued += scheduler_->speculate(read_request{target, p.id(i), bytes});
+    for (std::size_t i = 0; i < p.size(); ++i) issued += scheduler_->speculate(read_request{target, p.id(i), bytes});
     if (scheduler_->synchronous()) scheduler_->pump();
     return issued;
   }
@@ -262,8 +251,8 @@ class speculation {
 
   // ---- session extension hooks ---------------------------------------------
 
-  static constexpr session_hook hooks = session_hook::attach | session_hook::begin_batch |
-                                        session_hook::routings | session_hook::layer_loaded;
+  static constexpr session_hook hooks =
+      session_hook::attach | session_hook::begin_batch | session_hook::routings | session_hook::layer_loaded;
 
   /// Refuses (throws `error`) a session whose predictor `Predictor` cannot rank
   /// the layer `horizon` MoE layers ahead when end_load needs it: a gate
@@ -292,8 +281,7 @@ class speculation {
     begin_token(phase, n_tokens);
   }
   template <class Session>
-  void on_routings(Session&, layer_id, span<const routing> routings,
-                   span<std::uint32_t> drop_masks) noexcept {
+  void on_routings(Session&, layer_id, span<const routing> routings, span<std::uint32_t> drop_masks) noexcept {
     begin_load(routings, drop_masks);
   }
   template <class Session>
@@ -330,19 +318,18 @@ class speculation {
     const scheduler_stats r = scheduler_->stats();
     const speculation_stats s = stats();
     if (!options_.enabled)
-      return "moe-prefetch: off (control arm); " + std::to_string(s.demanded_reads) +
-             " demanded reads, decode stall " + per_token_ms(s.decode_stall_ns) + " ms per token";
+      return "moe-prefetch: off (control arm); " + std::to_string(s.demanded_reads) + " demanded reads, decode stall " +
+             per_token_ms(s.decode_stall_ns) + " ms per token";
     const double tokens = static_cast<double>(std::max<std::uint64_t>(s.decode_tokens, 1));
     const double useful_pct =
         r.completed ? 100.0 * static_cast<double>(s.useful) / static_cast<double>(r.completed) : 0.0;
     const std::uint64_t wasted = s.redundant_bytes + s.evicted_unused_bytes + r.discarded_bytes;
-    return "moe-prefetch: issued " + std::to_string(r.issued) + " / useful " +
-           std::to_string(s.useful) + " (" + detail::format_fixed(useful_pct, 1) +
-           "% of completed) / cancelled " + std::to_string(r.cancelled) + ", " +
-           detail::format_fixed(to_mib(r.completed_bytes) / tokens, 1) +
-           " MiB speculated per token; completed " + std::to_string(r.completed) + ", failed " +
-           std::to_string(r.failed) + ", rejected " + std::to_string(r.rejected) + ", wasted " +
-           detail::format_fixed(to_mib(wasted), 1) + " MiB, pending " + std::to_string(s.pending) +
+    return "moe-prefetch: issued " + std::to_string(r.issued) + " / useful " + std::to_string(s.useful) + " (" +
+           detail::format_fixed(useful_pct, 1) + "% of completed) / cancelled " + std::to_string(r.cancelled) + ", " +
+           detail::format_fixed(to_mib(r.completed_bytes) / tokens, 1) + " MiB speculated per token; completed " +
+           std::to_string(r.completed) + ", failed " + std::to_string(r.failed) + ", rejected " +
+           std::to_string(r.rejected) + ", wasted " + detail::format_fixed(to_mib(wasted), 1) + " MiB, pending " +
+           std::to_string(s.pending) +
            // Loads whose target the predictor had not ranked: shown when any, since
            // they are reads that could not be planned at all.
            (s.no_prediction ? ", no prediction " + std::to_string(s.no_prediction) : std::string()) +
@@ -353,24 +340,21 @@ class speculation {
     if (!drop_) return "moe-drop: off";
     const drop_stats& d = drop_->stats();
     return "moe-drop: F = " + detail::format_number(drop_->fraction()) + " (threshold " +
-           detail::format_number(drop_->threshold()) + "): dropped " +
-           std::to_string(d.experts_dropped) + " of " + std::to_string(d.experts) +
-           " routed experts in " + std::to_string(d.routings_with_drop) + " of " +
+           detail::format_number(drop_->threshold()) + "): dropped " + std::to_string(d.experts_dropped) + " of " +
+           std::to_string(d.experts) + " routed experts in " + std::to_string(d.routings_with_drop) + " of " +
            std::to_string(d.routings) + " routings; " +
-           detail::format_fixed(100.0 * d.miss_bytes_avoided_fraction(), 1) +
-           "% of miss bytes avoided (" + detail::format_fixed(to_mib(d.miss_bytes_avoided), 1) +
-           " MiB), " + detail::format_fixed(100.0 * d.weight_discarded_fraction(), 1) +
-           "% of router weight discarded; " + std::to_string(stats_.undropped) +
-           " un-dropped by speculation";
+           detail::format_fixed(100.0 * d.miss_bytes_avoided_fraction(), 1) + "% of miss bytes avoided (" +
+           detail::format_fixed(to_mib(d.miss_bytes_avoided), 1) + " MiB), " +
+           detail::format_fixed(100.0 * d.weight_discarded_fraction(), 1) + "% of router weight discarded; " +
+           std::to_string(stats_.undropped) + " un-dropped by speculation";
   }
   /// `moe-cache: decode hit H% (cumulative C%), X MiB read per decode token, budget B MiB`
   std::string cache_line() const {
     const auto& c = cache_.stats();
     const double tokens = static_cast<double>(std::max<std::uint64_t>(stats_.decode_tokens, 1));
-    return "moe-cache: decode hit " + detail::format_fixed(c.decode.hit_pct(), 1) +
-           "% (cumulative " + detail::format_fixed(c.all.hit_pct(), 1) + "%), " +
-           detail::format_fixed(to_mib(c.decode.bytes_read) / tokens, 1) +
-           " MiB demanded per decode token, budget " +
+    return "moe-cache: decode hit " + detail::format_fixed(c.decode.hit_pct(), 1) + "% (cumulative " +
+           detail::format_fixed(c.all.hit_pct(), 1) + "%), " +
+           detail::format_fixed(to_mib(c.decode.bytes_read) / tokens, 1) + " MiB demanded per decode token, budget " +
            detail::format_fixed(to_mib(cache_.budget_bytes()), 0) + " MiB";
   }
 
@@ -455,8 +439,8 @@ class speculation {
   speculation_planner planner_;
   std::optional<drop_policy> drop_;
   std::unique_ptr<read_scheduler> scheduler_;
-  std::vector<std::uint8_t> pending_flag_;    // per slot: resident through speculation, not yet demanded
-  std::vector<std::uint32_t> pending_list_;   // the slots with the flag set (or just cleared)
+  std::vector<std::uint8_t> pending_flag_;   // per slot: resident through speculation, not yet demanded
+  std::vector<std::uint32_t> pending_list_;  // the slots with the flag set (or just cleared)
   std::vector<read_request> demanded_;
   std::vector<read_outcome> outcomes_;
   speculation_stats stats_;

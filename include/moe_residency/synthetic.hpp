@@ -51,12 +51,12 @@ inline const char* to_string(synthetic_router r) noexcept {
 /// Everything that shapes a synthetic workload. Fractions are of the residual
 /// stream's RMS.
 struct synthetic_config {
-  model_shape shape;                ///< layers (dense ones too), experts, top-k, expert bytes
-  std::size_t n_embd = 0;           ///< gate input length
+  model_shape shape;       ///< layers (dense ones too), experts, top-k, expert bytes
+  std::size_t n_embd = 0;  ///< gate input length
   element_type router_type = element_type::f16;
   synthetic_router rule = synthetic_router::qwen3moe;
-  std::size_t n_groups = 8;         ///< deepseek rule: expert groups
-  std::size_t n_group_used = 4;     ///< deepseek rule: groups kept
+  std::size_t n_groups = 8;      ///< deepseek rule: expert groups
+  std::size_t n_group_used = 4;  ///< deepseek rule: groups kept
   /// How much layer l nudges the residual stream (relative RMS of the update),
   /// linearly from the first to the last layer: bigger early = early layers
   /// less predictable from the layer before.
@@ -79,8 +79,7 @@ struct synthetic_config {
     if (n_embd < 8 || n_embd > (1u << 16))
       throw error(who + "n_embd " + std::to_string(n_embd) + " out of range; expected [8, 65536]");
     if (!(token_correlation >= 0.0f && token_correlation < 1.0f))
-      throw error(who + "token_correlation " + std::to_string(token_correlation) +
-                  " out of range; expected [0, 1)");
+      throw error(who + "token_correlation " + std::to_string(token_correlation) + " out of range; expected [0, 1)");
     for (float v : {nudge_first, nudge_last, popularity_skew, logit_scale})
       if (!(v >= 0.0f && v < 100.0f))
         throw error(who + "nudge, skew and scale must be in [0, 100); got " + std::to_string(v));
@@ -179,10 +178,8 @@ class synthetic_model {
     std::size_t n_moe = 0;
     for (std::size_t l = 0; l < L; ++l)
       if (c_.shape.is_moe(lid(l))) layer_offset_[l] = (n_moe++) * E * d;
-    if (c_.router_type == element_type::f32)
-      f32_.assign(n_moe * E * d, 0.0f);
-    else
-      bits16_.assign(n_moe * E * d, 0);
+    if (c_.router_type == element_type::f32) f32_.assign(n_moe * E * d, 0.0f);
+    else bits16_.assign(n_moe * E * d, 0);
     std::vector<float> row(d);
     const float content = c_.logit_scale / std::sqrt(static_cast<float>(d));
     // Gate inputs are RMS-normalised (norm sqrt(d)), and the persistent
@@ -195,8 +192,7 @@ class synthetic_model {
       for (auto& p : pop) p = c_.popularity_skew * rng.normal();
       for (std::size_t e = 0; e < E; ++e) {
         for (std::size_t i = 0; i < d; ++i)
-          row[i] = detail::rounded(content * rng.normal()) +
-                   detail::rounded(pop[e] * along * persistent_[i]);
+          row[i] = detail::rounded(content * rng.normal()) + detail::rounded(pop[e] * along * persistent_[i]);
         store_row(l, e, row.data());
       }
       specs_[l] = make_spec(rng, E, k);
@@ -243,8 +239,7 @@ class synthetic_model {
     }
     std::uint16_t* dst = bits16_.data() + off;
     for (std::size_t i = 0; i < d; ++i)
-      dst[i] = c_.router_type == element_type::f16 ? detail::f32_to_f16_bits(row[i])
-                                                   : detail::f32_to_bf16_bits(row[i]);
+      dst[i] = c_.router_type == element_type::f16 ? detail::f32_to_f16_bits(row[i]) : detail::f32_to_bf16_bits(row[i]);
   }
 
   router_spec make_spec(detail::synthetic_rng& rng, std::size_t E, std::size_t k) const {
@@ -252,8 +247,7 @@ class synthetic_model {
       case synthetic_router::deepseek: {
         std::vector<float> bias(E);
         for (auto& b : bias) b = 0.05f * rng.normal();
-        return router_spec::deepseek_v3(std::move(bias), E, k, c_.n_groups, c_.n_group_used,
-                                        2.5f);
+        return router_spec::deepseek_v3(std::move(bias), E, k, c_.n_groups, c_.n_group_used, 2.5f);
       }
       case synthetic_router::gpt_oss: {
         std::vector<float> bias(E);
@@ -327,8 +321,7 @@ class synthetic_stream {
           float* x = &gate_[(l * n_tokens + t) * d];
           normalise(h_.data(), x, d);
           const float keep = std::sqrt(1.0f - detail::rounded(pf * pf));
-          for (std::size_t i = 0; i < d; ++i)
-            x[i] = detail::rounded(keep * x[i]) + detail::rounded(pf * sd * dir[i]);
+          for (std::size_t i = 0; i < d; ++i) x[i] = detail::rounded(keep * x[i]) + detail::rounded(pf * sd * dir[i]);
           routing& r = routed_[l * n_tokens + t];
           route_token(m_->router(lid), x, m_->spec(lid), r, ws_);
           r.layer = lid;
@@ -344,19 +337,14 @@ class synthetic_stream {
   }
 
   /// Layer l's gate inputs for the batch: batch_size() rows of n_embd floats.
-  const float* gate_inputs(layer_id l) const noexcept {
-    return &gate_[to_index(l) * n_ * m_->n_embd()];
-  }
+  const float* gate_inputs(layer_id l) const noexcept { return &gate_[to_index(l) * n_ * m_->n_embd()]; }
   /// The routing layer l selected for token i of the batch (phase left at decode).
-  const routing& routed(layer_id l, std::size_t i) const noexcept {
-    return routed_[to_index(l) * n_ + i];
-  }
+  const routing& routed(layer_id l, std::size_t i) const noexcept { return routed_[to_index(l) * n_ + i]; }
   /// The nudge (relative RMS) of layer l.
   float nudge(std::size_t l) const noexcept {
     const std::size_t L = m_->shape().n_layers();
     const float f = L > 1 ? static_cast<float>(l) / static_cast<float>(L - 1) : 0.0f;
-    return m_->config().nudge_first +
-           detail::rounded(f * (m_->config().nudge_last - m_->config().nudge_first));
+    return m_->config().nudge_first + detail::rounded(f * (m_->config().nudge_last - m_->config().nudge_first));
   }
 
  private:
@@ -413,8 +401,7 @@ namespace synthetic_presets {
 
 /// Qwen3-30B-A3B: 48 layers × 128 experts × 2048, top-8, qwen3moe softmax,
 /// f16 routers by default; expert bytes from presets::qwen3_30b_a3b.
-inline synthetic_config qwen3_30b(element_type router = element_type::f16,
-                                  std::uint64_t seed = 1) {
+inline synthetic_config qwen3_30b(element_type router = element_type::f16, std::uint64_t seed = 1) {
   synthetic_config c;
   c.shape = presets::qwen3_30b_a3b(8);
   c.n_embd = 2048;
@@ -426,8 +413,7 @@ inline synthetic_config qwen3_30b(element_type router = element_type::f16,
 
 /// gpt-oss-120b: 36 layers × 128 experts × 2880, top-4, logit bias and
 /// softmax over the selected (softmax_weight); f32 routers by default.
-inline synthetic_config gpt_oss_120b(element_type router = element_type::f32,
-                                     std::uint64_t seed = 1) {
+inline synthetic_config gpt_oss_120b(element_type router = element_type::f32, std::uint64_t seed = 1) {
   synthetic_config c;
   c.shape = presets::gpt_oss_120b(4);
   c.n_embd = 2880;
@@ -439,9 +425,8 @@ inline synthetic_config gpt_oss_120b(element_type router = element_type::f32,
 
 /// A small model for tests: `layers` × `experts` × `embd`, top-k, any rule;
 /// with `dense_first` the first layer is dense (as in DeepSeek).
-inline synthetic_config small(synthetic_router rule, element_type router,
-                              std::size_t layers = 8, std::size_t experts = 64,
-                              std::size_t embd = 256, std::size_t k = 6,
+inline synthetic_config small(synthetic_router rule, element_type router, std::size_t layers = 8,
+                              std::size_t experts = 64, std::size_t embd = 256, std::size_t k = 6,
                               bool dense_first = false, std::uint64_t seed = 1) {
   std::vector<std::uint64_t> bytes(layers, 1u << 20);
   std::vector<bool> moe(layers, true);
@@ -450,8 +435,7 @@ inline synthetic_config small(synthetic_router rule, element_type router,
     moe[0] = false;
   }
   synthetic_config c;
-  c.shape = model_shape(std::string("synthetic-") + to_string(rule), experts, k, std::move(bytes),
-                        std::move(moe));
+  c.shape = model_shape(std::string("synthetic-") + to_string(rule), experts, k, std::move(bytes), std::move(moe));
   c.n_embd = embd;
   c.router_type = router;
   c.rule = rule;

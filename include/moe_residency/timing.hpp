@@ -96,7 +96,7 @@ class storage_curve {
  public:
   /// The phone of shared/traces/flash-lanes.csv (4 MiB random reads, cold).
   storage_curve()
-      : points_{{1, 1809.9}, {2, 2459.8}, {4, 2457.9}, {8, 2420.0},
+      : points_{{1, 1809.9},  {2, 2459.8},  {4, 2457.9},  {8, 2420.0},
                 {12, 2360.1}, {16, 2243.9}, {24, 2308.6}, {32, 2254.8}} {}
   /// Points (lanes, MiB/s): lanes >= 1 and strictly increasing, MiB/s finite
   /// and > 0. Throws `error` naming the point otherwise.
@@ -156,9 +156,9 @@ class storage_curve {
                     std::to_string(cols.size()));
       // Each field wholly a finite number: a bare strtod would read "1:1809.9" as 1.
       auto number = [&](std::ptrdiff_t col) {
-        return detail::parse_real(f[static_cast<std::size_t>(col)], source + ": line " + std::to_string(n) +
-                                                                        ", column " +
-                                                                        cols[static_cast<std::size_t>(col)]);
+        return detail::parse_real(
+            f[static_cast<std::size_t>(col)],
+            source + ": line " + std::to_string(n) + ", column " + cols[static_cast<std::size_t>(col)]);
       };
       const double lanes = number(lanes_col);
       pts.emplace_back(lanes, number(bw_col));
@@ -245,7 +245,8 @@ struct timing_params {
       throw error(std::string("timing_params: ") + name + " = " + buf + "; expected " + want);
     };
     if (lanes < 1 || lanes > 64) bad("lanes", static_cast<double>(lanes), "1 to 64");
-    if (!(read_latency_ms >= 0) || !std::isfinite(read_latency_ms)) bad("read_latency_ms", read_latency_ms, "a finite value >= 0");
+    if (!(read_latency_ms >= 0) || !std::isfinite(read_latency_ms))
+      bad("read_latency_ms", read_latency_ms, "a finite value >= 0");
     if (!(bandwidth_scale > 0 && bandwidth_scale <= 4)) bad("bandwidth_scale", bandwidth_scale, "a factor in (0, 4]");
     if (!(fault_bandwidth_scale == 0 || (fault_bandwidth_scale > 0 && fault_bandwidth_scale <= 4)))
       bad("fault_bandwidth_scale", fault_bandwidth_scale, "a factor in (0, 4], or 0 for the same as bandwidth_scale");
@@ -255,21 +256,23 @@ struct timing_params {
       bad("expert_compute_share", expert_compute_share, "a share in [0, 1]");
     if (!(overlap >= 0 && overlap <= 1)) bad("overlap", overlap, "a share in [0, 1]");
     if (!(kernel_overlap >= 0 && kernel_overlap <= 1)) bad("kernel_overlap", kernel_overlap, "a share in [0, 1]");
-    if (!(mgmt_ms_per_read >= 0) || !std::isfinite(mgmt_ms_per_read)) bad("mgmt_ms_per_read", mgmt_ms_per_read, "a finite value >= 0");
+    if (!(mgmt_ms_per_read >= 0) || !std::isfinite(mgmt_ms_per_read))
+      bad("mgmt_ms_per_read", mgmt_ms_per_read, "a finite value >= 0");
     if (!(mgmt_ms_per_eviction >= 0) || !std::isfinite(mgmt_ms_per_eviction))
       bad("mgmt_ms_per_eviction", mgmt_ms_per_eviction, "a finite value >= 0");
     if (!(read_cpu_ms_per_mib >= 0) || !std::isfinite(read_cpu_ms_per_mib))
       bad("read_cpu_ms_per_mib", read_cpu_ms_per_mib, "a finite value >= 0");
     if (!(mgmt_ms_per_request >= 0) || !std::isfinite(mgmt_ms_per_request))
       bad("mgmt_ms_per_request", mgmt_ms_per_request, "a finite value >= 0");
-    if (!(mgmt_ms_per_pin >= 0) || !std::isfinite(mgmt_ms_per_pin)) bad("mgmt_ms_per_pin", mgmt_ms_per_pin, "a finite value >= 0");
+    if (!(mgmt_ms_per_pin >= 0) || !std::isfinite(mgmt_ms_per_pin))
+      bad("mgmt_ms_per_pin", mgmt_ms_per_pin, "a finite value >= 0");
   }
 
   /// Duration of one wave of m concurrent reads of `bytes` each, equation (2).
   double wave_ms(std::size_t m, std::uint64_t bytes) const noexcept {
     if (m == 0) return 0.0;
-    return read_latency_ms +
-           1000.0 * to_mib(bytes) * static_cast<double>(m) / (bandwidth_scale * curve.mib_per_s(static_cast<double>(m)));
+    return read_latency_ms + 1000.0 * to_mib(bytes) * static_cast<double>(m) /
+                                 (bandwidth_scale * curve.mib_per_s(static_cast<double>(m)));
   }
   /// Duration of d reads of `bytes` each on `lanes` lanes, equation (3).
   double read_ms(std::size_t d, std::uint64_t bytes) const noexcept {
@@ -323,8 +326,8 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
       } else if (key == "curve") {
         p.curve = storage_curve::parse_list(value);
       } else if (key == "curve_file") {
-        p.curve = storage_curve::parse_csv(detail::read_input_file(value, "a lanes CSV file",
-                                                                   detail::text_head(value, "a lanes CSV file")), value);
+        p.curve = storage_curve::parse_csv(
+            detail::read_input_file(value, "a lanes CSV file", detail::text_head(value, "a lanes CSV file")), value);
       } else if (key == "read_latency_ms") {
         p.read_latency_ms = number();
       } else if (key == "bandwidth_scale") {
@@ -418,10 +421,12 @@ class timing_simulator {
     token_timing& t = tokens_.back();
     const timing_params& p = params_;
     const double executed = e.routed ? static_cast<double>(e.routed - e.dropped) / static_cast<double>(e.routed) : 1.0;
-    const double c = p.compute_ms_per_token / n_moe_ * ((1.0 - p.expert_compute_share) + p.expert_compute_share * executed);
+    const double c =
+        p.compute_ms_per_token / n_moe_ * ((1.0 - p.expert_compute_share) + p.expert_compute_share * executed);
     const double wait = std::max(0.0, spec_end_ - now_);
     const double demanded = p.read_ms(e.misses, e.expert_bytes);
-    const double own = p.read_cpu_ms_per_mib * to_mib(e.demanded_bytes) + p.mgmt_ms_per_pin * static_cast<double>(e.pinned);
+    const double own =
+        p.read_cpu_ms_per_mib * to_mib(e.demanded_bytes) + p.mgmt_ms_per_pin * static_cast<double>(e.pinned);
     const double stall = std::max(0.0, wait + demanded - p.overlap * c - p.kernel_overlap * own);
     const double mgmt = p.mgmt_ms_per_read * static_cast<double>(e.misses + e.speculative_inserted) +
                         p.mgmt_ms_per_eviction * static_cast<double>(e.evictions) +
@@ -490,7 +495,7 @@ class timing_simulator {
   double cursor_ = 0;      // when the device is free for the next speculative wave
   double window_end_ = 0;  // the last load's layer end
   double wave_start_ = 0;
-  double spec_end_ = 0;    // when the last started speculative wave finishes
+  double spec_end_ = 0;  // when the last started speculative wave finishes
   std::size_t wave_reads_ = 0;
 };
 
@@ -597,10 +602,12 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     return it == cols.end() ? -1 : it - cols.begin();
   };
   const std::ptrdiff_t wall = col("wall_ms");
-  if (wall < 0) throw error(source + ": line " + std::to_string(n) + ": no wall_ms column; expected a metrics header like step,steps,wall_ms,...");
+  if (wall < 0)
+    throw error(source + ": line " + std::to_string(n) +
+                ": no wall_ms column; expected a metrics header like step,steps,wall_ms,...");
   constexpr int kept = 8;
-  const std::ptrdiff_t idx[kept] = {wall,           col("stall_ms"), col("mgmt_ms"), col("compute_ms"),
-                                    col("read_bytes"), col("io_ms"),  col("cpu_ms"),  col("sys_ms")};
+  const std::ptrdiff_t idx[kept] = {wall,         col("stall_ms"), col("mgmt_ms"), col("compute_ms"), col("read_bytes"),
+                                    col("io_ms"), col("cpu_ms"),   col("sys_ms")};
   token_metrics m;
   std::vector<double>* dst[kept] = {&m.wall_ms,    &m.stall_ms, &m.mgmt_ms, &m.compute_ms,
                                     &m.read_bytes, &m.io_ms,    &m.cpu_ms,  &m.sys_ms};
@@ -612,9 +619,9 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   std::vector<row_step> steps;  // per row, when the file has a step column
   auto whole = [&](const std::vector<std::string>& f, std::ptrdiff_t c, std::size_t line_no) -> std::uint64_t {
     // Decode tokens count from 1.
-    return detail::parse_whole<std::uint64_t>(f[static_cast<std::size_t>(c)], source + ": line " +
-                                                  std::to_string(line_no) + ", column " +
-                                                  cols[static_cast<std::size_t>(c)], 1);
+    return detail::parse_whole<std::uint64_t>(
+        f[static_cast<std::size_t>(c)],
+        source + ": line " + std::to_string(line_no) + ", column " + cols[static_cast<std::size_t>(c)], 1);
   };
   while (std::getline(ss, line)) {
     ++n;
@@ -629,10 +636,10 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     for (int k = 0; k < kept; ++k) {
       double v = std::numeric_limits<double>::quiet_NaN();
       if (idx[k] >= 0) {
-        v = detail::parse_real(f[static_cast<std::size_t>(idx[k])],
-                               source + ": line " + std::to_string(n) + ", column " +
-                                   cols[static_cast<std::size_t>(idx[k])],
-                               detail::real_domain::non_negative());
+        v = detail::parse_real(
+            f[static_cast<std::size_t>(idx[k])],
+            source + ": line " + std::to_string(n) + ", column " + cols[static_cast<std::size_t>(idx[k])],
+            detail::real_domain::non_negative());
       }
       dst[k]->push_back(v);
     }
@@ -649,9 +656,8 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     const row_step& r = steps[order[i]];
     if (r.step == i + 1) continue;
     if (i > 0 && r.step == steps[order[i - 1]].step)
-      throw error(source + ": line " + std::to_string(r.line) + ": step " + std::to_string(r.step) +
-                  " again (line " + std::to_string(steps[order[i - 1]].line) +
-                  " has it); expected each decode token's step once");
+      throw error(source + ": line " + std::to_string(r.line) + ": step " + std::to_string(r.step) + " again (line " +
+                  std::to_string(steps[order[i - 1]].line) + " has it); expected each decode token's step once");
     throw error(source + ": line " + std::to_string(r.line) + ": step " + std::to_string(r.step) + ", but step " +
                 std::to_string(i + 1) + " is missing; expected steps 1 to " + std::to_string(steps.size()) +
                 ", one row per decode token");
@@ -684,10 +690,9 @@ inline double metrics_tok_per_s(const token_metrics& m) {
 /// two lacks is NaN for its rows.
 inline void append_token_metrics(token_metrics& into, const token_metrics& more) {
   const std::size_t n = into.size();
-  std::vector<double> token_metrics::*cols[] = {&token_metrics::wall_ms,    &token_metrics::stall_ms,
-                                                &token_metrics::mgmt_ms,    &token_metrics::compute_ms,
-                                                &token_metrics::read_bytes, &token_metrics::io_ms,
-                                                &token_metrics::cpu_ms,     &token_metrics::sys_ms};
+  std::vector<double> token_metrics::*cols[] = {
+      &token_metrics::wall_ms,    &token_metrics::stall_ms, &token_metrics::mgmt_ms, &token_metrics::compute_ms,
+      &token_metrics::read_bytes, &token_metrics::io_ms,    &token_metrics::cpu_ms,  &token_metrics::sys_ms};
   for (auto c : cols) {
     std::vector<double>& a = into.*c;
     const std::vector<double>& b = more.*c;

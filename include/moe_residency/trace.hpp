@@ -56,11 +56,11 @@ inline void check_route_trace_head(std::string_view head, std::uint64_t size, co
 /// is read. Warnings (a binary file of version 1, which has no checksums)
 /// go to `on_warning`, or to stderr when it is empty.
 inline validated_route_trace read_route_trace(const std::string& path, const warning_sink& on_warning = {}) {
-  const std::string bytes =
-      detail::read_input_file(path, "a route trace file (CSV or binary)", [&path](std::string_view head, std::uint64_t size) {
-        detail::check_route_trace_head(head, size, path);
-      });
-  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89) return parse_route_trace_binary(bytes, path, on_warning);
+  const std::string bytes = detail::read_input_file(
+      path, "a route trace file (CSV or binary)",
+      [&path](std::string_view head, std::uint64_t size) { detail::check_route_trace_head(head, size, path); });
+  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89)
+    return parse_route_trace_binary(bytes, path, on_warning);
   return parse_route_trace_csv(bytes, path);
 }
 

@@ -305,7 +305,8 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
     if (py::isinstance<py::str>(oracle_profile) || py::isinstance<py::bytes>(oracle_profile) ||
         py::hasattr(oracle_profile, "__fspath__")) {
       const std::string path = fspath(oracle_profile);
-      base.speculation.oracle_profile = parse_oracle_profile(read_file(path, detail::text_head(path, "a text file")), path, in.shape().n_layers());
+      base.speculation.oracle_profile =
+          parse_oracle_profile(read_file(path, detail::text_head(path, "a text file")), path, in.shape().n_layers());
     } else {  // a sequence of P, one per layer: the file's first form
       std::string text;
       for (auto p : oracle_profile) text += detail::format_printf("%.17g\n", p.cast<double>());
@@ -416,31 +417,44 @@ void bind_replay(py::module_& m) {
   py::class_<python_cache_view>(m, "CacheView",
                                 "What a Python policy's victim() may ask the cache; valid only during that call. "
                                 "Slots are layer * n_experts + expert.")
-      .def("evictable", [](const python_cache_view& v, long long s) { return v.get().evictable(v.slot(s)); },
-           "resident, not pinned, not looked up by the current batch")
+      .def(
+          "evictable", [](const python_cache_view& v, long long s) { return v.get().evictable(v.slot(s)); },
+          "resident, not pinned, not looked up by the current batch")
       .def("resident", [](const python_cache_view& v, long long s) { return v.get().resident(v.slot(s)); })
-      .def("layer_of", [](const python_cache_view& v, long long s) { v.get(); return v.slot(s) / v.n_experts; })
-      .def("expert_of", [](const python_cache_view& v, long long s) { v.get(); return v.slot(s) % v.n_experts; })
+      .def("layer_of",
+           [](const python_cache_view& v, long long s) {
+             v.get();
+             return v.slot(s) / v.n_experts;
+           })
+      .def("expert_of",
+           [](const python_cache_view& v, long long s) {
+             v.get();
+             return v.slot(s) % v.n_experts;
+           })
       .def("bytes_of", [](const python_cache_view& v, long long s) { return v.get().bytes_of(v.slot(s)); })
-      .def("layer_count", [](const python_cache_view& v, std::size_t l) {
-        const auto& view = v.get();
-        if (l >= v.n_slots / v.n_experts)
-          throw error("CacheView: layer " + std::to_string(l) + " out of range [0, " +
-                      std::to_string(v.n_slots / v.n_experts) + ")");
-        return view.layer_count(l);
-      }, "resident experts of the layer")
+      .def(
+          "layer_count",
+          [](const python_cache_view& v, std::size_t l) {
+            const auto& view = v.get();
+            if (l >= v.n_slots / v.n_experts)
+              throw error("CacheView: layer " + std::to_string(l) + " out of range [0, " +
+                          std::to_string(v.n_slots / v.n_experts) + ")");
+            return view.layer_count(l);
+          },
+          "resident experts of the layer")
       .def_property_readonly("used_bytes", [](const python_cache_view& v) { return v.get().used_bytes(); })
       .def_property_readonly("budget_bytes", [](const python_cache_view& v) { return v.get().budget_bytes(); })
       .def_property_readonly("n_experts", [](const python_cache_view& v) { return v.n_experts; });
 
-  m.def("_replay_static", &replay_static, py::arg("trace"), py::arg("budgets"), py::arg("policies"),
-        py::arg("threads"), py::arg("seed"), py::arg("decay"));
+  m.def("_replay_static", &replay_static, py::arg("trace"), py::arg("budgets"), py::arg("policies"), py::arg("threads"),
+        py::arg("seed"), py::arg("decay"));
   m.def("_replay_dynamic", &replay_dynamic_grid, py::arg("trace"), py::arg("budgets"), py::arg("policies"),
         py::arg("drop"), py::arg("speculate"), py::arg("spec_cap"), py::arg("horizon"), py::arg("seed"),
         py::arg("decay"), py::arg("oracle_profile"));
   m.def("_score", &score, py::arg("trace"), py::arg("predictors"), py::arg("decay"), py::arg("paired"),
         py::arg("include_prefill"));
-  m.def("policy_names", [] { return replay_policy_names(); }, "the built-in policies' names");
+  m.def(
+      "policy_names", [] { return replay_policy_names(); }, "the built-in policies' names");
   m.attr("default_spec_cap") = speculation_planner::default_cap;
   m.attr("default_seed") = replay_options{}.seed;
   m.attr("default_cycle_decay") = cycle_policy_options{}.decay;

@@ -142,7 +142,9 @@ py::dict whatif(const trace_object& t, const py::object& config, double budget_m
   o.seed = seed;
   // "full": the true next routing, all of it (oracle:1 at cap k), as `moe-residency whatif` reads it.
   o.speculation = parse_replay_speculation(speculate == "full" ? "oracle:1" : speculate);
-  o.speculation.cap = spec_cap ? *spec_cap : speculate == "full" ? in.shape().top_k() : speculation_planner::default_cap;
+  o.speculation.cap = spec_cap              ? *spec_cap
+                      : speculate == "full" ? in.shape().top_k()
+                                            : speculation_planner::default_cap;
   o.speculation.horizon = horizon;
   o.speculation.seed = seed;
   timed_replay r;
@@ -189,7 +191,8 @@ py::dict calibrate(const trace_object& t, const py::object& metrics, double budg
   }
   const timing_params start = device_params(config);
   const std::string metrics_path = fspath(metrics);
-  const token_metrics m = parse_token_metrics(read_file(metrics_path, detail::text_head(metrics_path, "a text file")), metrics_path);
+  const token_metrics m =
+      parse_token_metrics(read_file(metrics_path, detail::text_head(metrics_path, "a text file")), metrics_path);
   const routed_replay_input& in = t.routed_input();
   dynamic_replay_options o;
   o.policy = policy;
@@ -232,9 +235,10 @@ void bind_timing(py::module_& m) {
         py::arg("seed"));
   m.def("_calibrate", &calibrate, py::arg("trace"), py::arg("metrics"), py::arg("budget_mib"), py::arg("policy"),
         py::arg("config"), py::arg("split"), py::arg("fit_io"));
-  m.def("timing_params", [](const py::object& config) { return params_dict(device_params(config)); },
-        py::arg("config") = py::none(),
-        "The wall-clock model's parameters of a config (a path or a dict), defaults filled in, as a dict.");
+  m.def(
+      "timing_params", [](const py::object& config) { return params_dict(device_params(config)); },
+      py::arg("config") = py::none(),
+      "The wall-clock model's parameters of a config (a path or a dict), defaults filled in, as a dict.");
 }
 
 }  // namespace moe_residency_py

@@ -40,9 +40,8 @@ static_assert(sizeof(layer_id) == 2 && sizeof(expert_id) == 2 && sizeof(run_phas
 
 std::shared_ptr<trace_object> read_trace(const py::object& path_like) {
   const std::string path = fspath(path_like);
-  std::string bytes = read_file(path, [&path](std::string_view head, std::uint64_t size) {
-    detail::check_route_trace_head(head, size, path);
-  });
+  std::string bytes = read_file(
+      path, [&path](std::string_view head, std::uint64_t size) { detail::check_route_trace_head(head, size, path); });
   std::unique_ptr<validated_route_trace> t;
   std::vector<std::string> warnings;  // raised as Python warnings once the GIL is back
   {
@@ -69,7 +68,8 @@ void write_trace(const trace_object& t, const py::object& path_like, const std::
     throw error("write_trace: '" + path + "' " + p);
   std::error_code same_ec;
   if (!t.source().empty() && std::filesystem::equivalent(path, t.source(), same_ec))
-    throw error("write_trace: '" + path + "' is the file this trace was read from; expected another file "
+    throw error("write_trace: '" + path +
+                "' is the file this trace was read from; expected another file "
                 "(writing it would replace the input)");
   std::ostringstream bytes;
   {
@@ -117,11 +117,13 @@ void bind_trace(py::module_& m) {
       .def_property_readonly(
           "expert_bytes", [](const model_shape& s) { return column(s.all_expert_bytes()); },
           "bytes of one expert, per layer (0 for a dense layer)")
-      .def("is_moe", [](const model_shape& s, std::size_t l) {
-        return l < s.n_layers() && s.is_moe(layer_id(static_cast<std::uint16_t>(l)));
-      })
-      .def_property_readonly("token_cycle_bytes", [](const model_shape& s) { return token_cycle_bytes(s); },
-                             "bytes one decode token routes: every MoE layer's top-k experts")
+      .def("is_moe",
+           [](const model_shape& s, std::size_t l) {
+             return l < s.n_layers() && s.is_moe(layer_id(static_cast<std::uint16_t>(l)));
+           })
+      .def_property_readonly(
+          "token_cycle_bytes", [](const model_shape& s) { return token_cycle_bytes(s); },
+          "bytes one decode token routes: every MoE layer's top-k experts")
       .def("__repr__", [](const model_shape& s) {
         return "<ModelShape " + s.name() + ": " + std::to_string(s.n_layers()) + " layers (" +
                std::to_string(s.n_moe_layers()) + " MoE), " + std::to_string(s.n_experts()) + " experts, top-" +
@@ -140,40 +142,74 @@ void bind_trace(py::module_& m) {
       .def_property_readonly("n_layer", [](const trace_object& t) { return t.trace().header().n_layer; })
       .def_property_readonly("n_expert", [](const trace_object& t) { return t.trace().header().n_expert; })
       .def_property_readonly("n_expert_used", [](const trace_object& t) { return t.trace().header().n_expert_used; })
-      .def_property_readonly("expert_bytes", [](const trace_object& t) { return column(t.trace().header().expert_bytes); },
-                             "per layer, from the '# layer=' lines (0 where there is none)")
-      .def_property_readonly("dense_bytes", [](const trace_object& t) { return column(t.trace().header().dense_bytes); })
-      .def_property_readonly("has_dropped_column", [](const trace_object& t) { return t.trace().header().has_dropped_column; })
-      .def_property_readonly("noncanonical_weights", [](const trace_object& t) { return t.trace().noncanonical_weights(); },
-                             "CSV weights not in the engine's %g form (kept as the nearest float)")
+      .def_property_readonly(
+          "expert_bytes", [](const trace_object& t) { return column(t.trace().header().expert_bytes); },
+          "per layer, from the '# layer=' lines (0 where there is none)")
+      .def_property_readonly("dense_bytes",
+                             [](const trace_object& t) { return column(t.trace().header().dense_bytes); })
+      .def_property_readonly("has_dropped_column",
+                             [](const trace_object& t) { return t.trace().header().has_dropped_column; })
+      .def_property_readonly(
+          "noncanonical_weights", [](const trace_object& t) { return t.trace().noncanonical_weights(); },
+          "CSV weights not in the engine's %g form (kept as the nearest float)")
       .def_property_readonly("decode_tokens", [](const trace_object& t) { return t.routed_input().decode_tokens(); })
-      .def_property_readonly("turn", [](py::object self) {
-        return field_view<std::uint32_t>(self.cast<const trace_object&>(), offsetof(trace_row, turn), self); })
-      .def_property_readonly("step", [](py::object self) {
-        return field_view<std::uint32_t>(self.cast<const trace_object&>(), offsetof(trace_row, step), self); },
-        "the token's absolute position")
-      .def_property_readonly("weight", [](py::object self) {
-        return field_view<float>(self.cast<const trace_object&>(), offsetof(trace_row, weight), self); },
-        "the final applied routing weight (may be NaN)")
-      .def_property_readonly("layer", [](py::object self) {
-        return field_view<std::uint16_t>(self.cast<const trace_object&>(), offsetof(trace_row, layer), self); })
-      .def_property_readonly("expert", [](py::object self) {
-        return field_view<std::uint16_t>(self.cast<const trace_object&>(), offsetof(trace_row, expert), self); })
-      .def_property_readonly("slot", [](py::object self) {
-        return field_view<std::uint8_t>(self.cast<const trace_object&>(), offsetof(trace_row, slot), self); },
-        "rank in the routing, 0 = highest weight")
-      .def_property_readonly("phase", [](py::object self) {
-        return field_view<std::uint8_t>(self.cast<const trace_object&>(), offsetof(trace_row, phase), self); },
-        "0 prefill, 1 decode")
-      .def_property_readonly("residency", [](py::object self) {
-        return field_view<std::uint8_t>(self.cast<const trace_object&>(), offsetof(trace_row, residency), self); },
-        "0 miss, 1 hit, 2 hit thanks to a speculative read")
-      .def_property_readonly("dropped", [](py::object self) {
-        return field_view<std::int8_t>(self.cast<const trace_object&>(), offsetof(trace_row, dropped), self); },
-        "1 dropped, 0 not, -1 when the file has no dropped column")
-      .def_property_readonly("row_expert_bytes", [](py::object self) {
-        return field_view<std::uint64_t>(self.cast<const trace_object&>(), offsetof(trace_row, expert_bytes), self); },
-        "bytes this routing read: 0, or its layer's expert bytes")
+      .def_property_readonly("turn",
+                             [](py::object self) {
+                               return field_view<std::uint32_t>(self.cast<const trace_object&>(),
+                                                                offsetof(trace_row, turn), self);
+                             })
+      .def_property_readonly(
+          "step",
+          [](py::object self) {
+            return field_view<std::uint32_t>(self.cast<const trace_object&>(), offsetof(trace_row, step), self);
+          },
+          "the token's absolute position")
+      .def_property_readonly(
+          "weight",
+          [](py::object self) {
+            return field_view<float>(self.cast<const trace_object&>(), offsetof(trace_row, weight), self);
+          },
+          "the final applied routing weight (may be NaN)")
+      .def_property_readonly("layer",
+                             [](py::object self) {
+                               return field_view<std::uint16_t>(self.cast<const trace_object&>(),
+                                                                offsetof(trace_row, layer), self);
+                             })
+      .def_property_readonly("expert",
+                             [](py::object self) {
+                               return field_view<std::uint16_t>(self.cast<const trace_object&>(),
+                                                                offsetof(trace_row, expert), self);
+                             })
+      .def_property_readonly(
+          "slot",
+          [](py::object self) {
+            return field_view<std::uint8_t>(self.cast<const trace_object&>(), offsetof(trace_row, slot), self);
+          },
+          "rank in the routing, 0 = highest weight")
+      .def_property_readonly(
+          "phase",
+          [](py::object self) {
+            return field_view<std::uint8_t>(self.cast<const trace_object&>(), offsetof(trace_row, phase), self);
+          },
+          "0 prefill, 1 decode")
+      .def_property_readonly(
+          "residency",
+          [](py::object self) {
+            return field_view<std::uint8_t>(self.cast<const trace_object&>(), offsetof(trace_row, residency), self);
+          },
+          "0 miss, 1 hit, 2 hit thanks to a speculative read")
+      .def_property_readonly(
+          "dropped",
+          [](py::object self) {
+            return field_view<std::int8_t>(self.cast<const trace_object&>(), offsetof(trace_row, dropped), self);
+          },
+          "1 dropped, 0 not, -1 when the file has no dropped column")
+      .def_property_readonly(
+          "row_expert_bytes",
+          [](py::object self) {
+            return field_view<std::uint64_t>(self.cast<const trace_object&>(), offsetof(trace_row, expert_bytes), self);
+          },
+          "bytes this routing read: 0, or its layer's expert bytes")
       .def("__repr__", [](const trace_object& t) {
         return "<Trace " + t.source() + ": " + t.shape().name() + ", " + std::to_string(t.trace().rows().size()) +
                " rows>";

@@ -34,8 +34,7 @@ int main() {
   expert_cache<lru_policy> cache(trace.shape(), opt);
   for (const load_batch& b : lb.batches) cache.access_batch(b.phase, b.layer, lb.experts_of(b));
   const cache_counters& c = cache.stats().all;
-  std::printf("consumer (core): moe-residency %d, %zu batches, %llu lookups, %llu hits\n",
-              MOE_RESIDENCY_VERSION, lb.batches.size(), static_cast<unsigned long long>(c.lookups),
-              static_cast<unsigned long long>(c.hits));
+  std::printf("consumer (core): moe-residency %d, %zu batches, %llu lookups, %llu hits\n", MOE_RESIDENCY_VERSION,
+              lb.batches.size(), static_cast<unsigned long long>(c.lookups), static_cast<unsigned long long>(c.hits));
   return lb.batches.size() == 4 && c.lookups == 8 && c.hits == 4 ? 0 : 1;
 }

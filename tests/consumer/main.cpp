@@ -8,7 +8,6 @@
 int main() {
   const auto shape = moe_residency::presets::qwen3_30b_a3b(6);
   const long mib = std::lround(moe_residency::to_mib(moe_residency::token_cycle_bytes(shape)));
-  std::printf("consumer: moe-residency %d, %s token cycle %ld MiB\n", MOE_RESIDENCY_VERSION,
-              shape.name().c_str(), mib);
+  std::printf("consumer: moe-residency %d, %s token cycle %ld MiB\n", MOE_RESIDENCY_VERSION, shape.name().c_str(), mib);
   return mib == 785 ? 0 : 1;
 }

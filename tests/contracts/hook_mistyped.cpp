@@ -5,6 +5,10 @@
 using namespace moe_residency;
 struct ext {
   static constexpr session_hook hooks = session_hook::layer_loaded;
-  template <class S> void on_layer_loaded(S&, const std::string&) {}
+  template <class S>
+  void on_layer_loaded(S&, const std::string&) {}
 };
-int main() { session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8)); (void)s; }
+int main() {
+  session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8));
+  (void)s;
+}

@@ -2,6 +2,10 @@
 #include "moe_residency/session.hpp"
 using namespace moe_residency;
 struct ext {
-  template <class S> void on_routing(S&, layer_id, span<const routing>, span<std::uint32_t>) {}
+  template <class S>
+  void on_routing(S&, layer_id, span<const routing>, span<std::uint32_t>) {}
 };
-int main() { session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8)); (void)s; }
+int main() {
+  session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8));
+  (void)s;
+}

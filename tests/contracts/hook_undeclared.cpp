@@ -4,6 +4,10 @@
 using namespace moe_residency;
 struct ext {
   static constexpr session_hook hooks = session_hook::none;
-  template <class S> void on_end_batch(S&) {}
+  template <class S>
+  void on_end_batch(S&) {}
 };
-int main() { session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8)); (void)s; }
+int main() {
+  session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8));
+  (void)s;
+}

@@ -11,4 +11,7 @@ struct my_policy : policy_base {
   void on_insert(std::uint32_t) noexcept {}
   std::uint32_t victim(const cache_view&, std::size_t) noexcept { return no_slot; }
 };
-int main() { expert_cache<my_policy> c(presets::qwen3_30b_a3b(8), {from_mib(4000), cycle_guard::off, {}}); (void)c; }
+int main() {
+  expert_cache<my_policy> c(presets::qwen3_30b_a3b(8), {from_mib(4000), cycle_guard::off, {}});
+  (void)c;
+}

@@ -26,9 +26,11 @@ namespace mre = moe_residency::llama_cpp::examples;
 
 inline void llama_init_once() {
   static const bool done = [] {
-    llama_log_set([](ggml_log_level level, const char* text, void*) {
-      if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
-    }, nullptr);
+    llama_log_set(
+        [](ggml_log_level level, const char* text, void*) {
+          if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+        },
+        nullptr);
     llama_backend_init();
     return true;
   }();
@@ -68,8 +70,8 @@ struct run_result {
 /// tokens decoded one by one, each sampled from softmax(logits) with a
 /// seeded generator (deterministic, and not stuck on one token as greedy
 /// decoding of a random model can be).
-inline run_result run_tokens(llama_context* ctx, const llama_model* model, std::size_t n_prompt,
-                             std::size_t n_decode, std::uint64_t seed = 7) {
+inline run_result run_tokens(llama_context* ctx, const llama_model* model, std::size_t n_prompt, std::size_t n_decode,
+                             std::uint64_t seed = 7) {
   const llama_vocab* vocab = llama_model_get_vocab(model);
   const int n_vocab = llama_vocab_n_tokens(vocab);
   std::mt19937_64 gen(seed);

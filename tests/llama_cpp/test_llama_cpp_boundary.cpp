@@ -37,9 +37,8 @@ constexpr int n_layer = 4, n_embd = 128, n_expert = 64, k = 8, n_ff = 16;
 /// One MoE layer's nodes as build_moe_ffn names them (qwen3moe: softmax
 /// gating, weights normalised), with ids and weights written by the test.
 struct layer_nodes {
-  ggml_tensor *router = nullptr, *x = nullptr, *logits = nullptr, *probs = nullptr,
-              *argsort = nullptr, *topk = nullptr, *weights = nullptr, *weights_norm = nullptr,
-              *up = nullptr;
+  ggml_tensor *router = nullptr, *x = nullptr, *logits = nullptr, *probs = nullptr, *argsort = nullptr, *topk = nullptr,
+              *weights = nullptr, *weights_norm = nullptr, *up = nullptr;
   std::vector<ggml_tensor*> order() const {
     std::vector<ggml_tensor*> v;
     for (ggml_tensor* t : {logits, probs, argsort, topk, weights, weights_norm, up})
@@ -171,8 +170,7 @@ void check_event(const recording_sink::event& e, int il, int t0, std::size_t n) 
   for (std::size_t t = 0; t < n; ++t)
     for (int j = 0; j < k; ++j) {
       CHECK(e.ids[t * k + static_cast<std::size_t>(j)] == hand_graph::id(il, t0 + static_cast<int>(t), j));
-      CHECK(e.weights[t * k + static_cast<std::size_t>(j)] ==
-            hand_graph::weight(il, t0 + static_cast<int>(t), j));
+      CHECK(e.weights[t * k + static_cast<std::size_t>(j)] == hand_graph::weight(il, t0 + static_cast<int>(t), j));
     }
 }
 
@@ -499,8 +497,7 @@ TEST_CASE("llama.cpp boundary: one observer entered from two threads at once ref
 namespace {
 std::string write_temp(const std::vector<unsigned char>& bytes, const char* name) {
   const std::string path =
-      (std::filesystem::temp_directory_path() / ("moe-residency-" + std::to_string(::getpid()) + "-" + name))
-          .string();
+      (std::filesystem::temp_directory_path() / ("moe-residency-" + std::to_string(::getpid()) + "-" + name)).string();
   std::FILE* f = std::fopen(path.c_str(), "wb");
   REQUIRE(f != nullptr);
   REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
@@ -521,8 +518,10 @@ TEST_CASE("gguf_expert_map: the expert ranges of a small GGUF hold exactly its e
     std::uint64_t bytes_per_expert;
   };
   // f32 [16, 8, 4]: 16*4*8; f16 [8, 16, 4]: 8*2*16; q4_0 [32, 4, 4]: one 18-byte block a row, 4 rows.
-  const want w[] = {{"blk.0.ffn_up_exps.weight", 512}, {"blk.0.ffn_down_exps.weight", 256},
-                    {"blk.1.ffn_gate_exps.weight", 72}, {"blk.1.ffn_up_exps.weight", 72}};
+  const want w[] = {{"blk.0.ffn_up_exps.weight", 512},
+                    {"blk.0.ffn_down_exps.weight", 256},
+                    {"blk.1.ffn_gate_exps.weight", 72},
+                    {"blk.1.ffn_up_exps.weight", 72}};
   std::size_t i = 0;
   for (std::size_t l = 0; l < 2; ++l)
     for (const mrl::expert_file_range& r : m.ranges(layer_id(static_cast<std::uint16_t>(l)))) {

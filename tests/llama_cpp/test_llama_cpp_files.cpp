@@ -118,7 +118,7 @@ TEST_CASE("llama.cpp adapter: the recorded route trace replays to the recorder's
       const replay_result rr = replay_cell(in, "lru", budget_mib);
       const cache_stats& live = rec.cache().stats();
       MESSAGE(config << " at " << budget_mib << " MiB: " << rec.cache_line() << "; replay decode hit "
-                   << rr.hit_pct_decode() << "%");
+                     << rr.hit_pct_decode() << "%");
       CHECK(rr.stats.all.lookups == live.all.lookups);
       CHECK(rr.stats.all.hits == live.all.hits);
       CHECK(rr.stats.all.bytes_read == live.all.bytes_read);

@@ -118,10 +118,10 @@ TEST_CASE("llama.cpp observer: the control reproduces ffn_moe_topk on 100.0% of 
       CHECK(sink.decode_routings == n_decode * n_moe);
       CHECK(sink.prefill_routings >= n_prompt * (n_moe - 1) + 1);
       REQUIRE(sink.routings > 0);
-      MESSAGE(config << ": control " << sink.matches << "/" << sink.routings
-                   << " tie-aware, " << sink.exact_order << " in the same order");
-      CHECK(sink.matches == sink.routings);       // 100.0%, tie-aware
-      CHECK(sink.weight_mismatch == 0);           // the final weights are the ones we compute
+      MESSAGE(config << ": control " << sink.matches << "/" << sink.routings << " tie-aware, " << sink.exact_order
+                     << " in the same order");
+      CHECK(sink.matches == sink.routings);  // 100.0%, tie-aware
+      CHECK(sink.weight_mismatch == 0);      // the final weights are the ones we compute
     }
   }
 }
@@ -231,8 +231,7 @@ TEST_CASE("llama.cpp observer: reports exactly what a plain callback copies from
       last_layer = il;
       const std::size_t k = v.size() / n_tok;
       for (std::size_t t = 0; t < n_tok; ++t) {
-        const auto pos = graph_first + graph_tokens - static_cast<std::uint32_t>(n_tok) +
-                         static_cast<std::uint32_t>(t);
+        const auto pos = graph_first + graph_tokens - static_cast<std::uint32_t>(n_tok) + static_cast<std::uint32_t>(t);
         expected[{pos, static_cast<std::uint16_t>(il)}] =
             std::vector<int>(v.begin() + static_cast<long>(t * k), v.begin() + static_cast<long>((t + 1) * k));
       }
@@ -253,8 +252,7 @@ struct routed_tokens {
   std::map<phase_layer, std::vector<std::uint32_t>> tokens;
   template <class S>
   void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
-    for (const routing& r : rs)
-      tokens[{static_cast<int>(r.phase), static_cast<std::uint16_t>(l)}].push_back(r.token);
+    for (const routing& r : rs) tokens[{static_cast<int>(r.phase), static_cast<std::uint16_t>(l)}].push_back(r.token);
   }
 };
 
@@ -347,8 +345,7 @@ TEST_CASE("llama.cpp observer: attaching changes no logit; detaching stops the e
       REQUIRE(sink.routings > 0);
       CHECK(plain.tokens == observed.tokens);
       REQUIRE(plain.logits.size() == observed.logits.size());
-      CHECK(std::memcmp(plain.logits.data(), observed.logits.data(),
-                        plain.logits.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(plain.logits.data(), observed.logits.data(), plain.logits.size() * sizeof(float)) == 0);
 
       // Detached: the context still runs through the trampoline, but no event.
       obs.detach();
@@ -462,9 +459,9 @@ TEST_CASE("llama.cpp observer: session_sink refuses, loudly, drops llama.cpp can
   session_options so;
   so.on_anomaly = anomaly_action::count;
   drop_session s(shape, so, std::tuple<stale_gate_predictor>{},
-                 std::tuple<spec_t>{spec_t(shape, expert_cache<lru_policy>(shape, co),
-                                           [](layer_id, expert_id, read_reason) noexcept { return read_status::ok; },
-                                           o)});
+                 std::tuple<spec_t>{spec_t(
+                     shape, expert_cache<lru_policy>(shape, co),
+                     [](layer_id, expert_id, read_reason) noexcept { return read_status::ok; }, o)});
   mrl::configure_routers(s, om.obs);
   mrl::session_sink<drop_session> sink(s);
   om.obs.set_sink(&sink);
@@ -491,8 +488,7 @@ TEST_CASE("llama.cpp observer: a second install over another chained callback is
   CHECK_NOTHROW(obs.install(cp2));  // the same chained callback: a replacement context
   auto cp3 = test_context_params();
   cp3.cb_eval = &user_cb::b;
-  CHECK_THROWS_WITH_AS(obs.install(cp3), doctest::Contains("use one observer per live context"),
-                       moe_residency::error);
+  CHECK_THROWS_WITH_AS(obs.install(cp3), doctest::Contains("use one observer per live context"), moe_residency::error);
   const bool untouched = cp3.cb_eval == &user_cb::b;
   CHECK(untouched);  // refused: the params are untouched
 }

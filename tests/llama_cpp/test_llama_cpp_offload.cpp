@@ -90,8 +90,8 @@ mre::model_ptr load_offloaded(const std::string& path, ggml_backend_dev_t dev, i
   mp.devices = devices;
   mp.n_gpu_layers = n_gpu_layers;
   mre::model_ptr m(llama_model_load_from_file(path.c_str(), mp));
-  REQUIRE_MESSAGE(m != nullptr, "llama_model_load_from_file failed on " << path << " with " << n_gpu_layers
-                                                                       << " layers offloaded");
+  REQUIRE_MESSAGE(m != nullptr,
+                  "llama_model_load_from_file failed on " << path << " with " << n_gpu_layers << " layers offloaded");
   return m;
 }
 
@@ -120,10 +120,10 @@ TEST_CASE("mmap residency: layers offloaded to another device are left to llama.
   for (std::size_t l = 0; l < 4; ++l) {
     CAPTURE(l);
     REQUIRE(obs.layers()[l].experts.size() == 3);
-    for (const auto& t : obs.layers()[l].experts)
-      CHECK(ggml_backend_buffer_is_host(t.tensor->buffer) == (l < 2));
+    for (const auto& t : obs.layers()[l].experts) CHECK(ggml_backend_buffer_is_host(t.tensor->buffer) == (l < 2));
   }
-  const std::string device_buft = ggml_backend_buft_name(ggml_backend_buffer_get_type(obs.layers()[3].experts[0].tensor->buffer));
+  const std::string device_buft =
+      ggml_backend_buft_name(ggml_backend_buffer_get_type(obs.layers()[3].experts[0].tensor->buffer));
 
   mrl::residency_options o;
   o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
@@ -155,8 +155,9 @@ TEST_CASE("mmap residency: layers offloaded to another device are left to llama.
 TEST_CASE("mmap residency: layers offloaded to another device (skipped: llama.cpp without GGML_RPC)") {
   const char* ci = std::getenv("CI");
   if (ci != nullptr && std::string(ci) == "true")
-    FAIL("CI=true but this llama.cpp has no RPC backend (GGML_RPC): the offload test cannot run; "
-         "build llama.cpp with scripts/fetch-llama-cpp.sh --install");
+    FAIL(
+        "CI=true but this llama.cpp has no RPC backend (GGML_RPC): the offload test cannot run; "
+        "build llama.cpp with scripts/fetch-llama-cpp.sh --install");
   MESSAGE("####### SKIPPED: llama.cpp was built without GGML_RPC: no device to offload layers to #######");
 }
 

@@ -44,8 +44,11 @@ TEST_CASE("random model: the streamed GGUF holds llama.cpp's own saved tensors, 
     ggml_type dense = GGML_TYPE_F32;  // q4_K: the named shapes' dense rows from a pool, real attention heads
     bool mixed = false;               // layer_expert_types: f16, `experts`, f32
   };
-  const case_t cases[] = {{"qwen3moe", GGML_TYPE_Q4_K}, {"qwen3moe", GGML_TYPE_F32}, {"deepseek2", GGML_TYPE_Q8_0},
-                          {"gpt-oss", GGML_TYPE_F16}, {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_Q4_K},
+  const case_t cases[] = {{"qwen3moe", GGML_TYPE_Q4_K},
+                          {"qwen3moe", GGML_TYPE_F32},
+                          {"deepseek2", GGML_TYPE_Q8_0},
+                          {"gpt-oss", GGML_TYPE_F16},
+                          {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_Q4_K},
                           {"qwen3moe", GGML_TYPE_Q4_K, GGML_TYPE_F32, true}};
   for (const auto& [arch, experts, dense, mixed] : cases) {
     const std::string config = std::string(arch) + " experts " + ggml_type_name(experts) + " dense " +
@@ -130,9 +133,10 @@ TEST_CASE("random model: a named shape is the real model's sizes, and a wrong na
   bad.n_head = 3;
   bad.n_head_kv = 1;
   bad.head_dim = 64;  // 3 x 64 = 192 columns of attn_output: not a q4_K row
-  CHECK_THROWS_WITH_AS(mre::random_model_tensors(bad),
-                       "random model: heads x head width 192 must be a multiple of 256 for q4_K dense weights (its block size)",
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      mre::random_model_tensors(bad),
+      "random model: heads x head width 192 must be a multiple of 256 for q4_K dense weights (its block size)",
+      std::invalid_argument);
 }
 
 TEST_CASE("random model: quantised experts are ggml's quantisation of a pool of random experts") {
@@ -165,8 +169,8 @@ TEST_CASE("random model: expert types are parsed and checked against the block s
   CHECK(mre::parse_expert_type("q4_K") == GGML_TYPE_Q4_K);
   CHECK(mre::parse_expert_type("q8_0") == GGML_TYPE_Q8_0);
   CHECK(mre::parse_expert_type("f16") == GGML_TYPE_F16);
-  CHECK_THROWS_WITH_AS(mre::parse_expert_type("q5_K"),
-                       "expert type 'q5_K'; expected f32, f16, bf16, q8_0 or q4_K", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(mre::parse_expert_type("q5_K"), "expert type 'q5_K'; expected f32, f16, bf16, q8_0 or q4_K",
+                       std::invalid_argument);
   mre::random_model_spec s = small_spec("qwen3moe", GGML_TYPE_Q4_K);
   s.n_ff_exp = 128;
   CHECK_THROWS_WITH_AS(mre::save_random_gguf(s, "never-written.gguf"),

@@ -95,8 +95,8 @@ class fake_advice final : public mrl::memory_advice {
     if (fail_every != 0 && fail_kind == mrl::advice::place && ++kind_calls_ % fail_every == 0) rc = EIO;
     calls_.push_back({mrl::advice::place, p, len, next_seq(), rc});
     if (rc != 0) return rc;
-    bad_places += p % 4096 != 0 || len % 4096 != 0 || len == 0 || pool_offset % 4096 != 0 ||
-                  pool_offset + len > pool_bytes;
+    bad_places +=
+        p % 4096 != 0 || len % 4096 != 0 || len == 0 || pool_offset % 4096 != 0 || pool_offset + len > pool_bytes;
     for (std::uintptr_t q = p; q < p + len; q += 4096) bad_places += placed_.count(q);
     for (const auto& r : pool_used_)  // [offset, offset + len) of every placed range
       bad_places += pool_offset < r.second.first + r.second.second && r.second.first < pool_offset + len;
@@ -105,8 +105,8 @@ class fake_advice final : public mrl::memory_advice {
     max_pool_used = std::max(max_pool_used, pool_in_use());
     return 0;
   }
-  std::size_t bad_places = 0;        // placements that broke a rule above
-  std::uint64_t max_pool_used = 0;   // the most pool bytes placed at once
+  std::size_t bad_places = 0;       // placements that broke a rule above
+  std::uint64_t max_pool_used = 0;  // the most pool bytes placed at once
 
   int apply(mrl::advice a, void* addr, std::size_t len) noexcept override {
     const bool device = a == mrl::advice::populate_read || a == mrl::advice::lock || a == mrl::advice::read;
@@ -182,9 +182,7 @@ class fake_advice final : public mrl::memory_advice {
 };
 
 std::uintptr_t floor4k(const void* p) { return reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t{4095}; }
-std::uintptr_t ceil4k(const void* p) {
-  return (reinterpret_cast<std::uintptr_t>(p) + 4095) & ~std::uintptr_t{4095};
-}
+std::uintptr_t ceil4k(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) + 4095) & ~std::uintptr_t{4095}; }
 
 /// Expert e's slice of every expert tensor of layer l, page-aligned outward.
 std::set<std::pair<std::uintptr_t, std::size_t>> expert_ranges(const mrl::layer_structure& s, std::size_t e) {
@@ -203,8 +201,7 @@ class checking_sink : public mrl::observer_sink {
   fake_advice* fake = nullptr;
   mrl::mmap_residency<>* res = nullptr;
   std::size_t seen = 0;
-  std::size_t layers_checked = 0, exact_mismatch = 0, over_budget = 0, unpinned_resident = 0,
-              pinned_evicted = 0;
+  std::size_t layers_checked = 0, exact_mismatch = 0, over_budget = 0, unpinned_resident = 0, pinned_evicted = 0;
   /// When the routing event began, before the manager acted (a front_sink's
   /// seq): an owned read may end before this sink is called, on a loaded
   /// machine. Unset: this sink's own seq.
@@ -283,7 +280,7 @@ class checking_sink : public mrl::observer_sink {
         if (!ls.moe || l == skip_layer || l == skip_layer2) continue;
         for (std::size_t e = 0; e < ls.spec.n_experts; ++e) {
           const bool resident = res->cache()->is_resident(layer_id(static_cast<std::uint16_t>(l)),
-                                                           expert_id(static_cast<std::uint16_t>(e)));
+                                                          expert_id(static_cast<std::uint16_t>(e)));
           for (const auto& t : ls.experts) {
             const auto* a = static_cast<const unsigned char*>(t.tensor->data) + e * t.bytes_per_expert;
             const auto interior = ceil4k(a);
@@ -350,8 +347,8 @@ int layer_of(const mrl::observer& obs, std::uintptr_t a) {
 /// settled (its admissions locked and accounted) and the cache checked at
 /// every layer, the last one too. The manager is returned alive: what its
 /// destructor undoes is the caller's to check.
-std::unique_ptr<mrl::mmap_residency<>> run_checked(mapped_model& m, const mrl::residency_options& o,
-                                                    fake_advice& fake, checking_sink& check) {
+std::unique_ptr<mrl::mmap_residency<>> run_checked(mapped_model& m, const mrl::residency_options& o, fake_advice& fake,
+                                                   checking_sink& check) {
   auto res = std::make_unique<mrl::mmap_residency<>>(m.obs, m.path, o, &fake);
   check.obs = &m.obs;
   check.fake = &fake;
@@ -377,7 +374,8 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
     const char* name;
     bool overlap, owned;
   };
-  for (const variant v : {variant{"serial", false, false}, variant{"overlap", true, false}, variant{"owned", true, true}}) {
+  for (const variant v :
+       {variant{"serial", false, false}, variant{"overlap", true, false}, variant{"owned", true, true}}) {
     const std::string variant_name = v.name;
     CAPTURE(variant_name);
     matmul_order order;
@@ -510,9 +508,8 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
       int layer = -1;
       for (const auto& r : front.routings)
         if (r.second == routed_at) layer = r.first;
-      const auto first = std::find_if(order.asks.begin(), order.asks.end(), [&](const auto& a) {
-        return a.first == layer && a.second > routed_at;
-      });
+      const auto first = std::find_if(order.asks.begin(), order.asks.end(),
+                                      [&](const auto& a) { return a.first == layer && a.second > routed_at; });
       released += first != order.asks.end() && first->second < last;
       // In flight: at most one layer's reads. Each is done before the manager
       // requests anything for the next routing.
@@ -531,7 +528,8 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
     CHECK(layers == 12 * 4);
     CHECK(drained == layers);
     CHECK(released * 10 >= layers * 9);  // all but a descheduled eval thread's
-    MESSAGE(std::string(v.name) << ": " << released << " of " << layers << " layers' matmuls started before their reads were done");
+    MESSAGE(std::string(v.name) << ": " << released << " of " << layers
+                                << " layers' matmuls started before their reads were done");
   }
 }
 
@@ -584,8 +582,8 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     // this model) is never touched, so never locked.
     const auto g = mrl::detail::open_gguf(m.path, "test");
     const mrl::gguf_expert_map map(m.path, obs);
-    const auto* base = static_cast<const unsigned char*>(obs.layers()[0].experts[0].tensor->data) -
-                       map.ranges(layer_id(0))[0].offset;
+    const auto* base =
+        static_cast<const unsigned char*>(obs.layers()[0].experts[0].tensor->data) - map.ranges(layer_id(0))[0].offset;
     std::map<std::pair<std::uintptr_t, std::size_t>, int> dense, unread;
     for (std::int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
       // the weights the expert matmuls multiply; everything else (per-expert
@@ -621,7 +619,8 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
   }
 }
 
-TEST_CASE("mmap residency: the expert pool places the cache's experts in free slots and maps the file back on eviction") {
+TEST_CASE(
+    "mmap residency: the expert pool places the cache's experts in free slots and maps the file back on eviction") {
   mapped_model m("res_pool", small_moe_spec());
   mrl::observer& obs = m.obs;
   m.run(2, 1);  // the structure
@@ -742,12 +741,12 @@ TEST_CASE("mmap residency: the kernel's expert pool maps the file's own bytes, a
     CHECK(adv.place(base + 8 * page, 16 * page, 0) == ENOSYS);  // no file, no pool yet
     REQUIRE(adv.attach_file(path, base, bytes.size()) == 0);
     REQUIRE(adv.attach_pool(32 * page) == 0);
-    CHECK(adv.place(base + 8 * page + 1, 16 * page, 0) == EINVAL);       // not a page
+    CHECK(adv.place(base + 8 * page + 1, 16 * page, 0) == EINVAL);      // not a page
     CHECK(adv.place(base + 8 * page, 16 * page, 20 * page) == EINVAL);  // past the pool's end
     REQUIRE(adv.place(base + 8 * page, 16 * page, 4 * page) == 0);
     CHECK(backing(base + 8 * page).find("moe-residency-expert-pool") != std::string::npos);
     CHECK(backing(base + 24 * page).find(path) != std::string::npos);  // the rest: still the file
-    CHECK(std::memcmp(base, bytes.data(), bytes.size()) == 0);        // the same bytes, placed or not
+    CHECK(std::memcmp(base, bytes.data(), bytes.size()) == 0);         // the same bytes, placed or not
     REQUIRE(adv.apply(mrl::advice::restore, base + 8 * page, 16 * page) == 0);
     CHECK(backing(base + 8 * page).find(path) != std::string::npos);
     CHECK(std::memcmp(base, bytes.data(), bytes.size()) == 0);
@@ -868,9 +867,9 @@ TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
       // The routing that issued it: the last before it; the one it serves: the next of its layer.
       const auto next = std::find_if(front.routings.begin(), front.routings.end(),
                                      [&](const auto& r) { return r.second > c.seq && r.first == layer; });
-      ahead += next != front.routings.end() && std::any_of(front.routings.begin(), front.routings.end(), [&](const auto& r) {
-        return r.second < c.seq && r.first == layer - 1;
-      });
+      ahead += next != front.routings.end() &&
+               std::any_of(front.routings.begin(), front.routings.end(),
+                           [&](const auto& r) { return r.second < c.seq && r.first == layer - 1; });
     }
     CHECK(spec_reads > 0);
     CHECK(ahead * 10 >= spec_reads * 9);
@@ -913,8 +912,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
     mrl::residency_options o;
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.horizon = 3;
-    CHECK_THROWS_WITH_AS(mrl::mmap_residency<>(obs, m.path, o), doctest::Contains("horizon 3; expected 1 or 2"),
-                         error);
+    CHECK_THROWS_WITH_AS(mrl::mmap_residency<>(obs, m.path, o), doctest::Contains("horizon 3; expected 1 or 2"), error);
   }
   {
     // A model that is not memory-mapped: nothing to manage, said in words.
@@ -933,7 +931,8 @@ TEST_CASE("mmap residency: refusals name the figures") {
     o.exact = true;
     mrl::mmap_residency<> res(obs2, m.path, o, &fake);
     // Every expert tensor is a copy (LLAMA_LOAD_MODE_NONE): none is in the mapping.
-    CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("no expert tensor is in the model's file mapping: 12 expert tensors"), error);
+    CHECK_THROWS_WITH_AS(
+        res.activate(), doctest::Contains("no expert tensor is in the model's file mapping: 12 expert tensors"), error);
     CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains("of layers 0-3 copied out of the file (CPU)"), error);
     CHECK(fake.calls().empty());
   }
@@ -1051,12 +1050,15 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
     }
     if (repacked == 6) {
       char mib[32];
-      std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(obs.layers()[2].expert_bytes + obs.layers()[3].expert_bytes) *
-                                                     static_cast<double>(spec.n_expert) / (1024.0 * 1024.0));
+      std::snprintf(mib, sizeof mib, "%.1f MiB",
+                    static_cast<double>(obs.layers()[2].expert_bytes + obs.layers()[3].expert_bytes) *
+                        static_cast<double>(spec.n_expert) / (1024.0 * 1024.0));
       char dense_mib[32];
-      std::snprintf(dense_mib, sizeof dense_mib, "%.1f MiB", static_cast<double>(dense_copied_bytes) / (1024.0 * 1024.0));
-      CHECK(res.unmanaged_note() == "6 expert tensors (" + std::string(mib) + ") of layers 2-3 repacked by the CPU backend (" +
-                                        buft + "); " + std::to_string(dense_copied) + " dense tensors (" + dense_mib +
+      std::snprintf(dense_mib, sizeof dense_mib, "%.1f MiB",
+                    static_cast<double>(dense_copied_bytes) / (1024.0 * 1024.0));
+      CHECK(res.unmanaged_note() == "6 expert tensors (" + std::string(mib) +
+                                        ") of layers 2-3 repacked by the CPU backend (" + buft + "); " +
+                                        std::to_string(dense_copied) + " dense tensors (" + dense_mib +
                                         ") repacked by the CPU backend (" + buft + ")");
     }
     // The dense weights locked are those the graph reads in the mapping: not
@@ -1133,13 +1135,15 @@ TEST_CASE("mmap residency: every expert repacked: nothing to manage, said with w
   mrl::mmap_residency<> res(obs, file.path, o, &fake);
   CHECK_THROWS_WITH_AS(res.activate(),
                        doctest::Contains("no expert tensor is in the model's file mapping: 12 expert tensors"), error);
-  CHECK_THROWS_WITH_AS(res.activate(), doctest::Contains(("of layers 0-3 repacked by the CPU backend (" + buft + ")").c_str()),
-                       error);
+  CHECK_THROWS_WITH_AS(res.activate(),
+                       doctest::Contains(("of layers 0-3 repacked by the CPU backend (" + buft + ")").c_str()), error);
   CHECK(fake.calls().empty());
   CHECK(!res.active());
 }
 
-TEST_CASE("mmap residency: a file's mappings are read from the process's map list by device and inode, or by name, split ones joined") {
+TEST_CASE(
+    "mmap residency: a file's mappings are read from the process's map list by device and inode, or by name, split "
+    "ones joined") {
   temp_file file("res_regions");
   { std::ofstream(file.path) << std::string(8192, 'x'); }
   const int fd = ::open(file.path.c_str(), O_RDONLY);
@@ -1153,7 +1157,8 @@ TEST_CASE("mmap residency: a file's mappings are read from the process's map lis
   std::set<std::tuple<std::uintptr_t, std::uintptr_t, std::uint64_t>> got;
   for (const auto& x : r) got.insert({x.begin, x.end, x.offset});
   const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
-  CHECK(got == std::set<std::tuple<std::uintptr_t, std::uintptr_t, std::uint64_t>>{{a, a + 8192, 0}, {b, b + 4096, 4096}});
+  CHECK(got ==
+        std::set<std::tuple<std::uintptr_t, std::uintptr_t, std::uint64_t>>{{a, a + 8192, 0}, {b, b + 4096, 4096}});
   ::munmap(p, 8192);
   ::munmap(q, 4096);
   ::close(fd);

@@ -14,8 +14,8 @@
 #include "moe_residency/adapters/llama_cpp.hpp"
 
 using namespace moe_residency_test;
-using moe_residency::layer_id;
 using moe_residency::expert_id;
+using moe_residency::layer_id;
 
 namespace {
 

@@ -68,8 +68,8 @@ typedef struct moe_residency_options {
 
 /** What the manager did so far (a subset of residency_stats). */
 typedef struct moe_residency_stats {
-  int active;        /**< 1 once started and managing */
-  int standing_down; /**< 1 when it found the model fits and advises nothing */
+  int active;                               /**< 1 once started and managing */
+  int standing_down;                        /**< 1 when it found the model fits and advises nothing */
   uint64_t routed_experts, routed_resident; /**< decode routings; those fully resident (measure) */
   uint64_t exact_reads, exact_bytes;
   uint64_t predicted_issued, predicted_useful;
@@ -88,8 +88,8 @@ void moe_residency_options_default(moe_residency_options* options);
  *  and installs the observer's eval callback into `*cparams`, before llama_init_from_model.
  *  `options` null: the defaults. On failure *out is null. */
 moe_residency_status moe_residency_attach(const struct llama_model* model, const char* gguf_path,
-                                          const moe_residency_options* options,
-                                          struct llama_context_params* cparams, moe_residency_manager** out);
+                                          const moe_residency_options* options, struct llama_context_params* cparams,
+                                          moe_residency_manager** out);
 
 /** After llama_init_from_model(model, *cparams): decodes one warm-up token (so the observer
  *  learns the graph; the context's memory is cleared after it) and activates the manager.

@@ -85,8 +85,8 @@ struct adaptive_policy_options {
 
 /// The rules the adaptive policy follows, in the order of its counters.
 inline const std::vector<std::string>& adaptive_rule_names() {
-  static const std::vector<std::string> n = {lru_policy::name,       lfu_policy::name,   layer_lru_policy::name,
-                                             layer_lfu_policy::name, arc_policy::name,   s3fifo_policy::name,
+  static const std::vector<std::string> n = {lru_policy::name,       lfu_policy::name,  layer_lru_policy::name,
+                                             layer_lfu_policy::name, arc_policy::name,  s3fifo_policy::name,
                                              sieve_policy::name,     cycle_policy::name};
   return n;
 }
@@ -186,7 +186,8 @@ class adaptive_core {
     });
     std::uint32_t best = n_rules;
     for (std::uint32_t r = 0; r < n_rules; ++r)
-      if (kept_[r] && (best == n_rules || cost_[r] < cost_[best] || (r == leader_ && cost_[r] == cost_[best]))) best = r;
+      if (kept_[r] && (best == n_rules || cost_[r] < cost_[best] || (r == leader_ && cost_[r] == cost_[best])))
+        best = r;
     if (best == n_rules || best == leader_) return;  // none kept it (a wide batch): the lead stays
     if (!kept_[leader_] || cost_[best] < cost_[leader_] * (1.0 - o_.margin)) {
       leader_ = best;
@@ -256,8 +257,7 @@ class adaptive_core {
       return (((v >> leader_) & 1u) << 16) | (n << 8) | v;
     };
     for (std::uint32_t v = 0; v < n_votes; ++v) order_[v] = v;
-    std::sort(std::begin(order_), std::end(order_),
-              [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
+    std::sort(std::begin(order_), std::end(order_), [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
   }
 
   adaptive_policy_options o_;
@@ -272,8 +272,8 @@ class adaptive_core {
              std::optional<expert_cache<adaptive_shadow<sieve_policy>>>,
              std::optional<expert_cache<adaptive_shadow<cycle_policy>>>>
       rules_;
-  std::vector<std::uint8_t> held_;  // bit r: rule r's shadow holds the slot
-  cache_slot_lists lists_;          // the real cache's entries, one list per vote
+  std::vector<std::uint8_t> held_;     // bit r: rule r's shadow holds the slot
+  cache_slot_lists lists_;             // the real cache's entries, one list per vote
   std::uint32_t order_[n_votes] = {};  // the votes in eviction order
   double cost_[n_rules] = {};
   bool kept_[n_rules] = {};  // the rule's shadow held no more than the budget after the batch

@@ -82,9 +82,7 @@ class arc_policy : public policy_base {
   }
   void trim() noexcept {
     while (q_.size(b1) > 0 && q_.bytes(t1) + q_.bytes(b1) > c_) drop(b1);
-    while (q_.size(b2) > 0 &&
-           q_.bytes(t1) + q_.bytes(t2) + q_.bytes(b1) + q_.bytes(b2) > 2 * c_)
-      drop(b2);
+    while (q_.size(b2) > 0 && q_.bytes(t1) + q_.bytes(t2) + q_.bytes(b1) + q_.bytes(b2) > 2 * c_) drop(b2);
   }
   void drop(std::uint32_t ghost) noexcept {
     const std::uint32_t s = q_.tail(ghost);

@@ -23,7 +23,8 @@ class next_use_index {
   static constexpr std::uint32_t never = std::numeric_limits<std::uint32_t>::max();
 
   explicit next_use_index(const model_shape& shape)
-      : shape_(shape), n_experts_(static_cast<std::uint32_t>(shape.n_experts())),
+      : shape_(shape),
+        n_experts_(static_cast<std::uint32_t>(shape.n_experts())),
         seen_(shape.n_layers() * shape.n_experts(), 0) {}
 
   /// Appends one load batch. Ids outside the shape and batches of a dense

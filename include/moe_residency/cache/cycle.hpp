@@ -84,8 +84,7 @@ class cycle_policy : public policy_base {
     if (!(o_.decay > 0.0 && o_.decay < 1.0))
       throw error("cycle_policy: decay " + std::to_string(o_.decay) + " out of range; expected (0, 1)");
     if (!(o_.prior_weight >= 0.0))
-      throw error("cycle_policy: prior_weight " + std::to_string(o_.prior_weight) +
-                  " out of range; expected >= 0");
+      throw error("cycle_policy: prior_weight " + std::to_string(o_.prior_weight) + " out of range; expected >= 0");
     inv_decay_ = 1.0 / o_.decay;
   }
 
@@ -265,9 +264,9 @@ class cycle_policy : public policy_base {
   struct node {
     std::uint64_t key = 0;
     std::uint64_t last = 0;
-    double q = 0.0;               // cached L / p (see l_over_p)
+    double q = 0.0;  // cached L / p (see l_over_p)
     std::uint32_t slot = 0;
-    std::uint32_t q_epoch = 0;    // the layer epoch q belongs to (0: none)
+    std::uint32_t q_epoch = 0;  // the layer epoch q belongs to (0: none)
   };
   static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
     return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
@@ -577,15 +576,15 @@ class cycle_policy : public policy_base {
   std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
   // Per slot (layer × E + expert).
   std::vector<use_state> use_;
-  std::vector<node> nodes_;               // the layer arrays
-  std::vector<std::uint32_t> pos_;        // index in nodes_ while in its array, or none
+  std::vector<node> nodes_;         // the layer arrays
+  std::vector<std::uint32_t> pos_;  // index in nodes_ while in its array, or none
   std::vector<std::uint8_t> deferred_;
   std::vector<std::uint32_t> deferred_list_, stash_;  // stash_: positions in nodes_
   // Per layer.
   std::vector<std::uint32_t> head_, end_;  // the array
-  std::vector<double> scale_;             // γ^−τ(l): usage(l, e) = key / scale
-  std::vector<std::uint32_t> epoch_;      // advances with scale_
-  std::vector<double> k_;                 // K of the front, or no_k when empty
+  std::vector<double> scale_;              // γ^−τ(l): usage(l, e) = key / scale
+  std::vector<std::uint32_t> epoch_;       // advances with scale_
+  std::vector<double> k_;                  // K of the front, or no_k when empty
   std::vector<std::uint8_t> dirty_;
   std::vector<std::uint32_t> dirty_list_;
   std::vector<std::uint32_t> class_of_, leaf_of_;  // leaf_of_: index in tree_
@@ -595,9 +594,9 @@ class cycle_policy : public policy_base {
     std::uint64_t k;  // tree_key(K)
     std::uint32_t layer;
   };
-  std::vector<tree_node> tree_;               // every class's tree (see init)
+  std::vector<tree_node> tree_;  // every class's tree (see init)
   std::vector<std::uint32_t> tree_root_;
-  std::vector<double> scan_k_;             // reference mode scratch
+  std::vector<double> scan_k_;  // reference mode scratch
   std::vector<std::uint32_t> scan_l_, scan_e_;
 };
 

@@ -42,7 +42,7 @@ struct cache_options {
 
 /// Counters of one scope (all batches, or decode batches only). Bytes are bytes.
 struct cache_counters {
-  std::uint64_t lookups = 0;     ///< unique (layer, expert) per load batch
+  std::uint64_t lookups = 0;  ///< unique (layer, expert) per load batch
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
   std::uint64_t bytes_read = 0;  ///< Σ expert bytes of the misses
@@ -57,18 +57,18 @@ struct cache_counters {
 struct cache_stats {
   cache_counters all;
   cache_counters decode;
-  std::uint64_t rejected = 0;      ///< lookups outside the shape (dense layer, bad id)
-  std::uint64_t peak_bytes = 0;    ///< largest resident bytes seen after a batch
-  std::uint64_t inserted = 0;      ///< entries made resident by insert() (no lookup)
-  std::uint64_t invalidated = 0;   ///< entries dropped by invalidate() (not evictions)
+  std::uint64_t rejected = 0;     ///< lookups outside the shape (dense layer, bad id)
+  std::uint64_t peak_bytes = 0;   ///< largest resident bytes seen after a batch
+  std::uint64_t inserted = 0;     ///< entries made resident by insert() (no lookup)
+  std::uint64_t invalidated = 0;  ///< entries dropped by invalidate() (not evictions)
 };
 
 /// Outcome of one lookup.
 enum class lookup_result : std::uint8_t {
-  hit,       ///< resident: promoted
-  miss,      ///< not resident: inserted at the layer's expert bytes (one read)
-  repeat,    ///< already looked up in this batch: promoted only, not counted
-  rejected   ///< no open batch, dense layer or expert id out of range
+  hit,      ///< resident: promoted
+  miss,     ///< not resident: inserted at the layer's expert bytes (one read)
+  repeat,   ///< already looked up in this batch: promoted only, not counted
+  rejected  ///< no open batch, dense layer or expert id out of range
 };
 
 namespace detail {
@@ -91,8 +91,13 @@ class cache_view {
   cache_view(const detail::cache_slot_state* slots, std::uint32_t batch, const std::uint64_t* layer_bytes,
              const std::uint32_t* layer_count, std::uint32_t n_experts, std::uint64_t used,
              std::uint64_t budget) noexcept
-      : slots_(slots), batch_(batch), layer_bytes_(layer_bytes), layer_count_(layer_count),
-        n_experts_(n_experts), used_(used), budget_(budget) {}
+      : slots_(slots),
+        batch_(batch),
+        layer_bytes_(layer_bytes),
+        layer_count_(layer_count),
+        n_experts_(n_experts),
+        used_(used),
+        budget_(budget) {}
 
   /// Resident, not pinned, not touched by the current batch.
   bool evictable(std::uint32_t s) const noexcept {
@@ -118,8 +123,7 @@ namespace detail {
 template <class P, class = void>
 struct cache_has_on_admit : std::false_type {};
 template <class P>
-struct cache_has_on_admit<P, std::void_t<decltype(std::declval<P&>().on_admit(std::uint32_t{}))>>
-    : std::true_type {};
+struct cache_has_on_admit<P, std::void_t<decltype(std::declval<P&>().on_admit(std::uint32_t{}))>> : std::true_type {};
 }  // namespace detail
 
 /// True when Policy has `on_admit(slot)`: the hook for an entry made resident
@@ -143,8 +147,7 @@ struct policy_base {
 
 /// Statistics of a token-cycle check: the cycle in bytes and whether a budget
 /// is below it.
-inline std::string token_cycle_message(const std::string& who, std::uint64_t budget,
-                                       const model_shape& shape) {
+inline std::string token_cycle_message(const std::string& who, std::uint64_t budget, const model_shape& shape) {
   char buf[512];
   const std::uint64_t t = token_cycle_bytes(shape);
   std::snprintf(buf, sizeof buf,
@@ -152,8 +155,7 @@ inline std::string token_cycle_message(const std::string& who, std::uint64_t bud
                 "top-%zu x expert bytes); a recency policy evicts each expert just before "
                 "the cycle returns to it and hits 0%%. Raise the budget to at least %.1f MiB, "
                 "or use a policy that survives below the cycle (lfu, layerlfu, cycle, belady)",
-                who.c_str(), to_mib(budget), to_mib(t), shape.n_moe_layers(), shape.top_k(),
-                to_mib(t));
+                who.c_str(), to_mib(budget), to_mib(t), shape.n_moe_layers(), shape.top_k(), to_mib(t));
   return buf;
 }
 
@@ -178,8 +180,7 @@ class expert_cache {
   expert_cache(const model_shape& shape, cache_options options, Policy policy = Policy{})
       : shape_(shape), options_(std::move(options)), policy_(std::move(policy)) {
     const std::string who = std::string("expert_cache<") + Policy::name + ">";
-    if (options_.budget_bytes == 0)
-      throw error(who + ": budget 0 bytes; expected a budget > 0 (bytes, MiB = 1048576)");
+    if (options_.budget_bytes == 0) throw error(who + ": budget 0 bytes; expected a budget > 0 (bytes, MiB = 1048576)");
     n_experts_ = static_cast<std::uint32_t>(shape_.n_experts());
     const std::size_t n_layers = shape_.n_layers();
     const std::size_t n_slots = n_layers * n_experts_;
@@ -193,8 +194,7 @@ class expert_cache {
     for (std::size_t i = 0; i < n_slots; ++i) slot_layer_[i] = static_cast<std::uint16_t>(i / n_experts_);
     layer_count_.assign(n_layers, 0);
     cycle_bytes_ = moe_residency::token_cycle_bytes(shape_);
-    if (Policy::collapses_below_cycle && options_.budget_bytes < cycle_bytes_ &&
-        options_.guard != cycle_guard::off) {
+    if (Policy::collapses_below_cycle && options_.budget_bytes < cycle_bytes_ && options_.guard != cycle_guard::off) {
       guard_message_ = token_cycle_message(who, options_.budget_bytes, shape_);
       if (options_.guard == cycle_guard::refuse) throw error(guard_message_);
       detail::emit_warning(options_.on_warning, guard_message_);

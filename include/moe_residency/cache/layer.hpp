@@ -26,8 +26,7 @@ namespace moe_residency {
 namespace detail {
 
 /// Entries per layer of the reference partition.
-inline std::vector<std::uint32_t> cache_layer_partition(const model_shape& shape,
-                                                        std::uint64_t budget) {
+inline std::vector<std::uint32_t> cache_layer_partition(const model_shape& shape, std::uint64_t budget) {
   std::vector<std::uint32_t> cap(shape.n_layers(), 0);
   const std::uint64_t n_moe = shape.n_moe_layers();
   for (std::size_t l = 0; l < shape.n_layers(); ++l) {
@@ -46,9 +45,7 @@ struct cache_partition_base : policy_base {
     return v.layer_count(layer) > cap_[layer];
   }
   /// Entries layer l may hold.
-  std::uint32_t layer_capacity(layer_id l) const noexcept {
-    return to_index(l) < cap_.size() ? cap_[to_index(l)] : 0;
-  }
+  std::uint32_t layer_capacity(layer_id l) const noexcept { return to_index(l) < cap_.size() ? cap_[to_index(l)] : 0; }
   /// Bytes the partition holds when every layer is full (may exceed the budget).
   std::uint64_t partition_bytes(const model_shape& shape) const noexcept {
     std::uint64_t t = 0;

@@ -28,9 +28,7 @@ struct cache_freq_order {
     last.assign(n, 0);
     tick = 0;
   }
-  bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
-    return before(key_of(a), key_of(b));
-  }
+  bool operator()(std::uint32_t a, std::uint32_t b) const noexcept { return before(key_of(a), key_of(b)); }
   /// Lower frequency first, then the older last access (ticks are unique).
   struct key_type {
     std::uint32_t freq;

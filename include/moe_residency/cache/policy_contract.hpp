@@ -34,10 +34,10 @@ class cache_view;
 
 namespace detail {
 
-#define MOE_RESIDENCY_POLICY_TRAIT(trait, expr)                                  \
-  template <class P, class = void>                                              \
-  struct trait : std::false_type {};                                            \
-  template <class P>                                                            \
+#define MOE_RESIDENCY_POLICY_TRAIT(trait, expr) \
+  template <class P, class = void>              \
+  struct trait : std::false_type {};            \
+  template <class P>                            \
   struct trait<P, std::enable_if_t<noexcept(expr)>> : std::true_type {};
 
 template <class P, class = void>
@@ -49,8 +49,9 @@ struct policy_has_name<P, std::void_t<decltype(P::name), decltype(P::collapses_b
 template <class P, class = void>
 struct policy_has_init : std::false_type {};
 template <class P>
-struct policy_has_init<P, std::void_t<decltype(std::declval<P&>().init(std::declval<const model_shape&>(),
-                                                                        std::uint64_t{}))>> : std::true_type {};
+struct policy_has_init<
+    P, std::void_t<decltype(std::declval<P&>().init(std::declval<const model_shape&>(), std::uint64_t{}))>>
+    : std::true_type {};
 // The hot-path hooks: callable with the cache's arguments, and noexcept.
 MOE_RESIDENCY_POLICY_TRAIT(policy_has_batch_begin, std::declval<P&>().on_batch_begin(run_phase{}, std::size_t{}))
 MOE_RESIDENCY_POLICY_TRAIT(policy_has_hit, std::declval<P&>().on_hit(std::uint32_t{}))
@@ -81,8 +82,7 @@ constexpr bool check_cache_policy() {
   static_assert(policy_has_hit<P>::value, "expert_cache: the policy needs on_hit(std::uint32_t slot) noexcept");
   static_assert(policy_has_repeat<P>::value,
                 "expert_cache: the policy needs on_repeat(std::uint32_t slot) noexcept (policy_base has one)");
-  static_assert(policy_has_insert<P>::value,
-                "expert_cache: the policy needs on_insert(std::uint32_t slot) noexcept");
+  static_assert(policy_has_insert<P>::value, "expert_cache: the policy needs on_insert(std::uint32_t slot) noexcept");
   static_assert(policy_has_evict<P>::value, "expert_cache: the policy needs on_evict(std::uint32_t slot) noexcept");
   static_assert(policy_has_over_budget<P>::value,
                 "expert_cache: the policy needs bool over_budget(const cache_view&, std::size_t) noexcept "
@@ -101,11 +101,9 @@ constexpr bool check_cache_policy() {
 /// True when P satisfies the cache-policy contract (above).
 template <class P>
 inline constexpr bool is_cache_policy_v =
-    detail::policy_has_name<P>::value && detail::policy_has_init<P>::value &&
-    detail::policy_has_batch_begin<P>::value && detail::policy_has_hit<P>::value &&
-    detail::policy_has_repeat<P>::value && detail::policy_has_insert<P>::value &&
-    detail::policy_has_evict<P>::value && detail::policy_has_over_budget<P>::value &&
-    detail::policy_has_victim<P>::value && detail::policy_has_end_eviction<P>::value &&
-    detail::policy_has_batch_end<P>::value;
+    detail::policy_has_name<P>::value&& detail::policy_has_init<P>::value&& detail::policy_has_batch_begin<P>::value&&
+        detail::policy_has_hit<P>::value&& detail::policy_has_repeat<P>::value&& detail::policy_has_insert<P>::value&&
+            detail::policy_has_evict<P>::value&& detail::policy_has_over_budget<P>::value&& detail::policy_has_victim<
+                P>::value&& detail::policy_has_end_eviction<P>::value&& detail::policy_has_batch_end<P>::value;
 
 }  // namespace moe_residency

@@ -40,8 +40,8 @@ struct cache_policy_info {
 
 /// What the policies that need more than a default constructor are built from.
 struct cache_policy_args {
-  std::uint64_t seed = 0x5eed;      ///< random_policy's seed
-  cycle_policy_options cycle{};     ///< cycle_policy's tuning (and the adaptive policy's cycle rule's)
+  std::uint64_t seed = 0x5eed;   ///< random_policy's seed
+  cycle_policy_options cycle{};  ///< cycle_policy's tuning (and the adaptive policy's cycle rule's)
   /// adaptive_policy's tuning; its `cycle` is replaced by `cycle` above.
   adaptive_policy_options adaptive{};
   /// belady_policy's next-use index (the trace's future); belady is refused without one.
@@ -69,7 +69,8 @@ void for_each_registered_policy(F&& f) {
   f(policy_tag<s3fifo_policy>{}, "S3-FIFO as libCacheSim defines it");
   f(policy_tag<sieve_policy>{}, "SIEVE as libCacheSim defines it");
   f(policy_tag<cycle_policy>{}, "this library's token-cycle-aware approximation of Belady (--decay)");
-  f(policy_tag<adaptive_policy>{}, "follows whichever of lru ... cycle read the fewest bytes lately, kept in shadow caches");
+  f(policy_tag<adaptive_policy>{},
+    "follows whichever of lru ... cycle read the fewest bytes lately, kept in shadow caches");
 }
 
 inline bool policy_name_is(const char* a, const std::string& b) noexcept { return b == a; }
@@ -86,7 +87,8 @@ P make_registered_policy(const cache_policy_args& a) {
     return adaptive_policy{o};
   } else if constexpr (std::is_same<P, belady_policy>::value) {
     if (!a.next_use)
-      throw error("cache policy 'belady': no next-use index; expected cache_policy_args::next_use (the trace's future)");
+      throw error(
+          "cache policy 'belady': no next-use index; expected cache_policy_args::next_use (the trace's future)");
     return belady_policy{a.next_use};
   } else {
     return P{};
@@ -99,8 +101,9 @@ P make_registered_policy(const cache_policy_args& a) {
 inline const std::vector<cache_policy_info>& cache_policy_registry() {
   static const std::vector<cache_policy_info> table = [] {
     std::vector<cache_policy_info> t;
-    detail::for_each_registered_policy(
-        [&t](auto tag, const char* help) { t.push_back({decltype(tag)::type::name, help}); });
+    detail::for_each_registered_policy([&t](auto tag, const char* help) {
+      t.push_back({decltype(tag)::type::name, help});
+    });
     return t;
   }();
   return table;

@@ -88,7 +88,9 @@ class retention_policy {
   Inner& inner() noexcept { return inner_; }
 
   template <class View>
-  bool over_budget(const View& v, std::size_t layer) const noexcept { return inner_.over_budget(v, layer); }
+  bool over_budget(const View& v, std::size_t layer) const noexcept {
+    return inner_.over_budget(v, layer);
+  }
   void on_batch_begin(run_phase p, std::size_t layer) noexcept {
     inner_.on_batch_begin(p, layer);
     if (layer < listed_.size()) unprotect(layer);  // consumed: see the header comment

@@ -83,8 +83,10 @@ class cache_slot_buckets {
     if (b == none) return;
     const std::uint32_t p = ls.prev, n = ls.next;
     bucket_ends& e = ends_[b];
-    if (p != none) link_[p].next = n; else e.head = n;
-    if (n != none) link_[n].prev = p; else e.tail = p;
+    if (p != none) link_[p].next = n;
+    else e.head = n;
+    if (n != none) link_[n].prev = p;
+    else e.tail = p;
     ls.bucket = none;
     if (e.head == none) unmark(b);
   }

@@ -49,8 +49,10 @@ class cache_slot_lists {
   void erase(std::uint32_t s, std::uint64_t b = 0) noexcept {
     const std::uint32_t list = link_[s].owner;
     if (list == none) return;
-    if (link_[s].prev != none) link_[link_[s].prev].next = link_[s].next; else head_[list] = link_[s].next;
-    if (link_[s].next != none) link_[link_[s].next].prev = link_[s].prev; else tail_[list] = link_[s].prev;
+    if (link_[s].prev != none) link_[link_[s].prev].next = link_[s].next;
+    else head_[list] = link_[s].next;
+    if (link_[s].next != none) link_[link_[s].next].prev = link_[s].prev;
+    else tail_[list] = link_[s].prev;
     link_[s].prev = link_[s].next = link_[s].owner = none;
     bytes_[list] -= b;
     --count_[list];
@@ -68,7 +70,8 @@ class cache_slot_lists {
     if (p == none) return;  // already the head
     const std::uint32_t n = link_[s].next;
     link_[p].next = n;
-    if (n != none) link_[n].prev = p; else tail_[list] = p;
+    if (n != none) link_[n].prev = p;
+    else tail_[list] = p;
     link_[s].prev = none;
     link_[s].next = head_[list];
     link_[head_[list]].prev = s;

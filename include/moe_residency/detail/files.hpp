@@ -94,7 +94,8 @@ inline input_head_check text_head(const std::string& path, const std::string& ex
 /// refuse the file from its first bytes before the rest is read.
 inline std::string read_input_file(const std::string& path, const std::string& expected,
                                    const input_head_check& check_head = {}) {
-  if (const std::string p = input_file_problem(path); !p.empty()) throw error(path + ": " + p + "; expected " + expected);
+  if (const std::string p = input_file_problem(path); !p.empty())
+    throw error(path + ": " + p + "; expected " + expected);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error(path + ": cannot open: " + std::strerror(errno));
   in.seekg(0, std::ios::end);

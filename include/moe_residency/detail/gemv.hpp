@@ -50,8 +50,8 @@
 #endif
 #include <xsimd/xsimd.hpp>
 
-#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__) || defined(__FMA__) || \
-    defined(__SSE2__) || defined(_M_X64) || defined(__x86_64__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__) || defined(__FMA__) || defined(__SSE2__) || \
+    defined(_M_X64) || defined(__x86_64__)
 #include <immintrin.h>
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
@@ -81,14 +81,12 @@
 // MOE_RESIDENCY_DETAIL_X86_KERNEL: the run-time dispatched kernel is compiled
 // (x86-64, GCC or Clang, not disabled by MOE_RESIDENCY_NO_RUNTIME_DISPATCH).
 // MOE_RESIDENCY_DETAIL_GEMV_DISPATCH: `gemv` may take it (see gemv_x86_impl).
-#if !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH) && defined(__x86_64__) && \
-    defined(__GNUC__) && !defined(_MSC_VER)
+#if !defined(MOE_RESIDENCY_NO_RUNTIME_DISPATCH) && defined(__x86_64__) && defined(__GNUC__) && !defined(_MSC_VER)
 #define MOE_RESIDENCY_DETAIL_X86_KERNEL 1
 #else
 #define MOE_RESIDENCY_DETAIL_X86_KERNEL 0
 #endif
-#if MOE_RESIDENCY_DETAIL_X86_KERNEL && \
-    !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#if MOE_RESIDENCY_DETAIL_X86_KERNEL && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
 #define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 1
 #else
 #define MOE_RESIDENCY_DETAIL_GEMV_DISPATCH 0
@@ -142,7 +140,7 @@
 #define MOE_RESIDENCY_DETAIL_ABI_CAT(a, b, c, d, e) MOE_RESIDENCY_DETAIL_ABI_CAT2(a, b, c, d, e)
 /// The inline namespace of the GEMV kernels in this TU, e.g.
 /// gemv_abi_sse2_nofma_nof16c_unfused_dispatch (see above).
-#define MOE_RESIDENCY_GEMV_ABI                                                                   \
+#define MOE_RESIDENCY_GEMV_ABI                                                                \
   MOE_RESIDENCY_DETAIL_ABI_CAT(MOE_RESIDENCY_DETAIL_ABI_ARCH, MOE_RESIDENCY_DETAIL_ABI_FMA,   \
                                MOE_RESIDENCY_DETAIL_ABI_F16C, MOE_RESIDENCY_DETAIL_ABI_FUSED, \
                                MOE_RESIDENCY_DETAIL_ABI_DISPATCH)
@@ -154,9 +152,9 @@ namespace moe_residency {
 namespace detail {
 inline namespace MOE_RESIDENCY_GEMV_ABI {
 
-inline constexpr std::size_t gemv_lanes = 32;      // ggml AVX2: 4 accumulators x 8 lanes
-inline constexpr std::size_t gemv_row_block = 32;  // rows sharing one rounded x block
-inline constexpr std::size_t gemv_col_block = 2048; // floats of rounded x kept on the stack
+inline constexpr std::size_t gemv_lanes = 32;        // ggml AVX2: 4 accumulators x 8 lanes
+inline constexpr std::size_t gemv_row_block = 32;    // rows sharing one rounded x block
+inline constexpr std::size_t gemv_col_block = 2048;  // floats of rounded x kept on the stack
 
 /// a*b + c, one rounding iff Fused. (::fmaf, not std::fma: libstdc++'s
 /// std::fma(float, float, float) is an inline function, whose out-of-line
@@ -172,8 +170,7 @@ inline float madd_scalar(float a, float b, float c) noexcept {
 template <class Tag>
 inline float reduce_lanes(const float* lane, element_type t) noexcept {
   float a[8];
-  for (std::size_t i = 0; i < 8; ++i)
-    a[i] = (lane[i] + lane[16 + i]) + (lane[8 + i] + lane[24 + i]);
+  for (std::size_t i = 0; i < 8; ++i) a[i] = (lane[i] + lane[16 + i]) + (lane[8 + i] + lane[24 + i]);
   float h[4];
   for (std::size_t i = 0; i < 4; ++i) h[i] = a[i] + a[i + 4];
   if (t == element_type::bf16) return (h[0] + h[2]) + (h[1] + h[3]);
@@ -200,12 +197,11 @@ inline float round_activation(float x, element_type t, activation_rounding r) no
 
 /// The tail after the 32-lane part, and the final value, as ggml forms it.
 template <class Tag, bool Fused>
-inline float finish_dot(float reduced, const void* row, const float* x, std::size_t from,
-                        std::size_t to, element_type t, activation_rounding r) noexcept {
+inline float finish_dot(float reduced, const void* row, const float* x, std::size_t from, std::size_t to,
+                        element_type t, activation_rounding r) noexcept {
   if (t == element_type::f32) {
     float s = reduced;
-    for (std::size_t i = from; i < to; ++i)
-      s = madd_scalar<Tag, Fused>(load_scalar<Tag>(row, t, i), x[i], s);
+    for (std::size_t i = from; i < to; ++i) s = madd_scalar<Tag, Fused>(load_scalar<Tag>(row, t, i), x[i], s);
     return s;
   }
   double s = static_cast<double>(reduced);
@@ -218,16 +214,15 @@ inline float finish_dot(float reduced, const void* row, const float* x, std::siz
 /// `stride` bytes between rows. Tag: the caller's architecture (only to keep
 /// per-target copies apart).
 template <class Tag, bool Fused>
-inline void gemv_scalar_impl(const void* data, element_type t, std::size_t rows,
-                             std::size_t cols, std::size_t stride, const float* x, float* y,
-                             activation_rounding r) noexcept {
+inline void gemv_scalar_impl(const void* data, element_type t, std::size_t rows, std::size_t cols, std::size_t stride,
+                             const float* x, float* y, activation_rounding r) noexcept {
   const std::size_t np = cols - cols % gemv_lanes;
   for (std::size_t row = 0; row < rows; ++row) {
     const void* p = static_cast<const char*>(data) + row * stride;
     float lane[gemv_lanes] = {};
     for (std::size_t i = 0; i < np; ++i)
-      lane[i % gemv_lanes] = madd_scalar<Tag, Fused>(
-          load_scalar<Tag>(p, t, i), round_activation<Tag>(x[i], t, r), lane[i % gemv_lanes]);
+      lane[i % gemv_lanes] =
+          madd_scalar<Tag, Fused>(load_scalar<Tag>(p, t, i), round_activation<Tag>(x[i], t, r), lane[i % gemv_lanes]);
     y[row] = finish_dot<Tag, Fused>(reduce_lanes<Tag>(lane, t), p, x, np, cols, t, r);
   }
 }
@@ -245,8 +240,7 @@ constexpr std::size_t batch_width() noexcept {
 
 /// a*b + c in one rounding, with the instruction Arch's batch width selects.
 template <class Arch>
-inline xsimd::batch<float, Arch> madd_fused(const xsimd::batch<float, Arch>& a,
-                                            const xsimd::batch<float, Arch>& b,
+inline xsimd::batch<float, Arch> madd_fused(const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
                                             const xsimd::batch<float, Arch>& c) noexcept {
   using B = xsimd::batch<float, Arch>;
   using R = typename B::register_type;
@@ -257,14 +251,14 @@ inline xsimd::batch<float, Arch> madd_fused(const xsimd::batch<float, Arch>& a,
   else
 #endif
 #if defined(__FMA__)
-  if constexpr (batch_width<Arch>() == 8)
+      if constexpr (batch_width<Arch>() == 8)
     return B(_mm256_fmadd_ps(static_cast<R>(a), static_cast<R>(b), static_cast<R>(c)));
   else if constexpr (batch_width<Arch>() == 4)
     return B(_mm_fmadd_ps(static_cast<R>(a), static_cast<R>(b), static_cast<R>(c)));
   else
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
-  if constexpr (batch_width<Arch>() == 4)
+      if constexpr (batch_width<Arch>() == 4)
     return B(vfmaq_f32(static_cast<R>(c), static_cast<R>(a), static_cast<R>(b)));
   else
 #endif
@@ -281,8 +275,7 @@ inline xsimd::batch<float, Arch> madd_fused(const xsimd::batch<float, Arch>& a,
 
 /// a*b + c, one rounding iff Fused.
 template <class Arch, bool Fused>
-inline xsimd::batch<float, Arch> madd(const xsimd::batch<float, Arch>& a,
-                                      const xsimd::batch<float, Arch>& b,
+inline xsimd::batch<float, Arch> madd(const xsimd::batch<float, Arch>& a, const xsimd::batch<float, Arch>& b,
                                       const xsimd::batch<float, Arch>& c) noexcept {
   if constexpr (Fused) return madd_fused<Arch>(a, b, c);
   else return a * b + c;
@@ -298,22 +291,21 @@ inline xsimd::batch<float, Arch> load_f16(const std::uint16_t* p) noexcept {
   else
 #endif
 #if defined(__F16C__)
-  if constexpr (batch_width<Arch>() == 8)
+      if constexpr (batch_width<Arch>() == 8)
     return B(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   else if constexpr (batch_width<Arch>() == 4)
     return B(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   else
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
-  if constexpr (batch_width<Arch>() == 4)
+      if constexpr (batch_width<Arch>() == 4)
     return B(vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))));
   else
 #endif
 #if (defined(__SSE2__) || defined(_M_X64)) && !defined(__F16C__)
-  if constexpr (batch_width<Arch>() == 4) {
+      if constexpr (batch_width<Arch>() == 4) {
     // SSE2 without F16C (the default x86-64 build): f16_to_f32 in 4 lanes.
-    const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
-                                         _mm_setzero_si128());
+    const __m128i h = _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128());
     const __m128i sign = _mm_slli_epi32(_mm_and_si128(h, _mm_set1_epi32(0x8000)), 16);
     const __m128i em = _mm_and_si128(h, _mm_set1_epi32(0x7fff));
     __m128i normal = _mm_add_epi32(_mm_slli_epi32(em, 13), _mm_set1_epi32(0x38000000));
@@ -341,24 +333,24 @@ inline xsimd::batch<float, Arch> load_bf16(const std::uint16_t* p) noexcept {
   using B = xsimd::batch<float, Arch>;
 #if defined(__AVX512F__)
   if constexpr (batch_width<Arch>() == 16)
-    return B(_mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16)));
+    return B(_mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16)));
   else
 #endif
 #if defined(__AVX2__)
-  if constexpr (batch_width<Arch>() == 8)
-    return B(_mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)));
+      if constexpr (batch_width<Arch>() == 8)
+    return B(_mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16)));
   else
 #endif
 #if defined(__SSE2__) || defined(_M_X64)
-  if constexpr (batch_width<Arch>() == 4)
-    return B(_mm_castsi128_ps(_mm_unpacklo_epi16(
-        _mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
+      if constexpr (batch_width<Arch>() == 4)
+    return B(_mm_castsi128_ps(
+        _mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)))));
   else
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
-  if constexpr (batch_width<Arch>() == 4)
+      if constexpr (batch_width<Arch>() == 4)
     return B(vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)));
   else
 #endif
@@ -381,23 +373,20 @@ inline void round_block(const float* x, float* out, std::size_t n, element_type 
 #if defined(__AVX512F__)
     if constexpr (W == 16) {
       for (std::size_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i),
-                                                                  _MM_FROUND_TO_NEAREST_INT)));
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
       return;
     }
 #endif
 #if defined(__F16C__)
     if constexpr (W == 8) {
       for (std::size_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
-                                                                  _MM_FROUND_TO_NEAREST_INT)));
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
       return;
     }
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON)
     if constexpr (W == 4) {
-      for (std::size_t i = 0; i < n; i += 4)
-        vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+      for (std::size_t i = 0; i < n; i += 4) vst1q_f32(out + i, vcvt_f32_f16(vcvt_f16_f32(vld1q_f32(x + i))));
       return;
     }
 #endif
@@ -408,8 +397,7 @@ inline void round_block(const float* x, float* out, std::size_t n, element_type 
 }
 
 template <class Arch>
-inline xsimd::batch<float, Arch> load_weights(const void* row, element_type t,
-                                              std::size_t i) noexcept {
+inline xsimd::batch<float, Arch> load_weights(const void* row, element_type t, std::size_t i) noexcept {
   using B = xsimd::batch<float, Arch>;
   if (t == element_type::f16) return load_f16<Arch>(static_cast<const std::uint16_t*>(row) + i);
   if (t == element_type::bf16) return load_bf16<Arch>(static_cast<const std::uint16_t*>(row) + i);
@@ -419,12 +407,9 @@ inline xsimd::batch<float, Arch> load_weights(const void* row, element_type t,
 template <class Arch, element_type T>
 inline xsimd::batch<float, Arch> load_weights_t(const void* row, std::size_t i) noexcept {
   using B = xsimd::batch<float, Arch>;
-  if constexpr (T == element_type::f16)
-    return load_f16<Arch>(static_cast<const std::uint16_t*>(row) + i);
-  else if constexpr (T == element_type::bf16)
-    return load_bf16<Arch>(static_cast<const std::uint16_t*>(row) + i);
-  else
-    return B::load_unaligned(static_cast<const float*>(row) + i);
+  if constexpr (T == element_type::f16) return load_f16<Arch>(static_cast<const std::uint16_t*>(row) + i);
+  else if constexpr (T == element_type::bf16) return load_bf16<Arch>(static_cast<const std::uint16_t*>(row) + i);
+  else return B::load_unaligned(static_cast<const float*>(row) + i);
 }
 
 /// Rows interleaved per pass of the SIMD kernel. One row alone is NA = 32 / W
@@ -458,8 +443,8 @@ constexpr std::size_t gemv_simd_rows_per_pass() noexcept {
 /// (cn a multiple of 32): acc[r][lane] += w[r][e] * xs[e - c0] lane by lane in
 /// element order. xs is the chunk of x, already rounded.
 template <class Arch, bool Fused, element_type T, std::size_t R>
-inline void gemv_simd_pass(const char* p, std::size_t stride, std::size_t c0, std::size_t cn,
-                           const float* xs, float (*acc)[gemv_lanes]) noexcept {
+inline void gemv_simd_pass(const char* p, std::size_t stride, std::size_t c0, std::size_t cn, const float* xs,
+                           float (*acc)[gemv_lanes]) noexcept {
   using B = xsimd::batch<float, Arch>;
   constexpr std::size_t W = B::size;
   constexpr std::size_t NA = gemv_lanes / W;
@@ -475,8 +460,7 @@ inline void gemv_simd_pass(const char* p, std::size_t stride, std::size_t c0, st
       const B xv = B::load_unaligned(xs + e + j * W);
       MOE_RESIDENCY_DETAIL_UNROLL
       for (std::size_t r = 0; r < R; ++r)
-        a[r][j] = madd<Arch, Fused>(load_weights_t<Arch, T>(p + r * stride, c0 + e + j * W), xv,
-                                    a[r][j]);
+        a[r][j] = madd<Arch, Fused>(load_weights_t<Arch, T>(p + r * stride, c0 + e + j * W), xv, a[r][j]);
     }
   }
   MOE_RESIDENCY_DETAIL_UNROLL
@@ -488,12 +472,11 @@ inline void gemv_simd_pass(const char* p, std::size_t stride, std::size_t c0, st
 
 /// gemv_simd_pass over nr rows: passes of R rows, then the 2 or 1 left over.
 template <class Arch, bool Fused, element_type T>
-inline void gemv_simd_rows(const char* p, std::size_t nr, std::size_t stride, std::size_t c0,
-                           std::size_t cn, const float* xs, float (*acc)[gemv_lanes]) noexcept {
+inline void gemv_simd_rows(const char* p, std::size_t nr, std::size_t stride, std::size_t c0, std::size_t cn,
+                           const float* xs, float (*acc)[gemv_lanes]) noexcept {
   constexpr std::size_t R = gemv_simd_rows_per_pass<Arch>();
   std::size_t rr = 0;
-  for (; rr + R <= nr; rr += R)
-    gemv_simd_pass<Arch, Fused, T, R>(p + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr + R <= nr; rr += R) gemv_simd_pass<Arch, Fused, T, R>(p + rr * stride, stride, c0, cn, xs, acc + rr);
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
       gemv_simd_pass<Arch, Fused, T, 2>(p + rr * stride, stride, c0, cn, xs, acc + rr);
@@ -509,9 +492,8 @@ inline void gemv_simd_rows(const char* p, std::size_t nr, std::size_t stride, st
 /// block). The 32 lanes of each row live in NA = 32 / W batches exactly as in
 /// the scalar kernel. No allocation; 12 KiB of stack.
 template <class Arch, bool Fused>
-inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows, std::size_t cols,
-                           std::size_t stride, const float* x, float* y,
-                           activation_rounding r) noexcept {
+inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows, std::size_t cols, std::size_t stride,
+                              const float* x, float* y, activation_rounding r) noexcept {
   using B = xsimd::batch<float, Arch>;
   constexpr std::size_t W = B::size;
   if constexpr (gemv_lanes % W != 0) {
@@ -545,8 +527,7 @@ inline void gemv_simd_generic(const void* data, element_type t, std::size_t rows
         }
       }
       for (std::size_t rr = 0; rr < nr; ++rr)
-        y[r0 + rr] = finish_dot<Arch, Fused>(reduce_lanes<Arch>(acc[rr], t), block + rr * stride,
-                                             x, np, cols, t, r);
+        y[r0 + rr] = finish_dot<Arch, Fused>(reduce_lanes<Arch>(acc[rr], t), block + rr * stride, x, np, cols, t, r);
     }
   }
 }
@@ -601,8 +582,7 @@ inline bool x86_has_avx2_fma_f16c() noexcept {
     if (r[0] < 7) return false;
     x86_cpuid(1, 0, r);
     const std::uint32_t ecx1 = r[2];
-    const bool fma = (ecx1 >> 12) & 1u, osxsave = (ecx1 >> 27) & 1u, avx = (ecx1 >> 28) & 1u,
-               f16c = (ecx1 >> 29) & 1u;
+    const bool fma = (ecx1 >> 12) & 1u, osxsave = (ecx1 >> 27) & 1u, avx = (ecx1 >> 28) & 1u, f16c = (ecx1 >> 29) & 1u;
     if (!(fma && osxsave && avx && f16c)) return false;
     if ((x86_xcr0() & 0x6u) != 0x6u) return false;  // OS saves XMM and YMM state
     x86_cpuid(7, 0, r);
@@ -627,8 +607,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline __m256 x86_load8(const void* row, std::si
   if constexpr (T == element_type::f32) {
     return _mm256_loadu_ps(static_cast<const float*>(row) + i);
   } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i));
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(row) + i));
     if constexpr (T == element_type::f16) return _mm256_cvtph_ps(h);
     else return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
@@ -636,18 +615,15 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline __m256 x86_load8(const void* row, std::si
 
 /// round_block with F16C (f16) and AVX2 integer ops (bf16: ggml's rule,
 /// exactly as f32_to_bf16_bits). n is a multiple of 8.
-MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_round_block(const float* x, float* out,
-                                                            std::size_t n,
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_round_block(const float* x, float* out, std::size_t n,
                                                             element_type t) noexcept {
   if (t == element_type::f16) {
     for (std::size_t i = 0; i < n; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
-                                                                _MM_FROUND_TO_NEAREST_INT)));
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
     return;
   }
-  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff),
-                quiet = _mm256_set1_epi32(0x40), abs = _mm256_set1_epi32(0x7fffffff),
-                inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40),
+                abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   for (std::size_t i = 0; i < n; i += 8) {
     const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
     const __m256i hi = _mm256_srli_epi32(u, 16);
@@ -667,17 +643,15 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_round_block(const float* x, floa
 /// {17, ..., 31} (x permuted alike, by x86_split_x); every lane still sums its
 /// own elements in element order, and x86_unsplit_lanes restores the natural
 /// order before the reduction.
-MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_split_x(const float* x, float* out,
-                                                        std::size_t n) noexcept {
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_split_x(const float* x, float* out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; i += 16) {
     const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
     // per 128-bit half: [a0 a2 b0 b2 | a4 a6 b4 b6], then 64-bit pairs 0 2 1 3
     const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
     const __m256 odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-    _mm256_storeu_ps(out + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even),
-                                                                     _MM_SHUFFLE(3, 1, 2, 0))));
-    _mm256_storeu_ps(out + i + 8, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd),
-                                                                         _MM_SHUFFLE(3, 1, 2, 0))));
+    _mm256_storeu_ps(out + i, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0))));
+    _mm256_storeu_ps(out + i + 8,
+                     _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0))));
   }
 }
 
@@ -694,10 +668,9 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_unsplit_lanes(float* lane) noexc
 /// reduce_lanes with AVX: the same additions in the same order (IEEE single
 /// adds give the same bits in any instruction set), 4 vector adds instead of
 /// 31 scalar ones. `split`: lane holds the bf16 split order (unsplit first).
-MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane, element_type t,
-                                                              bool split) noexcept {
-  __m256 l0 = _mm256_load_ps(lane), l1 = _mm256_load_ps(lane + 8),
-         l2 = _mm256_load_ps(lane + 16), l3 = _mm256_load_ps(lane + 24);
+MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane, element_type t, bool split) noexcept {
+  __m256 l0 = _mm256_load_ps(lane), l1 = _mm256_load_ps(lane + 8), l2 = _mm256_load_ps(lane + 16),
+         l3 = _mm256_load_ps(lane + 24);
   if (split) {  // {0,2,..,14} {1,3,..,15} {16,..,30} {17,..,31} -> 0..7, 8..15, ...
     const __m256 lo01 = _mm256_unpacklo_ps(l0, l1), hi01 = _mm256_unpackhi_ps(l0, l1);
     const __m256 lo23 = _mm256_unpacklo_ps(l2, l3), hi23 = _mm256_unpackhi_ps(l2, l3);
@@ -757,12 +730,10 @@ inline bool x86_prefetch_fits(std::size_t cn) noexcept {
 /// lane. Interleaving R rows gives 4R independent multiply-add chains (one
 /// row's 4 chains leave the FMA units idle: latency 4, two per cycle) and
 /// loads each x vector once for all R rows.
-template <element_type T, bool Fused, std::size_t R, std::size_t D, std::size_t Head = 0,
-          bool InRow = false, int Loc = 3>
-MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t stride,
-                                                     std::size_t c0, std::size_t cn,
-                                                     const float* xs,
-                                                     float (*acc)[gemv_lanes]) noexcept {
+template <element_type T, bool Fused, std::size_t R, std::size_t D, std::size_t Head = 0, bool InRow = false,
+          int Loc = 3>
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t stride, std::size_t c0, std::size_t cn,
+                                                     const float* xs, float (*acc)[gemv_lanes]) noexcept {
   __m256 a[R][4];
   MOE_RESIDENCY_DETAIL_UNROLL
   for (std::size_t r = 0; r < R; ++r) {
@@ -788,10 +759,8 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
           const auto* q = reinterpret_cast<const std::uint16_t*>(p + r * stride) + c + 16 * h;
           __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
           __asm__("" : "+x"(v));  // loaded once, used twice
-          a[r][2 * h] =
-              x86_madd<Fused>(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[r][2 * h]);
-          a[r][2 * h + 1] =
-              x86_madd<Fused>(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), xo, a[r][2 * h + 1]);
+          a[r][2 * h] = x86_madd<Fused>(_mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), xe, a[r][2 * h]);
+          a[r][2 * h + 1] = x86_madd<Fused>(_mm256_castsi256_ps(_mm256_and_si256(v, hi)), xo, a[r][2 * h + 1]);
         }
       }
     }
@@ -831,9 +800,8 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass(const char* p, std::size_t 
 /// weight; the second sweep reads the rows' other half lines from L1. Each
 /// lane's order is unchanged. The next rows are prefetched in the first sweep.
 template <element_type T, bool Fused, std::size_t R, std::size_t G, std::size_t D>
-MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::size_t stride,
-                                                           std::size_t c0, std::size_t cn,
-                                                           const float* xs,
+MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::size_t stride, std::size_t c0,
+                                                           std::size_t cn, const float* xs,
                                                            float (*acc)[gemv_lanes]) noexcept {
   const bool prefetch = x86_prefetch_fits<T, R, D, 0>(cn);
   for (std::size_t g0 = 0; g0 < 4; g0 += G) {
@@ -878,9 +846,9 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_pass_split(const char* p, std::s
 /// the hardware prefetcher keeps losing (Zen 4, a token's routers: 1 row 0.93-0.97
 /// of the read's time, 2 rows 1.5, 4 rows 1.26-1.37), and in cache all
 /// measured within 10% of each other (the 1 MiB router streams from L2).
-template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF,
-          std::size_t Head16 = 0, std::size_t HeadB16 = 0, bool InRow16 = false,
-          bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4, std::size_t Z = 0>
+template <std::size_t R32, std::size_t R16, std::size_t RB16, std::size_t PF, std::size_t Head16 = 0,
+          std::size_t HeadB16 = 0, bool InRow16 = false, bool InRowB16 = false, int Loc = 3, std::size_t G16 = 4,
+          std::size_t Z = 0>
 struct x86_tune {
   /// Rows per pass of the 512-bit kernel for f16 and bf16 when the CPU has
   /// AVX-512F (x86z_pass); 0: never, the 256-bit kernel on every CPU.
@@ -926,10 +894,9 @@ using x86_tune_narrow = x86_tune<1, 3, 2, 2, 0, 0, false, false, 1>;
 
 /// x86_pass over nr rows from `data`: passes of R rows, then the rest.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
-MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_t nr,
-                                                     std::size_t stride, std::size_t c0,
-                                                     std::size_t cn, const float* xs,
-                                                     float (*acc)[gemv_lanes]) noexcept {
+MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_t nr, std::size_t stride,
+                                                    std::size_t c0, std::size_t cn, const float* xs,
+                                                    float (*acc)[gemv_lanes]) noexcept {
   constexpr std::size_t R = Tune::template rows<T>();
   constexpr std::size_t D = Tune::prefetch;
   constexpr std::size_t H = Tune::template head<T>();
@@ -938,8 +905,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_
   constexpr std::size_t G = Tune::template groups<T>();
   std::size_t rr = 0;
   if constexpr (G < 4) {
-    for (; rr + R <= nr; rr += R)
-      x86_pass_split<T, Fused, R, G, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+    for (; rr + R <= nr; rr += R) x86_pass_split<T, Fused, R, G, D>(data + rr * stride, stride, c0, cn, xs, acc + rr);
     if constexpr (R > 3) {
       if (rr + 3 <= nr) {
         x86_pass<T, Fused, 3, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
@@ -947,8 +913,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_
       }
     }
   } else {
-    for (; rr + R <= nr; rr += R)
-      x86_pass<T, Fused, R, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+    for (; rr + R <= nr; rr += R) x86_pass<T, Fused, R, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
   }
   if constexpr (R > 2) {
     if (rr + 2 <= nr) {
@@ -956,16 +921,14 @@ MOE_RESIDENCY_DETAIL_X86_TARGET void x86_rows_chunk(const char* data, std::size_
       rr += 2;
     }
   }
-  for (; rr < nr; ++rr)
-    x86_pass<T, Fused, 1, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
+  for (; rr < nr; ++rr) x86_pass<T, Fused, 1, D, H, IR, L>(data + rr * stride, stride, c0, cn, xs, acc + rr);
 }
 
 /// x's chunk [c0, c0 + cn) as the kernel reads it: rounded when `round`,
 /// split-ordered for bf16; else x itself.
 template <element_type T>
-MOE_RESIDENCY_DETAIL_X86_TARGET inline const float* x86_prepare_x(const float* x, std::size_t c0,
-                                                                  std::size_t cn, bool round,
-                                                                  float* buf) noexcept {
+MOE_RESIDENCY_DETAIL_X86_TARGET inline const float* x86_prepare_x(const float* x, std::size_t c0, std::size_t cn,
+                                                                  bool round, float* buf) noexcept {
   if (T == element_type::f32) return x + c0;
   if (round) x86_round_block(x + c0, buf, cn, T);
   if (T == element_type::bf16) x86_split_x(round ? buf : x + c0, buf, cn);
@@ -975,17 +938,14 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline const float* x86_prepare_x(const float* x
 /// The 32-lane part of nr (<= 32) rows starting at `data`: acc[rr][lane] for
 /// columns [0, np), np a multiple of 32, in natural lane order.
 template <element_type T, bool Fused, class Tune = x86_tune_default>
-MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t nr,
-                                                    std::size_t np, std::size_t stride,
-                                                    const float* x, bool round,
-                                                    float (*acc)[gemv_lanes]) noexcept {
+MOE_RESIDENCY_DETAIL_X86_TARGET void x86_gemv_rows(const char* data, std::size_t nr, std::size_t np, std::size_t stride,
+                                                   const float* x, bool round, float (*acc)[gemv_lanes]) noexcept {
   alignas(32) float xbuf[gemv_col_block];
   for (std::size_t rr = 0; rr < nr; ++rr)
     for (std::size_t j = 0; j < gemv_lanes; j += 8) _mm256_store_ps(acc[rr] + j, _mm256_setzero_ps());
   for (std::size_t c0 = 0; c0 < np; c0 += gemv_col_block) {
     const std::size_t cn = std::min(gemv_col_block, np - c0);
-    x86_rows_chunk<T, Fused, Tune>(data, nr, stride, c0, cn,
-                                   x86_prepare_x<T>(x, c0, cn, round, xbuf), acc);
+    x86_rows_chunk<T, Fused, Tune>(data, nr, stride, c0, cn, x86_prepare_x<T>(x, c0, cn, round, xbuf), acc);
   }
   if (T == element_type::bf16)
     for (std::size_t rr = 0; rr < nr; ++rr) x86_unsplit_lanes(acc[rr]);
@@ -1037,8 +997,7 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET inline __m512 x86z_madd(__m512 a, __m512 b, __m
 /// masked in place, so the first accumulator holds lanes {0, 2, ..., 30} and
 /// the second {1, 3, ..., 31}. x is permuted alike (each 32 floats: the even
 /// ones, then the odd ones), and x86z_unsplit_lanes restores ggml's order.
-MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_split_x(const float* x, float* out,
-                                                          std::size_t n) noexcept {
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_split_x(const float* x, float* out, std::size_t n) noexcept {
   const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
   for (std::size_t i = 0; i < n; i += gemv_lanes) {
@@ -1064,9 +1023,8 @@ inline void x86z_unsplit_lanes(float* lane) noexcept {
 /// rows are prefetched one line per row per step, as the 256-bit kernel does
 /// (x86_prefetch_fits).
 template <element_type T, bool Fused, std::size_t R, std::size_t D, int Loc = 3>
-MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_t stride,
-                                                       std::size_t c0, std::size_t cn,
-                                                       const float* xs,
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_t stride, std::size_t c0,
+                                                       std::size_t cn, const float* xs,
                                                        float (*acc)[gemv_lanes]) noexcept {
   static_assert(T != element_type::f32, "the 512-bit kernel is for 16-bit weights");
   __m512 a[R][2];
@@ -1108,10 +1066,9 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET inline void x86z_pass(const char* p, std::size_
 
 /// x86z_pass over nr rows: passes of R rows, then 2 and 1.
 template <element_type T, bool Fused, std::size_t R, std::size_t D, int Loc = 3>
-MOE_RESIDENCY_DETAIL_X86Z_TARGET void x86z_rows_chunk(const char* data, std::size_t nr,
-                                                       std::size_t stride, std::size_t c0,
-                                                       std::size_t cn, const float* xs,
-                                                       float (*acc)[gemv_lanes]) noexcept {
+MOE_RESIDENCY_DETAIL_X86Z_TARGET void x86z_rows_chunk(const char* data, std::size_t nr, std::size_t stride,
+                                                      std::size_t c0, std::size_t cn, const float* xs,
+                                                      float (*acc)[gemv_lanes]) noexcept {
   std::size_t rr = 0;
   for (; rr + R <= nr; rr += R) x86z_pass<T, Fused, R, D, Loc>(data + rr * stride, stride, c0, cn, xs, acc + rr);
   if constexpr (R > 2) {
@@ -1126,9 +1083,8 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET void x86z_rows_chunk(const char* data, std::siz
 /// x's chunk [c0, c0 + cn) as the 512-bit kernel reads it: rounded when
 /// `round`, split-ordered for bf16 (x86z_split_x).
 template <element_type T>
-MOE_RESIDENCY_DETAIL_X86Z_TARGET inline const float* x86z_prepare_x(const float* x, std::size_t c0,
-                                                                    std::size_t cn, bool round,
-                                                                    float* buf) noexcept {
+MOE_RESIDENCY_DETAIL_X86Z_TARGET inline const float* x86z_prepare_x(const float* x, std::size_t c0, std::size_t cn,
+                                                                    bool round, float* buf) noexcept {
   if (round) x86_round_block(x + c0, buf, cn, T);
   if (T == element_type::bf16) x86z_split_x(round ? buf : x + c0, buf, cn);
   return round || T == element_type::bf16 ? buf : x + c0;
@@ -1138,8 +1094,8 @@ MOE_RESIDENCY_DETAIL_X86Z_TARGET inline const float* x86z_prepare_x(const float*
 /// prefetched when D > 0. Call only when x86_has_avx512f(). Reduction and
 /// tail as gemv_x86_impl's (lanes back in natural order first).
 template <class Tag, bool Fused, element_type T, std::size_t R, std::size_t D, int Loc = 3>
-inline void gemv_x86z_impl(const void* data, std::size_t rows, std::size_t cols, std::size_t stride,
-                           const float* x, float* y, activation_rounding r) noexcept {
+inline void gemv_x86z_impl(const void* data, std::size_t rows, std::size_t cols, std::size_t stride, const float* x,
+                           float* y, activation_rounding r) noexcept {
   const bool round = r == activation_rounding::engine;
   const std::size_t np = cols - cols % gemv_lanes;
   alignas(64) float acc[gemv_row_block][gemv_lanes];
@@ -1169,9 +1125,8 @@ inline void gemv_x86z_impl(const void* data, std::size_t rows, std::size_t cols,
 /// Tune::wide_rows > 0, f16 and bf16 take the 512-bit kernel when the CPU has
 /// AVX-512F (gemv_x86z_impl; same bits).
 template <class Tag, bool Fused, class Tune = x86_tune_default>
-inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
-                          std::size_t stride, const float* x, float* y,
-                          activation_rounding r) noexcept {
+inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, std::size_t cols, std::size_t stride,
+                          const float* x, float* y, activation_rounding r) noexcept {
   if constexpr (!Fused) {
     // f16 weights times f16-rounded activations: each product has at most 22
     // significant bits and is never below 2^-48, so it is exact in float, and
@@ -1189,11 +1144,11 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
     if (t != element_type::f32 && x86_has_avx512f()) {
       constexpr std::size_t D = Tune::prefetch;
       if (t == element_type::f16)
-        gemv_x86z_impl<Tag, Fused, element_type::f16, Tune::wide_rows, D, Tune::locality>(data, rows, cols, stride,
-                                                                                          x, y, r);
+        gemv_x86z_impl<Tag, Fused, element_type::f16, Tune::wide_rows, D, Tune::locality>(data, rows, cols, stride, x,
+                                                                                          y, r);
       else
-        gemv_x86z_impl<Tag, Fused, element_type::bf16, Tune::wide_rows, D, Tune::locality>(data, rows, cols, stride,
-                                                                                           x, y, r);
+        gemv_x86z_impl<Tag, Fused, element_type::bf16, Tune::wide_rows, D, Tune::locality>(data, rows, cols, stride, x,
+                                                                                           y, r);
       return;
     }
   }
@@ -1244,8 +1199,8 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
       for (std::size_t rr = 0; rr < nr; ++rr) y[r0 + rr] = x86_reduce_lanes(acc[rr], t, split);
     } else {
       for (std::size_t rr = 0; rr < nr; ++rr)
-        y[r0 + rr] = finish_dot<Tag, Fused>(x86_reduce_lanes(acc[rr], t, split),
-                                            block + rr * stride, x, np, cols, t, r);
+        y[r0 + rr] =
+            finish_dot<Tag, Fused>(x86_reduce_lanes(acc[rr], t, split), block + rr * stride, x, np, cols, t, r);
     }
   }
 }
@@ -1269,9 +1224,8 @@ inline void gemv_x86_impl(const void* data, element_type t, std::size_t rows, st
 /// and every other compiler, takes the xsimd kernel (gemv_simd_generic). Same
 /// bits.
 template <class Arch, bool Fused>
-inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols,
-                           std::size_t stride, const float* x, float* y,
-                           activation_rounding r) noexcept {
+inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, std::size_t cols, std::size_t stride,
+                           const float* x, float* y, activation_rounding r) noexcept {
 #if MOE_RESIDENCY_DETAIL_X86_KERNEL && defined(__AVX2__) && defined(__F16C__)
 #if defined(__FMA__)
   constexpr bool can_fuse = true;
@@ -1286,6 +1240,6 @@ inline void gemv_simd_impl(const void* data, element_type t, std::size_t rows, s
   gemv_simd_generic<Arch, Fused>(data, t, rows, cols, stride, x, y, r);
 }
 
-}  // inline namespace MOE_RESIDENCY_GEMV_ABI
+}  // namespace MOE_RESIDENCY_GEMV_ABI
 }  // namespace detail
 }  // namespace moe_residency

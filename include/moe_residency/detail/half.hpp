@@ -69,8 +69,7 @@ inline std::uint16_t f32_to_f16_bits(float f) noexcept {
   std::uint32_t q = m >> s;
   const std::uint32_t rem = m & ((1u << s) - 1u);
   const std::uint32_t halfway = 1u << (s - 1u);
-  q += static_cast<std::uint32_t>(rem > halfway) |
-       (static_cast<std::uint32_t>(rem == halfway) & (q & 1u));
+  q += static_cast<std::uint32_t>(rem > halfway) | (static_cast<std::uint32_t>(rem == halfway) & (q & 1u));
   std::uint32_t h = a >= 0x38800000u ? n : q;
   h = a >= 0x477ff000u ? 0x7c00u : h;  // >= 65520 rounds to infinity
   h = a > 0x7f800000u ? 0x7e00u : h;   // NaN
@@ -98,10 +97,14 @@ inline std::uint16_t f32_to_bf16_bits(float f) noexcept {
 
 /// x rounded to the nearest binary16 value (as a float).
 template <class Tag = void>
-inline float round_to_f16(float x) noexcept { return f16_to_f32<Tag>(f32_to_f16_bits<Tag>(x)); }
+inline float round_to_f16(float x) noexcept {
+  return f16_to_f32<Tag>(f32_to_f16_bits<Tag>(x));
+}
 /// x rounded to the nearest bfloat16 value (as a float), ggml's rule.
 template <class Tag = void>
-inline float round_to_bf16(float x) noexcept { return bf16_to_f32<Tag>(f32_to_bf16_bits<Tag>(x)); }
+inline float round_to_bf16(float x) noexcept {
+  return bf16_to_f32<Tag>(f32_to_bf16_bits<Tag>(x));
+}
 
 }  // namespace detail
 }  // namespace moe_residency

@@ -24,8 +24,7 @@ enum class number_status : std::uint8_t { ok, empty, negative, invalid, too_larg
 /// Parses the unsigned decimal integer at the start of [first, last).
 /// `*end` receives where it stopped (the caller checks that a separator
 /// follows). No sign, no spaces, no hex.
-inline number_status parse_u64(const char* first, const char* last, std::uint64_t& value,
-                               const char** end) noexcept {
+inline number_status parse_u64(const char* first, const char* last, std::uint64_t& value, const char** end) noexcept {
   const auto r = std::from_chars(first, last, value, 10);
   *end = r.ptr;
   if (r.ec == std::errc()) return number_status::ok;
@@ -53,8 +52,7 @@ inline constexpr bool float_charconv = false;
 /// Parses the float at the start of [first, last) as the engine wrote it
 /// ("%g": "0.221297", "1e-05", "nan", "-inf"). `*end` receives where it
 /// stopped. A value outside float's range is `too_large`.
-inline number_status parse_float(const char* first, const char* last, float& value,
-                                 const char** end) noexcept {
+inline number_status parse_float(const char* first, const char* last, float& value, const char** end) noexcept {
   if (first == last || *first == ',' || *first == '\n') {
     *end = first;
     return number_status::empty;

@@ -48,28 +48,25 @@ namespace detail {
 template <class P, class = void>
 struct predict_has_timing : std::false_type {};
 template <class P>
-struct predict_has_timing<P, std::void_t<decltype(P::timing), decltype(P::tie_aware),
-                                         decltype(P::label()),
-                                         decltype(std::declval<P&>().reset(
-                                             std::declval<const model_shape&>())),
-                                         decltype(std::declval<P&>().observe(
-                                             std::declval<const routing&>()))>>
+struct predict_has_timing<P, std::void_t<decltype(P::timing), decltype(P::tie_aware), decltype(P::label()),
+                                         decltype(std::declval<P&>().reset(std::declval<const model_shape&>())),
+                                         decltype(std::declval<P&>().observe(std::declval<const routing&>()))>>
     : std::true_type {};
 
 template <class P, class = void>
 struct predict_is_history : std::false_type {};
 template <class P>
 struct predict_is_history<
-    P, std::enable_if_t<predict_has_timing<P>::value &&
-                        std::is_same<decltype(std::declval<P&>().predict(
-                                         layer_id{}, std::declval<ranking&>())),
-                                     bool>::value>> : std::true_type {};
+    P, std::enable_if_t<
+           predict_has_timing<P>::value &&
+           std::is_same<decltype(std::declval<P&>().predict(layer_id{}, std::declval<ranking&>())), bool>::value>>
+    : std::true_type {};
 
 }  // namespace detail
 
 /// True when P satisfies the history-predictor contract.
 template <class P>
 inline constexpr bool is_history_predictor_v =
-    detail::predict_is_history<P>::value && P::timing == prediction_timing::history;
+    detail::predict_is_history<P>::value&& P::timing == prediction_timing::history;
 
 }  // namespace moe_residency

@@ -66,14 +66,13 @@ class gate_predictor {
 
   /// Ranks `target` from `gate_input` (bank.n_embd() floats of layer
   /// `source`'s gate input). noexcept, allocation-free.
-  bool predict(const router_bank& bank, layer_id /*source*/, layer_id target,
-               const float* gate_input, ranking& out) noexcept {
+  bool predict(const router_bank& bank, layer_id /*source*/, layer_id target, const float* gate_input,
+               ranking& out) noexcept {
     out.clear();
     const layer_router* r = bank.find(target);
     if (!r || !gate_input || r->spec.n_experts > logits_.size()) return false;
     gemv(r->matrix, gate_input, logits_.data(), options_.rounding);
-    return rank_experts(r->spec, logits_.data(), out, ws_,
-                        std::min<std::size_t>(ranked_, r->spec.n_experts));
+    return rank_experts(r->spec, logits_.data(), out, ws_, std::min<std::size_t>(ranked_, r->spec.n_experts));
   }
   void observe(const routing&) noexcept {}
 
@@ -101,21 +100,18 @@ namespace detail {
 template <class P, class = void>
 struct predict_is_gate : std::false_type {};
 template <class P>
-struct predict_is_gate<
-    P, std::enable_if_t<predict_has_timing<P>::value &&
-                        std::is_same<decltype(std::declval<P&>().predict(
-                                         std::declval<const router_bank&>(), layer_id{},
-                                         layer_id{}, std::declval<const float*>(),
-                                         std::declval<ranking&>())),
-                                     bool>::value &&
-                        std::is_convertible<decltype(P::horizon), std::size_t>::value>>
+struct predict_is_gate<P, std::enable_if_t<predict_has_timing<P>::value &&
+                                           std::is_same<decltype(std::declval<P&>().predict(
+                                                            std::declval<const router_bank&>(), layer_id{}, layer_id{},
+                                                            std::declval<const float*>(), std::declval<ranking&>())),
+                                                        bool>::value &&
+                                           std::is_convertible<decltype(P::horizon), std::size_t>::value>>
     : std::true_type {};
 }  // namespace detail
 
 /// True when P satisfies the gate-predictor contract.
 template <class P>
-inline constexpr bool is_gate_predictor_v =
-    detail::predict_is_gate<P>::value && P::timing == prediction_timing::gate;
+inline constexpr bool is_gate_predictor_v = detail::predict_is_gate<P>::value&& P::timing == prediction_timing::gate;
 
 static_assert(is_gate_predictor_v<stale_gate_predictor>, "contract");
 static_assert(is_gate_predictor_v<fresh_gate_control>, "contract");

@@ -25,8 +25,8 @@ namespace detail {
 /// Fills `out` with the experts of `counts` ranked by count (descending, then
 /// by id ascending), at most `n`, only those with a positive count. `order` is
 /// scratch of counts.size() entries. Allocation-free.
-inline void predict_rank_counts(const float* counts, std::size_t n_experts, std::size_t n,
-                                std::uint16_t* order, ranking& out) noexcept {
+inline void predict_rank_counts(const float* counts, std::size_t n_experts, std::size_t n, std::uint16_t* order,
+                                ranking& out) noexcept {
   out.clear();
   std::size_t m = 0;
   for (std::size_t e = 0; e < n_experts; ++e)
@@ -69,8 +69,7 @@ class prev_token_predictor {
     out.clear();
     if (l >= have_.size() || !have_[l]) return false;
     const routing& r = last_[l];
-    for (std::size_t i = 0; i < r.size(); ++i)
-      out.push_back(r.id(i), static_cast<float>(r.size() - i), r.weight(i));
+    for (std::size_t i = 0; i < r.size(); ++i) out.push_back(r.id(i), static_cast<float>(r.size() - i), r.weight(i));
     return true;
   }
   void observe(const routing& r) noexcept {
@@ -156,11 +155,10 @@ class frequency_predictor {
  private:
   void validate() const {
     if (!(options_.decay > 0.0f && options_.decay <= 1.0f))
-      throw error("frequency_predictor: decay " + std::to_string(options_.decay) +
-                  " out of range; expected (0, 1]");
+      throw error("frequency_predictor: decay " + std::to_string(options_.decay) + " out of range; expected (0, 1]");
     if (options_.ranked > max_top_k)
-      throw error("frequency_predictor: ranked " + std::to_string(options_.ranked) +
-                  " exceeds " + std::to_string(max_top_k));
+      throw error("frequency_predictor: ranked " + std::to_string(options_.ranked) + " exceeds " +
+                  std::to_string(max_top_k));
   }
 
   frequency_options options_;
@@ -179,19 +177,15 @@ class static_hot_list_predictor {
  public:
   static constexpr prediction_timing timing = prediction_timing::history;
   static constexpr bool tie_aware = false;
-  static predictor_label label() {
-    return {"static hottest-k", "static-hottest", "hot", 7, false};
-  }
+  static predictor_label label() { return {"static hottest-k", "static-hottest", "hot", 7, false}; }
 
   static_hot_list_predictor() = default;
 
   /// Counts the routings of `phase` per layer (ties by lower id) and keeps
   /// each layer's top `ranked` (0 = the model's top-k). Throws `error` on a
   /// routing whose layer or expert lies outside `shape`.
-  static static_hot_list_predictor from_routings(const model_shape& shape,
-                                                 span<const routing> routings,
-                                                 run_phase phase = run_phase::decode,
-                                                 std::size_t ranked = 0) {
+  static static_hot_list_predictor from_routings(const model_shape& shape, span<const routing> routings,
+                                                 run_phase phase = run_phase::decode, std::size_t ranked = 0) {
     if (ranked > max_top_k)
       throw error("static_hot_list_predictor: ranked " + std::to_string(ranked) + " exceeds " +
                   std::to_string(max_top_k));
@@ -200,12 +194,12 @@ class static_hot_list_predictor {
     for (const routing& r : routings) {
       if (r.phase != phase) continue;
       if (to_index(r.layer) >= shape.n_layers())
-        throw error("static_hot_list_predictor: layer " + std::to_string(to_index(r.layer)) +
-                    " out of range [0, " + std::to_string(shape.n_layers()) + ")");
+        throw error("static_hot_list_predictor: layer " + std::to_string(to_index(r.layer)) + " out of range [0, " +
+                    std::to_string(shape.n_layers()) + ")");
       for (std::size_t i = 0; i < r.size(); ++i) {
         if (to_index(r.id(i)) >= n)
-          throw error("static_hot_list_predictor: expert " + std::to_string(to_index(r.id(i))) +
-                      " out of range [0, " + std::to_string(n) + ")");
+          throw error("static_hot_list_predictor: expert " + std::to_string(to_index(r.id(i))) + " out of range [0, " +
+                      std::to_string(n) + ")");
         counts[to_index(r.layer) * n + to_index(r.id(i))] += 1.0f;
       }
     }
@@ -213,16 +207,14 @@ class static_hot_list_predictor {
     std::vector<std::uint16_t> order(n);
     p.lists_.resize(shape.n_layers());
     for (std::size_t l = 0; l < shape.n_layers(); ++l)
-      detail::predict_rank_counts(&counts[l * n], n, ranked ? ranked : shape.top_k(),
-                                  order.data(), p.lists_[l]);
+      detail::predict_rank_counts(&counts[l * n], n, ranked ? ranked : shape.top_k(), order.data(), p.lists_[l]);
     return p;
   }
 
   void reset(const model_shape& shape) {
     if (lists_.size() != shape.n_layers())
-      throw error("static_hot_list_predictor: built for " + std::to_string(lists_.size()) +
-                  " layers, session has " + std::to_string(shape.n_layers()) +
-                  "; build it with from_routings for this shape");
+      throw error("static_hot_list_predictor: built for " + std::to_string(lists_.size()) + " layers, session has " +
+                  std::to_string(shape.n_layers()) + "; build it with from_routings for this shape");
   }
   bool predict(layer_id target, ranking& out) noexcept {
     const std::size_t l = to_index(target);
@@ -279,8 +271,8 @@ void observe_routings(span<const routing> routings, P&... predictors) noexcept {
 /// report. Predictors are reset to `shape` first. Throws `error` when a
 /// routing's layer lies outside the shape.
 template <class... P>
-prediction_report score_routings(const model_shape& shape, span<const routing> routings,
-                                 std::size_t declined, scorer_options options, P&... predictors) {
+prediction_report score_routings(const model_shape& shape, span<const routing> routings, std::size_t declined,
+                                 scorer_options options, P&... predictors) {
   static_assert(sizeof...(P) > 0, "score_routings: give at least one predictor");
   static_assert((is_history_predictor_v<P> && ...),
                 "score_routings: only history predictors (they need no gate input)");
@@ -291,8 +283,8 @@ prediction_report score_routings(const model_shape& shape, span<const routing> r
   std::tuple<P&...> ps(predictors...);
   for (const routing& r : routings) {
     if (to_index(r.layer) >= shape.n_layers())
-      throw error("score_routings: layer " + std::to_string(to_index(r.layer)) +
-                  " out of range [0, " + std::to_string(shape.n_layers()) + ")");
+      throw error("score_routings: layer " + std::to_string(to_index(r.layer)) + " out of range [0, " +
+                  std::to_string(shape.n_layers()) + ")");
     detail::score_predictions<P...>(scorer, r, ptrs, [&](auto i) -> const ranking* {
       constexpr std::size_t I = decltype(i)::value;
       return std::get<I>(ps).predict(r.layer, rankings[I]) ? &rankings[I] : nullptr;

@@ -45,13 +45,11 @@ class router_bank {
     w.validate(("router_bank: layer " + std::to_string(to_index(l)) + " matrix").c_str());
     spec.validate();
     if (w.rows != shape_.n_experts() || spec.n_experts != shape_.n_experts())
-      throw error(who + "router has " + std::to_string(w.rows) + " rows and spec " +
-                  std::to_string(spec.n_experts) + " experts; expected " +
-                  std::to_string(shape_.n_experts()) + " (the model's experts)");
+      throw error(who + "router has " + std::to_string(w.rows) + " rows and spec " + std::to_string(spec.n_experts) +
+                  " experts; expected " + std::to_string(shape_.n_experts()) + " (the model's experts)");
     if (n_embd_ != 0 && w.cols != n_embd_)
-      throw error(who + "router has " + std::to_string(w.cols) +
-                  " columns; expected the embedding length " + std::to_string(n_embd_) +
-                  " of the routers set before");
+      throw error(who + "router has " + std::to_string(w.cols) + " columns; expected the embedding length " +
+                  std::to_string(n_embd_) + " of the routers set before");
     n_embd_ = w.cols;
     routers_[to_index(l)] = layer_router{w, std::move(spec)};
     present_[to_index(l)] = 1;

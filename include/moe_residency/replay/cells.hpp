@@ -35,8 +35,7 @@ namespace moe_residency {
 /// index Belady needs (built once, shared by every cell).
 class replay_input {
  public:
-  replay_input(model_shape shape, load_batches batches)
-      : shape_(std::move(shape)), batches_(std::move(batches)) {
+  replay_input(model_shape shape, load_batches batches) : shape_(std::move(shape)), batches_(std::move(batches)) {
     auto idx = std::make_shared<next_use_index>(shape_);
     for (const load_batch& b : batches_.batches) idx->add_batch(b.layer, batches_.experts_of(b));
     idx->finish();
@@ -119,9 +118,7 @@ namespace detail {
 
 enum class replay_predictor { none, prev, oracle };
 
-inline std::string replay_known_names() {
-  return cache_policy_names() + " (any of them may take +prev or +oracle)";
-}
+inline std::string replay_known_names() { return cache_policy_names() + " (any of them may take +prev or +oracle)"; }
 
 /// A replay policy name taken apart: the canonical base name and the retention predictor.
 struct replay_policy_name {
@@ -197,7 +194,6 @@ void replay_run(const replay_input& in, Policy policy, replay_result& out, const
   out.token_cycle_bytes = cache.token_cycle_bytes();
   out.warning = warning;
 }
-
 
 template <class Policy>
 void replay_dispatch_retention(const replay_input& in, Policy p, replay_result& r, const replay_options& o,
@@ -282,9 +278,8 @@ inline std::string replay_table(const std::vector<replay_result>& rs) {
     bool below = false;
     std::string row;
     for (const auto& p : pols) {
-      auto it = std::find_if(rs.begin(), rs.end(), [&](const replay_result& r) {
-        return r.budget_mib == b && r.policy == p;
-      });
+      auto it = std::find_if(rs.begin(), rs.end(),
+                             [&](const replay_result& r) { return r.budget_mib == b && r.policy == p; });
       if (it == rs.end()) {
         std::snprintf(buf, sizeof buf, " %15s", "-");
       } else {

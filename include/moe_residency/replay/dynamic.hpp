@@ -173,19 +173,19 @@ inline replay_speculation parse_replay_speculation(const std::string& text) {
 struct load_event {
   std::uint32_t token = 0;  ///< decode token index, from 0
   layer_id layer{};
-  std::uint16_t routed = 0;                 ///< routed experts (slots)
-  std::uint16_t dropped = 0;                ///< of those, skipped by the drop policy
-  std::uint16_t hits = 0;                   ///< unique lookups that hit
-  std::uint16_t misses = 0;                 ///< unique lookups that missed: demanded reads
-  std::uint16_t speculative_hits = 0;       ///< of the hits, thanks to a speculative read (useful)
-  std::uint16_t speculative_inserted = 0;   ///< speculative reads made resident at this load's quiesce
+  std::uint16_t routed = 0;                      ///< routed experts (slots)
+  std::uint16_t dropped = 0;                     ///< of those, skipped by the drop policy
+  std::uint16_t hits = 0;                        ///< unique lookups that hit
+  std::uint16_t misses = 0;                      ///< unique lookups that missed: demanded reads
+  std::uint16_t speculative_hits = 0;            ///< of the hits, thanks to a speculative read (useful)
+  std::uint16_t speculative_inserted = 0;        ///< speculative reads made resident at this load's quiesce
   std::uint64_t speculative_inserted_bytes = 0;  ///< the bytes those reads read
-  std::uint32_t evictions = 0;              ///< evictions in this load (its batch and the integration)
-  std::uint64_t demanded_bytes = 0;         ///< bytes of the demanded reads
-  std::uint16_t speculative_issued = 0;     ///< reads planned after this load (for a later layer)
-  std::uint16_t speculative_cancelled = 0;  ///< of those, cancelled by the observer's admit()
-  std::uint64_t speculative_bytes = 0;      ///< bytes of the issued reads that were not cancelled
-  std::uint64_t expert_bytes = 0;           ///< bytes of one expert of this layer
+  std::uint32_t evictions = 0;                   ///< evictions in this load (its batch and the integration)
+  std::uint64_t demanded_bytes = 0;              ///< bytes of the demanded reads
+  std::uint16_t speculative_issued = 0;          ///< reads planned after this load (for a later layer)
+  std::uint16_t speculative_cancelled = 0;       ///< of those, cancelled by the observer's admit()
+  std::uint64_t speculative_bytes = 0;           ///< bytes of the issued reads that were not cancelled
+  std::uint64_t expert_bytes = 0;                ///< bytes of one expert of this layer
   /// Set by a timing model of an engine, not by the replay (0 here): experts
   /// the engine's manager requests at this load whether resident or not (its
   /// advice calls and lane hand-off), and misses of a pinned cache it keeps

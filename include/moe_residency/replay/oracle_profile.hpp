@@ -51,8 +51,8 @@ inline std::vector<double> parse_oracle_profile(const std::string& text, const s
     const double p = detail::parse_real(pv, where + "P (a probability)", detail::real_domain::closed(0, 1));
     if (comma == std::string::npos) {
       if (keyed_line)
-        throw error(where + "'" + line + "' without a layer; expected layer,P like line " +
-                    std::to_string(keyed_line) + " (one form per file)");
+        throw error(where + "'" + line + "' without a layer; expected layer,P like line " + std::to_string(keyed_line) +
+                    " (one form per file)");
       plain_line = n;
       by_line.push_back(p);
       continue;

@@ -67,10 +67,10 @@ inline recorded_routings read_recorded_routings(const route_trace& trace) {
 /// only, what a rule would have avoided reading and what router weight it
 /// would have discarded. The engine authors' published replay.
 struct static_drop_row {
-  std::string policy;    ///< "drop" (parameter = F) or "keep_k" (parameter = k)
+  std::string policy;  ///< "drop" (parameter = F) or "keep_k" (parameter = k)
   double parameter = 0;
-  drop_stats stats;      ///< misses, miss bytes, bytes avoided, weights (decode routings)
-  std::string warning;   ///< drop_policy's k <= 4 warning, if any
+  drop_stats stats;     ///< misses, miss bytes, bytes avoided, weights (decode routings)
+  std::string warning;  ///< drop_policy's k <= 4 warning, if any
 
   /// Recorded miss bytes the rule avoids, % of all recorded decode miss bytes.
   double io_saved_pct() const noexcept { return 100.0 * stats.miss_bytes_avoided_fraction(); }
@@ -107,8 +107,8 @@ inline static_drop_row static_drop_replay(const model_shape& shape, const record
 /// rest are skipped whether hit or miss. Throws `error` unless 1 <= k <= top-k.
 inline static_drop_row static_keep_k_replay(const model_shape& shape, const recorded_routings& rr, std::size_t k) {
   if (k < 1 || k > shape.top_k())
-    throw error("keep_k: k = " + std::to_string(k) + " out of range; expected [1, " +
-                std::to_string(shape.top_k()) + "] (the trace's top-k)");
+    throw error("keep_k: k = " + std::to_string(k) + " out of range; expected [1, " + std::to_string(shape.top_k()) +
+                "] (the trace's top-k)");
   static_drop_row row;
   row.policy = "keep_k";
   row.parameter = static_cast<double>(k);
@@ -168,8 +168,7 @@ inline std::string static_drop_table(const std::vector<static_drop_row>& rows) {
   }
   if (!rows.empty()) {
     std::snprintf(buf, sizeof buf, "over %llu decode routings, %.1f MiB of recorded miss bytes\n",
-                  static_cast<unsigned long long>(rows.front().stats.routings),
-                  to_mib(rows.front().stats.miss_bytes));
+                  static_cast<unsigned long long>(rows.front().stats.routings), to_mib(rows.front().stats.miss_bytes));
     s += buf;
   }
   return s;

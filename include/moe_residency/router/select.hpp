@@ -85,8 +85,7 @@ inline void softmax_inplace(float* v, std::size_t n) noexcept {
 inline float gate_one(gating_function g, float z) noexcept {
   switch (g) {
     case gating_function::sigmoid: return 1.0f / (1.0f + std::exp(-z));
-    case gating_function::sqrt_softplus:
-      return std::sqrt(z > 20.0f ? z : std::log(1.0f + std::exp(z)));
+    case gating_function::sqrt_softplus: return std::sqrt(z > 20.0f ? z : std::log(1.0f + std::exp(z)));
     case gating_function::softmax:
     case gating_function::softmax_weight: break;
   }
@@ -100,7 +99,6 @@ inline bool any_nan(const float* v, std::size_t n) noexcept {
 }
 
 }  // namespace detail
-
 
 struct router_workspace_access {
   static std::vector<float>& biased(router_workspace& w) noexcept { return w.biased_; }
@@ -125,8 +123,7 @@ inline bool select_from_usable(const router_spec& spec, const float* logits, rou
 
 // compute_selection_scores for a spec already found usable (each public entry
 // point checks the spec once, not once per layer of calls).
-inline bool selection_scores_of_usable(const router_spec& spec, const float* logits,
-                                       router_workspace& ws) noexcept {
+inline bool selection_scores_of_usable(const router_spec& spec, const float* logits, router_workspace& ws) noexcept {
   using acc = router_workspace_access;
   const std::size_t n = spec.n_experts;
   acc::set_size(ws, 0);
@@ -145,8 +142,7 @@ inline bool selection_scores_of_usable(const router_spec& spec, const float* log
   }
   if (detail::any_nan(p, n)) return false;
   const bool sb = !spec.selection_bias.empty();
-  for (std::size_t i = 0; i < n; ++i)
-    s[i] = spec.select_on_logits ? z[i] : (sb ? p[i] + spec.selection_bias[i] : p[i]);
+  for (std::size_t i = 0; i < n; ++i) s[i] = spec.select_on_logits ? z[i] : (sb ? p[i] + spec.selection_bias[i] : p[i]);
   if (spec.n_groups > 1) {
     // Groups are contiguous runs of experts_per_group ids (ggml reshapes the
     // scores to [experts_per_group, n_groups]); a group's score is the sum of
@@ -156,18 +152,16 @@ inline bool selection_scores_of_usable(const router_spec& spec, const float* log
     for (std::size_t grp = 0; grp < spec.n_groups; ++grp) {
       std::size_t top2[2];
       detail::top_k_indices(s + grp * epg, epg, 2, top2);
-      g[grp] = static_cast<float>(static_cast<double>(s[grp * epg + top2[0]]) +
-                                  static_cast<double>(s[grp * epg + top2[1]]));
+      g[grp] =
+          static_cast<float>(static_cast<double>(s[grp * epg + top2[0]]) + static_cast<double>(s[grp * epg + top2[1]]));
     }
     // Keep group grp iff fewer than n_group_used groups rank before it
     // (higher score, then lower group id): O(n_groups^2), n_groups is small.
     for (std::size_t grp = 0; grp < spec.n_groups; ++grp) {
       std::size_t ahead = 0;
-      for (std::size_t o = 0; o < spec.n_groups; ++o)
-        ahead += detail::ranks_before(g[o], o, g[grp], grp) ? 1u : 0u;
+      for (std::size_t o = 0; o < spec.n_groups; ++o) ahead += detail::ranks_before(g[o], o, g[grp], grp) ? 1u : 0u;
       if (ahead >= spec.n_group_used)
-        for (std::size_t i = grp * epg; i < (grp + 1) * epg; ++i)
-          s[i] = -std::numeric_limits<float>::infinity();
+        for (std::size_t i = grp * epg; i < (grp + 1) * epg; ++i) s[i] = -std::numeric_limits<float>::infinity();
     }
   }
   acc::set_size(ws, n);
@@ -175,8 +169,7 @@ inline bool selection_scores_of_usable(const router_spec& spec, const float* log
 }
 }  // namespace detail
 
-inline bool compute_selection_scores(const router_spec& spec, const float* logits,
-                                     router_workspace& ws) noexcept {
+inline bool compute_selection_scores(const router_spec& spec, const float* logits, router_workspace& ws) noexcept {
   router_workspace_access::set_size(ws, 0);
   return detail::spec_usable(spec) && detail::selection_scores_of_usable(spec, logits, ws);
 }
@@ -196,8 +189,8 @@ inline void top_k(const float* scores, std::size_t n, std::size_t k, expert_id* 
 /// Applies the spec's weight function to the experts `ids` (in the given
 /// order) using the probabilities already in `ws` (compute_selection_scores):
 /// gather, softmax for softmax_weight, normalise (clamped sum), scale.
-inline void weights_from_probs(const router_spec& spec, const router_workspace& ws,
-                               const expert_id* ids, std::size_t k, float* w) noexcept {
+inline void weights_from_probs(const router_spec& spec, const router_workspace& ws, const expert_id* ids, std::size_t k,
+                               float* w) noexcept {
   const span<const float> p = ws.probs();
   for (std::size_t i = 0; i < k; ++i) w[i] = p[to_index(ids[i])];
   if (spec.gating == gating_function::softmax_weight) detail::softmax_inplace(w, k);
@@ -219,8 +212,7 @@ inline void weights_from_probs(const router_spec& spec, const router_workspace& 
 /// of the wrong length) — never a silent wrong answer, never an out-of-bounds
 /// access. Leaves out.layer/phase/token alone. noexcept, allocation-free.
 /// Call router_spec::validate once to learn *why* a spec is rejected.
-inline bool select_experts(const router_spec& spec, const float* logits, routing& out,
-                           router_workspace& ws) noexcept {
+inline bool select_experts(const router_spec& spec, const float* logits, routing& out, router_workspace& ws) noexcept {
   out.clear();
   if (!detail::spec_usable(spec)) return false;
   return detail::select_from_usable(spec, logits, out, ws);
@@ -243,8 +235,8 @@ inline bool select_from_usable(const router_spec& spec, const float* logits, rou
 /// with their selection scores; the first min(n, top_k) get the weights the
 /// layer would give that top-k set, the rest NaN. For predictors. False, with
 /// `out` empty, in the cases select_experts reports.
-inline bool rank_experts(const router_spec& spec, const float* logits, ranking& out,
-                         router_workspace& ws, std::size_t n = 0) noexcept {
+inline bool rank_experts(const router_spec& spec, const float* logits, ranking& out, router_workspace& ws,
+                         std::size_t n = 0) noexcept {
   out.clear();
   if (!detail::spec_usable(spec)) return false;
   if (!detail::selection_scores_of_usable(spec, logits, ws)) return false;
@@ -258,8 +250,7 @@ inline bool rank_experts(const router_spec& spec, const float* logits, ranking& 
   weights_from_probs(spec, ws, ids, k, w);
   const span<const float> s = ws.selection_scores();
   for (std::size_t i = 0; i < n; ++i)
-    out.push_back(ids[i], s[to_index(ids[i])],
-                  i < k ? w[i] : std::numeric_limits<float>::quiet_NaN());
+    out.push_back(ids[i], s[to_index(ids[i])], i < k ? w[i] : std::numeric_limits<float>::quiet_NaN());
   return true;
 }
 
@@ -267,8 +258,7 @@ inline bool rank_experts(const router_spec& spec, const float* logits, ranking& 
 /// to `ids` (any order, at most 32, each < n_experts) given the logits the
 /// prediction came from. False on NaN, a bad id, a too-small workspace, or
 /// an invalid spec shape (see compute_selection_scores).
-inline bool expert_weights(const router_spec& spec, const float* logits,
-                           span<const expert_id> ids, float* weights,
+inline bool expert_weights(const router_spec& spec, const float* logits, span<const expert_id> ids, float* weights,
                            router_workspace& ws) noexcept {
   if (!detail::spec_usable(spec)) return false;
   if (ids.size() > max_top_k) return false;
@@ -279,7 +269,6 @@ inline bool expert_weights(const router_spec& spec, const float* logits,
   return true;
 }
 
-
 /// Tie-aware match of two selections: true when they have the same size and,
 /// after sorting each one's selection scores (descending), the scores are
 /// equal within a relative rel_tol (|a-b| <= rel_tol * max(|a|,|b|); equal
@@ -287,8 +276,7 @@ inline bool expert_weights(const router_spec& spec, const float* logits,
 /// with (nearly) tied scores may be picked either way; this does not count
 /// that as a miss. `selection_scores` must cover every id of both (e.g.
 /// router_workspace::selection_scores()).
-inline bool same_selection_tie_aware(span<const expert_id> a, span<const expert_id> b,
-                                     const float* selection_scores,
+inline bool same_selection_tie_aware(span<const expert_id> a, span<const expert_id> b, const float* selection_scores,
                                      float rel_tol = 1e-6f) noexcept {
   if (a.size() != b.size() || a.size() > max_top_k) return false;
   float sa[max_top_k], sb[max_top_k];
@@ -315,8 +303,7 @@ inline bool same_selection_tie_aware(span<const expert_id> a, span<const expert_
 
 /// Same, with the scores as a span: ids outside it make the answer false.
 inline bool same_selection_tie_aware(span<const expert_id> a, span<const expert_id> b,
-                                     span<const float> selection_scores,
-                                     float rel_tol = 1e-6f) noexcept {
+                                     span<const float> selection_scores, float rel_tol = 1e-6f) noexcept {
   for (const expert_id e : a)
     if (to_index(e) >= selection_scores.size()) return false;
   for (const expert_id e : b)

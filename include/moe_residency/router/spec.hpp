@@ -22,9 +22,7 @@
 namespace moe_residency {
 
 /// Bytes of one element of type t.
-constexpr std::size_t element_size(element_type t) noexcept {
-  return t == element_type::f32 ? 4 : 2;
-}
+constexpr std::size_t element_size(element_type t) noexcept { return t == element_type::f32 ? 4 : 2; }
 
 inline const char* to_string(element_type t) noexcept {
   switch (t) {
@@ -82,12 +80,11 @@ struct matrix_view {
                   std::to_string(cols) + " " + to_string(type) + " = " + std::to_string(cols * es) +
                   " bytes); expected >= " + std::to_string(cols * es));
     if (reinterpret_cast<std::uintptr_t>(data) % es != 0)
-      throw error(who + "data is not aligned to " + std::to_string(es) + " bytes; expected " +
-                  to_string(type) + " elements at aligned addresses");
+      throw error(who + "data is not aligned to " + std::to_string(es) + " bytes; expected " + to_string(type) +
+                  " elements at aligned addresses");
     if (row_stride_bytes % es != 0)
       throw error(who + "row stride " + std::to_string(row_stride_bytes) +
-                  " bytes is not a multiple of the element size " + std::to_string(es) +
-                  "; expected whole elements");
+                  " bytes is not a multiple of the element size " + std::to_string(es) + "; expected whole elements");
   }
 
  private:
@@ -122,7 +119,6 @@ inline const char* to_string(gating_function g) noexcept {
   return "softmax";
 }
 
-
 /// One MoE layer's selection rule, as llama.cpp's build_moe_ffn applies it:
 ///   z = logits (+ logit_bias); p = gating(z); s = p (+ selection_bias), or
 ///   s = z when select_on_logits; groups: keep the n_group_used groups whose
@@ -156,18 +152,17 @@ struct router_spec {
   gating_function gating = gating_function::softmax;
   std::size_t n_experts = 0;
   std::size_t top_k = 0;
-  std::vector<float> logit_bias;      ///< added to logits before gating (gpt-oss ffn_gate_inp_b); empty = none
-  std::vector<float> selection_bias;  ///< added to probabilities for selection only (DeepSeek-V3 exp_probs_b); empty = none
-  std::size_t n_groups = 1;           ///< expert groups (contiguous ids); 1 = off
-  std::size_t n_group_used = 1;       ///< groups kept
-  bool select_on_logits = false;      ///< llama4: rank raw logits, weights still from probabilities
-  bool normalize_weights = false;     ///< divide the k weights by their (clamped) sum
-  float weight_scale = 1.0f;          ///< factor applied when scale_weights
+  std::vector<float> logit_bias;  ///< added to logits before gating (gpt-oss ffn_gate_inp_b); empty = none
+  std::vector<float>
+      selection_bias;             ///< added to probabilities for selection only (DeepSeek-V3 exp_probs_b); empty = none
+  std::size_t n_groups = 1;       ///< expert groups (contiguous ids); 1 = off
+  std::size_t n_group_used = 1;   ///< groups kept
+  bool select_on_logits = false;  ///< llama4: rank raw logits, weights still from probabilities
+  bool normalize_weights = false;  ///< divide the k weights by their (clamped) sum
+  float weight_scale = 1.0f;       ///< factor applied when scale_weights
   bool scale_weights = false;
 
-  std::size_t experts_per_group() const noexcept {
-    return n_groups == 0 ? 0 : n_experts / n_groups;
-  }
+  std::size_t experts_per_group() const noexcept { return n_groups == 0 ? 0 : n_experts / n_groups; }
 
   /// Throws `error` ("router_spec: <input> <value> ...; expected ...") on:
   /// n_experts outside [1, 65535], top_k outside [1, 32] or above n_experts,
@@ -186,12 +181,11 @@ struct router_spec {
         throw error(who + "top_k " + std::to_string(top_k) + " out of range; expected [1, " +
                     std::to_string(max_top_k) + "]");
       case detail::spec_fault::top_k_above_experts:
-        throw error(who + "top_k " + std::to_string(top_k) + " exceeds n_experts " +
-                    std::to_string(n_experts) + "; expected top_k <= n_experts");
+        throw error(who + "top_k " + std::to_string(top_k) + " exceeds n_experts " + std::to_string(n_experts) +
+                    "; expected top_k <= n_experts");
       case detail::spec_fault::logit_bias_size: bias_size_error(logit_bias, "logit_bias");
       case detail::spec_fault::selection_bias_size: bias_size_error(selection_bias, "selection_bias");
-      case detail::spec_fault::n_groups_zero:
-        throw error(who + "n_groups 0; expected >= 1 (1 = groups off)");
+      case detail::spec_fault::n_groups_zero: throw error(who + "n_groups 0; expected >= 1 (1 = groups off)");
       case detail::spec_fault::group_used_without_groups:
         throw error(who + "n_group_used " + std::to_string(n_group_used) +
                     " with n_groups 1; expected 1 when groups are off");
@@ -202,18 +196,17 @@ struct router_spec {
         throw error(who + "n_groups " + std::to_string(n_groups) + " leaves " + std::to_string(per_group) +
                     " expert per group; expected at least 2 (groups are scored by their top-2)");
       case detail::spec_fault::group_used_range:
-        throw error(who + "n_group_used " + std::to_string(n_group_used) +
-                    " out of range; expected [1, " + std::to_string(n_groups) + "]");
+        throw error(who + "n_group_used " + std::to_string(n_group_used) + " out of range; expected [1, " +
+                    std::to_string(n_groups) + "]");
       case detail::spec_fault::groups_keep_too_few:
         throw error(who + "n_group_used " + std::to_string(n_group_used) + " keeps " +
-                    std::to_string(n_group_used * per_group) + " experts, fewer than top_k " +
-                    std::to_string(top_k) + "; expected n_group_used * experts_per_group >= top_k");
+                    std::to_string(n_group_used * per_group) + " experts, fewer than top_k " + std::to_string(top_k) +
+                    "; expected n_group_used * experts_per_group >= top_k");
     }
     check_bias_values(logit_bias, "logit_bias");
     check_bias_values(selection_bias, "selection_bias");
     if (!std::isfinite(weight_scale))
-      throw error(who + "weight_scale " + detail::format_number(weight_scale) +
-                  "; expected a finite value");
+      throw error(who + "weight_scale " + detail::format_number(weight_scale) + "; expected a finite value");
   }
 
   /// Qwen3-MoE (and Qwen2-MoE style): softmax over all experts, top-k,
@@ -244,9 +237,8 @@ struct router_spec {
   /// for selection, n_groups groups of which n_group_used are kept, weights
   /// normalised then multiplied by `scale` (expert_weights_scale, 2.5 for V3).
   /// A scale of 0 or 1 means "no scaling", as in llama.cpp.
-  static router_spec deepseek_v3(std::vector<float> selection_bias, std::size_t n_experts,
-                                 std::size_t k, std::size_t n_groups, std::size_t n_group_used,
-                                 float scale) {
+  static router_spec deepseek_v3(std::vector<float> selection_bias, std::size_t n_experts, std::size_t k,
+                                 std::size_t n_groups, std::size_t n_group_used, float scale) {
     router_spec s;
     s.gating = gating_function::sigmoid;
     s.n_experts = n_experts;

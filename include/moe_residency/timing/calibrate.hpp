@@ -87,7 +87,7 @@ struct calibration_score {
 };
 
 struct calibration_result {
-  timing_params params;  ///< the fitted parameters (the others as given)
+  timing_params params;           ///< the fitted parameters (the others as given)
   std::vector<std::string> free;  ///< names of the fitted parameters
   calibration_score fit, held_out;
   std::vector<double> predicted_ms;  ///< every decode token's predicted wall time
@@ -177,8 +177,8 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
   std::vector<bool> in_fit(tokens);
   for (std::size_t t = 0; t < tokens; ++t)
     in_fit[t] = options.split == calibration_split::halves ? t < tokens / 2
-                : options.split == calibration_split::all ? true
-                                                          : t % 2 == 0;
+                : options.split == calibration_split::all  ? true
+                                                           : t % 2 == 0;
 
   const Eigen::Index n = static_cast<Eigen::Index>(free.size());
   auto to_params = [&](const Eigen::VectorXd& x) {
@@ -225,7 +225,9 @@ inline calibration_result calibrate_timing(const model_shape& shape, const std::
     }
     for (Eigen::Index i = 0; i < n; ++i) {
       switch (free[static_cast<std::size_t>(i)].id) {
-        case timing_param::compute_ms_per_token: x[i] = (have_compute ? comp : have_parts ? rest : 0.9 * wall) / k; break;
+        case timing_param::compute_ms_per_token:
+          x[i] = (have_compute ? comp : have_parts ? rest : 0.9 * wall) / k;
+          break;
         case timing_param::read_latency_ms: x[i] = 1.0; break;
         case timing_param::overlap: x[i] = 0.5; break;
         case timing_param::mgmt_ms_per_read: x[i] = reads > 0 ? mgmt / reads : 0.0; break;

@@ -49,9 +49,9 @@ inline const char* to_string(lab_config c) noexcept {
 
 /// Throws `error` naming the text and the configurations expected.
 inline lab_config parse_lab_config(const std::string& s) {
-  for (lab_config c : {lab_config::mmap, lab_config::observer, lab_config::dense, lab_config::exact,
-                       lab_config::predicted, lab_config::cache, lab_config::all, lab_config::degraded,
-                       lab_config::resident})
+  for (lab_config c :
+       {lab_config::mmap, lab_config::observer, lab_config::dense, lab_config::exact, lab_config::predicted,
+        lab_config::cache, lab_config::all, lab_config::degraded, lab_config::resident})
     if (s == to_string(c)) return c;
   throw error("lab configuration '" + s +
               "'; expected mmap, observer, dense, exact, predicted, cache, all, degraded or resident");
@@ -59,10 +59,10 @@ inline lab_config parse_lab_config(const std::string& s) {
 
 /// What is known of one lab run before it runs.
 struct lab_setup {
-  double limit_mib = 0;       ///< the cgroup's memory limit; 0: none (resident)
-  double dense_mib = 0;       ///< the file's non-expert bytes (the trace header's dense_bytes)
-  double overhead_mib = 64;   ///< the cgroup's other memory: llama.cpp's buffers, the binary's pages (assumed)
-  double budget_mib = 0;      ///< the pinned cache's budget (--residency-budget)
+  double limit_mib = 0;         ///< the cgroup's memory limit; 0: none (resident)
+  double dense_mib = 0;         ///< the file's non-expert bytes (the trace header's dense_bytes)
+  double overhead_mib = 64;     ///< the cgroup's other memory: llama.cpp's buffers, the binary's pages (assumed)
+  double budget_mib = 0;        ///< the pinned cache's budget (--residency-budget)
   double stale_gate_pct = 100;  ///< the stale-gate's slot accuracy (measured by an observer run)
   double degraded_pct = 88.6;   ///< the `degraded` configuration's target accuracy
   std::size_t lanes = 2;        ///< the manager's read lanes (--lanes)
@@ -100,8 +100,8 @@ struct lab_mapping {
   /// lanes: expert bytes the page cache (and the pinned cache inside it) holds;
   /// faults: the page cache's bytes for the file (dense included unless pinned).
   double cache_mib = 0;
-  bool dense_pinned = false;  ///< faults: the dense pages are locked, outside the page cache's lists
-  std::size_t lanes = 1;      ///< concurrent demanded reads
+  bool dense_pinned = false;       ///< faults: the dense pages are locked, outside the page cache's lists
+  std::size_t lanes = 1;           ///< concurrent demanded reads
   replay_speculation speculation;  ///< predicted reads
   /// lanes: the manager requests every routed expert at each load (exact
   /// without the pinned cache), or only the pinned cache's misses.
@@ -213,13 +213,14 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
 /// `speculative_inserted_bytes`, its experts they spared a fault in
 /// `speculative_hits`. `obs.on_load` sees every decode load before its reads
 /// are planned, as in replay_dynamic.
-inline std::vector<load_event> readaround_loads(const route_trace& trace, const lab_mapping& m,
-                                                double readaround_mib, std::size_t tensors = 3,
-                                                page_reclaim reclaim = page_reclaim::two_list,
+inline std::vector<load_event> readaround_loads(const route_trace& trace, const lab_mapping& m, double readaround_mib,
+                                                std::size_t tensors = 3, page_reclaim reclaim = page_reclaim::two_list,
                                                 const replay_observer& obs = {}) {
   if (m.kind != lab_model_kind::faults) throw error("readaround_loads: the mapping is not a fault-driven one");
   const lab_file_layout f = make_lab_file_layout(trace.header, tensors);
-  const auto pages = [&](double mib) { return static_cast<std::uint64_t>(mib * 1048576.0 / static_cast<double>(f.page)); };
+  const auto pages = [&](double mib) {
+    return static_cast<std::uint64_t>(mib * 1048576.0 / static_cast<double>(f.page));
+  };
   std::uint64_t capacity = pages(m.cache_mib);
   readaround_page_cache pc(f.pages, std::max<std::uint64_t>(1, capacity), pages(readaround_mib), reclaim);
   if (m.dense_pinned)
@@ -237,7 +238,11 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
   const speculation_planner planner(speculate ? sp.cap : 0);
   std::uint64_t rng = sp.seed;
   ranking rank;
-  struct spec_read { layer_id layer; expert_id expert; std::uint64_t bytes; };
+  struct spec_read {
+    layer_id layer;
+    expert_id expert;
+    std::uint64_t bytes;
+  };
   std::vector<spec_read> pending;  // made resident, for a later load of this token
 
   const load_batches lb = group_load_batches(trace);
@@ -368,8 +373,8 @@ class pinned_misses {
   std::uint16_t at(const load_event& e) const noexcept {
     const key k{e.token, static_cast<std::uint16_t>(to_index(e.layer))};
     // Execution order is token by token, layer by layer: sorted by key.
-    const auto it = std::lower_bound(by_load_.begin(), by_load_.end(), k,
-                                     [](const entry& x, const key& y) { return x.first < y; });
+    const auto it =
+        std::lower_bound(by_load_.begin(), by_load_.end(), k, [](const entry& x, const key& y) { return x.first < y; });
     return it != by_load_.end() && it->first == k ? it->second : std::uint16_t{0};
   }
   std::uint64_t total() const noexcept { return total_; }
@@ -451,7 +456,8 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
       // Every expert resident: the loads without any read.
       o.budget_mib = 0;
       for (std::size_t l = 0; l < in.shape().n_layers(); ++l)
-        o.budget_mib += to_mib(in.shape().expert_bytes(layer_id(static_cast<std::uint16_t>(l))) * in.shape().n_experts());
+        o.budget_mib +=
+            to_mib(in.shape().expert_bytes(layer_id(static_cast<std::uint16_t>(l))) * in.shape().n_experts());
       o.budget_mib += 1;
       out.loads = replay_dynamic(in, o).decode_loads;
       for (load_event& e : out.loads) {

@@ -75,8 +75,8 @@
 namespace moe_residency {
 
 inline constexpr unsigned lab_default_free = static_cast<unsigned>(timing_param::compute_ms_per_token) |
-                                            static_cast<unsigned>(timing_param::bandwidth_scale) |
-                                            static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);
+                                             static_cast<unsigned>(timing_param::bandwidth_scale) |
+                                             static_cast<unsigned>(timing_param::read_cpu_ms_per_mib);
 
 /// Fits `free` (a mask of timing_param) on every decode token of one lab run
 /// of configuration `c` whose per-token metrics are `m`, from the start
@@ -174,7 +174,8 @@ inline std::vector<std::string> params_on_bound(const calibration_result& r) {
   for (const auto& p : detail::calib_params())
     if (p.id == timing_param::bandwidth_scale)
       for (const std::string& name : r.free)
-        if (name == "fault_bandwidth_scale" && (r.params.fault_bandwidth_scale <= p.lo || r.params.fault_bandwidth_scale >= p.hi))
+        if (name == "fault_bandwidth_scale" &&
+            (r.params.fault_bandwidth_scale <= p.lo || r.params.fault_bandwidth_scale >= p.hi))
           out.push_back(name);
   return out;
 }

@@ -58,7 +58,7 @@ void for_each_csv_row(const std::string& text, const char* header, F&& f) {
 
 /// One run of the lab as the cells file lists it.
 struct lab_cell {
-  std::string ratio;        ///< the memory ratio as written (model size / limit, e.g. "2.5"); --fit names it
+  std::string ratio;  ///< the memory ratio as written (model size / limit, e.g. "2.5"); --fit names it
   lab_config config = lab_config::mmap;
   double limit_mib = 0;       ///< the cgroup's memory limit, MiB (0: none, the resident run)
   double budget_mib = 0;      ///< the pinned cache's budget, MiB
@@ -103,7 +103,8 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
     out.push_back(std::move(c));
     first_line.push_back(n);
   });
-  if (out.empty()) throw error(source + ": no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
+  if (out.empty())
+    throw error(source + ": no cells; expected lines ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
   return out;
 }
 
@@ -163,9 +164,9 @@ std::vector<std::array<double, N>> parse_walk_rows(const std::string& text, cons
 /// without 12 fields, or a field that is not a finite number >= 0, or a file
 /// with no rows.
 inline std::vector<fault_walk_row> parse_fault_walk(const std::string& text, const std::string& source) {
-  static const char* const cols[] = {"limit_mib",      "pinned_dense_mib",   "tokens",        "walked_mib_per_token",
-                                     "read_mib_per_token", "wall_ms",       "cpu_ms",        "sys_ms",
-                                     "majflt",         "off_cpu_ms_per_mib", "sys_ms_per_mib", "mib_per_fault"};
+  static const char* const cols[] = {
+      "limit_mib", "pinned_dense_mib", "tokens", "walked_mib_per_token", "read_mib_per_token", "wall_ms",
+      "cpu_ms",    "sys_ms",           "majflt", "off_cpu_ms_per_mib",   "sys_ms_per_mib",     "mib_per_fault"};
   std::vector<fault_walk_row> out;
   for (const auto& v : detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --fault-walk"))
     out.push_back(fault_walk_row{v[0], v[1], v[9], v[10]});
@@ -206,8 +207,8 @@ struct inline_walk_row {
 /// Parses inline-walk.csv text as parse_fault_walk does fault-walk.csv: 10
 /// fields a line.
 inline std::vector<inline_walk_row> parse_inline_walk(const std::string& text, const std::string& source) {
-  static const char* const cols[] = {"limit_mib", "budget_mib", "tokens",  "pins_per_token",     "read_mib_per_token",
-                                     "wall_ms",   "cpu_ms",     "sys_ms",  "off_cpu_ms_per_mib", "sys_ms_per_mib"};
+  static const char* const cols[] = {"limit_mib", "budget_mib", "tokens", "pins_per_token",     "read_mib_per_token",
+                                     "wall_ms",   "cpu_ms",     "sys_ms", "off_cpu_ms_per_mib", "sys_ms_per_mib"};
   std::vector<inline_walk_row> out;
   for (const auto& v : detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --inline-walk"))
     out.push_back(inline_walk_row{v[0], v[1], v[8], v[9]});

@@ -87,8 +87,13 @@ class readaround_page_cache {
  public:
   readaround_page_cache(std::uint64_t pages, std::uint64_t capacity, std::uint64_t window,
                         page_reclaim reclaim = page_reclaim::lru)
-      : state_(pages, absent), ref_(pages, 0), seen_(pages, 0), pos_(pages), capacity_(capacity),
-        window_(std::max<std::uint64_t>(1, window)), reclaim_(reclaim) {
+      : state_(pages, absent),
+        ref_(pages, 0),
+        seen_(pages, 0),
+        pos_(pages),
+        capacity_(capacity),
+        window_(std::max<std::uint64_t>(1, window)),
+        reclaim_(reclaim) {
     if (capacity == 0) throw error("readaround_page_cache: capacity 0 pages; expected > 0");
   }
 

@@ -69,8 +69,7 @@ inline load_batches group_valid_rows(const route_trace& trace) {
     // decode: one token's routing of one layer.
     const bool same = prev && r.turn == prev->turn && r.phase == prev->phase && r.layer == prev->layer &&
                       (r.phase == run_phase::prefill || r.step == prev->step);
-    if (!same)
-      out.batches.push_back(load_batch{r.phase, r.turn, r.step, r.layer, static_cast<std::uint32_t>(i), 0});
+    if (!same) out.batches.push_back(load_batch{r.phase, r.turn, r.step, r.layer, static_cast<std::uint32_t>(i), 0});
     ++out.batches.back().count;
     out.experts.push_back(r.expert);
     prev = &r;

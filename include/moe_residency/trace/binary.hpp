@@ -35,8 +35,7 @@
 // little-endian host; the scalar twin elsewhere. Define it 0 to build the
 // scalar path only.
 #ifndef MOE_RESIDENCY_BINARY_SCAN_VECTOR
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && \
-    __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define MOE_RESIDENCY_BINARY_SCAN_VECTOR 1
 #else
 #define MOE_RESIDENCY_BINARY_SCAN_VECTOR 0
@@ -97,8 +96,8 @@ inline bool trace_row_mirrors_record() noexcept {
   return first == 1 && sizeof(trace_row) == 32 && offsetof(trace_row, turn) == 0 && offsetof(trace_row, step) == 4 &&
          offsetof(trace_row, weight) == 8 && offsetof(trace_row, layer) == 12 && offsetof(trace_row, expert) == 14 &&
          offsetof(trace_row, slot) == 16 && offsetof(trace_row, phase) == 17 && offsetof(trace_row, residency) == 18 &&
-         offsetof(trace_row, dropped) == 19 && offsetof(trace_row, expert_bytes) == 24 &&
-         sizeof(run_phase) == 1 && sizeof(layer_id) == 2 && sizeof(expert_id) == 2;
+         offsetof(trace_row, dropped) == 19 && offsetof(trace_row, expert_bytes) == 24 && sizeof(run_phase) == 1 &&
+         sizeof(layer_id) == 2 && sizeof(expert_id) == 2;
 }
 
 /// How the decoder writes a row: the record's first 16 bytes and a tail
@@ -111,8 +110,8 @@ inline constexpr row_store default_row_store = MOE_RESIDENCY_BINARY_SCAN_VECTOR 
 /// Per value of a record's bits byte (0-7 once the scanner accepted it): the
 /// dropped byte (bits >> 1, minus 1) at bit 24 of the row's tail word, and the
 /// mask that keeps the layer's expert bytes when bit 0 (read) is set.
-inline constexpr std::uint64_t binary_dropped_word[8] = {0xffu << 24, 0xffu << 24, 0, 0, 1u << 24, 1u << 24,
-                                                          2u << 24,    2u << 24};
+inline constexpr std::uint64_t binary_dropped_word[8] = {0xffu << 24, 0xffu << 24, 0,        0,
+                                                         1u << 24,    1u << 24,    2u << 24, 2u << 24};
 inline constexpr std::uint64_t binary_read_mask[8] = {0, ~std::uint64_t{0}, 0, ~std::uint64_t{0},
                                                       0, ~std::uint64_t{0}, 0, ~std::uint64_t{0}};
 
@@ -125,7 +124,7 @@ typedef std::uint64_t binary_u64x2 __attribute__((vector_size(16)));
 inline constexpr binary_u64x2 binary_tail_mask[8] = {
     {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}, {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}},
     {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}, {0x00ffffffu, 0}, {0x00ffffffu, ~std::uint64_t{0}}};
-inline constexpr binary_u64x2 binary_tail_bits[8] = {{0xffu << 24, 0}, {0xffu << 24, 0}, {0, 0},       {0, 0},
+inline constexpr binary_u64x2 binary_tail_bits[8] = {{0xffu << 24, 0}, {0xffu << 24, 0}, {0, 0},        {0, 0},
                                                      {1u << 24, 0},    {1u << 24, 0},    {2u << 24, 0}, {2u << 24, 0}};
 #endif
 
@@ -196,10 +195,24 @@ class binary_row_iterator {
 
   trace_row operator*() const noexcept { return decode_binary_record<Store>(rp_, layer_bytes_); }
   trace_row operator[](difference_type i) const noexcept { return *(*this + i); }
-  binary_row_iterator& operator++() noexcept { rp_ += binary_trace_record_size; return *this; }
-  binary_row_iterator operator++(int) noexcept { binary_row_iterator o = *this; ++*this; return o; }
-  binary_row_iterator& operator--() noexcept { rp_ -= binary_trace_record_size; return *this; }
-  binary_row_iterator operator--(int) noexcept { binary_row_iterator o = *this; --*this; return o; }
+  binary_row_iterator& operator++() noexcept {
+    rp_ += binary_trace_record_size;
+    return *this;
+  }
+  binary_row_iterator operator++(int) noexcept {
+    binary_row_iterator o = *this;
+    ++*this;
+    return o;
+  }
+  binary_row_iterator& operator--() noexcept {
+    rp_ -= binary_trace_record_size;
+    return *this;
+  }
+  binary_row_iterator operator--(int) noexcept {
+    binary_row_iterator o = *this;
+    --*this;
+    return o;
+  }
   binary_row_iterator& operator+=(difference_type n) noexcept {
     rp_ += n * static_cast<difference_type>(binary_trace_record_size);
     return *this;
@@ -229,8 +242,9 @@ class binary_row_iterator {
 // Out of line: inlined into the reader, its loop spilled its pointers.
 __attribute__((noinline))
 #endif
-inline void append_binary_rows(std::vector<trace_row>& rows, const unsigned char* rp, std::size_t n,
-                               const std::uint64_t* layer_bytes) {
+inline void
+append_binary_rows(std::vector<trace_row>& rows, const unsigned char* rp, std::size_t n,
+                   const std::uint64_t* layer_bytes) {
   const binary_row_iterator<> first(rp, layer_bytes);
   rows.insert(rows.end(), first, first + static_cast<std::ptrdiff_t>(n));
 }
@@ -340,8 +354,6 @@ class binary_record_scanner {
     return true;
   }
 
-
-
 #if MOE_RESIDENCY_BINARY_SCAN_VECTOR
   /// check_values_scalar's checks as compares of 16-bit lanes, four records
   /// (their bytes 12-19: layer, expert, slot | phase << 8, residency | bits
@@ -349,7 +361,8 @@ class binary_record_scanner {
 #if defined(__GNUC__) || defined(__clang__)
   __attribute__((noinline))
 #endif
-  bool check_values_vector(const unsigned char* rp, std::size_t n) const noexcept {
+  bool
+  check_values_vector(const unsigned char* rp, std::size_t n) const noexcept {
     typedef std::uint16_t u16x16 __attribute__((vector_size(32)));
     typedef std::uint32_t u32x4 __attribute__((vector_size(16)));
     typedef std::uint64_t u64x4 __attribute__((vector_size(32)));
@@ -367,7 +380,7 @@ class binary_record_scanner {
                         l2[4] = {0, 0, 0x100, static_cast<std::uint16_t>(dropped ? 0x300 : 0x100)},
                         m3[4] = {0, 0, 0, 0x01ff}, l3[4] = {0, 0, 0, 0x100};
     u16x16 vm1, vl1, vs2, vm2, vl2, vm3, vl3;
-    auto splat = [](u16x16& v, const std::uint16_t (&lanes)[4]) {
+    auto splat = [](u16x16& v, const std::uint16_t(&lanes)[4]) {
       std::uint16_t all[16];
       for (int i = 0; i < 16; ++i) all[i] = lanes[i % 4];
       std::memcpy(&v, all, sizeof v);
@@ -424,14 +437,15 @@ class binary_record_scanner {
   // Out of line: inlined into the reader, its loop spilled its state.
   __attribute__((noinline))
 #endif
-  bool check_sequence(const unsigned char* rp, std::size_t n) noexcept {
+  bool
+  check_sequence(const unsigned char* rp, std::size_t n) noexcept {
     // The hot state in locals (the stamp stores may alias members).
     const unsigned char* const routable = routable_.data();
     std::uint64_t* const stamp = stamp_.data();
     std::uint64_t routing = routing_, prev_ts = prev_ts_, next_key = next_key_;
     for (const unsigned char* const end = rp + n * binary_trace_record_size; rp != end;
          rp += binary_trace_record_size) {
-      const std::uint64_t ts = load_le<std::uint64_t>(rp);       // turn | step << 32
+      const std::uint64_t ts = load_le<std::uint64_t>(rp);      // turn | step << 32
       const std::uint64_t w = load_le<std::uint64_t>(rp + 12);  // as in check_values_scalar
       // The routing key: layer | slot << 32 | phase << 40; a row continues the
       // routing when its turn, step, layer and phase are the previous row's
@@ -441,8 +455,7 @@ class binary_record_scanner {
         // A new routing begins here (or the row is out of rank order): slot 0,
         // not the previous routing's (turn, step, layer, phase), in order.
         const std::uint64_t prev_key = next_key - (std::uint64_t{1} << 32);
-        if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0))
-          return false;
+        if (((w >> 32) & 0xffu) != 0 || (ts == prev_ts && ((key ^ prev_key) & 0x0000ff000000ffffu) == 0)) return false;
         if (!begin_routing(static_cast<std::uint32_t>(ts), static_cast<std::uint32_t>(ts >> 32),
                            static_cast<std::uint32_t>(w >> 40) & 0xffu, static_cast<std::uint32_t>(w & 0xffffu),
                            static_cast<std::uint32_t>(prev_key >> 32) & 0xffu))
@@ -636,8 +649,8 @@ inline binary_trace_frame read_binary_trace_frame(std::string_view head, std::ui
   f.checked = f.version == binary_trace_version;
   const std::uint32_t record_size = load_le<std::uint32_t>(b + 12);
   if (record_size != binary_trace_record_size)
-    throw fail("record size " + std::to_string(record_size) + "; expected " +
-               std::to_string(binary_trace_record_size) + " for version " + std::to_string(f.version));
+    throw fail("record size " + std::to_string(record_size) + "; expected " + std::to_string(binary_trace_record_size) +
+               " for version " + std::to_string(f.version));
   f.flags = load_le<std::uint32_t>(b + 16);
   if (f.flags > 1) throw fail("header flags " + std::to_string(f.flags) + " have unknown bits; expected 0 or 1");
   f.n_layer = load_le<std::uint32_t>(b + 20);
@@ -651,7 +664,8 @@ inline binary_trace_frame read_binary_trace_frame(std::string_view head, std::ui
   // In 64 bits, and compared with the size before any offset becomes a size_t.
   f.extent = binary_trace_header_extent(f.model_len, f.arch_len, f.n_layer);
   if (size < f.extent.layers_end)
-    throw fail("truncated: " + std::to_string(size) + " bytes; the header needs " + std::to_string(f.extent.layers_end));
+    throw fail("truncated: " + std::to_string(size) + " bytes; the header needs " +
+               std::to_string(f.extent.layers_end));
   const std::uint64_t body = size - f.extent.layers_end;
   if (body / binary_trace_record_size < f.n_rows)
     throw fail("truncated: " + std::to_string(body) + " bytes of records for " + std::to_string(f.n_rows) +
@@ -664,9 +678,8 @@ inline binary_trace_frame read_binary_trace_frame(std::string_view head, std::ui
     throw fail("truncated: " + std::to_string(body) + " bytes of records and checksums for " +
                std::to_string(f.n_rows) + " rows; expected " + std::to_string(expected_body));
   if (body != expected_body)
-    throw fail(std::to_string(body - expected_body) + " bytes after the last " +
-               (f.checked ? "checksum of " : "of ") + std::to_string(f.n_rows) +
-               " records; expected the file to end there");
+    throw fail(std::to_string(body - expected_body) + " bytes after the last " + (f.checked ? "checksum of " : "of ") +
+               std::to_string(f.n_rows) + " records; expected the file to end there");
   return f;
 }
 
@@ -695,8 +708,7 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
         throw fail("header: padding byte at offset " + std::to_string(i) + " after the " + after + " is " +
                    std::to_string(b[i]) + "; expected 0");
   };
-  check_padding(binary_trace_fixed_header + std::uint64_t{model_len} + arch_len, strings_end,
-                "model and arch strings");
+  check_padding(binary_trace_fixed_header + std::uint64_t{model_len} + arch_len, strings_end, "model and arch strings");
   check_padding(strings_end + 17 * static_cast<std::uint64_t>(h.n_layer), layers_end, "layer flags");
   h.model.assign(reinterpret_cast<const char*>(b) + binary_trace_fixed_header, std::size_t{model_len});
   h.arch.assign(reinterpret_cast<const char*>(b) + binary_trace_fixed_header + std::size_t{model_len},
@@ -710,8 +722,7 @@ inline validated_route_trace parse_route_trace_binary_with(std::string_view byte
     h.dense_bytes[l] = load_le<std::uint64_t>(lp + 8 * (h.n_layer + l));
     const unsigned char listed = lp[16 * h.n_layer + l];
     if (listed > 1)
-      throw fail("header: layer " + std::to_string(l) + " listed flag " + std::to_string(listed) +
-                 "; expected 0 or 1");
+      throw fail("header: layer " + std::to_string(l) + " listed flag " + std::to_string(listed) + "; expected 0 or 1");
     h.layer_listed[l] = listed != 0;
     if (!listed && (h.expert_bytes[l] || h.dense_bytes[l]))
       throw fail("header: layer " + std::to_string(l) + " has bytes but no '# layer=' line flag");

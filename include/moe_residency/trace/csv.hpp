@@ -32,8 +32,7 @@ void write_route_trace_csv(const route_trace& trace, std::ostream& out);
 
 namespace detail {
 
-inline constexpr std::string_view csv_columns =
-    "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes";
+inline constexpr std::string_view csv_columns = "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes";
 inline constexpr std::string_view csv_columns_dropped =
     "turn,phase,step,layer,slot,expert,weight,residency,expert_bytes,dropped";
 inline constexpr std::string_view csv_magic = "# route_trace v1";
@@ -59,8 +58,7 @@ class csv_parser {
 
  private:
   [[noreturn]] void fail(std::size_t column, const std::string& message) const {
-    throw error(source_ + ": line " + std::to_string(line_no_) + ", column " + std::to_string(column) + ": " +
-                message);
+    throw error(source_ + ": line " + std::to_string(line_no_) + ", column " + std::to_string(column) + ": " + message);
   }
 
   // Next line without its '\n'; false at the end of the text.
@@ -122,8 +120,9 @@ class csv_parser {
       fail(1, "unexpected end of file; expected '# model=... arch=... n_layer=...'");
     }
     if (line.substr(0, 2) != "# ")
-      fail(1, "found " + quote_field(line) + "; expected '# model=<path> arch=<arch> n_layer=<L> n_expert=<E> "
-                                        "n_expert_used=<k>'");
+      fail(1, "found " + quote_field(line) +
+                  "; expected '# model=<path> arch=<arch> n_layer=<L> n_expert=<E> "
+                  "n_expert_used=<k>'");
     std::vector<std::string_view> tok = split(line.substr(2), ' ');
     static const char* const keys[] = {"model", "arch", "n_layer", "n_expert", "n_expert_used"};
     // The model path may contain spaces: it runs up to the field "arch=...".
@@ -138,22 +137,21 @@ class csv_parser {
       if (t >= tok.size()) fail(column, std::string("missing header key '") + keys[i] + "'");
       std::string_view field = tok[t];
       if (i == 0 && model_parts > 1)
-        field = line.substr(2, static_cast<std::size_t>(tok[model_parts - 1].data() + tok[model_parts - 1].size() -
-                                                         (line.data() + 2)));
+        field = line.substr(
+            2, static_cast<std::size_t>(tok[model_parts - 1].data() + tok[model_parts - 1].size() - (line.data() + 2)));
       const std::size_t eq = field.find('=');
       const std::string_view key = field.substr(0, eq);
       if (eq == std::string_view::npos || key != keys[i]) {
-        const bool known = std::find_if(std::begin(keys), std::end(keys), [&](const char* k) {
-                             return key == k;
-                           }) != std::end(keys);
-        fail(column, std::string(known ? "header key " : "unknown header key ") + quote_field(key) +
-                         "; expected '" + keys[i] + "=' (keys: model, arch, n_layer, n_expert, n_expert_used)");
+        const bool known =
+            std::find_if(std::begin(keys), std::end(keys), [&](const char* k) { return key == k; }) != std::end(keys);
+        fail(column, std::string(known ? "header key " : "unknown header key ") + quote_field(key) + "; expected '" +
+                         keys[i] + "=' (keys: model, arch, n_layer, n_expert, n_expert_used)");
       }
       values.push_back(field.substr(eq + 1));
     }
     if (tok.size() > model_parts + 4)
-      fail(model_parts + 5, "unknown header field " + quote_field(tok[model_parts + 4]) +
-                                "; expected nothing after n_expert_used");
+      fail(model_parts + 5,
+           "unknown header field " + quote_field(tok[model_parts + 4]) + "; expected nothing after n_expert_used");
     h.model = std::string(values[0]);
     h.arch = std::string(values[1]);
     if (h.model.find('\r') != std::string::npos)
@@ -196,8 +194,8 @@ class csv_parser {
         if (tok.size() > 3) fail(4, "unknown field " + quote_field(tok[3]) + " in '# layer=' line");
         const std::size_t l = static_cast<std::size_t>(v[0]);
         if (line_of[l])
-          fail(1, "duplicate '# layer=" + std::to_string(l) + "' line (first on line " + std::to_string(line_of[l]) +
-                      ")");
+          fail(1,
+               "duplicate '# layer=" + std::to_string(l) + "' line (first on line " + std::to_string(line_of[l]) + ")");
         if (any && l < last)
           fail(1, "layer " + std::to_string(l) + " after layer " + std::to_string(last) +
                       "; expected '# layer=' lines in ascending order");
@@ -216,7 +214,8 @@ class csv_parser {
         return;
       }
       if (!line.empty() && line[0] == '#')
-        fail(1, "unknown header line " + quote_field(line) + "; expected '# layer=<l> expert_bytes=<b> dense_bytes=<b>'");
+        fail(1,
+             "unknown header line " + quote_field(line) + "; expected '# layer=<l> expert_bytes=<b> dense_bytes=<b>'");
       // A column header that differs: name the first column that does.
       const std::vector<std::string_view> got = split(line, ',');
       const std::vector<std::string_view> want = split(csv_columns_dropped, ',');
@@ -247,8 +246,8 @@ class csv_parser {
       case number_status::empty: fail(col, name + " is empty; expected " + what);
       case number_status::negative: fail(col, name + " " + quote_field(f) + " is negative; expected " + what);
       case number_status::too_large:
-        fail(col, name + " " + quote_field(f) + (c == trace_column::weight ? " is outside float's range"
-                                                                        : " does not fit in 64 bits"));
+        fail(col, name + " " + quote_field(f) +
+                      (c == trace_column::weight ? " is outside float's range" : " does not fit in 64 bits"));
       default: fail(col, name + " " + quote_field(f) + " is not " + what + crlf_hint(f));
     }
   }
@@ -324,9 +323,15 @@ class csv_parser {
       const std::uint64_t bytes = row_u64(p, eol, trace_column::expert_bytes, !h.has_dropped_column);
       const std::uint64_t dropped = h.has_dropped_column ? row_u64(p, eol, trace_column::dropped, true) : 0;
       // The checker's own range checks, on the values before they are narrowed.
-      const trace_row_checker::wide_row v{phase, layer, slot, expert, residency, bytes,
-                                          h.has_dropped_column ? static_cast<std::int64_t>(std::min<std::uint64_t>(dropped, 2)) : -1,
-                                          w};
+      const trace_row_checker::wide_row v{
+          phase,
+          layer,
+          slot,
+          expert,
+          residency,
+          bytes,
+          h.has_dropped_column ? static_cast<std::int64_t>(std::min<std::uint64_t>(dropped, 2)) : -1,
+          w};
       if (!checker.check_values(v, issue)) fail_value(issue, dropped);
       r.turn = static_cast<std::uint32_t>(turn);
       r.phase = static_cast<run_phase>(phase);

@@ -24,13 +24,13 @@ namespace moe_residency {
 struct trace_row {
   std::uint32_t turn = 0;
   std::uint32_t step = 0;  ///< absolute position of the token
-  float weight = 0;  ///< final applied routing weight; may be NaN
+  float weight = 0;        ///< final applied routing weight; may be NaN
   layer_id layer{};
   expert_id expert{};
   std::uint8_t slot = 0;  ///< rank, 0 = highest weight
   run_phase phase = run_phase::decode;
-  std::uint8_t residency = 0;  ///< 0 miss, 1 hit, 2 hit thanks to a speculative read
-  std::int8_t dropped = -1;  ///< 1 skipped by a drop policy, 0 not; -1 when the column is absent
+  std::uint8_t residency = 0;      ///< 0 miss, 1 hit, 2 hit thanks to a speculative read
+  std::int8_t dropped = -1;        ///< 1 skipped by a drop policy, 0 not; -1 when the column is absent
   std::uint64_t expert_bytes = 0;  ///< bytes this routing read: 0, or the layer's expert bytes
 };
 
@@ -127,21 +127,19 @@ inline std::string header_string_length_problem(const char* field, std::uint64_t
 
 /// Header consistency shared by the parsers and the writers; "" when fine.
 inline std::string header_problem(const trace_header& h) {
-  if (h.n_layer < 1 || h.n_layer > 65535)
-    return "n_layer " + std::to_string(h.n_layer) + " out of range [1, 65535]";
+  if (h.n_layer < 1 || h.n_layer > 65535) return "n_layer " + std::to_string(h.n_layer) + " out of range [1, 65535]";
   if (h.n_expert < 1 || h.n_expert > 65535)
     return "n_expert " + std::to_string(h.n_expert) + " out of range [1, 65535]";
   const std::size_t kmax = std::min<std::size_t>(h.n_expert, 256);
   if (h.n_expert_used < 1 || h.n_expert_used > kmax)
-    return "n_expert_used " + std::to_string(h.n_expert_used) + " out of range [1, " +
-           std::to_string(kmax) + "] (at most n_expert and 256)";
+    return "n_expert_used " + std::to_string(h.n_expert_used) + " out of range [1, " + std::to_string(kmax) +
+           "] (at most n_expert and 256)";
   if (h.expert_bytes.size() != h.n_layer || h.dense_bytes.size() != h.n_layer)
     return "expert_bytes has " + std::to_string(h.expert_bytes.size()) + " and dense_bytes " +
-           std::to_string(h.dense_bytes.size()) + " entries; expected n_layer (" +
-           std::to_string(h.n_layer) + ") each";
+           std::to_string(h.dense_bytes.size()) + " entries; expected n_layer (" + std::to_string(h.n_layer) + ") each";
   if (!h.layer_listed.empty() && h.layer_listed.size() != h.n_layer)
-    return "layer_listed has " + std::to_string(h.layer_listed.size()) +
-           " entries; expected 0 or n_layer (" + std::to_string(h.n_layer) + ")";
+    return "layer_listed has " + std::to_string(h.layer_listed.size()) + " entries; expected 0 or n_layer (" +
+           std::to_string(h.n_layer) + ")";
   if (std::string p = header_string_length_problem("model", h.model.size()); !p.empty()) return p;
   if (std::string p = header_string_length_problem("arch", h.arch.size()); !p.empty()) return p;
   if (h.arch.find_first_of(" \n\r") != std::string::npos)
@@ -157,8 +155,7 @@ inline std::string header_problem(const trace_header& h) {
 }  // namespace detail
 
 inline model_shape route_trace::shape() const {
-  if (const std::string p = detail::header_problem(header); !p.empty())
-    throw error("route_trace: header: " + p);
+  if (const std::string p = detail::header_problem(header); !p.empty()) throw error("route_trace: header: " + p);
   std::vector<bool> routed(header.n_layer, false);
   for (const trace_row& r : rows)
     if (to_index(r.layer) < header.n_layer) routed[to_index(r.layer)] = true;

@@ -28,11 +28,20 @@ namespace detail {
 
 /// The columns of a row, numbered as in error messages (1-based).
 enum class trace_column : std::uint8_t {
-  turn = 1, phase, step, layer, slot, expert, weight, residency, expert_bytes, dropped
+  turn = 1,
+  phase,
+  step,
+  layer,
+  slot,
+  expert,
+  weight,
+  residency,
+  expert_bytes,
+  dropped
 };
 
 inline const char* column_name(trace_column c) noexcept {
-  static const char* const names[] = {"",     "turn",   "phase",  "step",      "layer",       "slot",
+  static const char* const names[] = {"",       "turn",   "phase",     "step",         "layer",  "slot",
                                       "expert", "weight", "residency", "expert_bytes", "dropped"};
   return names[static_cast<int>(c)];
 }
@@ -170,8 +179,9 @@ class trace_row_checker {
   bool check(const trace_row& r, trace_issue& issue) {
     const fault f = find_fault(r);
     if (f == fault::none) return true;
-    describe(f, wide_row{static_cast<std::uint8_t>(r.phase), to_index(r.layer), r.slot, to_index(r.expert),
-                         r.residency, r.expert_bytes, r.dropped, r.weight},
+    describe(f,
+             wide_row{static_cast<std::uint8_t>(r.phase), to_index(r.layer), r.slot, to_index(r.expert), r.residency,
+                      r.expert_bytes, r.dropped, r.weight},
              r, issue);
     return false;
   }
@@ -224,10 +234,32 @@ class trace_row_checker {
 
  private:
   enum class fault : std::uint8_t {
-    none, phase, layer_range, layer_unlisted, layer_zero, slot_range, expert_range, weight, residency,
-    bytes_mismatch, bytes_on_hit, dropped_range, dropped_absent, slot_order, slot_start, duplicate_expert,
-    turn_back, prefill_after_decode, decode_step_back, decode_layer_back, prefill_step_back, prefill_overlap,
-    routing_short, layer_start, layer_skip, token_cut
+    none,
+    phase,
+    layer_range,
+    layer_unlisted,
+    layer_zero,
+    slot_range,
+    expert_range,
+    weight,
+    residency,
+    bytes_mismatch,
+    bytes_on_hit,
+    dropped_range,
+    dropped_absent,
+    slot_order,
+    slot_start,
+    duplicate_expert,
+    turn_back,
+    prefill_after_decode,
+    decode_step_back,
+    decode_layer_back,
+    prefill_step_back,
+    prefill_overlap,
+    routing_short,
+    layer_start,
+    layer_skip,
+    token_cut
   };
 
   static std::string phase_word(run_phase p) { return p == run_phase::prefill ? "prefill" : "decode"; }
@@ -256,12 +288,12 @@ class trace_row_checker {
 
   // The hot path: comparisons only, state updated only when the row passes.
   fault find_fault(const trace_row& r) noexcept {
-    const fault f = range_fault(static_cast<std::uint8_t>(r.phase), to_index(r.layer), r.slot,
-                                to_index(r.expert), r.weight, r.residency, r.expert_bytes, r.dropped);
+    const fault f = range_fault(static_cast<std::uint8_t>(r.phase), to_index(r.layer), r.slot, to_index(r.expert),
+                                r.weight, r.residency, r.expert_bytes, r.dropped);
     if (f != fault::none) return f;
     const std::size_t expert = to_index(r.expert);
-    const bool same_routing = has_prev_ && r.turn == prev_turn_ && r.phase == prev_phase_ &&
-                              r.step == prev_step_ && r.layer == prev_layer_;
+    const bool same_routing =
+        has_prev_ && r.turn == prev_turn_ && r.phase == prev_phase_ && r.step == prev_step_ && r.layer == prev_layer_;
     if (same_routing) {
       if (r.slot != prev_slot_ + 1) return fault::slot_order;
       if ((stamp_[expert] >> 8) == routing_) return fault::duplicate_expert;
@@ -351,14 +383,12 @@ class trace_row_checker {
         set(trace_column::layer, "layer " + to_string(layer) + " is routed but its expert_bytes is 0; expected > 0");
         break;
       case fault::slot_range: set(trace_column::slot, slot_message(v.slot, h_.n_expert_used)); break;
-      case fault::expert_range:
-        set(trace_column::expert, range_message("expert", v.expert, h_.n_expert));
-        break;
+      case fault::expert_range: set(trace_column::expert, range_message("expert", v.expert, h_.n_expert)); break;
       case fault::weight: set(trace_column::weight, weight_message(v.weight)); break;
       case fault::residency: set(trace_column::residency, residency_message(v.residency)); break;
       case fault::bytes_mismatch:
-        set(trace_column::expert_bytes, "expert_bytes " + to_string(v.expert_bytes) + " for layer " +
-                                            to_string(layer) + "; expected 0 or the layer's " +
+        set(trace_column::expert_bytes, "expert_bytes " + to_string(v.expert_bytes) + " for layer " + to_string(layer) +
+                                            "; expected 0 or the layer's " +
                                             to_string(h_.expert_bytes[static_cast<std::size_t>(layer)]));
         break;
       case fault::bytes_on_hit:
@@ -378,8 +408,7 @@ class trace_row_checker {
                                     " (rows in rank order)");
         break;
       case fault::slot_start:
-        set(trace_column::slot,
-            "slot " + to_string(r.slot) + " starts a routing; expected 0 (rows in rank order)");
+        set(trace_column::slot, "slot " + to_string(r.slot) + " starts a routing; expected 0 (rows in rank order)");
         break;
       case fault::duplicate_expert:
         set(trace_column::expert, "expert " + to_string(to_index(r.expert)) + " already routed at slot " +
@@ -391,8 +420,8 @@ class trace_row_checker {
             "turn " + turn + " after turn " + to_string(prev_turn_) + "; expected non-decreasing turns");
         break;
       case fault::prefill_after_decode:
-        set(trace_column::phase, "prefill row after decode rows of turn " + turn +
-                                     "; expected each turn's prefill before its decode");
+        set(trace_column::phase,
+            "prefill row after decode rows of turn " + turn + "; expected each turn's prefill before its decode");
         break;
       case fault::decode_step_back:
         set(trace_column::step, "step " + to_string(r.step) + " after step " + to_string(prev_step_) +
@@ -410,8 +439,7 @@ class trace_row_checker {
         break;
       case fault::prefill_overlap:
         set(trace_column::step, "step " + to_string(r.step) + " in a prefill batch of turn " + turn +
-                                    " that follows step " +
-                                    to_string(r.layer < prev_layer_ ? max_step_ : floor_) +
+                                    " that follows step " + to_string(r.layer < prev_layer_ ? max_step_ : floor_) +
                                     "; expected each batch's tokens after the previous batch's");
         break;
       case fault::routing_short:
@@ -442,12 +470,14 @@ class trace_row_checker {
         const auto prev = static_cast<std::uint32_t>(to_index(prev_layer_));
         const bool new_turn = r.turn != prev_turn_, new_phase = !new_turn && r.phase != prev_phase_;
         const std::string begins =
-            new_turn ? "turn " + turn + " begins"
+            new_turn    ? "turn " + turn + " begins"
             : new_phase ? "decode of turn " + turn + " begins"
-            : r.phase == run_phase::decode ? "decode step " + to_string(r.step) + " of turn " + turn + " begins"
-                                           : "a prompt batch of turn " + turn + " begins at prefill step " +
-                                                 to_string(r.step);
-        set(new_turn ? trace_column::turn : new_phase ? trace_column::phase : trace_column::step,
+            : r.phase == run_phase::decode
+                ? "decode step " + to_string(r.step) + " of turn " + turn + " begins"
+                : "a prompt batch of turn " + turn + " begins at prefill step " + to_string(r.step);
+        set(new_turn    ? trace_column::turn
+            : new_phase ? trace_column::phase
+                        : trace_column::step,
             begins + ", but " + phase_word(prev_phase_) + " step " + to_string(prev_step_) + " of turn " +
                 to_string(prev_turn_) + " ended at layer " + to_string(prev) + "; expected its " +
                 layers_.rest_after(prev) + " first (every token routes every MoE layer)");
@@ -479,14 +509,13 @@ class trace_row_checker {
 };
 
 inline void validate_rows(const route_trace& t, const std::string& source_name) {
-  if (const std::string p = header_problem(t.header); !p.empty())
-    throw error(source_name + ": header: " + p);
+  if (const std::string p = header_problem(t.header); !p.empty()) throw error(source_name + ": header: " + p);
   trace_row_checker checker(t.header);
   trace_issue issue;
   for (std::size_t i = 0; i < t.rows.size(); ++i)
     if (!checker.check(t.rows[i], issue))
-      throw error(source_name + ": rows[" + std::to_string(i) + "], column " + column_name(issue.column) +
-                  ": " + issue.message);
+      throw error(source_name + ": rows[" + std::to_string(i) + "], column " + column_name(issue.column) + ": " +
+                  issue.message);
   if (!checker.finish(issue))
     throw error(source_name + ": end of rows (" + std::to_string(t.rows.size()) + " rows): " + issue.message);
 }

@@ -10,19 +10,19 @@
 #include "moe_residency/c/moe_residency.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                        \
-    }                                                                    \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
-#define CHECK_MESSAGE(text)                                                                      \
-  do {                                                                                           \
-    if (strstr(moe_residency_last_error(), (text)) == NULL) {                                    \
+#define CHECK_MESSAGE(text)                                                                                           \
+  do {                                                                                                                \
+    if (strstr(moe_residency_last_error(), (text)) == NULL) {                                                         \
       fprintf(stderr, "%s:%d: last error '%s' lacks '%s'\n", __FILE__, __LINE__, moe_residency_last_error(), (text)); \
-      ++failures;                                                                                \
-    }                                                                                            \
+      ++failures;                                                                                                     \
+    }                                                                                                                 \
   } while (0)
 
 static void quiet(enum ggml_log_level level, const char* text, void* user) {

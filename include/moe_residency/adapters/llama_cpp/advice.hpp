@@ -60,7 +60,19 @@
 namespace moe_residency::llama_cpp {
 
 /// One kind of memory advice (see the table above).
-enum class advice : std::uint8_t { willneed, populate_read, lock, unlock, cold, pageout, random, normal, read, place, restore };
+enum class advice : std::uint8_t {
+  willneed,
+  populate_read,
+  lock,
+  unlock,
+  cold,
+  pageout,
+  random,
+  normal,
+  read,
+  place,
+  restore
+};
 inline constexpr std::size_t advice_kinds = 11;
 
 inline const char* to_string(advice a) noexcept {
@@ -207,7 +219,8 @@ class system_memory_advice final : public memory_advice {
     // not page by page under the engine's matmuls; a limit that cannot hold
     // it fails this call (or the cgroup's OOM killer ends the process here,
     // before the first token, which the auto budget is sized to avoid).
-    void* p = ::mmap(nullptr, static_cast<std::size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    void* p =
+        ::mmap(nullptr, static_cast<std::size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (p == MAP_FAILED) {
       const int e = errno;
       ::close(fd);
@@ -251,8 +264,8 @@ class system_memory_advice final : public memory_advice {
       }
       done += static_cast<std::uint64_t>(n);
     }
-    if (::mmap(addr, len, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_POPULATE, pool_fd_, static_cast<off_t>(pool_offset)) ==
-        MAP_FAILED) {
+    if (::mmap(addr, len, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_POPULATE, pool_fd_,
+               static_cast<off_t>(pool_offset)) == MAP_FAILED) {
       const int e = errno;
       // A failed MAP_FIXED may have unmapped the range: map the file back.
       (void)::mmap(addr, len, PROT_READ, MAP_SHARED | MAP_FIXED, f->fd, static_cast<off_t>(off));
@@ -387,7 +400,8 @@ class system_memory_advice final : public memory_advice {
     // sendfile to /dev/null: the buffered read path into the page cache, and
     // nothing copied out of it (the pages pass through a pipe by reference).
     while (left > 0) {
-      const ssize_t n = ::sendfile(null_fd_, fd, &off, static_cast<std::size_t>(std::min<std::uint64_t>(left, 1u << 30)));
+      const ssize_t n =
+          ::sendfile(null_fd_, fd, &off, static_cast<std::size_t>(std::min<std::uint64_t>(left, 1u << 30)));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return errno;
       if (n == 0) return EIO;  // the file is shorter than it was
@@ -397,7 +411,8 @@ class system_memory_advice final : public memory_advice {
     // Elsewhere a pread into a scratch buffer: the same pages cached, one copy.
     thread_local std::vector<unsigned char> buf(1u << 20);
     while (left > 0) {
-      const ssize_t n = ::pread(fd, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size())), off);
+      const ssize_t n =
+          ::pread(fd, buf.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left, buf.size())), off);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return errno;
       if (n == 0) return EIO;
@@ -411,7 +426,7 @@ class system_memory_advice final : public memory_advice {
 
   std::vector<attached> files_;  // attach_file's, one per file of the model
   int null_fd_ = -1;
-  int pool_fd_ = -1;              // attach_pool's memfd
+  int pool_fd_ = -1;               // attach_pool's memfd
   unsigned char* pool_ = nullptr;  // its read-write mapping (place's reads land here)
   std::uint64_t pool_bytes_ = 0;
 
@@ -423,8 +438,7 @@ class system_memory_advice final : public memory_advice {
     char line[256];
     unsigned long long caps = 0;
     bool found = false;
-    while (!found && std::fgets(line, sizeof line, f) != nullptr)
-      found = std::sscanf(line, "CapEff: %llx", &caps) == 1;
+    while (!found && std::fgets(line, sizeof line, f) != nullptr) found = std::sscanf(line, "CapEff: %llx", &caps) == 1;
     std::fclose(f);
     return found && ((caps >> 14) & 1u) != 0;
 #else

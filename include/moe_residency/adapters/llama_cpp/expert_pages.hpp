@@ -81,8 +81,8 @@ class expert_pages {
       const std::uint64_t data_offset = gguf_get_data_offset(ctx);
       std::uint64_t file_end = data_offset;
       for (std::int64_t i = 0; i < gguf_get_n_tensors(ctx); ++i)
-        file_end = std::max<std::uint64_t>(file_end, data_offset + gguf_get_tensor_offset(ctx, i) +
-                                                         gguf_get_tensor_size(ctx, i));
+        file_end = std::max<std::uint64_t>(file_end,
+                                           data_offset + gguf_get_tensor_offset(ctx, i) + gguf_get_tensor_size(ctx, i));
       files_[f].path = splits[f].path;
       files_[f].file_bytes = file_end;
       regions_known[f] = file_regions(splits[f].path, regions[f]);
@@ -194,7 +194,8 @@ class expert_pages {
     for (file_mapping& fm : files_) {
       if (fm.file_base == nullptr) continue;
       fm.base = reinterpret_cast<unsigned char*>(floor(fm.file_base));
-      const std::uint64_t span_bytes = reinterpret_cast<std::uintptr_t>(fm.file_base) + fm.file_bytes - floor(fm.file_base);
+      const std::uint64_t span_bytes =
+          reinterpret_cast<std::uintptr_t>(fm.file_base) + fm.file_bytes - floor(fm.file_base);
       fm.refs.assign(static_cast<std::size_t>((span_bytes + page_ - 1) / page_), 0);
     }
     for (const layer_ranges& l : layers_) widest_ = std::max(widest_, l.bytes);
@@ -264,7 +265,8 @@ class expert_pages {
   /// end (a file with no expert tensor: its bytes).
   std::uint64_t mapped_bytes() const noexcept {
     std::uint64_t n = 0;
-    for (const file_mapping& f : files_) n += f.refs.empty() ? f.file_bytes : static_cast<std::uint64_t>(f.refs.size()) * page_;
+    for (const file_mapping& f : files_)
+      n += f.refs.empty() ? f.file_bytes : static_cast<std::uint64_t>(f.refs.size()) * page_;
     return n;
   }
 
@@ -347,8 +349,8 @@ class expert_pages {
         if (a >= r.begin && a + bytes <= r.end && r.offset + (a - r.begin) == offset) return true;
       return false;
     }
-    const auto best = std::max_element(votes.begin(), votes.end(),
-                                       [](const auto& x, const auto& y) { return x.second < y.second; });
+    const auto best =
+        std::max_element(votes.begin(), votes.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
     return best != votes.end() && best->first == data - offset;
   }
   static std::string mib_text(std::uint64_t bytes) {

@@ -213,8 +213,7 @@ class gguf_expert_map {
     r.tensor = gguf_get_tensor_name(ctx, id);
     r.split = split;
     const std::uint64_t data_offset = gguf_get_data_offset(ctx), tensor_offset = gguf_get_tensor_offset(ctx, id);
-    r.bytes_per_expert = static_cast<std::uint64_t>(ggml_row_size(type, ne[0])) *
-                         static_cast<std::uint64_t>(ne[1]);
+    r.bytes_per_expert = static_cast<std::uint64_t>(ggml_row_size(type, ne[0])) * static_cast<std::uint64_t>(ne[1]);
     r.n_expert = static_cast<std::size_t>(ne[2]);
     // gguf.h bounds the tensor's size (it fits a size_t) but, loading no
     // data, not its place: the experts must lie inside the file.
@@ -247,8 +246,7 @@ inline std::vector<std::uint64_t> gguf_dense_bytes(const std::string& path, cons
       if (il < 0 || static_cast<std::size_t>(il) >= n_layer) continue;
       bool expert = false;
       if (static_cast<std::size_t>(il) < map.n_layer())
-        for (const auto& r : map.ranges(layer_id(static_cast<std::uint16_t>(il))))
-          expert = expert || r.tensor == name;
+        for (const auto& r : map.ranges(layer_id(static_cast<std::uint16_t>(il)))) expert = expert || r.tensor == name;
       if (!expert) out[static_cast<std::size_t>(il)] += gguf_get_tensor_size(ctx, i);
     }
   }

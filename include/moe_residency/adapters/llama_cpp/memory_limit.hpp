@@ -157,10 +157,10 @@ inline bool file_regions(const std::string& path, std::vector<file_region>& out,
   // the list is in address order): contiguous in address and offset, joined.
   std::vector<file_region> joined;
   for (const file_region& r : out)
-    if (!joined.empty() && joined.back().end == r.begin && joined.back().offset + (r.begin - joined.back().begin) == r.offset)
+    if (!joined.empty() && joined.back().end == r.begin &&
+        joined.back().offset + (r.begin - joined.back().begin) == r.offset)
       joined.back().end = r.end;
-    else
-      joined.push_back(r);
+    else joined.push_back(r);
   out.swap(joined);
   return any;
 }

@@ -66,8 +66,7 @@ class observer {
     if (model == nullptr) throw error("llama_cpp observer: model is null");
     n_layer_ = static_cast<std::size_t>(llama_model_n_layer(model));
     if (n_layer_ == 0 || n_layer_ > 65535)
-      throw error("llama_cpp observer: model has " + std::to_string(n_layer_) +
-                  " layers; expected [1, 65535]");
+      throw error("llama_cpp observer: model has " + std::to_string(n_layer_) + " layers; expected [1, 65535]");
     arch_ = detail::model_meta(model, "general.architecture");
     name_ = detail::model_meta(model, "general.name");
     layers_.resize(n_layer_);
@@ -95,8 +94,9 @@ class observer {
     if (p.cb_eval == &observer::eval_callback && p.cb_eval_user_data == this)
       throw error("llama_cpp observer: already installed in these context params");
     if (installed_ && (p.cb_eval != chained_ || p.cb_eval_user_data != chained_user_data_))
-      throw error("llama_cpp observer: already installed over another chained cb_eval; it keeps one chained "
-                  "callback and one graph's state: use one observer per live context");
+      throw error(
+          "llama_cpp observer: already installed over another chained cb_eval; it keeps one chained "
+          "callback and one graph's state: use one observer per live context");
     installed_ = true;
     chained_ = p.cb_eval;
     chained_user_data_ = p.cb_eval_user_data;
@@ -320,32 +320,21 @@ class observer {
     if (t->name[0] != 'f') return false;
     int il = -1;
     const detail::moe_node kind = detail::parse_moe_node(t->name, il);
-    if (kind == detail::moe_node::none || il < 0 || static_cast<std::size_t>(il) >= n_layer_)
-      return false;
+    if (kind == detail::moe_node::none || il < 0 || static_cast<std::size_t>(il) >= n_layer_) return false;
     const std::size_t l = static_cast<std::size_t>(il);
     graph_layer& g = graph_[l];
     switch (kind) {
-      case detail::moe_node::logits:
-        start_layer(l, t);
-        break;
+      case detail::moe_node::logits: start_layer(l, t); break;
       case detail::moe_node::logits_biased:
         if (t->op == GGML_OP_ADD && t->src[0] == g.logits) g.logit_bias = t->src[1];
         break;
-      case detail::moe_node::probs:
-        on_probs(l, t);
-        break;
+      case detail::moe_node::probs: on_probs(l, t); break;
       case detail::moe_node::probs_biased:
-        if (t->op == GGML_OP_ADD && t->src[0] == g.probs)
-          g.selection_bias = t->src[1];
-        else
-          g.unsupported = true;  // grovemoe: selection on a second sigmoid
+        if (t->op == GGML_OP_ADD && t->src[0] == g.probs) g.selection_bias = t->src[1];
+        else g.unsupported = true;  // grovemoe: selection on a second sigmoid
         break;
-      case detail::moe_node::group_topk:
-        g.group_topk = t;
-        break;
-      case detail::moe_node::argsort:
-        g.argsort_src = t->src[0];
-        break;
+      case detail::moe_node::group_topk: g.group_topk = t; break;
+      case detail::moe_node::argsort: g.argsort_src = t->src[0]; break;
       case detail::moe_node::topk:
         g.topk = t;
         // The routing is known here, before the expert matmuls: ask for it
@@ -354,9 +343,7 @@ class observer {
         // split out of its fused graph for a routing nobody could read.
         return sink_ != nullptr && sink_->wants_routing() && layers_[l].moe && g.logits != nullptr &&
                detail::host_readable(t);
-      case detail::moe_node::weights:
-        g.weights = t;
-        break;
+      case detail::moe_node::weights: g.weights = t; break;
       case detail::moe_node::weights_softmax:
         g.weights = t;
         g.weights_softmax = true;
@@ -374,8 +361,7 @@ class observer {
           g.unsupported = true;
         }
         break;
-      default:
-        break;
+      default: break;
     }
     return false;
   }
@@ -405,18 +391,12 @@ class observer {
     g.probs = t;
     g.gating_known = true;
     switch (t->op) {
-      case GGML_OP_SOFT_MAX:
-        g.gating = gating_function::softmax;
-        break;
+      case GGML_OP_SOFT_MAX: g.gating = gating_function::softmax; break;
       case GGML_OP_UNARY:
-        if (ggml_get_unary_op(t) == GGML_UNARY_OP_SIGMOID)
-          g.gating = gating_function::sigmoid;
-        else
-          g.unsupported = true;
+        if (ggml_get_unary_op(t) == GGML_UNARY_OP_SIGMOID) g.gating = gating_function::sigmoid;
+        else g.unsupported = true;
         break;
-      case GGML_OP_SQRT:
-        g.gating = gating_function::sqrt_softplus;
-        break;
+      case GGML_OP_SQRT: g.gating = gating_function::sqrt_softplus; break;
       case GGML_OP_ADD:
         // softmax-weight gating with a logit bias (gpt-oss): probs = logits + b.
         if (t->src[0] == g.logits) {
@@ -426,9 +406,7 @@ class observer {
           g.unsupported = true;
         }
         break;
-      default:
-        g.unsupported = true;
-        break;
+      default: g.unsupported = true; break;
     }
   }
 
@@ -493,11 +471,9 @@ class observer {
       spec.n_group_used = static_cast<std::size_t>(g.group_topk->ne[0]);
     }
     // llama4 ranks the raw logits while its weights come from the sigmoid.
-    const ggml_tensor* raw = g.logit_bias != nullptr && g.gating != gating_function::softmax_weight
-                                 ? nullptr
-                                 : g.logits;
-    spec.select_on_logits = g.gating != gating_function::softmax_weight && raw != nullptr &&
-                            g.argsort_src == raw;
+    const ggml_tensor* raw =
+        g.logit_bias != nullptr && g.gating != gating_function::softmax_weight ? nullptr : g.logits;
+    spec.select_on_logits = g.gating != gating_function::softmax_weight && raw != nullptr && g.argsort_src == raw;
     spec.normalize_weights = g.weights_norm;
     spec.scale_weights = g.weights_scaled;
     spec.weight_scale = g.weights_scaled ? g.scale : 1.0f;
@@ -590,8 +566,8 @@ class observer {
     const bool ok = x != nullptr && x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 &&
                     static_cast<std::size_t>(x->ne[1]) == n_tok && x->nb[0] == sizeof(float) &&
                     ids->nb[0] == sizeof(std::int32_t) && x->nb[1] % sizeof(float) == 0 &&
-                    ids->nb[1] % sizeof(std::int32_t) == 0 && detail::host_readable(x) &&
-                    detail::host_readable(ids) && n_tok <= graph_tokens_ && k == s.spec.top_k;
+                    ids->nb[1] % sizeof(std::int32_t) == 0 && detail::host_readable(x) && detail::host_readable(ids) &&
+                    n_tok <= graph_tokens_ && k == s.spec.top_k;
     if (!ok) {
       ++stats_.unreadable;
       return false;

@@ -120,8 +120,9 @@ class predicted_reads {
   template <class Resident>
   void issue(read_scheduler& scheduler, layer_id l, const float* x,
              const std::vector<expert_pages::layer_ranges>& layers, residency_stats& st, Resident&& resident) {
-    issue(scheduler, l, x, layers, st, std::forward<Resident>(resident),
-          [](layer_id, expert_id) noexcept { return true; }, [](layer_id, expert_id) noexcept {});
+    issue(
+        scheduler, l, x, layers, st, std::forward<Resident>(resident),
+        [](layer_id, expert_id) noexcept { return true; }, [](layer_id, expert_id) noexcept {});
   }
 
  private:

@@ -24,7 +24,6 @@
 
 namespace moe_residency::llama_cpp {
 
-
 /// Makes one expert resident by reading its slices from the GGUF file:
 /// `pread` into a buffer, or `fadvise` (POSIX_FADV_WILLNEED: the kernel reads
 /// ahead into the page cache that llama.cpp's mmap then hits). `read` uses
@@ -89,8 +88,8 @@ class gguf_expert_reader {
       const int fd = fds_[r.split];
       if (mode_ == mode::fadvise) {
 #if defined(POSIX_FADV_WILLNEED)
-        if (::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(r.bytes_per_expert),
-                            POSIX_FADV_WILLNEED) != 0)
+        if (::posix_fadvise(fd, static_cast<off_t>(off), static_cast<off_t>(r.bytes_per_expert), POSIX_FADV_WILLNEED) !=
+            0)
           return false;
 #endif
         continue;

@@ -214,8 +214,8 @@ class mmap_residency final : public residency_manager {
           if (f.file_base != nullptr) {
             const int rc = advice_->attach_file(f.path, f.file_base, f.file_bytes);
             if (rc != 0 && options_.pool)
-              throw error("mmap_residency: pool: cannot open " + f.path + " for its own reads: " +
-                          std::strerror(rc) + "; expected a readable file (or pool = false)");
+              throw error("mmap_residency: pool: cannot open " + f.path + " for its own reads: " + std::strerror(rc) +
+                          "; expected a readable file (or pool = false)");
             attached = attached && rc == 0;
           }
       }
@@ -303,8 +303,8 @@ class mmap_residency final : public residency_manager {
     if (options_.cache && cache_) {
       char buf[96];
       std::snprintf(buf, sizeof buf, " %.2f%% hit", s.cache_hit_pct());
-      o << " cache " << Policy::name << " " << detail::mib(budget_) << buf << ", pinned "
-        << detail::mib(s.pinned_bytes) << " (peak " << detail::mib(s.pinned_peak_bytes) << ")"
+      o << " cache " << Policy::name << " " << detail::mib(budget_) << buf << ", pinned " << detail::mib(s.pinned_bytes)
+        << " (peak " << detail::mib(s.pinned_peak_bytes) << ")"
         << (pool_ ? ", in a pool of " + detail::mib(s.pool_bytes) : std::string()) << " |";
     }
     if (options_.measure && !inspectable_) {
@@ -424,7 +424,8 @@ class mmap_residency final : public residency_manager {
       throw error("mmap_residency: the pinned cache needs " + detail::mib(need) + " locked (budget " +
                   detail::mib(budget_) + " + dense " + detail::mib(options_.pin_dense ? pages_.dense_bytes() : 0) +
                   ") but RLIMIT_MEMLOCK is " + detail::mib(limit) +
-                  "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the process CAP_IPC_LOCK");
+                  "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the process "
+                  "CAP_IPC_LOCK");
     cache_options o;
     o.budget_bytes = budget_;
     o.guard = cycle_guard::warn;
@@ -452,8 +453,8 @@ class mmap_residency final : public residency_manager {
     // + the speculative placements in flight (options_.predicted): up to
     // spec_cap a layer (the planner takes no more than the top-k), for
     // `horizon` layers ahead.
-    const std::uint64_t slots = budget_ / smallest + shape_.top_k() +
-                                (options_.predicted ? spec_reads() * options_.horizon : 0);
+    const std::uint64_t slots =
+        budget_ / smallest + shape_.top_k() + (options_.predicted ? spec_reads() * options_.horizon : 0);
     // Each placed slice is a mapping of its own, splits the file's, and its
     // locked shared pages split it again (up to four mappings a slice):
     // the kernel's vm.max_map_count bounds them.
@@ -483,9 +484,10 @@ class mmap_residency final : public residency_manager {
 
   // Kept free besides the dense weights and llama.cpp's own memory (see margin_bytes).
   std::uint64_t margin_for(std::uint64_t limit) const noexcept {
-    return options_.margin_bytes != 0 ? options_.margin_bytes
-                                      : std::max<std::uint64_t>(256ull << 20, limit / 8) +
-                                            (2 * (options_.lanes + spec_reads()) + shape_.top_k()) * pages_.widest_expert_bytes();
+    return options_.margin_bytes != 0
+               ? options_.margin_bytes
+               : std::max<std::uint64_t>(256ull << 20, limit / 8) +
+                     (2 * (options_.lanes + spec_reads()) + shape_.top_k()) * pages_.widest_expert_bytes();
   }
   // Speculative reads a layer at most: spec_cap, of the predicted top-k.
   std::size_t spec_reads() const noexcept { return std::min<std::size_t>(options_.spec_cap, shape_.top_k()); }
@@ -512,8 +514,9 @@ class mmap_residency final : public residency_manager {
     const std::uint64_t margin = margin_for(lim.bytes);
     const std::uint64_t need = pages_.dense_bytes() + anon + margin;
     std::ostringstream note;
-    note << "limit " << detail::mib(lim.bytes) << " (" << lim.source << ") - dense " << detail::mib(pages_.dense_bytes())
-         << " - llama.cpp anonymous " << detail::mib(anon) << " - margin " << detail::mib(margin);
+    note << "limit " << detail::mib(lim.bytes) << " (" << lim.source << ") - dense "
+         << detail::mib(pages_.dense_bytes()) << " - llama.cpp anonymous " << detail::mib(anon) << " - margin "
+         << detail::mib(margin);
     const std::uint64_t layer_need = pages_.widest_expert_bytes() * shape_.top_k();
     if (lim.bytes <= need || lim.bytes - need < layer_need)
       throw error("mmap_residency: auto budget: " + note.str() + " leaves " +
@@ -730,7 +733,8 @@ class mmap_residency final : public residency_manager {
                             const std::size_t ps = to_index(pl) * shape_.n_experts() + to_index(pe);
                             if (spec_slot_[ps] == no_slot) return;
                             if (f == detail::predicted_reads::fate::ok && demanded) return;  // adopted below
-                            release_speculative(to_index(pl), to_index(pe), f != detail::predicted_reads::fate::not_run);
+                            release_speculative(to_index(pl), to_index(pe),
+                                                f != detail::predicted_reads::fate::not_run);
                           });
     } else if (scheduler_) {
       predictions_.settle(*scheduler_, l, routed_, stats_);
@@ -982,8 +986,8 @@ class mmap_residency final : public residency_manager {
   std::atomic<bool> populate_unsupported_{false};
   bool random_applied_ = false;
   bool standing_down_ = false;
-  std::string fit_note_;  // MADV_RANDOM on the expert ranges: restored by the destructor
-  bool inspectable_ = true;      // mincore and pageout work on this file (see may_inspect_file)
+  std::string fit_note_;        // MADV_RANDOM on the expert ranges: restored by the destructor
+  bool inspectable_ = true;     // mincore and pageout work on this file (see may_inspect_file)
   bool lock_demanded_ = false;  // demanded reads of this batch lock (cache admissions)
   bool owned_ = false;          // lanes read with advice::read (attach_file succeeded)
   // The expert pool (options_.pool): each (layer, expert)'s slot, the free ones.

@@ -86,8 +86,7 @@ struct residency_options {
     if (lanes > 64) bad("lanes " + std::to_string(lanes) + "; expected [0, 64]");
     if (spec_cap > 32) bad("spec_cap " + std::to_string(spec_cap) + "; expected [0, 32]");
     if (horizon != 1 && horizon != 2) bad("horizon " + std::to_string(horizon) + "; expected 1 or 2");
-    if (!(degrade >= 0.0 && degrade <= 1.0))
-      bad("degrade " + std::to_string(degrade) + "; expected a share in [0, 1]");
+    if (!(degrade >= 0.0 && degrade <= 1.0)) bad("degrade " + std::to_string(degrade) + "; expected a share in [0, 1]");
     if (release != advice::cold && release != advice::pageout)
       bad(std::string("release ") + to_string(release) + "; expected cold or pageout");
     if (predicted && lanes == 0) bad("predicted reads need lanes; lanes is 0");
@@ -105,12 +104,12 @@ struct residency_stats {
   /// (with overlap: only when a layer's reads outlast its matmuls).
   std::uint64_t read_wait_ns = 0, read_waits = 0;
   // predicted
-  std::uint64_t predictions = 0;       ///< layers a prediction was made for
-  std::uint64_t predicted_issued = 0;  ///< speculative reads queued
+  std::uint64_t predictions = 0;         ///< layers a prediction was made for
+  std::uint64_t predicted_issued = 0;    ///< speculative reads queued
   std::uint64_t predicted_rejected = 0;  ///< refused by a full scheduler queue
-  std::uint64_t predicted_useful = 0;  ///< completed before the layer, and demanded by it
-  std::uint64_t predicted_late = 0;    ///< demanded, but not complete when the layer's routing came
-  std::uint64_t predicted_wasted = 0;  ///< not demanded by the layer
+  std::uint64_t predicted_useful = 0;    ///< completed before the layer, and demanded by it
+  std::uint64_t predicted_late = 0;      ///< demanded, but not complete when the layer's routing came
+  std::uint64_t predicted_wasted = 0;    ///< not demanded by the layer
   std::uint64_t predicted_bytes = 0;
   // cache
   std::uint64_t cache_hits = 0, cache_misses = 0, evictions = 0;
@@ -140,8 +139,7 @@ struct residency_stats {
     return n ? 100.0 * static_cast<double>(cache_hits) / static_cast<double>(n) : 0.0;
   }
   double resident_pct() const noexcept {
-    return routed_experts ? 100.0 * static_cast<double>(routed_resident) / static_cast<double>(routed_experts)
-                          : 0.0;
+    return routed_experts ? 100.0 * static_cast<double>(routed_resident) / static_cast<double>(routed_experts) : 0.0;
   }
 };
 

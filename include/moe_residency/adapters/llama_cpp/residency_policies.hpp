@@ -42,8 +42,9 @@ inline std::string live_cache_policy(const std::string& policy) {
   std::string why;
   if (name.empty()) why = "unknown";
   else if (name == "layer" || name == "layerlfu")
-    why = "a layer partition keeps top-k experts of every layer even above its budget, and the manager pins "
-          "what its cache holds";
+    why =
+        "a layer partition keeps top-k experts of every layer even above its budget, and the manager pins "
+        "what its cache holds";
   else if (name == "belady") why = "offline: it needs the trace's future (replay only)";
   else if (name == "random") why = "a replay baseline, not for a live cache";
   else {
@@ -60,8 +61,7 @@ inline std::string live_cache_policy(const std::string& policy) {
 /// `error` as live_cache_policy does, and as that constructor does for bad
 /// options.
 inline std::unique_ptr<residency_manager> make_residency_manager(const std::string& policy, const observer& obs,
-                                                                 std::string gguf_path,
-                                                                 residency_options options = {},
+                                                                 std::string gguf_path, residency_options options = {},
                                                                  memory_advice* advice = nullptr,
                                                                  observer_sink* next = nullptr) {
   const std::string name = live_cache_policy(policy);

@@ -63,10 +63,9 @@ class session_sink : public observer_sink {
     } else {
       // b.x(t), b.routing_of(t) and b.position(t) are already the layer's own
       // rows: for an outputs_only layer, the batch's last n_tokens tokens.
-      const std::size_t n_embd = b.structure->router.cols != 0 ? b.structure->router.cols
-                                                               : session_->routers().n_embd();
-      session_->gate_input(b.layer, b.gate_input, n_embd, b.n_tokens,
-                           b.gate_input_stride * sizeof(float));
+      const std::size_t n_embd =
+          b.structure->router.cols != 0 ? b.structure->router.cols : session_->routers().n_embd();
+      session_->gate_input(b.layer, b.gate_input, n_embd, b.n_tokens, b.gate_input_stride * sizeof(float));
       if (buffer_.size() < b.n_tokens) buffer_.resize(b.n_tokens);
       bool ok = true;
       for (std::size_t t = 0; t < b.n_tokens && ok; ++t) ok = b.routing_of(t, buffer_[t]);
@@ -147,8 +146,7 @@ template <class Policy>
 class route_recorder : public observer_sink {
  public:
   /// `budget_bytes` 0: record only, no cache. Throws like expert_cache.
-  route_recorder(const model_shape& shape, std::uint64_t budget_bytes,
-                 cycle_guard guard = cycle_guard::warn)
+  route_recorder(const model_shape& shape, std::uint64_t budget_bytes, cycle_guard guard = cycle_guard::warn)
       : shape_(shape) {
     trace_.header.model = shape.name();
     trace_.header.arch = shape.name();
@@ -174,8 +172,8 @@ class route_recorder : public observer_sink {
   /// The trace header's model name, architecture and per-layer dense bytes.
   void describe(std::string model, std::string arch, std::vector<std::uint64_t> dense_bytes) {
     if (dense_bytes.size() != shape_.n_layers())
-      throw error("route_recorder: dense_bytes has " + std::to_string(dense_bytes.size()) +
-                  " entries; expected " + std::to_string(shape_.n_layers()));
+      throw error("route_recorder: dense_bytes has " + std::to_string(dense_bytes.size()) + " entries; expected " +
+                  std::to_string(shape_.n_layers()));
     trace_.header.model = std::move(model);
     trace_.header.arch = std::move(arch);
     trace_.header.dense_bytes = std::move(dense_bytes);

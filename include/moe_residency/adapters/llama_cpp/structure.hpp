@@ -122,8 +122,8 @@ inline std::vector<float> read_vector(const ggml_tensor* t) {
   } else {
     const ggml_type_traits* tr = ggml_get_type_traits(t->type);
     if (tr == nullptr || tr->to_float == nullptr)
-      throw error(std::string("llama_cpp observer: tensor '") + t->name + "' has type " +
-                  ggml_type_name(t->type) + "; expected a type convertible to f32");
+      throw error(std::string("llama_cpp observer: tensor '") + t->name + "' has type " + ggml_type_name(t->type) +
+                  "; expected a type convertible to f32");
     tr->to_float(raw.data(), out.data(), static_cast<std::int64_t>(n));
   }
   return out;
@@ -163,7 +163,7 @@ struct expert_tensor {
 struct layer_structure {
   bool moe = false;
   router_spec spec;
-  matrix_view router;  ///< blk.il.ffn_gate_inp.weight, rows = experts
+  matrix_view router;            ///< blk.il.ffn_gate_inp.weight, rows = experts
   bool router_readable = false;  ///< in host memory as f32/f16/bf16
   std::vector<expert_tensor> experts;
   std::uint64_t expert_bytes = 0;  ///< Σ bytes_per_expert: one expert of this layer
@@ -190,9 +190,7 @@ struct layer_batch {
   std::size_t k = 0;
 
   const float* x(std::size_t t) const noexcept { return gate_input + t * gate_input_stride; }
-  std::uint32_t position(std::size_t t) const noexcept {
-    return first_position + static_cast<std::uint32_t>(t);
-  }
+  std::uint32_t position(std::size_t t) const noexcept { return first_position + static_cast<std::uint32_t>(t); }
   /// The engine's routing of token t (ids and weights in rank order).
   /// False (and `out` empty) when an id is out of range or k > 32.
   bool routing_of(std::size_t t, routing& out) const noexcept {
