@@ -12,6 +12,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev     # the moe-residency command-line tool
   libbenchmark-dev                    # benchmarks (built in CI so they cannot rot)
   clang libclang-rt-dev               # the second compiler CI builds with, and its sanitizer runtimes
+  clang-format                        # scripts/check-format.sh (CI checks the style of every file)
   gnuplot-nox                         # `moe-residency replay --plot`
   # the Python module (MOE_RESIDENCY_BUILD_PYTHON; scripts/test.sh builds and tests it
   # with Debian's /usr/bin/python3, which these packages are for), its offline
