@@ -289,7 +289,7 @@ TEST_CASE("replay_grid: a worker that cannot start is an error, not std::termina
   CHECK(detail::replay_grid_with(in, budgets, pols, o, detail::replay_thread_starter{}).size() == 16);
 }
 
-// ---- issue 10: dropping and speculation in the replay ------------------------
+// ---- dropping and speculation in the replay -----------------------------------
 
 namespace {
 
@@ -319,7 +319,7 @@ twin_drop twin_static(const route_trace& t, double fraction, std::size_t keep_k)
 }  // namespace
 
 TEST_CASE("static drop replay reproduces the engine authors' published replay (Qwen decode)") {
-  // Source: issue 10 / shared/traces/README.md (BigMoeOnEdge cache-aware drop replay over the
+  // Source: shared/traces/README.md (BigMoeOnEdge cache-aware drop replay over the
   // recorded residency): F = 0.75 -> 36.8% of miss bytes avoided, 4.44% of weight discarded;
   // F = 1.0 -> 66.1%, 9.46%; static keep_k 5 -> 23.2%, 10.60%.
   const std::string path = real_trace("qwen.route.csv");

@@ -462,7 +462,7 @@ TEST_CASE("the LRU replay's per-token reads are the reads the engine made (*.met
 }
 
 TEST_CASE("calibrated on the first half of the phone's tokens, the model predicts the second half") {
-  // Targets (issue 10): held-out median |error| <= 15% of the recorded per-token wall
+  // Targets: held-out median |error| <= 15% of the recorded per-token wall
   // time, mean s/token within 10%. Qwen3-30B at 4000 MiB meets both (asserted). gpt-oss-120b
   // at 3000 MiB does not: its recorded compute alone varies 0.2-12.9 s per token with no
   // relation to routing (docs/wall-clock.md), so only the fit's sanity is asserted there.

@@ -1182,7 +1182,7 @@ TEST_CASE("binary: the scanner's (phase, residency, bits) slot is one to one on 
 TEST_CASE(
     "header strings: a model name of any length round-trips whole; past the binary form's 32-bit length it is "
     "refused") {
-  // Issue 11: the llama.cpp adapter read GGUF metadata into 256 bytes, so a model
+  // A regression: the llama.cpp adapter read GGUF metadata into 256 bytes, so a model
   // name was cut at 255 silently (tests/llama_cpp/test_llama_cpp_files.cpp holds
   // the adapter to the whole name). Here the trace forms themselves: 300 bytes
   // come back exactly from both, and a length the binary form cannot store is

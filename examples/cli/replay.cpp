@@ -42,7 +42,7 @@ struct replay_args {
   unsigned threads = 0;
   std::uint64_t seed = 0x5eed;
   double decay = cycle_policy_options{}.decay;
-  // issue 10: dynamic drop and speculation
+  // dynamic drop and speculation
   double drop = 0;
   std::string speculate;
   std::size_t spec_cap = speculation_planner::default_cap;

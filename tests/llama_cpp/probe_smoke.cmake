@@ -129,7 +129,7 @@ if(rc EQUAL 0 OR NOT "${err}" MATCHES "--residency-when-fits: 'sometimes'; expec
 endif()
 message(STATUS "--residency-when-fits: stands down by default, acts when told, refuses 'sometimes'")
 
-# An option that acts only with another is refused naming both (issue 35), and a
+# An option that acts only with another is refused naming both, and a
 # number out of its domain is refused naming the option, the text and the limits.
 foreach(_case
     "--model;${gguf};--lanes;4|--lanes has no effect without --residency"

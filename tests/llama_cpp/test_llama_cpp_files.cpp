@@ -131,7 +131,7 @@ TEST_CASE("llama.cpp adapter: the recorded route trace replays to the recorder's
 }
 
 TEST_CASE("llama.cpp adapter: a general.name of 300 bytes reaches the recorded trace whole, CSV and binary") {
-  // Issue 11: the observer read GGUF metadata into a 256-byte buffer, so a
+  // A regression: the observer read GGUF metadata into a 256-byte buffer, so a
   // longer model name was cut at 255 bytes without a word.
   std::string name = "Qwen3 30B A3B, a name longer than 255 bytes:";
   while (name.size() < 300) name += static_cast<char>('a' + name.size() % 26);

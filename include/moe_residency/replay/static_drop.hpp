@@ -17,7 +17,7 @@
 
 namespace moe_residency {
 // ===========================================================================
-// Dropping and speculation in the replay (issue 10).
+// Dropping and speculation in the replay.
 
 /// A trace's routings with the residency the engine recorded for each slot.
 /// `routings[i]` and `recorded_miss[i]` are the i-th routing of the file
