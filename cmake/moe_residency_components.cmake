@@ -62,6 +62,14 @@ list(APPEND MOE_RESIDENCY_CORE_HEADERS ${_mr_core_globbed})
 set(MOE_RESIDENCY_SIMD_HEADERS
   moe_residency/router.hpp
   moe_residency/detail/gemv.hpp
+  moe_residency/detail/gemv/config.hpp
+  moe_residency/detail/gemv/intrinsics.hpp
+  moe_residency/detail/gemv/scalar.hpp
+  moe_residency/detail/gemv/simd.hpp
+  moe_residency/detail/gemv/x86.hpp
+  moe_residency/detail/gemv/x86_avx2.hpp
+  moe_residency/detail/gemv/x86_avx512.hpp
+  moe_residency/detail/gemv/x86_tune.hpp
   moe_residency/predict.hpp
   moe_residency/predict/gate.hpp
   moe_residency/predict/router_bank.hpp
