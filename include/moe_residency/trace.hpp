@@ -8,9 +8,13 @@
 ///
 /// This header includes the whole of trace/, one header per job:
 ///   trace/types.hpp     trace_row, trace_header, route_trace, validated_route_trace
-///   trace/validate.hpp  the row checker (row order state machine), validate_route_trace
+///   trace/validate.hpp  the row checker (row order state machine), validate_route_trace,
+///                       with trace/row_values.hpp (columns, ranges, messages) and
+///                       trace/token_layers.hpp (which layers each token routes)
 ///   trace/csv.hpp       CSV parser and writer
-///   trace/binary.hpp    binary reader and writer
+///   trace/binary.hpp    binary reader (the frame, then trace/binary_scan.hpp's scan,
+///                       trace/binary_decode.hpp's decoders or trace/binary_exact.hpp's
+///                       exact pass) and trace/binary_write.hpp's writer
 ///   trace/batches.hpp   group_load_batches, collect_routings
 /// and read_route_trace, which picks the parser by the file's first byte.
 

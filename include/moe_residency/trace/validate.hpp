@@ -3,9 +3,12 @@
 /// parser runs on every row (`detail::trace_row_checker`), and
 /// `validate_route_trace`, which turns a `route_trace` built by hand into a
 /// `validated_route_trace`. The rules are in docs/traces.md ("Row order").
+///
+/// The checker's pieces shared with the parsers are beside it: each value's
+/// domain and message in trace/row_values.hpp, the layer sequence of a token
+/// in trace/token_layers.hpp.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -13,8 +16,9 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
-#include "moe_residency/detail/trace_text.hpp"
 #include "moe_residency/error.hpp"
+#include "moe_residency/trace/row_values.hpp"
+#include "moe_residency/trace/token_layers.hpp"
 #include "moe_residency/trace/types.hpp"
 
 namespace moe_residency {
@@ -25,138 +29,6 @@ namespace moe_residency {
 validated_route_trace validate_route_trace(route_trace trace, const std::string& source_name = "route_trace");
 
 namespace detail {
-
-/// The columns of a row, numbered as in error messages (1-based).
-enum class trace_column : std::uint8_t {
-  turn = 1,
-  phase,
-  step,
-  layer,
-  slot,
-  expert,
-  weight,
-  residency,
-  expert_bytes,
-  dropped
-};
-
-inline const char* column_name(trace_column c) noexcept {
-  static const char* const names[] = {"",       "turn",   "phase",     "step",         "layer",  "slot",
-                                      "expert", "weight", "residency", "expert_bytes", "dropped"};
-  return names[static_cast<int>(c)];
-}
-
-struct trace_issue {
-  trace_column column = trace_column::turn;
-  std::string message;
-};
-
-inline std::string range_message(const char* what, std::uint64_t v, std::uint64_t end) {
-  return std::string(what) + " " + std::to_string(v) + " out of range [0, " + std::to_string(end) + ")";
-}
-inline std::string phase_message(std::uint64_t v) {
-  return "phase " + std::to_string(v) + " out of range; expected 0 (prefill) or 1 (decode)";
-}
-inline std::string residency_message(std::uint64_t v) {
-  return "residency " + std::to_string(v) +
-         " out of range; expected 0 (miss), 1 (hit) or 2 (hit thanks to a speculative read)";
-}
-/// A gate weight is the share of a token's output an expert carries: finite
-/// and >= 0 (-0 included), or NaN for an engine that records no weights. A
-/// negative or infinite one would flow into the drop policy's mass accounting.
-inline bool weight_in_domain(float w) noexcept { return std::isnan(w) || (w >= 0.0f && w < HUGE_VALF); }
-/// weight_in_domain on the weight's IEEE-754 bits (the binary scanner's form).
-/// Below +inf with the sign clear, a NaN of either sign, or -0; three
-/// compares without a branch, as the scanner's vector lanes do them.
-inline bool weight_bits_in_domain(std::uint32_t bits) noexcept {
-  return (bits < 0x7f800000u) | ((bits & 0x7fffffffu) > 0x7f800000u) | (bits == 0x80000000u);
-}
-inline std::string weight_message(float w) {
-  char buf[32];
-  const std::string text(buf, format_weight(w, buf));
-  return "weight " + text + (std::isinf(w) ? " is not finite" : " is negative") +
-         "; expected a finite weight >= 0 (or nan, an unrecorded weight)";
-}
-inline std::string dropped_message(std::uint64_t v) {
-  return "dropped " + std::to_string(v) + " out of range; expected 0 or 1";
-}
-inline std::string slot_message(std::uint64_t v, std::size_t k) {
-  return "slot " + std::to_string(v) + " out of range [0, " + std::to_string(k) +
-         ") (n_expert_used=" + std::to_string(k) + ")";
-}
-
-/// The layers every token routes, in order: those with expert bytes (the MoE
-/// layers). A decode token routes each once, ascending; a prompt batch
-/// (prefill, layer-major) routes them in the same order and may stop one
-/// short of the last: llama.cpp computes the last layer only for the rows
-/// whose logits it needs, and a batch before the prompt's last needs none.
-/// Shared by trace_row_checker and the binary reader's scanner, which call
-/// next() where a routing begins (after the row-order check) and end() when
-/// the rows run out.
-class token_layers {
- public:
-  enum class fault : std::uint8_t {
-    none,
-    start,  ///< a token or batch (or the trace) begins at a layer other than the first
-    skip,   ///< within a token or batch, a layer other than the next one follows
-    cut,    ///< a new token, batch, phase or turn begins before the previous one reached its last layer
-    empty   ///< (end) no routing at all
-  };
-  static constexpr std::uint32_t none_layer = 0xffffffffu;
-
-  explicit token_layers(const trace_header& h) : next_(h.n_layer, none_layer) {
-    std::uint32_t prev = none_layer;
-    for (std::size_t l = 0; l < h.n_layer; ++l) {
-      if (h.expert_bytes[l] == 0) continue;
-      const auto layer = static_cast<std::uint32_t>(l);
-      if (prev == none_layer) first_ = layer;
-      else next_[prev] = layer;
-      penult_ = prev;
-      last_ = layer;
-      prev = layer;
-    }
-  }
-
-  /// May a routing at (turn, phase, step, layer) begin after one at
-  /// (prev_*), the row order being known good? Phase 0 prefill, 1 decode.
-  fault next(bool has_prev, std::uint32_t prev_turn, unsigned prev_phase, std::uint32_t prev_step,
-             std::uint32_t prev_layer, std::uint32_t turn, unsigned phase, std::uint32_t step,
-             std::uint32_t layer) const noexcept {
-    if (!has_prev) return layer == first_ ? fault::none : fault::start;
-    const bool same = turn == prev_turn && phase == prev_phase;
-    // Does it continue the previous token (decode) or prompt batch (prefill:
-    // a lower layer starts the next batch)?
-    if (same && (phase == 1 ? step == prev_step : layer >= prev_layer)) {
-      if (layer == prev_layer) return fault::none;  // prefill: the layer's next token
-      return layer == next_[prev_layer] ? fault::none : fault::skip;
-    }
-    const bool batch_follows = same && phase == 0;
-    if (prev_layer != last_ && !(batch_follows && prev_layer == penult_)) return fault::cut;
-    return layer == first_ ? fault::none : fault::start;
-  }
-
-  /// May the rows end after a routing at prev_layer? (The prompt's last batch
-  /// reaches the last layer, as a decode token does.)
-  fault end(bool has_prev, std::uint32_t prev_layer) const noexcept {
-    if (!has_prev) return fault::empty;
-    return prev_layer == last_ ? fault::none : fault::cut;
-  }
-
-  std::uint32_t first() const noexcept { return first_; }
-  std::uint32_t last() const noexcept { return last_; }
-  /// The layer after `l` in a token, or none_layer after the last.
-  std::uint32_t after(std::uint32_t l) const noexcept { return next_[l]; }
-  /// The layers after `l` up to the last, in words ("layer 7", "layers 5 to 47").
-  std::string rest_after(std::uint32_t l) const {
-    const std::uint32_t n = next_[l];
-    if (n == none_layer) return "none";
-    return n == last_ ? "layer " + std::to_string(n) : "layers " + std::to_string(n) + " to " + std::to_string(last_);
-  }
-
- private:
-  std::vector<std::uint32_t> next_;
-  std::uint32_t first_ = none_layer, penult_ = none_layer, last_ = none_layer;
-};
 
 /// Checks rows one at a time, in order: value ranges against the header,
 /// the expert_bytes rule, slots in rank order, distinct experts per routing,
