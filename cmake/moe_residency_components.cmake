@@ -74,6 +74,11 @@ set(MOE_RESIDENCY_SIMD_HEADERS
   moe_residency/predict/gate.hpp
   moe_residency/predict/router_bank.hpp
   moe_residency/session.hpp
+  moe_residency/session/checks.hpp
+  moe_residency/session/extension_hooks.hpp
+  moe_residency/session/predictions.hpp
+  moe_residency/session/report.hpp
+  moe_residency/session/routing_layouts.hpp
   moe_residency/synthetic.hpp)
 
 # replay.hpp is here, not in core, because replay_grid runs its cells on std::threads

@@ -24,33 +24,35 @@
 /// The session's vocabulary (options, views, anomaly kinds) is
 /// session_types.hpp, which needs no SIMD.
 ///
-/// Why this header is long: the session class is one state machine. Its
-/// event checks (order, shape, NaN, duplicates), the predictors' calls and
-/// the extensions' hooks run in an order that is its contract: a routing is
-/// checked before it is scored, scored before any extension sees it, and an
-/// anomaly loses nothing already accounted. Split across headers, that order
-/// could not be read in one place.
+/// This header is the class and its state machine: the events in the order
+/// that is their contract (a routing is checked before it is scored, scored
+/// before any extension sees it, and an anomaly loses nothing already
+/// accounted). Beside it, in session/: the checks each event calls and the
+/// anomaly policy (checks.hpp), the `routed` overloads that read an engine's
+/// layouts (routing_layouts.hpp), the predictors' calls (predictions.hpp) —
+/// these three define members declared here and are included at the end —
+/// the extension hooks' compile-time contract (extension_hooks.hpp) and the
+/// session's report lines (report.hpp).
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "moe_residency/core.hpp"
-#include "moe_residency/detail/format.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/predict.hpp"
 #include "moe_residency/predict/router_bank.hpp"
 #include "moe_residency/router.hpp"
 #include "moe_residency/score.hpp"
+#include "moe_residency/session/extension_hooks.hpp"
+#include "moe_residency/session/report.hpp"
 #include "moe_residency/session_hook.hpp"
 #include "moe_residency/session_types.hpp"
 
@@ -58,7 +60,7 @@ namespace moe_residency {
 
 /// A session owning predictors P... and extensions X....
 ///
-/// Extensions (issue 5's cache, drop policy, planner, scheduler; a trace
+/// Extensions (the cache, drop policy, planner, scheduler; a trace
 /// recorder) receive the events after the session checked them, through the
 /// members they declare in `static constexpr session_hook hooks` (checked at
 /// compile time: see session_hook):
@@ -96,7 +98,7 @@ class session<predictor_set<P...>, X...> {
         predictors_(std::move(predictors)),
         extensions_(std::move(extensions)),
         scorer_({P::label()...}, shape_.n_layers(), options.scoring) {
-    static_assert((check_extension<X>() && ...), "session: extension contract");
+    static_assert((detail::check_session_extension<X, session>() && ...), "session: extension contract");
     std::apply([this](auto&... p) { (p.reset(shape_), ...); }, predictors_);
     for (std::size_t i = 0; i < n_predictors; ++i) {
       board_[i].assign(shape_.n_layers(), ranking{});
@@ -207,29 +209,9 @@ class session<predictor_set<P...>, X...> {
       return anomaly(anomaly_kind::duplicate_gate_input,
                      [&] { return where(l) + "gate_input: a second gate input for this layer in one batch"; });
     const std::size_t stride = g.row_stride_bytes ? g.row_stride_bytes : g.length * sizeof(float);
-    if (!g.data || g.length == 0 || !batch_size_ok(g.n_tokens) || stride < g.length * sizeof(float) ||
-        stride % sizeof(float) != 0 || (bank_.n_embd() != 0 && g.length != bank_.n_embd()))
-      return anomaly(anomaly_kind::gate_input_shape, [&] {
-        return where(l) + "gate_input: " + describe(g, stride) + "; expected " + std::to_string(n_tokens_) +
-               " token(s)" +
-               (phase_ == run_phase::prefill && n_tokens_ > 1
-                    ? " (or the batch's last 1.." + std::to_string(n_tokens_) + ")"
-                    : std::string()) +
-               " of " + (bank_.n_embd() ? std::to_string(bank_.n_embd()) : std::string("> 0")) +
-               " floats, stride >= a row, non-null data";
-      });
+    if (!check_gate_input_shape(l, g, stride)) return false;
     st |= gate_seen;
-    if (options_.check_gate_inputs) {
-      for (std::size_t t = 0; t < g.n_tokens; ++t) {
-        const float* x = row(g.data, t, stride);
-        for (std::size_t i = 0; i < g.length; ++i)
-          if (!std::isfinite(x[i]))
-            return anomaly(anomaly_kind::nan_gate_input, [&] {
-              return where(l) + "gate_input: token " + std::to_string(token_of_row(g.n_tokens, t)) + " element " +
-                     std::to_string(i) + " is " + detail::format_number(x[i]) + "; expected a finite value";
-            });
-      }
-    }
+    if (options_.check_gate_inputs && !check_gate_input_finite(l, g, stride)) return false;
     st |= gate_ok;
     if (n_tokens_ == 1 && g.n_tokens == 1 && scorer_.scores_phase(phase_)) predict_from_gate(l, g.data);
     for_each_extension([&](auto& x) {
@@ -266,65 +248,9 @@ class session<predictor_set<P...>, X...> {
   bool routed(const routing& r) { return routed(r.layer, span<const routing>(&r, 1)); }
   /// One token's routing as ids (rank order) and weights (may be null). A
   /// routing wider than 32 is declined (counted, not scored).
-  bool routed(layer_id l, const expert_id* ids, const float* weights, std::size_t k) {
-    if (!check_routing_event(l, 1)) return false;
-    if (!ids)
-      return anomaly(anomaly_kind::routing_shape, [&] { return where(l) + "routed: ids is null; expected k ids"; });
-    if (k == 0)
-      return anomaly(anomaly_kind::routing_shape, [&] { return where(l) + "routed: k is 0; expected k >= 1"; });
-    bool declined = false;
-    if (k > max_top_k) {
-      declined = true;
-    } else {
-      buffer_[0].assign(ids, weights, k);
-      buffer_[0].layer = l;
-    }
-    return accept_routings(l, 1, declined ? &declined : nullptr);
-  }
+  bool routed(layer_id l, const expert_id* ids, const float* weights, std::size_t k);
   /// A batch of routings as the engine stores them (see routing_batch_view).
-  bool routed(layer_id l, const routing_batch_view& b) {
-    if (!check_routing_event(l, b.n_tokens)) return false;
-    if (!b.ids)
-      return anomaly(anomaly_kind::routing_shape,
-                     [&] { return where(l) + "routed: routing_batch_view::ids is null; expected k ids per token"; });
-    if (b.k == 0)
-      return anomaly(anomaly_kind::routing_shape,
-                     [&] { return where(l) + "routed: routing_batch_view::k is 0; expected k >= 1"; });
-    const std::size_t is = b.ids_row_stride_bytes ? b.ids_row_stride_bytes : b.k * 4;
-    const std::size_t ws = b.weights_row_stride_bytes ? b.weights_row_stride_bytes : b.k * 4;
-    if (is < b.k * 4 || is % 4)
-      return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: ids_row_stride_bytes " + std::to_string(is) + " for k " + std::to_string(b.k) +
-               "; expected a multiple of 4 >= k * 4 = " + std::to_string(b.k * 4) + " (or 0 = packed)";
-      });
-    if (b.weights && (ws < b.k * 4 || ws % 4))
-      return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: weights_row_stride_bytes " + std::to_string(ws) + " for k " + std::to_string(b.k) +
-               "; expected a multiple of 4 >= k * 4 = " + std::to_string(b.k * 4) + " (or 0 = packed)";
-      });
-    const std::size_t n = b.n_tokens;
-    if (b.k > max_top_k) {
-      bool declined = true;
-      return accept_routings(l, n, &declined);
-    }
-    for (std::size_t t = 0; t < n; ++t) {
-      const auto* ids = reinterpret_cast<const std::int32_t*>(reinterpret_cast<const unsigned char*>(b.ids) + t * is);
-      const float* w = b.weights ? row(b.weights, t, ws) : nullptr;
-      routing& r = buffer_[t];
-      r.clear();
-      r.layer = l;
-      for (std::size_t i = 0; i < b.k; ++i) {
-        if (ids[i] < 0 || static_cast<std::size_t>(ids[i]) >= shape_.n_experts())
-          return anomaly(anomaly_kind::expert_out_of_range, [&] {
-            return where(l) + "routed: token " + std::to_string(token_of_row(n, t)) + " slot " + std::to_string(i) +
-                   ": expert " + std::to_string(ids[i]) + " out of range [0, " + std::to_string(shape_.n_experts()) +
-                   ")";
-          });
-        r.push_back(expert_id(static_cast<std::uint16_t>(ids[i])), w ? w[i] : std::numeric_limits<float>::quiet_NaN());
-      }
-    }
-    return accept_routings(l, n, nullptr);
-  }
+  bool routed(layer_id l, const routing_batch_view& b);
 
   /// Layer l's demanded experts are loaded (the point where a read scheduler
   /// may start speculating on later layers).
@@ -355,19 +281,7 @@ class session<predictor_set<P...>, X...> {
   /// exists once the gate input `horizon` MoE layers earlier arrived; a
   /// history predictor ranks on demand. noexcept, allocation-free.
   template <std::size_t I>
-  const ranking* prediction(layer_id target) noexcept {
-    using PI = std::tuple_element_t<I, std::tuple<P...>>;
-    const std::size_t l = to_index(target);
-    if (!in_batch_ || n_tokens_ != 1 || l >= shape_.n_layers()) return nullptr;
-    if (stamp_[I][l] == serial_) return &board_[I][l];
-    if constexpr (is_history_predictor_v<PI>) {
-      if (std::get<I>(predictors_).predict(target, board_[I][l])) {
-        stamp_[I][l] = serial_;
-        return &board_[I][l];
-      }
-    }
-    return nullptr;
-  }
+  const ranking* prediction(layer_id target) noexcept;
 
   // ---- results ----------------------------------------------------------------
 
@@ -382,21 +296,7 @@ class session<predictor_set<P...>, X...> {
   /// batches) and the extensions' notes.
   prediction_report report() const {
     prediction_report r = scorer_.report();
-    if (anomalies_.total()) {
-      std::string s = std::to_string(anomalies_.total()) + " anomalies ignored (";
-      bool first = true;
-      for (std::size_t k = 0; k < anomaly_kind_count; ++k) {
-        if (!anomalies_.by_kind[k]) continue;
-        s +=
-            (first ? "" : ", ") + std::to_string(anomalies_.by_kind[k]) + " " + to_string(static_cast<anomaly_kind>(k));
-        first = false;
-      }
-      s += "); first: " + anomalies_.first_message;
-      r.notes.push_back(std::move(s));
-    }
-    if (unscored_batched_)
-      r.notes.push_back(std::to_string(unscored_batched_) +
-                        " decode routings came in multi-token batches and were not scored");
+    detail::append_session_notes(r.notes, anomalies_, unscored_batched_);
     for_each_extension_const([&](const auto& x) {
       if constexpr (has_append_notes<decltype(x)>::value) x.append_notes(r.notes);
     });
@@ -406,93 +306,21 @@ class session<predictor_set<P...>, X...> {
  private:
   enum : std::uint8_t { gate_seen = 1, gate_ok = 2, routed_seen = 4, loaded_seen = 8 };
 
-  // Extension hook detection.
-  template <class T, class = void>
-  struct has_on_begin_batch : std::false_type {};
+  // Extension hook detection (session/extension_hooks.hpp).
   template <class T>
-  struct has_on_begin_batch<T, std::void_t<decltype(std::declval<T>().on_begin_batch(
-                                   std::declval<session&>(), run_phase{}, std::uint32_t{}, std::size_t{}))>>
-      : std::true_type {};
-  template <class T, class = void>
-  struct has_on_gate_input : std::false_type {};
+  using has_on_begin_batch = detail::session_has_on_begin_batch<T, session>;
   template <class T>
-  struct has_on_gate_input<T, std::void_t<decltype(std::declval<T>().on_gate_input(
-                                  std::declval<session&>(), layer_id{}, std::declval<const gate_input_view&>()))>>
-      : std::true_type {};
-  template <class T, class = void>
-  struct has_on_routings : std::false_type {};
+  using has_on_gate_input = detail::session_has_on_gate_input<T, session>;
   template <class T>
-  struct has_on_routings<T, std::void_t<decltype(std::declval<T>().on_routings(
-                                std::declval<session&>(), layer_id{}, span<const routing>{}, span<std::uint32_t>{}))>>
-      : std::true_type {};
-  template <class T, class = void>
-  struct has_on_layer_loaded : std::false_type {};
+  using has_on_routings = detail::session_has_on_routings<T, session>;
   template <class T>
-  struct has_on_layer_loaded<
-      T, std::void_t<decltype(std::declval<T>().on_layer_loaded(std::declval<session&>(), layer_id{}))>>
-      : std::true_type {};
-  template <class T, class = void>
-  struct has_on_end_batch : std::false_type {};
+  using has_on_layer_loaded = detail::session_has_on_layer_loaded<T, session>;
   template <class T>
-  struct has_on_end_batch<T, std::void_t<decltype(std::declval<T>().on_end_batch(std::declval<session&>()))>>
-      : std::true_type {};
-  template <class T, class = void>
-  struct has_on_attach : std::false_type {};
+  using has_on_end_batch = detail::session_has_on_end_batch<T, session>;
   template <class T>
-  struct has_on_attach<T, std::void_t<decltype(std::declval<T>().on_attach(std::declval<const session&>()))>>
-      : std::true_type {};
-  template <class T, class = void>
-  struct has_append_notes : std::false_type {};
+  using has_on_attach = detail::session_has_on_attach<T, session>;
   template <class T>
-  struct has_append_notes<
-      T, std::void_t<decltype(std::declval<T>().append_notes(std::declval<std::vector<std::string>&>()))>>
-      : std::true_type {};
-
-  template <class T, class = void>
-  struct declares_hooks : std::false_type {};
-  template <class T>
-  struct declares_hooks<T, std::void_t<decltype(T::hooks)>>
-      : std::is_same<std::remove_cv_t<decltype(T::hooks)>, session_hook> {};
-
-  // One static_assert per hook: declared <=> callable with the exact arguments.
-  template <class Ext>
-  static constexpr bool check_extension() {
-    static_assert(declares_hooks<Ext>::value,
-                  "session: an extension must declare the hooks it implements, e.g. "
-                  "`static constexpr session_hook hooks = session_hook::routings | session_hook::layer_loaded;` "
-                  "(session_hook::none for none), so that a misspelt or mistyped hook does not compile");
-    if constexpr (declares_hooks<Ext>::value) {
-      constexpr session_hook h = Ext::hooks;
-      static_assert(declares_hook(h, session_hook::begin_batch) == has_on_begin_batch<Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::begin_batch: "
-                    "expected on_begin_batch(Session&, run_phase, std::uint32_t, std::size_t) exactly when "
-                    "declared (misspelt or mistyped hook?)");
-      static_assert(declares_hook(h, session_hook::gate_input) == has_on_gate_input<Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::gate_input: "
-                    "expected on_gate_input(Session&, layer_id, const gate_input_view&) exactly when "
-                    "declared (misspelt or mistyped hook?)");
-      static_assert(declares_hook(h, session_hook::routings) == has_on_routings<Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::routings: "
-                    "expected on_routings(Session&, layer_id, span<const routing>, span<std::uint32_t>) "
-                    "exactly when declared (misspelt or mistyped hook?)");
-      static_assert(declares_hook(h, session_hook::layer_loaded) == has_on_layer_loaded<Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::layer_loaded: "
-                    "expected on_layer_loaded(Session&, layer_id) exactly when declared (misspelt or "
-                    "mistyped hook?)");
-      static_assert(declares_hook(h, session_hook::end_batch) == has_on_end_batch<Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::end_batch: "
-                    "expected on_end_batch(Session&) exactly when declared (misspelt or mistyped hook?)");
-      static_assert(declares_hook(h, session_hook::attach) == has_on_attach<const Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::attach: "
-                    "expected on_attach(const Session&) const exactly when declared (misspelt or "
-                    "mistyped hook?)");
-      static_assert(declares_hook(h, session_hook::append_notes) == has_append_notes<const Ext&>::value,
-                    "session: an extension's hooks and its members disagree on session_hook::append_notes: "
-                    "expected append_notes(std::vector<std::string>&) const exactly when declared "
-                    "(misspelt or mistyped hook?)");
-    }
-    return true;
-  }
+  using has_append_notes = detail::session_has_append_notes<T>;
 
   template <class F>
   void for_each_extension(F&& f) {
@@ -514,80 +342,20 @@ class session<predictor_set<P...>, X...> {
     return first_token_ + static_cast<std::uint32_t>(n_tokens_ - n + t);
   }
 
-  std::string where(layer_id l) const {
-    std::string s = "session: " + std::string(to_string(phase_)) + " token";
-    if (n_tokens_ > 1)
-      s += "s " + std::to_string(first_token_) + ".." + std::to_string(token_of_row(n_tokens_, n_tokens_ - 1));
-    else s += " " + std::to_string(first_token_);
-    return s + " layer " + std::to_string(to_index(l)) + ": ";
-  }
-  static std::string describe(const gate_input_view& g, std::size_t stride) {
-    return std::string(g.data ? "" : "null data, ") + std::to_string(g.n_tokens) + " token(s) of " +
-           std::to_string(g.length) + " floats, stride " + std::to_string(stride) + " bytes";
-  }
+  // ---- event checks (defined in session/checks.hpp) ---------------------------
+  // Each returns true when the event may go on, else raises the anomaly
+  // (throws or counts it: see anomaly) and returns false.
 
-  // `message()` builds the anomaly's text. It runs only to throw, or to keep
-  // the first counted anomaly's text: counting allocates nothing afterwards,
-  // an engine repeating an anomaly every token stays allocation-free, and
-  // count mode never throws (a message that cannot be built is not kept, and
-  // the next anomaly tries again).
   template <class Message>
-  bool anomaly(anomaly_kind k, Message&& message) {
-    if (options_.on_anomaly == anomaly_action::throw_error) throw error(message());
-    ++anomalies_.by_kind[static_cast<std::size_t>(k)];
-    if (anomalies_.first_message.empty()) {
-      try {
-        anomalies_.first_message = message();
-      } catch (...) {  // bad_alloc: the count stands, the text is lost
-      }
-    }
-    return false;
-  }
-
-  bool check_layer(layer_id l, const char* event) {
-    if (!in_batch_)
-      return anomaly(anomaly_kind::no_batch, [&] {
-        return std::string("session: ") + event + "(layer " + std::to_string(to_index(l)) +
-               "): no batch has begun; call begin_batch first";
-      });
-    if (to_index(l) >= shape_.n_layers())
-      return anomaly(anomaly_kind::layer_out_of_range, [&] {
-        return where(l) + event + ": layer out of range [0, " + std::to_string(shape_.n_layers()) + ")";
-      });
-    if (!shape_.is_moe(l))
-      return anomaly(anomaly_kind::dense_layer,
-                     [&] { return where(l) + event + ": the layer is dense in model '" + shape_.name() + "'"; });
-    return true;
-  }
-
-  // A batch's event covers every token, except that a prefill batch's layer
-  // may see only its last rows (llama.cpp computes the last layer of a prompt
-  // for the output rows only): those are the batch's last n tokens.
-  bool batch_size_ok(std::size_t n) const noexcept {
-    return n == n_tokens_ || (phase_ == run_phase::prefill && n >= 1 && n < n_tokens_);
-  }
-
-  bool check_routing_event(layer_id l, std::size_t n_tokens) {
-    if (!check_layer(l, "routed")) return false;
-    const std::uint8_t st = layer_state_[to_index(l)];
-    if (st & routed_seen)
-      return anomaly(anomaly_kind::duplicate_routing,
-                     [&] { return where(l) + "routed: a second routing for this layer in one batch"; });
-    if (!batch_size_ok(n_tokens))
-      return anomaly(anomaly_kind::routing_shape, [&] {
-        return where(l) + "routed: " + std::to_string(n_tokens) + " token(s); expected the batch's " +
-               std::to_string(n_tokens_) +
-               (phase_ == run_phase::prefill && n_tokens_ > 1 ? " (or its last 1.." + std::to_string(n_tokens_) + ")"
-                                                              : std::string());
-      });
-    if (gate_required_ && !(st & gate_seen))
-      return anomaly(anomaly_kind::routing_without_gate_input, [&] {
-        return where(l) +
-               "routed: the layer's gate input never came; expected "
-               "gate_input before routed";
-      });
-    return true;
-  }
+  bool anomaly(anomaly_kind k, Message&& message);
+  std::string where(layer_id l) const;
+  static std::string describe(const gate_input_view& g, std::size_t stride);
+  bool check_layer(layer_id l, const char* event);
+  bool batch_size_ok(std::size_t n) const noexcept;
+  bool check_routing_event(layer_id l, std::size_t n_tokens);
+  bool check_gate_input_shape(layer_id l, const gate_input_view& g, std::size_t stride);
+  bool check_gate_input_finite(layer_id l, const gate_input_view& g, std::size_t stride);
+  bool check_routing(layer_id l, const routing& r);
 
   // Ends the batch: a layer with a gate input but no routing is a token
   // boundary mid-layer. Each such layer is reported once; in throw mode the
@@ -610,37 +378,17 @@ class session<predictor_set<P...>, X...> {
     return ok;
   }
 
-  template <std::size_t I>
-  void predict_one_from_gate(layer_id source, const float* x) noexcept {
-    using PI = std::tuple_element_t<I, std::tuple<P...>>;
-    if constexpr (is_gate_predictor_v<PI>) {
-      layer_id target{};
-      if (!moe_layer_ahead(shape_, source, PI::horizon, target)) return;
-      const std::size_t t = to_index(target);
-      if (std::get<I>(predictors_).predict(bank_, source, target, x, board_[I][t])) stamp_[I][t] = serial_;
-    }
-  }
-  template <std::size_t... I>
-  void predict_from_gate_impl(layer_id source, const float* x, std::index_sequence<I...>) noexcept {
-    (predict_one_from_gate<I>(source, x), ...);
-  }
-  void predict_from_gate(layer_id source, const float* x) noexcept {
-    predict_from_gate_impl(source, x, std::index_sequence_for<P...>{});
-  }
+  // ---- the predictors' calls (defined in session/predictions.hpp) ---------------
 
+  // Each gate predictor ranks the MoE layer `horizon` ahead of `source` from its gate input.
+  template <std::size_t I>
+  void predict_one_from_gate(layer_id source, const float* x) noexcept;
+  template <std::size_t... I>
+  void predict_from_gate_impl(layer_id source, const float* x, std::index_sequence<I...>) noexcept;
+  void predict_from_gate(layer_id source, const float* x) noexcept;
   /// Predictor I's ranking of layer l for the routing being scored.
   template <std::size_t I>
-  const ranking* gathered(layer_id l) noexcept {
-    using PI = std::tuple_element_t<I, std::tuple<P...>>;
-    const std::size_t t = to_index(l);
-    if constexpr (is_gate_predictor_v<PI>) {
-      // Only a ranking made from this batch's gate input, and only when
-      // this layer's own input was sound (a NaN input is no prediction).
-      return stamp_[I][t] == serial_ ? &board_[I][t] : nullptr;
-    } else {
-      return prediction<I>(l);
-    }
-  }
+  const ranking* gathered(layer_id l) noexcept;
 
   // buffer_[0, n) holds the routings; begin_batch sized buffer_ and
   // drop_masks_ for the batch, and check_routing_event bounded n by it.
@@ -656,22 +404,7 @@ class session<predictor_set<P...>, X...> {
       routing& r = buffer_[t];
       r.phase = phase_;
       r.token = token_of_row(n, t);
-      for (std::size_t i = 0; i < r.size(); ++i) {
-        if (to_index(r.id(i)) >= shape_.n_experts())
-          return anomaly(anomaly_kind::expert_out_of_range, [&] {
-            return where(l) + "routed: token " + std::to_string(r.token) + " slot " + std::to_string(i) + ": expert " +
-                   std::to_string(to_index(r.id(i))) + " out of range [0, " + std::to_string(shape_.n_experts()) + ")";
-          });
-        for (std::size_t j = 0; j < i; ++j)
-          if (r.id(j) == r.id(i))
-            return anomaly(anomaly_kind::duplicate_expert, [&] {
-              return where(l) + "routed: token " + std::to_string(r.token) + ": expert " +
-                     std::to_string(to_index(r.id(i))) + " in slots " + std::to_string(j) + " and " + std::to_string(i);
-            });
-      }
-      if (r.empty())
-        return anomaly(anomaly_kind::routing_shape,
-                       [&] { return where(l) + "routed: token " + std::to_string(r.token) + ": an empty routing"; });
+      if (!check_routing(l, r)) return false;
     }
     layer_state_[li] |= routed_seen;
     if (scorer_.scores_phase(phase_)) {
@@ -728,3 +461,9 @@ class session<predictor_set<P...>, X...> {
 using standard_session = session<predictor_set<stale_gate_predictor, prev_token_predictor, fresh_gate_control>>;
 
 }  // namespace moe_residency
+
+// The member definitions kept beside the class (each of these includes this
+// header too, so including any one of them gives the whole session).
+#include "moe_residency/session/checks.hpp"
+#include "moe_residency/session/predictions.hpp"
+#include "moe_residency/session/routing_layouts.hpp"
