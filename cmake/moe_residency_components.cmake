@@ -49,6 +49,8 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/detail/cache_buckets.hpp
   moe_residency/detail/cache_heap.hpp
   moe_residency/detail/cache_list.hpp
+  moe_residency/detail/cache_tournament.hpp
+  moe_residency/detail/cycle_keys.hpp
   moe_residency/detail/trace_binary.hpp
   moe_residency/detail/xxhash64.hpp
   moe_residency/detail/files.hpp

@@ -39,40 +39,25 @@
 /// Never collapses below the token cycle: the layer just used has the
 /// largest d.
 ///
-/// Why this header is long: the rule is kept exact by several structures that
-/// must agree at every eviction (layer arrays whose nodes copy the keys, keys
-/// recomputed only for changed layers, L / p cached per node, a
-/// tournament tree per byte size), each next to the comment that says why it does not change a
-/// decision; tests/test_cache.cpp holds them to a slow twin that recomputes
-/// the rule from scratch at every eviction. Splitting them across headers
-/// would separate each invariant from the code that relies on it.
+/// Where the parts are: the options and their check in cache/cycle_options.hpp,
+/// the keys (the layer clock, p, L / p cached per node, K, the layer order)
+/// in detail/cycle_keys.hpp, the tournament tree per byte size in
+/// detail/cache_tournament.hpp; here the policy: the layer arrays whose nodes
+/// copy the keys, and which layers' K are recomputed. tests/test_cache.cpp
+/// holds them to a slow twin that recomputes the rule from scratch at every
+/// eviction.
 
 #include <algorithm>
-#include <cmath>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <string>
 #include <vector>
 
+#include "moe_residency/cache/cycle_options.hpp"
 #include "moe_residency/cache/expert_cache.hpp"
+#include "moe_residency/detail/cache_tournament.hpp"
+#include "moe_residency/detail/cycle_keys.hpp"
 
 namespace moe_residency {
-
-/// Tuning of cycle_policy.
-struct cycle_policy_options {
-  /// Decay of usage per token of the layer, in (0, 1). Effective memory is
-  /// about 1 / (1 − decay) tokens.
-  double decay = 0.9;
-  /// Pseudo-uses of the prior p0 = k / n_experts blended into the estimate.
-  double prior_weight = 1.0;
-  /// Multiply ETNU by the entry's bytes (free the most bytes per expected
-  /// step first) — matters only when expert bytes differ between layers.
-  bool weigh_bytes = true;
-  /// Reference mode for tests: find each victim by scanning every layer
-  /// (O(L × E) per eviction) instead of the arrays and trees. Same decisions.
-  bool reference_scan = false;
-};
 
 class cycle_policy : public policy_base {
  public:
@@ -80,13 +65,8 @@ class cycle_policy : public policy_base {
   static constexpr bool collapses_below_cycle = false;
 
   /// Throws error on a decay outside (0, 1) or a negative prior weight.
-  explicit cycle_policy(cycle_policy_options o = {}) : o_(o) {
-    if (!(o_.decay > 0.0 && o_.decay < 1.0))
-      throw error("cycle_policy: decay " + std::to_string(o_.decay) + " out of range; expected (0, 1)");
-    if (!(o_.prior_weight >= 0.0))
-      throw error("cycle_policy: prior_weight " + std::to_string(o_.prior_weight) + " out of range; expected >= 0");
-    inv_decay_ = 1.0 / o_.decay;
-  }
+  explicit cycle_policy(cycle_policy_options o = {})
+      : o_(detail::checked_cycle_options(o)), keys_(o_.decay, o_.prior_weight) {}
 
   void init(const model_shape& shape, std::uint64_t /*budget*/) {
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
@@ -95,7 +75,7 @@ class cycle_policy : public policy_base {
     if ((std::uint32_t{1} << expert_shift_) != n_experts_) expert_shift_ = no_shift;
     n_layers_ = shape.n_layers();
     top_k_ = shape.top_k();
-    p0_ = static_cast<double>(shape.top_k()) / static_cast<double>(shape.n_experts());
+    keys_.reset(n_layers_, static_cast<double>(shape.top_k()) / static_cast<double>(shape.n_experts()));
     const std::size_t n_slots = n_layers_ * n_experts_;
     use_.assign(n_slots, use_state{});
     nodes_.assign(n_slots, node{});
@@ -110,8 +90,6 @@ class cycle_policy : public policy_base {
     // Each array starts in the middle of its room: it grows at either end.
     for (std::size_t l = 0; l < n_layers_; ++l)
       head_[l] = end_[l] = static_cast<std::uint32_t>(l * n_experts_ + n_experts_ / 2);
-    scale_.assign(n_layers_, 1.0);
-    epoch_.assign(n_layers_, 1);
     k_.assign(n_layers_, no_k);
     dirty_.assign(n_layers_, 0);
     dirty_list_.clear();
@@ -127,34 +105,10 @@ class cycle_policy : public policy_base {
       if (c == class_bytes_.size()) class_bytes_.push_back(b);
       class_of_[l] = static_cast<std::uint32_t>(c);
     }
-    // A tournament tree per class over its layers, ascending: node i's
-    // children are 2i and 2i + 1, leaves at [P, 2P), each node holds the
-    // layer with the largest K below it (ties to the left, the lower layer).
-    leaf_of_.assign(n_layers_, 0);
-    tree_root_.assign(class_bytes_.size(), 0);
-    tree_.clear();
-    for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
-      std::uint32_t n = 0;
-      for (std::size_t l = 0; l < n_layers_; ++l)
-        if (class_of_[l] == c) ++n;
-      std::uint32_t p = 1;
-      while (p < n) p *= 2;
-      const auto off = static_cast<std::uint32_t>(tree_.size());
-      tree_root_[c] = off + 1;
-      tree_.resize(tree_.size() + 2 * p, tree_node{0, static_cast<std::uint32_t>(n_layers_)});  // padding
-      n = 0;
-      for (std::size_t l = 0; l < n_layers_; ++l)
-        if (class_of_[l] == c) {
-          leaf_of_[l] = off + p + n++;
-          tree_[leaf_of_[l]].layer = static_cast<std::uint32_t>(l);
-        }
-      for (std::uint32_t i = p; i-- > 1;) tree_[off + i] = tree_[off + 2 * i];  // all no_k: the left
-    }
+    trees_.reset(class_of_, class_bytes_.size());
     scan_k_.assign(class_bytes_.size(), -1.0);
     scan_l_.assign(class_bytes_.size(), no_slot);
     scan_e_.assign(class_bytes_.size(), no_slot);
-    now_ = n_layers_ - 1;
-    t_ = 0;
     tick_ = 0;
     occ_ = 0;
   }
@@ -187,8 +141,7 @@ class cycle_policy : public policy_base {
     std::uint32_t best_l = no_slot;
     double best = -1.0;
     for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
-      const std::uint32_t root = tree_root_[c];
-      std::uint32_t l = tree_[root].layer;
+      std::uint32_t l = trees_.winner(c);
       for (;;) {
         if (k_[l] == no_k) break;  // every layer of the class is empty
         if (v.evictable(nodes_[head_[l]].slot)) break;
@@ -198,10 +151,10 @@ class cycle_policy : public policy_base {
           stash_front(l);
         } while (head_[l] != end_[l] && !v.evictable(nodes_[head_[l]].slot));
         refresh(l);
-        l = tree_[root].layer;
+        l = trees_.winner(c);
       }
       if (k_[l] == no_k) continue;
-      const double score = cost(class_bytes_[c], k_[l]);
+      const double score = keys_.cost(class_bytes_[c], k_[l]);
       if (score > best) {
         best = score;
         best_l = l;
@@ -226,7 +179,7 @@ class cycle_policy : public policy_base {
     for (std::uint32_t s : deferred_list_) {
       if (deferred_[s] == 1) {
         const std::uint32_t l = layer_of(s);
-        insert_node(l, node{bits_of(use_[s].key), use_[s].last, 0.0, s, 0});
+        insert_node(l, node{detail::cycle_bits_of(use_[s].key), use_[s].last, 0.0, s, 0});
         mark(l);
       }
       deferred_[s] = 0;
@@ -238,7 +191,7 @@ class cycle_policy : public policy_base {
   /// cache that just processed layer `now` (ETNU without the bytes factor).
   double expected_steps(layer_id layer, expert_id expert, layer_id now) const noexcept {
     const std::size_t l = to_index(layer);
-    const double d = static_cast<double>(steps_to(l, to_index(now)));
+    const double d = static_cast<double>(keys_.steps_to(l, to_index(now)));
     const double L = static_cast<double>(n_layers_);
     return d + L * (1.0 / prob(l, static_cast<std::uint32_t>(l * n_experts_ + to_index(expert))) - 1.0);
   }
@@ -246,7 +199,7 @@ class cycle_policy : public policy_base {
  private:
   static constexpr std::uint32_t none = 0xffffffffu;
   static constexpr std::uint32_t no_shift = 0xffffffffu;
-  static constexpr double no_k = -std::numeric_limits<double>::infinity();
+  static constexpr double no_k = detail::cycle_layer_keys::no_k;
 
   /// A slot's usage key (usage × γ^−τ(layer), order-preserving within a
   /// layer) and the tick of its last use: the layer order is (key, last),
@@ -255,61 +208,17 @@ class cycle_policy : public policy_base {
     double key = 0.0;
     std::uint64_t last = 0;
   };
-  /// An array member: a copy of its order key, kept current by use() (so a
-  /// refresh reads the node, not the slot's line: the front is usually an
-  /// entry unused for many tokens, whose slot line is cold), its slot and
-  /// its cached L / p. The key is held as its bits: keys are finite and
-  /// >= +0 (uses add, rescaling multiplies by a positive factor), and for
-  /// those the bits order as the values do, so a move compares integers.
-  struct node {
-    std::uint64_t key = 0;
-    std::uint64_t last = 0;
-    double q = 0.0;  // cached L / p (see l_over_p)
-    std::uint32_t slot = 0;
-    std::uint32_t q_epoch = 0;  // the layer epoch q belongs to (0: none)
-  };
-  static bool before(double ka, std::uint64_t la, double kb, std::uint64_t lb) noexcept {
-    return (ka < kb) | ((ka == kb) & (la < lb));  // branch-free
-  }
-  /// first() for a loop whose exit is its only unpredictable branch: the
-  /// ticks are compared only on equal keys (rare but for fresh entries).
-  static bool first_lazy(const node& a, const node& b) noexcept {
-    return a.key < b.key || (a.key == b.key && a.last < b.last);
-  }
-  static bool first(const node& a, const node& b) noexcept {
-    return (a.key < b.key) | ((a.key == b.key) & (a.last < b.last));  // branch-free
-  }
-  static std::uint64_t bits_of(double d) noexcept {
-    std::uint64_t b;
-    std::memcpy(&b, &d, sizeof b);
-    return b;
-  }
-  static double double_of(std::uint64_t b) noexcept {
-    double d;
-    std::memcpy(&d, &b, sizeof d);
-    return d;
-  }
+  using node = detail::cycle_node;  // an array member: its order key, slot and cached L / p
 
   // ---- the layer clock ----------------------------------------------------
-  /// Absolute step of layer l's next visit, seen from the clock (t_, now_).
-  double next_visit(std::size_t l) const noexcept { return static_cast<double>(t_ + steps_to(l, now_)); }
-  /// Layer steps from `from` to l's next visit, 1 … L: (l + L − from − 1) mod L + 1
-  /// for l, from < L, without a division.
-  std::size_t steps_to(std::size_t l, std::size_t from) const noexcept {
-    const std::size_t r = l + n_layers_ - from - 1;  // 0 … 2L − 2
-    return (r >= n_layers_ ? r - n_layers_ : r) + 1;
-  }
   std::uint32_t layer_of(std::uint32_t s) const noexcept {
     return expert_shift_ != no_shift ? s >> expert_shift_ : s / n_experts_;
   }
   /// Moves the clock to `layer`. In cycle order only that layer's v moves; a
   /// layer skipped over (out-of-order access) gets its K recomputed too.
   void advance(std::size_t layer) noexcept {
-    if (layer == now_ || layer >= n_layers_) return;
-    const std::size_t dist = steps_to(layer, now_);  // 1 … L−1
-    const std::size_t from = now_;
-    t_ += dist;
-    now_ = layer;
+    const std::size_t from = keys_.now();
+    const std::size_t dist = keys_.advance(layer);  // 1 … L−1, or 0: the clock stays
     for (std::size_t i = 1; i <= dist; ++i) {
       const std::size_t l = from + i;
       mark(l >= n_layers_ ? l - n_layers_ : l);  // skipped + now
@@ -317,30 +226,7 @@ class cycle_policy : public policy_base {
   }
 
   // ---- estimates ------------------------------------------------------------
-  double prob(std::size_t l, std::uint32_t s) const noexcept { return prob_of_key(l, use_[s].key); }
-  /// p of an entry of layer l whose key is `key` (usage = key / scale).
-  double prob_of_key(std::size_t l, double key) const noexcept {
-    // Decayed count → per-token rate: u converges to r / (1 − γ) at rate r.
-    const double w = 1.0 - o_.decay;
-    const double rate = (key / scale_[l] * w + o_.prior_weight * p0_ * w) / (1.0 + o_.prior_weight * w);
-    return rate > 1.0 ? 1.0 : (rate < 1e-9 ? 1e-9 : rate);
-  }
-  /// L / p of node n of layer l: constant while neither its key nor
-  /// its layer's scale moves, so cached in the node with the layer's decay
-  /// epoch (a use clears it; a node built for an insert has none). Same value,
-  /// bit for bit, as computed.
-  double l_over_p(std::size_t l, node& n) noexcept {
-    if (n.q_epoch == epoch_[l]) return n.q;
-    const double q = static_cast<double>(n_layers_) / prob_of_key(l, double_of(n.key));
-    n.q = q;
-    n.q_epoch = epoch_[l];
-    return q;
-  }
-  /// ETNU × bytes of a layer with key K at the current clock.
-  double cost(std::uint64_t bytes, double k) const noexcept {
-    const double steps = k - static_cast<double>(t_) - static_cast<double>(n_layers_);
-    return steps * static_cast<double>(bytes);
-  }
+  double prob(std::size_t l, std::uint32_t s) const noexcept { return keys_.prob_of_key(l, use_[s].key); }
 
   // ---- layer keys and the trees ---------------------------------------------
   /// Layer l's K may have changed: recomputed at the next victim() (once,
@@ -362,41 +248,13 @@ class cycle_policy : public policy_base {
   /// key is current (see use()) and it caches L / p.
   void refresh(std::size_t l) noexcept {
     const std::uint32_t h = head_[l];
-    k_[l] = h == end_[l] ? no_k : next_visit(l) + l_over_p(l, nodes_[h]);
+    k_[l] = h == end_[l] ? no_k : keys_.next_visit(l) + keys_.l_over_p(l, nodes_[h]);
     // The next front's L / p, while nothing waits for it: it is the one
     // the next eviction from this layer needs (its divisions were on the
     // path from one eviction to the next).
-    if (h + 1 < end_[l]) l_over_p(l, nodes_[h + 1]);
-    tree_update(l, k_[l]);
+    if (h + 1 < end_[l]) keys_.l_over_p(l, nodes_[h + 1]);
+    trees_.update(l, detail::cycle_layer_keys::tree_key(k_[l]));
   }
-
-  /// Replays leaf l's path to its class's root: each node holds the larger
-  /// K of its children, ties to the left (the lower layer); only the sibling
-  /// is read at each level. K is held as integer bits (tree_key), so the
-  /// tie rule is one integer comparison (left: cur + 1 > sib, right:
-  /// cur > sib), and the winner is picked by masks, not a branch.
-  void tree_update(std::size_t l, double k) noexcept {
-    // Node r of a class's tree is at t + r: root 1, children 2r and 2r + 1.
-    tree_node* const t = tree_.data() + (tree_root_[class_of_[l]] - 1);
-    std::uint32_t i = leaf_of_[l] - (tree_root_[class_of_[l]] - 1), cl = static_cast<std::uint32_t>(l);
-    std::uint64_t cur = tree_key(k);
-    t[i].k = cur;
-    while (i != 1) {
-      const tree_node sib = t[i ^ 1u];
-      // A left child keeps its place on a tie: cur >= sib (cur + 1 > sib,
-      // no overflow: keys are below 2^63), a right child only when cur > sib.
-      // Which child wins is data-dependent: masks, not a branch.
-      const std::uint64_t m = 0u - static_cast<std::uint64_t>(cur + ((i & 1u) ^ 1u) > sib.k);
-      cur = (cur & m) | (sib.k & ~m);
-      cl = (cl & static_cast<std::uint32_t>(m)) | (sib.layer & ~static_cast<std::uint32_t>(m));
-      i >>= 1;
-      t[i].k = cur;
-      t[i].layer = cl;
-    }
-  }
-  /// A K as the tree orders it: the bits of a K (finite, >= 1) order as its
-  /// value; an empty layer's no_k is 0, below every K.
-  static std::uint64_t tree_key(double k) noexcept { return k == no_k ? 0 : bits_of(k); }
 
   // ---- the layer arrays: layer l's at nodes_[head_[l], end_[l]) inside [l × E, (l + 1) × E)
   // Each layer keeps its entries sorted in its order (first = the next
@@ -419,9 +277,9 @@ class cycle_policy : public policy_base {
     node* const a = nodes_.data();
     const std::uint32_t h = head_[l], e = end_[l];
     const std::uint32_t lo = l * n_experts_, hi = lo + n_experts_;
-    if (h != lo && (e == hi || h == e || first(x, a[h + (e - h) / 2]))) {
+    if (h != lo && (e == hi || h == e || detail::cycle_first(x, a[h + (e - h) / 2]))) {
       std::uint32_t i = h;
-      for (; i != e && first_lazy(a[i], x); ++i) {
+      for (; i != e && detail::cycle_first_lazy(a[i], x); ++i) {
         a[i - 1] = a[i];
         pos_[a[i - 1].slot] = i - 1;
       }
@@ -430,7 +288,7 @@ class cycle_policy : public policy_base {
       head_[l] = h - 1;
     } else {  // e != hi: the array holds at most E − 1 entries before this one
       std::uint32_t i = e;
-      for (; i != h && first_lazy(x, a[i - 1]); --i) {
+      for (; i != h && detail::cycle_first_lazy(x, a[i - 1]); --i) {
         a[i] = a[i - 1];
         pos_[a[i].slot] = i;
       }
@@ -486,11 +344,11 @@ class cycle_policy : public policy_base {
       for (std::uint32_t e = 0; e < n_experts_; ++e) {
         const auto s = static_cast<std::uint32_t>(l * n_experts_ + e);
         if (pos_[s] == none || !v.evictable(s)) continue;
-        if (top == no_slot || before(use_[s].key, use_[s].last, use_[top].key, use_[top].last)) top = s;
+        if (top == no_slot || detail::cycle_before(use_[s].key, use_[s].last, use_[top].key, use_[top].last)) top = s;
       }
       if (top == no_slot) continue;
       const std::size_t c = class_of_[l];
-      const double k = next_visit(l) + static_cast<double>(n_layers_) / prob(l, top);
+      const double k = keys_.next_visit(l) + static_cast<double>(n_layers_) / prob(l, top);
       if (k > best_k[c]) {  // ties to the lower layer (scanned first)
         best_k[c] = k;
         best_l[c] = static_cast<std::uint32_t>(l);
@@ -501,7 +359,7 @@ class cycle_policy : public policy_base {
     std::uint32_t pick = no_slot;
     for (std::size_t c = 0; c < class_bytes_.size(); ++c) {
       if (best_l[c] == no_slot) continue;
-      const double score = cost(class_bytes_[c], best_k[c]);
+      const double score = keys_.cost(class_bytes_[c], best_k[c]);
       if (score > best) {
         best = score;
         pick = best_e[c];
@@ -513,16 +371,16 @@ class cycle_policy : public policy_base {
   void use(std::uint32_t s, bool insert) noexcept {
     const std::uint32_t l = layer_of(s);
     use_state& u = use_[s];
-    u.key += scale_[l];  // usage += 1, in the layer's undecayed units
+    u.key += keys_.scale(l);  // usage += 1, in the layer's undecayed units
     u.last = ++tick_;
     ++occ_;
     const std::uint32_t i = pos_[s];
     if (i != none) {  // a member: its key grew, so it slides towards the back
       node* const a = nodes_.data();
-      const node x{bits_of(u.key), u.last, 0.0, s, 0};
+      const node x{detail::cycle_bits_of(u.key), u.last, 0.0, s, 0};
       const std::uint32_t e = end_[l];
       std::uint32_t j = i + 1;
-      for (; j != e && first_lazy(a[j], x); ++j) {
+      for (; j != e && detail::cycle_first_lazy(a[j], x); ++j) {
         a[j - 1] = a[j];
         pos_[a[j - 1].slot] = j - 1;
       }
@@ -543,24 +401,21 @@ class cycle_policy : public policy_base {
   /// them (a uniform positive factor: the order is unchanged, but the array
   /// is re-sorted in case rounding made two keys equal).
   void decay_layer(std::size_t l, double tokens) noexcept {
-    scale_[l] *= tokens == 1.0 ? inv_decay_ : std::pow(inv_decay_, tokens);
-    if (++epoch_[l] == 0) {  // wrapped: forget the cached L / p of the layer
+    if (keys_.decay(l, tokens)) {  // wrapped: forget the cached L / p of the layer
       for (std::uint32_t i = head_[l]; i < end_[l]; ++i) nodes_[i].q_epoch = 0;
-      epoch_[l] = 1;
     }
-    if (scale_[l] < 1e150) return;
-    const double f = 1.0 / scale_[l];
+    if (!keys_.rescale_due(l)) return;
+    const double f = keys_.rescale(l);
     const std::uint32_t base = static_cast<std::uint32_t>(l * n_experts_);
     for (std::uint32_t e = 0; e < n_experts_; ++e) use_[base + e].key *= f;
-    scale_[l] = 1.0;
     node* const a = nodes_.data();
     const std::uint32_t h = head_[l], end = end_[l];
     for (std::uint32_t i = h; i < end; ++i) {  // insertion sort: already in order but for ties
       node x = a[i];
-      x.key = bits_of(use_[x.slot].key);
+      x.key = detail::cycle_bits_of(use_[x.slot].key);
       x.q_epoch = 0;
       std::uint32_t j = i;
-      for (; j > h && first(x, a[j - 1]); --j) {
+      for (; j > h && detail::cycle_first(x, a[j - 1]); --j) {
         a[j] = a[j - 1];
         pos_[a[j].slot] = j;
       }
@@ -569,11 +424,11 @@ class cycle_policy : public policy_base {
     }
   }
   cycle_policy_options o_;
-  double inv_decay_ = 1.0, p0_ = 0.0;
+  detail::cycle_layer_keys keys_;  // the layer clock, each layer's decay scale and epoch
   std::uint32_t n_experts_ = 1;
   std::uint32_t expert_shift_ = no_shift;  // log2(n_experts) when a power of two
-  std::size_t n_layers_ = 1, top_k_ = 1, now_ = 0;
-  std::uint64_t tick_ = 0, occ_ = 0, t_ = 0;
+  std::size_t n_layers_ = 1, top_k_ = 1;
+  std::uint64_t tick_ = 0, occ_ = 0;
   // Per slot (layer × E + expert).
   std::vector<use_state> use_;
   std::vector<node> nodes_;         // the layer arrays
@@ -582,21 +437,14 @@ class cycle_policy : public policy_base {
   std::vector<std::uint32_t> deferred_list_, stash_;  // stash_: positions in nodes_
   // Per layer.
   std::vector<std::uint32_t> head_, end_;  // the array
-  std::vector<double> scale_;              // γ^−τ(l): usage(l, e) = key / scale
-  std::vector<std::uint32_t> epoch_;       // advances with scale_
   std::vector<double> k_;                  // K of the front, or no_k when empty
   std::vector<std::uint8_t> dirty_;
   std::vector<std::uint32_t> dirty_list_;
-  std::vector<std::uint32_t> class_of_, leaf_of_;  // leaf_of_: index in tree_
+  std::vector<std::uint32_t> class_of_;
   // Per class (distinct expert size).
   std::vector<std::uint64_t> class_bytes_;
-  struct tree_node {
-    std::uint64_t k;  // tree_key(K)
-    std::uint32_t layer;
-  };
-  std::vector<tree_node> tree_;  // every class's tree (see init)
-  std::vector<std::uint32_t> tree_root_;
-  std::vector<double> scan_k_;  // reference mode scratch
+  detail::cache_tournament trees_;  // a tree per class over its layers' tree_key(K)
+  std::vector<double> scan_k_;      // reference mode scratch
   std::vector<std::uint32_t> scan_l_, scan_e_;
 };
 
