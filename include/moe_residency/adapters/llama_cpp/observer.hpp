@@ -28,12 +28,12 @@
 /// matmul, when the gate input, the ids and the final weights are all still
 /// live. So it adds one graph split per MoE layer.
 ///
-/// Why this header is long: the observer is one state machine over ggml's
-/// callback order (the ask phase learns the structure, the data phase reads
-/// the layer once, an anomaly or a throwing sink resets it at the next
-/// graph), and the rules it reproduces from llama.cpp's build_moe_ffn
-/// (probabilities, biases, groups, weights) must be read beside the nodes
-/// they are taken from. Its vocabulary is structure.hpp, the GGUF map gguf.hpp.
+/// The observer is one state machine over ggml's callback order (the ask
+/// phase learns the structure, the data phase reads the layer once, an
+/// anomaly or a throwing sink resets it at the next graph). The rules it
+/// reproduces from llama.cpp's build_moe_ffn (probabilities, biases, groups,
+/// weights, the GGUF keys that must agree) are in observer_graph.hpp; its
+/// vocabulary is structure.hpp, the GGUF map gguf.hpp.
 
 #include <algorithm>
 #include <atomic>
@@ -49,14 +49,12 @@
 #include <utility>
 #include <vector>
 
+#include "moe_residency/adapters/llama_cpp/observer_graph.hpp"
 #include "moe_residency/adapters/llama_cpp/structure.hpp"
 #include "moe_residency/detail/format.hpp"
 #include "moe_residency/detail/numbers.hpp"
 
 namespace moe_residency::llama_cpp {
-
-// ---------------------------------------------------------------------------
-// The observer.
 
 class observer {
  public:
@@ -149,17 +147,7 @@ class observer {
   model_shape shape() const {
     if (!structure_known())
       throw error("llama_cpp observer: the graph structure is not known yet; evaluate one batch first");
-    std::vector<std::uint64_t> bytes(n_layer_, 0);
-    std::vector<bool> moe(n_layer_, false);
-    std::size_t n_expert = 0, k = 0;
-    for (std::size_t l = 0; l < n_layer_; ++l) {
-      if (!layers_[l].moe) continue;
-      moe[l] = true;
-      bytes[l] = layers_[l].expert_bytes;
-      n_expert = std::max(n_expert, layers_[l].spec.n_experts);
-      k = std::max(k, layers_[l].spec.top_k);
-    }
-    return model_shape(arch_, n_expert, k, std::move(bytes), std::move(moe));
+    return detail::shape_of(arch_, layers_);
   }
 
   /// The counters. Read them between llama_decode calls, from the thread
@@ -204,24 +192,7 @@ class observer {
   }
 
  private:
-  // Per graph evaluation, per layer: the nodes seen so far in the ask phase.
-  struct graph_layer {
-    const ggml_tensor* logits = nullptr;
-    const ggml_tensor* logit_bias = nullptr;
-    const ggml_tensor* probs = nullptr;
-    const ggml_tensor* selection_bias = nullptr;
-    const ggml_tensor* group_topk = nullptr;
-    const ggml_tensor* argsort_src = nullptr;
-    const ggml_tensor* topk = nullptr;
-    const ggml_tensor* weights = nullptr;
-    const ggml_tensor* trigger = nullptr;
-    bool weights_softmax = false, weights_norm = false, weights_scaled = false;
-    bool gating_known = false, unsupported = false;
-    gating_function gating = gating_function::softmax;
-    float scale = 1.0f;
-    bool emitted = false;
-    bool routed = false;  // on_routing delivered (or skipped) for this graph
-  };
+  using graph_layer = detail::graph_layer;
 
   bool on_ask(ggml_tensor* t) noexcept {
     bool mine = false;
@@ -325,16 +296,7 @@ class observer {
     graph_layer& g = graph_[l];
     switch (kind) {
       case detail::moe_node::logits: start_layer(l, t); break;
-      case detail::moe_node::logits_biased:
-        if (t->op == GGML_OP_ADD && t->src[0] == g.logits) g.logit_bias = t->src[1];
-        break;
       case detail::moe_node::probs: on_probs(l, t); break;
-      case detail::moe_node::probs_biased:
-        if (t->op == GGML_OP_ADD && t->src[0] == g.probs) g.selection_bias = t->src[1];
-        else g.unsupported = true;  // grovemoe: selection on a second sigmoid
-        break;
-      case detail::moe_node::group_topk: g.group_topk = t; break;
-      case detail::moe_node::argsort: g.argsort_src = t->src[0]; break;
       case detail::moe_node::topk:
         g.topk = t;
         // The routing is known here, before the expert matmuls: ask for it
@@ -343,25 +305,7 @@ class observer {
         // split out of its fused graph for a routing nobody could read.
         return sink_ != nullptr && sink_->wants_routing() && layers_[l].moe && g.logits != nullptr &&
                detail::host_readable(t);
-      case detail::moe_node::weights: g.weights = t; break;
-      case detail::moe_node::weights_softmax:
-        g.weights = t;
-        g.weights_softmax = true;
-        break;
-      case detail::moe_node::weights_norm:
-        g.weights = t;
-        g.weights_norm = true;
-        break;
-      case detail::moe_node::weights_scaled:
-        g.weights = t;
-        if (t->op == GGML_OP_SCALE) {
-          g.weights_scaled = true;
-          std::memcpy(&g.scale, t->op_params, sizeof(float));
-        } else {
-          g.unsupported = true;
-        }
-        break;
-      default: break;
+      default: detail::note_node(g, kind, t); break;
     }
     return false;
   }
@@ -388,26 +332,7 @@ class observer {
       graph_[l].gating_known = true;
       return;
     }
-    g.probs = t;
-    g.gating_known = true;
-    switch (t->op) {
-      case GGML_OP_SOFT_MAX: g.gating = gating_function::softmax; break;
-      case GGML_OP_UNARY:
-        if (ggml_get_unary_op(t) == GGML_UNARY_OP_SIGMOID) g.gating = gating_function::sigmoid;
-        else g.unsupported = true;
-        break;
-      case GGML_OP_SQRT: g.gating = gating_function::sqrt_softplus; break;
-      case GGML_OP_ADD:
-        // softmax-weight gating with a logit bias (gpt-oss): probs = logits + b.
-        if (t->src[0] == g.logits) {
-          g.gating = gating_function::softmax_weight;
-          g.logit_bias = t->src[1];
-        } else {
-          g.unsupported = true;
-        }
-        break;
-      default: g.unsupported = true; break;
-    }
+    detail::note_probs(g, t);
   }
 
   bool on_expert_matmul(const ggml_tensor* t) {
@@ -425,27 +350,12 @@ class observer {
         }
     }
     if (l == n_layer_) return false;  // not a build_moe_ffn topk (e.g. a LoRA or a custom graph)
-    record_expert_tensor(l, t->src[0]);
+    detail::add_expert_tensor(layers_[l], t->src[0]);
     graph_layer& g = graph_[l];
     if (g.trigger != nullptr || g.emitted) return false;
     g.trigger = t;
     ensure_structure(l);
     return sink_ != nullptr && sink_->wants_layers() && layers_[l].moe;
-  }
-
-  void record_expert_tensor(std::size_t l, const ggml_tensor* w) {
-    layer_structure& s = layers_[l];
-    for (const expert_tensor& e : s.experts)
-      if (e.tensor == w) return;
-    if (ggml_n_dims(w) < 3) return;
-    expert_tensor e;
-    e.name = w->name;
-    e.tensor = w;
-    e.bytes_per_expert = static_cast<std::uint64_t>(w->nb[2]);
-    e.n_expert = static_cast<std::size_t>(w->ne[2]);
-    s.experts.push_back(std::move(e));
-    s.expert_bytes = 0;
-    for (const expert_tensor& x : s.experts) s.expert_bytes += x.bytes_per_expert;
   }
 
   // The layer's router_spec, from the nodes this graph showed (once per layer:
@@ -455,47 +365,14 @@ class observer {
     if (s.moe) return;
     const graph_layer& g = graph_[l];
     if (g.logits == nullptr || g.topk == nullptr || g.weights == nullptr || !g.gating_known) return;
-    if (g.unsupported) {
-      if (!unsupported_[l]) ++stats_.unsupported;
-      unsupported_[l] = true;
-      return;
-    }
     router_spec spec;
-    spec.gating = g.gating;
-    spec.n_experts = static_cast<std::size_t>(g.logits->ne[0]);
-    spec.top_k = static_cast<std::size_t>(g.topk->ne[0]);
-    if (g.logit_bias != nullptr) spec.logit_bias = detail::read_vector(g.logit_bias);
-    if (g.selection_bias != nullptr) spec.selection_bias = detail::read_vector(g.selection_bias);
-    if (g.group_topk != nullptr && g.group_topk->src[0] != nullptr) {
-      spec.n_groups = static_cast<std::size_t>(g.group_topk->src[0]->ne[0]);
-      spec.n_group_used = static_cast<std::size_t>(g.group_topk->ne[0]);
-    }
-    // llama4 ranks the raw logits while its weights come from the sigmoid.
-    const ggml_tensor* raw =
-        g.logit_bias != nullptr && g.gating != gating_function::softmax_weight ? nullptr : g.logits;
-    spec.select_on_logits = g.gating != gating_function::softmax_weight && raw != nullptr && g.argsort_src == raw;
-    spec.normalize_weights = g.weights_norm;
-    spec.scale_weights = g.weights_scaled;
-    spec.weight_scale = g.weights_scaled ? g.scale : 1.0f;
-    if (g.weights_softmax != (g.gating == gating_function::softmax_weight)) {
+    if (g.unsupported || !detail::spec_of(g, spec)) {
       if (!unsupported_[l]) ++stats_.unsupported;
       unsupported_[l] = true;
       return;
     }
-    spec.validate();
 
-    const ggml_tensor* w = g.logits->src[0];
-    s.router = matrix_view{};
-    s.router_readable = false;
-    element_type et{};
-    if (w != nullptr && detail::to_element_type(w->type, et) && detail::host_readable(w)) {
-      s.router.data = w->data;
-      s.router.type = et;
-      s.router.rows = static_cast<std::size_t>(w->ne[1]);
-      s.router.cols = static_cast<std::size_t>(w->ne[0]);
-      s.router.row_stride_bytes = static_cast<std::size_t>(w->nb[1]);
-      s.router_readable = s.router.rows == spec.n_experts;
-    }
+    detail::set_router_view(g.logits->src[0], spec.n_experts, s);
     check_metadata(l, spec);
     s.spec = std::move(spec);
     s.moe = true;
@@ -507,34 +384,7 @@ class observer {
   // gpt-oss always uses softmax_weight), so only keys that the graph
   // reflects directly are compared.
   void check_metadata(std::size_t l, const router_spec& spec) {
-    auto key = [&](const char* suffix) { return detail::model_meta(model_, arch_ + "." + suffix); };
-    std::string problem;
-    auto expect = [&](const char* what, const std::string& meta, const std::string& graph) {
-      if (problem.empty() && !meta.empty() && meta != graph)
-        problem = std::string(what) + " is " + meta + " in the GGUF but " + graph + " in the graph";
-    };
-    const char* code = "1";  // llama_expert_gating_func_type
-    switch (spec.gating) {
-      case gating_function::softmax: code = "1"; break;
-      case gating_function::sigmoid: code = "2"; break;
-      case gating_function::softmax_weight: code = "3"; break;
-      case gating_function::sqrt_softplus: code = "4"; break;
-    }
-    const std::string g = key("expert_gating_func");
-    if (!g.empty() && g != "0") expect("expert_gating_func", g, code);
-    const std::string groups = key("expert_group_count");
-    if (!groups.empty() && groups != "0" && groups != "1") {
-      expect("expert_group_count", groups, std::to_string(spec.n_groups));
-      expect("expert_group_used_count", key("expert_group_used_count"), std::to_string(spec.n_group_used));
-    }
-    expect("expert_count", key("expert_count"), std::to_string(spec.n_experts));
-    const std::string scale = key("expert_weights_scale");
-    if (!scale.empty() && spec.scale_weights) {
-      double v = 0;
-      if (!moe_residency::detail::real_problem(scale, moe_residency::detail::real_domain::any(), &v).empty() ||
-          std::fabs(v - static_cast<double>(spec.weight_scale)) > 1e-6 * std::fabs(v))
-        expect("expert_weights_scale", scale, moe_residency::detail::format_number(spec.weight_scale));
-    }
+    const std::string problem = detail::metadata_problem(model_, arch_, spec);
     if (problem.empty()) return;
     ++stats_.metadata_mismatches;
     if (metadata_note_.empty()) metadata_note_ = "layer " + std::to_string(l) + ": " + problem;
@@ -563,12 +413,7 @@ class observer {
     const ggml_tensor* ids = g.topk;
     const std::size_t n_tok = static_cast<std::size_t>(ids->ne[1]);
     const std::size_t k = static_cast<std::size_t>(ids->ne[0]);
-    const bool ok = x != nullptr && x->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 &&
-                    static_cast<std::size_t>(x->ne[1]) == n_tok && x->nb[0] == sizeof(float) &&
-                    ids->nb[0] == sizeof(std::int32_t) && x->nb[1] % sizeof(float) == 0 &&
-                    ids->nb[1] % sizeof(std::int32_t) == 0 && detail::host_readable(x) && detail::host_readable(ids) &&
-                    n_tok <= graph_tokens_ && k == s.spec.top_k;
-    if (!ok) {
+    if (!detail::routing_layout_ok(x, ids) || n_tok > graph_tokens_ || k != s.spec.top_k) {
       ++stats_.unreadable;
       return false;
     }
@@ -606,16 +451,7 @@ class observer {
     }
     layer_batch b;
     if (!fill_routing(l, b)) return;
-    const std::size_t k = b.k;
-    b.weights = static_cast<const float*>(w->data);
-    // [1, k, T] (get_rows / scale output) or [k, T] (norm, softmax reshaped)
-    if (w->ne[0] == 1 && static_cast<std::size_t>(w->ne[1]) == k) {
-      b.weight_slot_stride = w->nb[1] / sizeof(float);
-      b.weight_token_stride = w->nb[2] / sizeof(float);
-    } else if (static_cast<std::size_t>(w->ne[0]) == k) {
-      b.weight_slot_stride = w->nb[0] / sizeof(float);
-      b.weight_token_stride = w->nb[1] / sizeof(float);
-    } else {
+    if (!detail::set_weights(w, b)) {
       ++stats_.unreadable;
       return;
     }
