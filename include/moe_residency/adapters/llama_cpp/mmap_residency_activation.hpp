@@ -1,5 +1,7 @@
 #pragma once
-/// mmap_residency's members for the activation: the mapping's layout, every refusal (lock limit, mapping, budget, pool) before any advice, the one-time advice (dense lock, MADV_RANDOM), the cache, the pool and the lanes.
+/// mmap_residency's members for the activation: the mapping's layout, every
+/// refusal (lock limit, mapping, budget, pool) before any advice, the one-time
+/// advice (dense lock, MADV_RANDOM), the cache, the pool and the lanes.
 
 #include <algorithm>
 #include <cerrno>

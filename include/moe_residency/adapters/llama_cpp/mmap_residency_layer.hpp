@@ -1,5 +1,9 @@
 #pragma once
-/// mmap_residency's members for one MoE layer's step at its routing: the previous layer's reads settled, the routed experts looked up in the cache, the misses read in the matmuls' order (on the lanes, overlapped with compute), the predictions issued; and the admissions and evictions that pin and unpin pages.
+/// mmap_residency's members for one MoE layer's step at its routing: the
+/// previous layer's reads settled, the routed experts looked up in the cache,
+/// the misses read in the matmuls' order (on the lanes, overlapped with
+/// compute), the predictions issued; and the admissions and evictions that pin
+/// and unpin pages.
 
 #include <algorithm>
 #include <cerrno>

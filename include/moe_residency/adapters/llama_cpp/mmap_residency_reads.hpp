@@ -1,5 +1,7 @@
 #pragma once
-/// mmap_residency's members for the advice calls: a lane's read of one expert (WILLNEED, POPULATE_READ, owned reads, locks), the expert pool's placements and their undoing, and the page locks' release.
+/// mmap_residency's members for the advice calls: a lane's read of one expert
+/// (WILLNEED, POPULATE_READ, owned reads, locks), the expert pool's placements
+/// and their undoing, and the page locks' release.
 
 #include <algorithm>
 #include <cerrno>
