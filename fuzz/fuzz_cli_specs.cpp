@@ -17,7 +17,7 @@
 #include "fuzz_check.hpp"
 #include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/replay.hpp"
-#include "moe_residency/timing/lab.hpp"
+#include "moe_residency_lab/lab.hpp"
 
 namespace {
 
@@ -34,6 +34,7 @@ void check_error(const moe_residency::error& e, const std::string& text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace moe_residency;
+  using namespace moe_residency::lab;
   if (size == 0) return 0;
   const std::string text = moe_residency_fuzz::text_of(data + 1, size - 1);
   switch (data[0] % 4) {

@@ -15,13 +15,14 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
-#include "moe_residency/timing/lab_cells.hpp"
+#include "moe_residency_lab/cells.hpp"
 
 namespace {
 
 /// parse_inline_walk's half: the same promises for inline-walk.csv.
 void inline_walk(const std::string& text) {
   using namespace moe_residency;
+  using namespace moe_residency::lab;
   using moe_residency_fuzz::check;
   std::optional<std::vector<inline_walk_row>> rows;
   try {
@@ -55,6 +56,7 @@ void inline_walk(const std::string& text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace moe_residency;
+  using namespace moe_residency::lab;
   using moe_residency_fuzz::check;
   const std::string text = moe_residency_fuzz::text_of(data, size);
   inline_walk(text);

@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "fuzz_check.hpp"
-#include "moe_residency/timing/lab_cells.hpp"
+#include "moe_residency_lab/cells.hpp"
 
 namespace {
 
-bool same(const moe_residency::lab_cell& a, const moe_residency::lab_cell& b) {
+bool same(const moe_residency::lab::lab_cell& a, const moe_residency::lab::lab_cell& b) {
   return a.ratio == b.ratio && a.config == b.config && moe_residency_fuzz::same_bits(a.limit_mib, b.limit_mib) &&
          moe_residency_fuzz::same_bits(a.budget_mib, b.budget_mib) &&
          moe_residency_fuzz::same_bits(a.stale_gate_pct, b.stale_gate_pct) && a.metrics == b.metrics;
@@ -26,6 +26,7 @@ bool same(const moe_residency::lab_cell& a, const moe_residency::lab_cell& b) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace moe_residency;
+  using namespace moe_residency::lab;
   using moe_residency_fuzz::check;
   const std::string text = moe_residency_fuzz::text_of(data, size);
   std::optional<std::vector<lab_cell>> cells;

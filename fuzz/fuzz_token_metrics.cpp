@@ -14,10 +14,11 @@
 
 #include "fuzz_check.hpp"
 #include "moe_residency/timing.hpp"
-#include "moe_residency/timing/lab.hpp"
+#include "moe_residency_lab/lab.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace moe_residency;
+  using namespace moe_residency::lab;
   using moe_residency_fuzz::check;
   const std::string text = moe_residency_fuzz::text_of(data, size);
   std::optional<token_metrics> m;

@@ -17,12 +17,13 @@
 
 #include "moe_residency/replay.hpp"
 #include "moe_residency/timing.hpp"
-#include "moe_residency/timing/lab.hpp"
-#include "moe_residency/timing/lab_cells.hpp"
+#include "moe_residency_lab/lab.hpp"
+#include "moe_residency_lab/cells.hpp"
 #include "moe_residency/trace.hpp"
 
 namespace fs = std::filesystem;
 using namespace moe_residency;
+using namespace moe_residency::lab;
 
 namespace {
 

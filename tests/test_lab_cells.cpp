@@ -1,4 +1,4 @@
-// timing/lab_cells.hpp: the memory lab's cells file that `lab-predict --cells`
+// moe_residency_lab/cells.hpp: the memory lab's cells file that `lab-predict --cells`
 // reads, and the fault walk's file (`lab-predict --fault-walk`): what each
 // accepts, and an error naming the file, the line, the value and what was
 // expected for each malformed line.
@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "moe_residency/timing/lab_cells.hpp"
+#include "moe_residency_lab/cells.hpp"
 
 using namespace moe_residency;
+using namespace moe_residency::lab;
 
 namespace {
 

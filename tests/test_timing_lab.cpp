@@ -1,4 +1,4 @@
-// timing/lab.hpp: the memory lab's configurations as inputs of the timing
+// moe_residency_lab/lab.hpp: the memory lab's configurations as inputs of the timing
 // model, on hand-computed cases — the mapping of each configuration, the
 // read-around page cache, the fault-driven loads, the metrics file the probe
 // writes (moe-llama-probe --metrics-csv), and calibration on one lab cell.
@@ -11,11 +11,12 @@
 
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
-#include "moe_residency/timing/lab.hpp"
-#include "moe_residency/timing/lab_calibrate.hpp"
-#include "moe_residency/timing/lab_manager.hpp"
+#include "moe_residency_lab/lab.hpp"
+#include "moe_residency_lab/calibrate.hpp"
+#include "moe_residency_lab/manager.hpp"
 
 using namespace moe_residency;
+using namespace moe_residency::lab;
 
 namespace {
 

@@ -1,7 +1,7 @@
 // `moe-residency lab-predict`: the timing model against the memory lab.
 // Calibrates the model's free parameters on ONE lab run (one configuration at
 // one ratio, all its decode tokens), then predicts the decode tok/s of every
-// other cell from what is known before that cell runs (timing/lab.hpp): the
+// other cell from what is known before that cell runs (moe_residency_lab/lab.hpp): the
 // route trace, the memory limit, the budget, the configuration's levers and
 // the disk's lanes curve. The other cells' metrics are read only to print the
 // measured tok/s next to the prediction. A cell measured in several runs
@@ -19,14 +19,15 @@
 #include "command.hpp"
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
-#include "moe_residency/timing/lab.hpp"
-#include "moe_residency/timing/lab_calibrate.hpp"
-#include "moe_residency/timing/lab_manager.hpp"
-#include "moe_residency/timing/lab_cells.hpp"
+#include "moe_residency_lab/lab.hpp"
+#include "moe_residency_lab/calibrate.hpp"
+#include "moe_residency_lab/manager.hpp"
+#include "moe_residency_lab/cells.hpp"
 
 namespace {
 
 using namespace moe_residency;
+using namespace moe_residency::lab;
 
 struct lab_args {
   std::string trace, curve, cells, fit, format = "table";
@@ -68,7 +69,7 @@ token_metrics read_metrics_list(const std::string& list, const char* what, std::
 }
 
 /// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`
-/// (timing/lab_cells.hpp parses it); the levers every cell shares come from the options.
+/// (moe_residency_lab/cells.hpp parses it); the levers every cell shares come from the options.
 std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
   std::vector<cell> out;
   for (const lab_cell& l : parse_lab_cells(moe_residency_cli::read_whole_file(path, "--cells"), "--cells: " + path)) {
@@ -101,7 +102,7 @@ void run(const lab_args& a) {
   std::vector<cell> cells = read_cells(a.cells, a);
   for (cell& c : cells) c.setup.dense_mib = dense;
 
-  // The manager's own cost, measured with every expert resident (timing/lab.hpp).
+  // The manager's own cost, measured with every expert resident (moe_residency_lab/lab.hpp).
   lab_manager_cost mc;
   const bool have_mc = !a.manager_runs.empty();
   if (!have_mc && a.manager_budget != 0)  // the option refuses 0, so non-zero means given
@@ -192,7 +193,7 @@ void run(const lab_args& a) {
   std::size_t fit_runs = 1;
   const token_metrics fm = read_metrics_list(fit->metrics, "--cells metrics", &fit_runs);
 
-  // Calibrate on the fit cell's loads, its wall times only (timing/lab_calibrate.hpp).
+  // Calibrate on the fit cell's loads, its wall times only (moe_residency_lab/calibrate.hpp).
   const calibration_result cr = calibrate_lab(trace, fit->config, fit->setup, fm, start, free);
   const timing_params& fitted = cr.params;
 

@@ -20,7 +20,7 @@
 ///                    β = bandwidth_scale (what the device delivers while the model computes,
 ///                    against the cold curve; the memory lab's page faults may have their
 ///                    own, β_f = fault_bandwidth_scale, or a measured time per MiB in
-///                    place of the curve, κ and λ: lab_setup's fault walk, timing/lab.hpp).
+///                    place of the curve, κ and λ: lab_setup's fault walk, moe_residency_lab/lab.hpp).
 ///                    Its I/O time (the engine's io_ms: read durations summed over lanes)
 ///                    is m × w(m).
 ///   (3) demanded     T_l   = (⌈d/n⌉ − 1) × w(n) + w(d − (⌈d/n⌉ − 1) × n),   0 when d = 0
@@ -36,7 +36,7 @@
 ///                    — 0 when another thread reads them (the lanes) and the engine only
 ///                    waits; in the memory lab, 1 where the engine thread locks the misses
 ///                    itself (the kernel's readahead is in flight while it allocates and
-///                    inserts the pages: timing/lab.hpp). Default 0.
+///                    inserts the pages: moe_residency_lab/lab.hpp). Default 0.
 ///   (6) management   g_l   = μ_r × (d + i_l) + μ_e × v_l + κ × (D_l + I_l) + ν_q × a_l + ν_p × p_l
 ///                    μ_r = mgmt_ms_per_read, i_l = speculative reads made resident at this
 ///                    load, μ_e = mgmt_ms_per_eviction, v_l = evictions at this load,
@@ -50,7 +50,7 @@
 ///                    every routed expert, and each speculative read is one request);
 ///                    ν_p = mgmt_ms_per_pin, p_l = misses of a pinned cache the manager keeps
 ///                    inside the page cache (a lock, and its eviction's unlock) — both 0 in a
-///                    replay, set by timing/lab.hpp, and measured with every expert resident.
+///                    replay, set by moe_residency_lab/lab.hpp, and measured with every expert resident.
 ///   (7) speculation  reads planned after layer l's demanded load start at
 ///                    t_l + q_l + T_l (the device is then free) and run in waves of up
 ///                    to n reads, each wave per (2), back to back, competing for the same
@@ -67,8 +67,9 @@
 /// Its parts, one job each: timing/storage_curve.hpp (B), timing/params.hpp
 /// (the parameters, equations 2 and 3), timing/config.hpp (the parameters
 /// file), timing/model.hpp (the per-token model, equations 1–8) and
-/// timing/metrics.hpp (recorded per-token metrics). The calibration (Eigen)
-/// and the memory lab's mapping are timing/calibrate.hpp and timing/lab.hpp.
+/// timing/metrics.hpp (recorded per-token metrics). The calibration (Eigen) is
+/// timing/calibrate.hpp. The memory lab's mapping onto this model is the lab's
+/// own code (lab/include/moe_residency_lab/lab.hpp), not part of the library.
 
 #include "moe_residency/core.hpp"
 #include "moe_residency/error.hpp"

@@ -15,7 +15,9 @@
 #   umbrella    moe_residency.hpp
 #   adapter     adapters/** (engine headers)
 #
-# simd and threads are siblings: neither may include the other.
+# simd and threads are siblings: neither may include the other. No header of the
+# library may include the memory lab's (lab/include/moe_residency_lab/), which is
+# not installed.
 # Without EXPECT_VIOLATION the check fails on any violation; with it, it fails
 # unless a violation containing that text is found (the self-test, which checks a
 # copy of the tree with one bad include added).
@@ -89,6 +91,8 @@ foreach(_h IN LISTS _mr_all_headers)
         string(REPLACE ";" ", " _may "${_may_${_layer}}")
         list(APPEND _violations "include/${_h} (layer ${_layer}): includes ${_inc} (layer ${_to}); expected only layers ${_may}")
       endif()
+    elseif(_inc MATCHES "^moe_residency_lab/")
+      list(APPEND _violations "include/${_h}: includes ${_inc}, the memory lab's (lab/), which is not part of the library")
     elseif(_inc MATCHES "${_bad_${_layer}}")
       list(APPEND _violations "include/${_h} (layer ${_layer}): includes <${_inc}>, a dependency its component does not have")
     endif()

@@ -189,7 +189,7 @@ struct load_event {
   /// Set by a timing model of an engine, not by the replay (0 here): experts
   /// the engine's manager requests at this load whether resident or not (its
   /// advice calls and lane hand-off), and misses of a pinned cache it keeps
-  /// inside the page cache (a lock, and the eviction's unlock). timing/lab.hpp.
+  /// inside the page cache (a lock, and the eviction's unlock). moe_residency_lab/lab.hpp.
   std::uint16_t requested = 0;
   std::uint16_t pinned = 0;
 };

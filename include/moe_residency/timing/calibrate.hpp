@@ -43,7 +43,7 @@ enum class calibration_split {
   /// optimistic, because neighbours leak into each other.
   interleaved,
   /// Every token fitted, none held out: one run calibrates a model that is
-  /// then scored on *other* runs (the memory lab, timing/lab.hpp).
+  /// then scored on *other* runs (the memory lab, moe_residency_lab/lab.hpp).
   all,
 };
 
@@ -67,7 +67,7 @@ struct calibration_options {
   bool fit_io = false;
   /// Add compute residuals: predicted compute − recorded compute_ms, on
   /// tokens that record it. Off by default: the phone's compute_ms is the
-  /// engine's own split of the wall; the memory lab (timing/lab_calibrate.hpp)
+  /// engine's own split of the wall; the memory lab (moe_residency_lab/calibrate.hpp)
   /// turns it on with the eval thread's user CPU time, which is compute alone.
   bool fit_compute = false;
   std::size_t max_iterations = 200;

@@ -33,7 +33,7 @@ struct timing_params {
   double mgmt_ms_per_request = 0.0;   ///< ν_q: the manager's cost per expert it requests, resident or not
   double mgmt_ms_per_pin = 0.0;       ///< ν_p: the manager's cost per pinned-cache miss (lock and eviction)
   double kernel_overlap = 0.0;        ///< ψ: share of the κ and ν_p work the demanded reads hide behind, [0, 1]
-  /// β_f: β for the memory lab's fault-driven configurations (timing/lab.hpp),
+  /// β_f: β for the memory lab's fault-driven configurations (moe_residency_lab/lab.hpp),
   /// whose page faults read through the kernel's read-around, not the
   /// manager's lanes; predict_lab uses it in place of β there. 0: tied, the
   /// same as β. Unused by simulate_timing itself.

@@ -1,5 +1,5 @@
 #pragma once
-/// timing/lab_cells.hpp: the memory lab's cells file, which `moe-residency
+/// moe_residency_lab/cells.hpp: the memory lab's cells file, which `moe-residency
 /// lab-predict --cells` reads and scripts/memlab-predict.sh writes: one CSV line
 /// per configuration × memory ratio of a scripts/memlab.sh run,
 ///
@@ -24,11 +24,11 @@
 
 #include "moe_residency/detail/numbers.hpp"
 #include "moe_residency/error.hpp"
-#include "moe_residency/timing/lab.hpp"
+#include "moe_residency_lab/lab.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
-namespace detail {
+namespace cells_detail {
 /// Calls f(line number, fields) for each data line of a small CSV text: the
 /// fields split at ',', trailing '\r's dropped ("\r\n" files); empty lines,
 /// '#' comments and lines starting with `header` (the header line) skipped.
@@ -54,7 +54,7 @@ void for_each_csv_row(const std::string& text, const char* header, F&& f) {
     f(n, fields);
   }
 }
-}  // namespace detail
+}  // namespace cells_detail
 
 /// One run of the lab as the cells file lists it.
 struct lab_cell {
@@ -74,7 +74,7 @@ struct lab_cell {
 inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std::string& source) {
   std::vector<lab_cell> out;
   std::vector<std::size_t> first_line;  // of each cell, for the duplicate message
-  detail::for_each_csv_row(text, "ratio,", [&](std::size_t n, std::vector<std::string>& f) {
+  cells_detail::for_each_csv_row(text, "ratio,", [&](std::size_t n, std::vector<std::string>& f) {
     const std::string where = source + ": line " + std::to_string(n);
     if (f.size() == 5) f.emplace_back();
     if (f.size() != 6)
@@ -133,7 +133,7 @@ struct fault_walk_row {
   double off_cpu_ms_per_mib = 0, sys_ms_per_mib = 0;
 };
 
-namespace detail {
+namespace cells_detail {
 /// The numeric rows of a walk's CSV (fault-walk.csv, inline-walk.csv): every
 /// field a finite number >= 0, `cols` of them; else `error` naming the line,
 /// the field, its value and what was expected. `what` says whose lines they are.
@@ -156,7 +156,7 @@ std::vector<std::array<double, N>> parse_walk_rows(const std::string& text, cons
   if (out.empty()) throw error(source + ": no rows; expected lines of " + what + ", the limit first");
   return out;
 }
-}  // namespace detail
+}  // namespace cells_detail
 
 /// Parses fault-walk.csv text: a header line (`limit_mib,...`), '#' comments
 /// and empty lines are skipped. Throws `error` starting with `source` and
@@ -168,7 +168,7 @@ inline std::vector<fault_walk_row> parse_fault_walk(const std::string& text, con
       "limit_mib", "pinned_dense_mib", "tokens", "walked_mib_per_token", "read_mib_per_token", "wall_ms",
       "cpu_ms",    "sys_ms",           "majflt", "off_cpu_ms_per_mib",   "sys_ms_per_mib",     "mib_per_fault"};
   std::vector<fault_walk_row> out;
-  for (const auto& v : detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --fault-walk"))
+  for (const auto& v : cells_detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --fault-walk"))
     out.push_back(fault_walk_row{v[0], v[1], v[9], v[10]});
   return out;
 }
@@ -210,7 +210,7 @@ inline std::vector<inline_walk_row> parse_inline_walk(const std::string& text, c
   static const char* const cols[] = {"limit_mib", "budget_mib", "tokens", "pins_per_token",     "read_mib_per_token",
                                      "wall_ms",   "cpu_ms",     "sys_ms", "off_cpu_ms_per_mib", "sys_ms_per_mib"};
   std::vector<inline_walk_row> out;
-  for (const auto& v : detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --inline-walk"))
+  for (const auto& v : cells_detail::parse_walk_rows(text, source, cols, "moe-disk-lanes --inline-walk"))
     out.push_back(inline_walk_row{v[0], v[1], v[8], v[9]});
   return out;
 }
@@ -239,4 +239,4 @@ inline bool apply_inline_walk(const std::vector<inline_walk_row>& rows, double l
   return true;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

@@ -17,10 +17,10 @@
 
 #include "moe_residency/error.hpp"
 #include "moe_residency/timing.hpp"
-#include "moe_residency/timing/lab.hpp"
+#include "moe_residency_lab/lab.hpp"
 #include "moe_residency/trace/batches.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 /// What the manager costs a decode token when every expert it requests is
 /// resident, from three runs without a memory limit, the page cache warm
@@ -104,4 +104,4 @@ inline lab_manager_cost measure_manager_cost(const route_trace& trace, const tok
   return c;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

@@ -1,9 +1,9 @@
 #pragma once
-/// timing/lab_manager_counts.hpp: the memory-lab manager's counts per decode
-/// load of a lanes configuration (timing/lab_mapping.hpp), equation (6)'s a_l
+/// moe_residency_lab/manager_counts.hpp: the memory-lab manager's counts per decode
+/// load of a lanes configuration (moe_residency_lab/mapping.hpp), equation (6)'s a_l
 /// and p_l of timing.hpp: the experts it requests and its pinned cache's
-/// misses. Their cost per count is measured by timing/lab_manager.hpp;
-/// timing/lab.hpp sets the counts on each load. Standard library only.
+/// misses. Their cost per count is measured by moe_residency_lab/manager.hpp;
+/// moe_residency_lab/lab.hpp sets the counts on each load. Standard library only.
 
 #include <algorithm>
 #include <cstdint>
@@ -14,11 +14,11 @@
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/core.hpp"
 #include "moe_residency/replay/dynamic.hpp"
-#include "moe_residency/timing/lab_mapping.hpp"
+#include "moe_residency_lab/mapping.hpp"
 #include "moe_residency/trace/batches.hpp"
 #include "moe_residency/trace/types.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 /// The pinned cache's misses at each decode load, as the manager's cache sees
 /// them: an LRU of `budget_mib` over the decode batches only (the manager
@@ -73,4 +73,4 @@ inline void set_manager_counts(load_event& e, const lab_mapping& m, std::uint16_
   e.pinned = m.pinned_mib > 0 ? pins : 0;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

@@ -1,9 +1,9 @@
 #pragma once
-/// timing/lab_fault_loads.hpp: the decode loads of the memory lab's
-/// fault-driven configurations (timing/lab_mapping.hpp): a route trace run
-/// through the lab's page cache with read-around (timing/lab_page_cache.hpp),
+/// moe_residency_lab/fault_loads.hpp: the decode loads of the memory lab's
+/// fault-driven configurations (moe_residency_lab/mapping.hpp): a route trace run
+/// through the lab's page cache with read-around (moe_residency_lab/page_cache.hpp),
 /// each load's misses the faults it takes, and `predicted`'s speculative reads
-/// offered to the timing model. timing/lab.hpp times them. Standard library only.
+/// offered to the timing model. moe_residency_lab/lab.hpp times them. Standard library only.
 
 #include <algorithm>
 #include <cstddef>
@@ -16,12 +16,12 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/plan.hpp"
 #include "moe_residency/replay/dynamic.hpp"
-#include "moe_residency/timing/lab_mapping.hpp"
-#include "moe_residency/timing/lab_page_cache.hpp"
+#include "moe_residency_lab/mapping.hpp"
+#include "moe_residency_lab/page_cache.hpp"
 #include "moe_residency/trace/batches.hpp"
 #include "moe_residency/trace/types.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 /// The decode loads of a fault-driven run: every batch of the trace (prompt
 /// and decode, in order) touches its layer's dense pages, then each routed
@@ -169,4 +169,4 @@ inline std::vector<load_event> readaround_loads(const route_trace& trace, const 
   return out;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

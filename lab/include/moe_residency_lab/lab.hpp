@@ -10,9 +10,9 @@
 /// Nothing of the target run's own measurement goes in.
 /// docs/wall-clock.md ("Against this machine") writes each mapping down.
 ///
-/// Its parts: timing/lab_mapping.hpp (the configurations, lab_setup and their
-/// mapping), timing/lab_page_cache.hpp and timing/lab_fault_loads.hpp (the
-/// fault model's page cache and the loads it gives), timing/lab_manager_counts.hpp
+/// Its parts: moe_residency_lab/mapping.hpp (the configurations, lab_setup and their
+/// mapping), moe_residency_lab/page_cache.hpp and moe_residency_lab/fault_loads.hpp (the
+/// fault model's page cache and the loads it gives), moe_residency_lab/manager_counts.hpp
 /// (the manager's requests and pins per load). This header predicts a
 /// configuration's decode timing from them: predict_lab.
 ///
@@ -30,13 +30,13 @@
 #include "moe_residency/plan.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/timing.hpp"
-#include "moe_residency/timing/lab_fault_loads.hpp"
-#include "moe_residency/timing/lab_manager_counts.hpp"
-#include "moe_residency/timing/lab_mapping.hpp"
-#include "moe_residency/timing/lab_page_cache.hpp"
+#include "moe_residency_lab/fault_loads.hpp"
+#include "moe_residency_lab/manager_counts.hpp"
+#include "moe_residency_lab/mapping.hpp"
+#include "moe_residency_lab/page_cache.hpp"
 #include "moe_residency/trace/batches.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 /// One lab cell's predicted decode timing (and the replay's figures).
 struct lab_prediction {
@@ -142,4 +142,4 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
   return out;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

@@ -1,10 +1,10 @@
 #pragma once
-/// timing/lab_mapping.hpp: the memory lab's configurations (scripts/memlab.sh,
+/// moe_residency_lab/mapping.hpp: the memory lab's configurations (scripts/memlab.sh,
 /// docs/memlab.md) and what is known of a run before it runs (lab_setup), and
 /// the mapping of each onto the timing model (timing.hpp): which cache, which
 /// lanes, which speculation, and whether it reads on lanes or by page faults.
 /// docs/wall-clock.md ("Against this machine") writes each mapping down.
-/// timing/lab.hpp predicts a configuration from it. Standard library only.
+/// moe_residency_lab/lab.hpp predicts a configuration from it. Standard library only.
 
 #include <algorithm>
 #include <cstddef>
@@ -14,7 +14,7 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/replay/dynamic.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 /// The lab's configurations (docs/memlab.md, "The configurations").
 enum class lab_config : std::uint8_t { mmap, observer, dense, exact, predicted, cache, all, degraded, resident };
@@ -59,7 +59,7 @@ struct lab_setup {
   /// and manager-cache runs against resident-all; measure_manager_cost): ν_q and ν_p of
   /// equation (6), ms of wall per requested expert and per pinned-cache miss,
   /// the part of each in the eval thread's kernel time, and the part in its
-  /// user time (for calibrate_lab; timing/lab_manager.hpp measures them). The
+  /// user time (for calibrate_lab; moe_residency_lab/manager.hpp measures them). The
   /// rest of each is off the eval thread's CPU (waiting for a lane).
   double request_ms = 0, request_sys_ms = 0, request_user_ms = 0;
   double pin_ms = 0, pin_sys_ms = 0, pin_user_ms = 0;
@@ -182,4 +182,4 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
   return m;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

@@ -1,5 +1,5 @@
 #pragma once
-/// Calibrating the timing model on one memory-lab run (timing/lab.hpp) the
+/// Calibrating the timing model on one memory-lab run (moe_residency_lab/lab.hpp) the
 /// way this machine's measurements allow (docs/wall-clock.md, "Against this
 /// machine"). Three things differ from the phone's calibration
 /// (timing/calibrate.hpp), each because of what the lab measures:
@@ -62,7 +62,7 @@
 /// Includes Eigen through timing/calibrate.hpp.
 
 #include "moe_residency/timing/calibrate.hpp"
-#include "moe_residency/timing/lab.hpp"
+#include "moe_residency_lab/lab.hpp"
 
 #include <cmath>
 #include <algorithm>
@@ -72,7 +72,7 @@
 #include <utility>
 #include <vector>
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 inline constexpr unsigned lab_default_free = static_cast<unsigned>(timing_param::compute_ms_per_token) |
                                              static_cast<unsigned>(timing_param::bandwidth_scale) |
@@ -180,4 +180,4 @@ inline std::vector<std::string> params_on_bound(const calibration_result& r) {
   return out;
 }
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab

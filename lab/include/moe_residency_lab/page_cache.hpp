@@ -1,5 +1,5 @@
 #pragma once
-/// The memory lab's page cache (timing/lab.hpp's fault model): the model
+/// The memory lab's page cache (moe_residency_lab/lab.hpp's fault model): the model
 /// file's pages as the kernel maps them, and a page cache in which a fault
 /// reads the read-around window around it, with Linux's two lists or a plain
 /// LRU choosing the victims. docs/wall-clock.md ("Against this machine").
@@ -17,7 +17,7 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace/types.hpp"
 
-namespace moe_residency {
+namespace moe_residency::lab {
 
 /// The file as the fault model sees it: per layer, its dense bytes and then
 /// `tensors` expert tensors (gate, up, down) of n_expert slices each, every
@@ -201,4 +201,4 @@ class readaround_page_cache {
   page_reclaim reclaim_;
 };
 
-}  // namespace moe_residency
+}  // namespace moe_residency::lab
