@@ -205,7 +205,8 @@ class mmap_residency final : public residency_manager {
 
   void map_layout();
 
-  // Refuses, before any advice, when RLIMIT_MEMLOCK cannot hold what will be locked.
+  // Refuses, before any advice, when RLIMIT_MEMLOCK cannot hold what will be
+  // locked: the dense weights and the cache's budget (budget_ as known so far).
   void check_lock_limit();
 
   // The mapping must be ours to manage: not locked by llama.cpp itself, and
@@ -216,6 +217,7 @@ class mmap_residency final : public residency_manager {
 
   void advise_expert_ranges(advice a) noexcept;
 
+  // The cache over budget_ (given, or auto_budget's), after check_lock_limit.
   void make_cache();
 
   // The expert pool (options_.pool): a slot per expert the cache can hold,

@@ -35,7 +35,14 @@ void mmap_residency<Policy>::activate() {
   }
   bool attached = false;  // every file with experts attached (advice::read, place, restore)
   try {
+    // The lock limit is checked as soon as each figure is known: the dense
+    // weights and a given budget first, an automatic budget once sized.
+    budget_ = options_.cache ? options_.cache_budget_bytes : 0;
     check_lock_limit();
+    if (options_.cache && budget_ == 0) {
+      budget_ = auto_budget();
+      check_lock_limit();
+    }
     if (options_.cache) make_cache();
     if (options_.predicted) predictions_.init(*obs_, shape_, options_);
     if (options_.exact || options_.predicted) make_scheduler();
@@ -89,11 +96,11 @@ template <class Policy>
 void mmap_residency<Policy>::check_lock_limit() {
   const std::uint64_t limit = advice_->lock_limit();
   const std::uint64_t dense = options_.pin_dense ? pages_.dense_bytes() : 0;
-  const std::uint64_t need = dense + (options_.cache ? std::max<std::uint64_t>(options_.cache_budget_bytes, 1) : 0);
-  if (limit == UINT64_MAX || need <= limit) return;
-  throw error("mmap_residency: locking needs " + detail::mib(need) + " (dense " + detail::mib(dense) +
-              (options_.cache ? " + the cache's budget" : std::string()) + ") but RLIMIT_MEMLOCK is " +
-              detail::mib(limit) +
+  const std::uint64_t cache = options_.cache ? budget_ : 0;  // 0 while an automatic budget is not sized yet
+  if (limit == UINT64_MAX || dense + cache <= limit) return;
+  throw error("mmap_residency: locking needs " + detail::mib(dense + cache) + " (dense " + detail::mib(dense) +
+              (options_.cache ? " + the cache's budget " + detail::mib(cache) : std::string()) +
+              ") but RLIMIT_MEMLOCK is " + detail::mib(limit) +
               "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the "
               "process CAP_IPC_LOCK");
 }
@@ -139,16 +146,6 @@ void mmap_residency<Policy>::advise_expert_ranges(advice a) noexcept {
 
 template <class Policy>
 void mmap_residency<Policy>::make_cache() {
-  budget_ = options_.cache_budget_bytes;
-  if (budget_ == 0) budget_ = auto_budget();
-  const std::uint64_t limit = advice_->lock_limit();
-  const std::uint64_t need = budget_ + (options_.pin_dense ? pages_.dense_bytes() : 0);
-  if (limit != UINT64_MAX && need > limit)
-    throw error("mmap_residency: the pinned cache needs " + detail::mib(need) + " locked (budget " +
-                detail::mib(budget_) + " + dense " + detail::mib(options_.pin_dense ? pages_.dense_bytes() : 0) +
-                ") but RLIMIT_MEMLOCK is " + detail::mib(limit) +
-                "; raise it (ulimit -l, memlock in limits.conf, LimitMEMLOCK= in a systemd unit) or give the process "
-                "CAP_IPC_LOCK");
   cache_options o;
   o.budget_bytes = budget_;
   o.guard = cycle_guard::warn;
