@@ -153,6 +153,9 @@ TEST_CASE("llama.cpp adapter: a general.name of 300 bytes reaches the recorded t
   om.warm_up();
   const model_shape shape = om.obs.shape();
   mrl::route_recorder<lru_policy> rec(shape, 0);
+  // Until describe() names the model, the header knows only the shape's architecture.
+  CHECK(rec.trace().header.model.empty());
+  CHECK(rec.trace().header.arch == "qwen3moe");
   rec.describe(om.obs.model_name(), om.obs.arch(), std::vector<std::uint64_t>(shape.n_layers(), 0));
   om.obs.set_sink(&rec);
   om.run(4, 2);

@@ -146,9 +146,10 @@ template <class Policy>
 class route_recorder : public observer_sink {
  public:
   /// `budget_bytes` 0: record only, no cache. Throws like expert_cache.
+  /// The header's arch is the shape's name (the observer names a shape by its
+  /// architecture); its model stays empty until describe() gives it.
   route_recorder(const model_shape& shape, std::uint64_t budget_bytes, cycle_guard guard = cycle_guard::warn)
       : shape_(shape) {
-    trace_.header.model = shape.name();
     trace_.header.arch = shape.name();
     trace_.header.n_layer = shape.n_layers();
     trace_.header.n_expert = shape.n_experts();
