@@ -274,6 +274,23 @@ if(TARGET moe_residency_cli)
     "demo|--budget|100" "moe-residency: --budget requires --streamed" "" "")
   moe_residency_cli_error_test(number_shape_k
     "shape|--k|0" "moe-residency: --k: '0' is out of range; expected a whole number from 1 to 32" "" "")
+  # Choices. Every option that takes one of a few names goes through one validator
+  # (one_of, examples/common/checked_options.hpp), refused before any work with the
+  # same wording in every subcommand.
+  foreach(_case IN ITEMS
+      "format_replay@replay|--trace|${_mr_g}|--format|xml@--format: 'xml' is not a choice; expected table, csv or json"
+      "format_calibrate@calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--format|json@--format: 'json' is not a choice; expected table or csv"
+      "split_calibrate@calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--split|thirds@--split: 'thirds' is not a choice; expected halves, interleaved or all"
+      "to_convert@convert|--in|${_mr_g}|--out|x.bin|--to|parquet@--to: 'parquet' is not a choice; expected csv or binary"
+      "preset_demo@demo|--preset|qwen3.6-35b@--preset: 'qwen3.6-35b' is not a choice; expected qwen3-30b or gpt-oss-120b"
+      "preset_shape@shape|--preset|llama@--preset: 'llama' is not a choice; expected qwen3-30b, gpt-oss-120b or qwen3.6-35b"
+      "router_demo@demo|--router|F16@--router: 'F16' is not a choice; expected f32, f16 or bf16")
+    string(REPLACE "@" ";" _case "${_case}")
+    list(GET _case 0 _n)
+    list(GET _case 1 _args)
+    list(GET _case 2 _msg)
+    moe_residency_cli_error_test(choice_${_n} "${_args}" "moe-residency: ${_msg}" "" "")
+  endforeach()
   moe_residency_cli_error_test(number_lab_predict_overlap
     "lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|x.csv|--fit|exact@2.5|--overlap|1.5"
     "moe-residency: --overlap: '1.5' is out of range; expected a number from 0 to 1" "" "")

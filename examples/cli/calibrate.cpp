@@ -27,10 +27,6 @@ struct calibrate_args {
 };
 
 void run(const calibrate_args& a) {
-  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
-  if (a.split != "halves" && a.split != "interleaved" && a.split != "all")
-    throw error("--split: '" + a.split +
-                "'; expected halves (first half fitted, second held out), interleaved, or all (every token fitted)");
   if (!a.write_config.empty())  // before the work, not after it
     moe_residency_cli::check_output_path(a.write_config, "--write-config",
                                          {{"--trace", a.trace}, {"--metrics", a.metrics}, {"--config", a.config}});
@@ -100,7 +96,7 @@ void run(const calibrate_args& a) {
 const moe_residency_cli::command_registrar reg{
     "calibrate", "Fit the timing model to recorded per-token metrics; score it on held-out tokens", [](CLI::App& sub) {
       auto a = std::make_shared<calibrate_args>();
-      sub.add_option("--trace", a->trace, "route trace of the run, CSV or binary; - for standard input")->required();
+      moe_residency_cli::add_trace_option(sub, a->trace, "route trace of the run");
       sub.add_option("--metrics", a->metrics, "the run's per-token metrics CSV (wall_ms, stall_ms, mgmt_ms, ...)")
           ->required();
       sub.add_option("--budget", a->budget, "the run's cache budget, MiB")
@@ -108,11 +104,13 @@ const moe_residency_cli::command_registrar reg{
           ->check(moe_residency_cli::real(moe_residency::budget_mib_domain()));
       sub.add_option("--policy", a->policy, "the run's cache policy")->capture_default_str();
       sub.add_option("--config", a->config, "timing config (key = value) with the fixed parameters: lanes, curve, ...");
-      sub.add_option("--split", a->split, "halves (first half fitted, second held out) | interleaved | all")
+      sub.add_option("--split", a->split,
+                     "halves (first half fitted, second held out), interleaved, or all (every token fitted)")
+          ->check(moe_residency_cli::one_of({"halves", "interleaved", "all"}))
           ->capture_default_str();
       sub.add_flag("--fit-io", a->fit_io, "also fit the recorded io_ms, and the bandwidth scale with it");
       sub.add_option("--write-config", a->write_config, "write the fitted parameters as a timing config");
-      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv"});
       sub.callback([a] { run(*a); });
     }};
 

@@ -41,6 +41,28 @@ struct command_registrar {
   }
 };
 
+// The options several subcommands share, declared in one place so that each
+// has the same name, help and refusal everywhere.
+
+/// --trace: a route trace, CSV or binary (read_trace detects which); - for standard input.
+inline CLI::Option* add_trace_option(CLI::App& sub, std::string& path, const std::string& what = "route trace") {
+  return sub.add_option("--trace", path, what + ", CSV or binary; - for standard input")->required();
+}
+
+/// --format: one of `forms` (the first is the default given by the argument's value).
+inline CLI::Option* add_format_option(CLI::App& sub, std::string& format, std::vector<std::string> forms) {
+  return sub.add_option("--format", format, "output form: " + either(forms))
+      ->check(one_of(std::move(forms)))
+      ->capture_default_str();
+}
+
+/// --preset: a built-in model of `names` (the default given by the argument's value).
+inline CLI::Option* add_preset_option(CLI::App& sub, std::string& preset, std::vector<std::string> names) {
+  return sub.add_option("--preset", preset, "built-in model: " + either(names))
+      ->check(one_of(std::move(names)))
+      ->capture_default_str();
+}
+
 /// The whole regular file at `path`; throws moe_residency::error naming the
 /// option that gave it (`option`, e.g. "--config"), the path and what is
 /// wrong: it is a directory, a FIFO or a device, or cannot be opened or read

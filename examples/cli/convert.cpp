@@ -18,8 +18,6 @@ using moe_residency_cli::check_output_path;
 using moe_residency_cli::write_output_file;
 
 void convert(const std::string& in, const std::string& out, std::string to) {
-  if (!to.empty() && to != "csv" && to != "binary")
-    throw error("--to: unknown form '" + to + "'; expected csv or binary");
   const bool to_stdout = out == "-";
   if (!to_stdout) check_output_path(out, "--out", {{"--in", in}});    // before the input is read
   const validated_route_trace t = moe_residency_cli::read_trace(in);  // validated once, written without a second pass
@@ -112,14 +110,15 @@ const moe_residency_cli::command_registrar convert_reg{
       auto to = std::make_shared<std::string>();
       sub.add_option("--in", *in, "input trace (CSV or binary, detected by content); - for standard input")->required();
       sub.add_option("--out", *out, "output file; - for standard output")->required();
-      sub.add_option("--to", *to, "csv | binary (default: the other form than the input)");
+      sub.add_option("--to", *to, "csv or binary (default: the other form than the input)")
+          ->check(moe_residency_cli::one_of({"csv", "binary"}));
       sub.callback([in, out, to] { convert(*in, *out, *to); });
     }};
 
 const moe_residency_cli::command_registrar info_reg{
     "trace-info", "Print a route trace's shape, rows, load batches and token cycle", [](CLI::App& sub) {
       auto path = std::make_shared<std::string>();
-      sub.add_option("--trace", *path, "route trace (CSV or binary); - for standard input")->required();
+      moe_residency_cli::add_trace_option(sub, *path);
       sub.callback([path] { trace_info(*path); });
     }};
 

@@ -107,23 +107,16 @@ void run_streamed(const demo_args& a, const synthetic_model& model) {
       to_mib(flash.speculative_bytes()) / tokens, a.flash_mibps, a.lanes);
 }
 
-element_type parse_router(const std::string& s) {
-  if (s == "f32") return element_type::f32;
-  if (s == "f16") return element_type::f16;
-  if (s == "bf16") return element_type::bf16;
-  throw error("--router: '" + s + "'; expected f32, f16 or bf16");
+// --router's names (its validator takes only these); empty: the preset's own type.
+element_type router_type(const std::string& s, element_type preset_own) {
+  return s.empty() ? preset_own : s == "f32" ? element_type::f32 : s == "f16" ? element_type::f16 : element_type::bf16;
 }
 
 void run_demo(const demo_args& a) {
-  if (a.format != "table" && a.format != "csv" && a.format != "json")
-    throw error("--format: '" + a.format + "'; expected table, csv or json");
-  if (a.tokens == 0) throw error("--tokens: 0; expected at least 1 decode token");
-  synthetic_config c;
-  if (a.preset == "qwen3-30b")
-    c = synthetic_presets::qwen3_30b(a.router.empty() ? element_type::f16 : parse_router(a.router), a.seed);
-  else if (a.preset == "gpt-oss-120b")
-    c = synthetic_presets::gpt_oss_120b(a.router.empty() ? element_type::f32 : parse_router(a.router), a.seed);
-  else throw error("--preset: unknown preset '" + a.preset + "'; expected qwen3-30b or gpt-oss-120b");
+  // --preset, --router, --format and --tokens are checked by their validators.
+  const synthetic_config c = a.preset == "qwen3-30b"
+                                 ? synthetic_presets::qwen3_30b(router_type(a.router, element_type::f16), a.seed)
+                                 : synthetic_presets::gpt_oss_120b(router_type(a.router, element_type::f32), a.seed);
 
   const auto t0 = std::chrono::steady_clock::now();
   const synthetic_model model(c);
@@ -154,7 +147,7 @@ void run_demo(const demo_args& a) {
 const moe_residency_cli::command_registrar reg{
     "demo", "Run a synthetic MoE workload through a session and print the prediction report", [](CLI::App& sub) {
       auto a = std::make_shared<demo_args>();
-      sub.add_option("--preset", a->preset, "qwen3-30b | gpt-oss-120b")->capture_default_str();
+      moe_residency_cli::add_preset_option(sub, a->preset, {"qwen3-30b", "gpt-oss-120b"});
       sub.add_option("--tokens", a->tokens, "decode tokens (scored)")
           ->check(moe_residency_cli::whole(1, 10000000))
           ->capture_default_str();
@@ -162,9 +155,9 @@ const moe_residency_cli::command_registrar reg{
           ->check(moe_residency_cli::whole(0, 1000000))
           ->capture_default_str();
       sub.add_option("--router", a->router,
-                     "router element type f32 | f16 | bf16 (default: f16 for qwen3-30b, f32 for "
-                     "gpt-oss-120b)");
-      sub.add_option("--format", a->format, "table | json | csv")->capture_default_str();
+                     "router element type f32, f16 or bf16 (default: f16 for qwen3-30b, f32 for gpt-oss-120b)")
+          ->check(moe_residency_cli::one_of({"f32", "f16", "bf16"}));
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv", "json"});
       sub.add_option("--seed", a->seed, "workload seed")->check(moe_residency_cli::whole())->capture_default_str();
       CLI::Option* streamed = sub.add_flag("--streamed", a->streamed,
                                            "read experts from a simulated flash through a cache, with speculation");

@@ -25,7 +25,6 @@ struct drop_args {
 };
 
 void run(const drop_args& a) {
-  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   std::vector<double> fractions;
   for (const std::string& f : moe_residency_cli::split_list(a.thresholds, "--thresholds"))
     fractions.push_back(detail::parse_real(f, "--thresholds", detail::real_domain::open_closed(0, 1)));
@@ -57,11 +56,11 @@ void run(const drop_args& a) {
 const moe_residency_cli::command_registrar reg{
     "drop", "Static drop replay over the recorded residency (io saved %, router weight lost %)", [](CLI::App& sub) {
       auto a = std::make_shared<drop_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
+      moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--thresholds", a->thresholds, "drop fractions F, comma-separated (0 < F <= 1)")
           ->capture_default_str();
       sub.add_option("--keep-k", a->keep_k, "static top-k baselines, comma-separated (e.g. 5,4,3)");
-      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv"});
       sub.callback([a] { run(*a); });
     }};
 

@@ -90,7 +90,6 @@ std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
 }
 
 void run(const lab_args& a) {
-  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   const auto at = a.fit.find('@');
   if (at == std::string::npos) throw error("--fit: '" + a.fit + "'; expected CONFIG@RATIO like exact@2.5");
   const lab_config fit_config = parse_lab_config(a.fit.substr(0, at));
@@ -275,9 +274,9 @@ const moe_residency_cli::command_registrar reg{
     "Calibrate the timing model on one memory-lab run; predict every other configuration x ratio (docs/wall-clock.md)",
     [](CLI::App& sub) {
       auto a = std::make_shared<lab_args>();
-      sub.add_option("--trace", a->trace,
-                     "route trace of a lab run with the observer (routing is the same in every run)")
-          ->required();
+      moe_residency_cli::add_trace_option(sub, a->trace,
+                                          "route trace of a lab run with the observer (routing is the same in every "
+                                          "run)");
       sub.add_option("--curve", a->curve, "the disk's lanes curve, lanes:MiB/s list (moe-disk-lanes)")->required();
       sub.add_option("--cells", a->cells,
                      "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (metrics: FILE, or "
@@ -332,7 +331,7 @@ const moe_residency_cli::command_registrar reg{
                      "and pins cost "
                      "what the walk measured in their shape, in place of the curve x beta, kappa, psi = 1 and the "
                      "pins' kernel time (default: none)");
-      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv"});
       sub.callback([a] { run(*a); });
     }};
 

@@ -203,8 +203,6 @@ void run(const CLI::App& sub, const replay_args& a) {
   const auto budgets = parse_budgets(a.budgets);
   const auto policies = moe_residency_cli::split_list(a.policies, "--policies");
   check_option_effects(sub, a, policies);
-  if (a.format != "table" && a.format != "csv" && a.format != "json")
-    throw error("--format: '" + a.format + "'; expected table, csv or json");
   for (const auto& p : policies) check_replay_cell(p, budgets.front());
   if (a.drop != 0 || !a.speculate.empty()) {
     if (a.format == "json" || !a.plot.empty()) throw error("--drop/--speculate: table or csv output, no --plot");
@@ -277,14 +275,14 @@ void run(const CLI::App& sub, const replay_args& a) {
 const moe_residency_cli::command_registrar reg{
     "replay", "Replay a route trace through cache policies x budgets (hit %, MiB read)", [](CLI::App& sub) {
       auto a = std::make_shared<replay_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
+      moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--budgets", a->budgets, "cache budgets in MiB (1 MiB = 1048576 bytes), comma-separated")
           ->capture_default_str();
       sub.add_option("--policies", a->policies,
                      "comma-separated: " + cache_policy_names() + "; <policy>+prev or <policy>+oracle adds retention")
           ->capture_default_str();
       sub.footer("Policies:\n" + cache_policy_help());
-      sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv", "json"});
       sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
       sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")
           ->check(moe_residency_cli::whole(0, 4096))

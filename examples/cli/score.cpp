@@ -27,8 +27,6 @@ struct score_args {
 };
 
 void run_score(const score_args& a) {
-  if (a.format != "table" && a.format != "csv" && a.format != "json")
-    throw error("--format: '" + a.format + "'; expected table, csv or json");
   try {
     check_history_predictor_names(a.predictors);
   } catch (const error& e) {
@@ -60,11 +58,11 @@ void run_score(const score_args& a) {
 const moe_residency_cli::command_registrar reg{
     "score", "Score routing-history predictors on a recorded route trace (decode, slot overlap)", [](CLI::App& sub) {
       auto a = std::make_shared<score_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
+      moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--predictors", a->predictors, "comma-separated: prev-token, frequency, static-hottest")
           ->delimiter(',')
           ->capture_default_str();
-      sub.add_option("--format", a->format, "table | csv | json")->capture_default_str();
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv", "json"});
       sub.add_option("--decay", a->decay, "frequency: per-routing decay of the counts, (0, 1]; 1 = running counts")
           ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1)))
           ->capture_default_str();

@@ -13,8 +13,7 @@ moe_residency::model_shape preset_by_name(const std::string& name, std::size_t k
   using namespace moe_residency;
   if (name == "qwen3-30b") return k ? presets::qwen3_30b_a3b(k) : presets::qwen3_30b_a3b();
   if (name == "gpt-oss-120b") return k ? presets::gpt_oss_120b(k) : presets::gpt_oss_120b();
-  if (name == "qwen3.6-35b") return k ? presets::qwen3_6_35b_a3b(k) : presets::qwen3_6_35b_a3b();
-  throw error("--preset: unknown preset '" + name + "'; expected one of qwen3-30b, gpt-oss-120b, qwen3.6-35b");
+  return k ? presets::qwen3_6_35b_a3b(k) : presets::qwen3_6_35b_a3b();  // --preset's validator took only these
 }
 
 void print_shape(const moe_residency::model_shape& s) {
@@ -37,7 +36,7 @@ const moe_residency_cli::command_registrar reg{
     "shape", "Print the model shape and token cycle of a built-in preset", [](CLI::App& sub) {
       auto preset = std::make_shared<std::string>("qwen3-30b");
       auto k = std::make_shared<std::size_t>(0);
-      sub.add_option("--preset", *preset, "qwen3-30b | gpt-oss-120b | qwen3.6-35b")->capture_default_str();
+      moe_residency_cli::add_preset_option(sub, *preset, {"qwen3-30b", "gpt-oss-120b", "qwen3.6-35b"});
       sub.add_option("--k", *k, "top-k (default: the model's own)")->check(moe_residency_cli::whole(1, 32));
       sub.callback([preset, k] { print_shape(preset_by_name(*preset, *k)); });
     }};

@@ -114,7 +114,6 @@ void check_option_effects(const CLI::App& sub, const whatif_args& a, const std::
 }
 
 void run(const CLI::App& sub, const whatif_args& a) {
-  if (a.format != "table" && a.format != "csv") throw error("--format: '" + a.format + "'; expected table or csv");
   if (!a.plot.empty())  // before the replays, not after them
     moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}, {"--config", a.config}});
   const timing_params device = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
@@ -198,7 +197,7 @@ void run(const CLI::App& sub, const whatif_args& a) {
 const moe_residency_cli::command_registrar reg{
     "whatif", "Predicted decode s/token of configurations side by side (replay + timing model)", [](CLI::App& sub) {
       auto a = std::make_shared<whatif_args>();
-      sub.add_option("--trace", a->trace, "route trace, CSV or binary; - for standard input")->required();
+      moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--config", a->config, "timing config (key = value), e.g. from calibrate --write-config")
           ->required();
       sub.add_option("--budgets", a->budgets, "cache budgets, MiB, comma-separated")->capture_default_str();
@@ -219,7 +218,7 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--seed", a->seed, "seed of the oracle and the random policy")
           ->check(moe_residency_cli::whole())
           ->capture_default_str();
-      sub.add_option("--format", a->format, "table | csv")->capture_default_str();
+      moe_residency_cli::add_format_option(sub, a->format, {"table", "csv"});
       sub.add_option("--plot", a->plot, "write an SVG of predicted tok/s vs budget per configuration (gnuplot)");
       sub.callback([a, &sub] { run(sub, *a); });
     }};

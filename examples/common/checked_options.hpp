@@ -4,6 +4,8 @@
 // program refuses a negative, non-finite, fractional or wrapped value the
 // same way, naming the option, the text and the limits:
 //   --threads: '-1' is negative; expected a whole number from 0 to 4096
+// the named choices an option takes (one_of), worded the same way:
+//   --format: 'xml' is not a choice; expected table, csv or json
 // and the comma lists every program's list options share (split_list).
 
 #include <CLI/CLI.hpp>
@@ -37,6 +39,27 @@ inline CLI::Validator positive() { return real(moe_residency::detail::real_domai
 
 /// A finite real >= 0.
 inline CLI::Validator non_negative() { return real(moe_residency::detail::real_domain::non_negative()); }
+
+/// "a, b or c": the names an option takes, as its refusals and its help list them.
+inline std::string either(const std::vector<std::string>& names) {
+  std::string s;
+  for (std::size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
+/// One of `names`, spelled exactly:
+///   --format: 'xml' is not a choice; expected table, csv or json
+inline CLI::Validator one_of(std::vector<std::string> names) {
+  std::string desc;
+  for (const std::string& n : names) desc += (desc.empty() ? "" : "|") + n;
+  return CLI::Validator(
+      [names](std::string& s) {
+        for (const std::string& n : names)
+          if (s == n) return std::string();
+        return "'" + s + "' is not a choice; expected " + either(names);
+      },
+      desc);
+}
 
 /// The comma-separated items of `option`'s value `s`. An empty value or an
 /// empty item (",," or a comma at either end) is an error naming the option:

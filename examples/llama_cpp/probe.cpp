@@ -504,9 +504,7 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
   o.degrade = a.degrade;
   o.seed = a.seed;
   o.measure = !a.no_hit_measure;  // the page cache's hit rate at routing: the per-token hit_pct
-  if (a.when_fits == "act") o.fits = mrl::when_fits::act;
-  else if (a.when_fits == "stand-down") o.fits = mrl::when_fits::stand_down;
-  else throw error("--residency-when-fits: '" + a.when_fits + "'; expected stand-down or act");
+  o.fits = a.when_fits == "act" ? mrl::when_fits::act : mrl::when_fits::stand_down;  // its validator took only these
   o.validate();
   return any;
 }
@@ -520,8 +518,6 @@ int probe(const probe_args& a) {
   if (managed && a.no_observer) throw error("--residency needs the observer; drop --no-observer");
   if (managed && a.model_path.empty() && a.save_model.empty())
     throw error("--residency manages a memory-mapped file: give --model FILE, or --random with --save-model FILE");
-  if (!a.warm.empty() && a.warm != "pread" && a.warm != "fadvise")
-    throw error("--warm: '" + a.warm + "'; expected pread or fadvise");
   if (a.save_only && (a.random_arch.empty() || a.save_model.empty()))
     throw error("--save-only needs --random ARCH and --save-model FILE");
   llama_log_set(
@@ -828,7 +824,8 @@ int main(int argc, char** argv) {
   app.add_option("--budget-mib", a.budget_mib, "LRU cache budget in MiB (default: half of all experts)")
       ->check(opt::real(real_domain::open_closed(0, 1e12)));
   app.add_option("--trace-out", a.trace_out, "Write the route trace (route_trace v1 CSV)");
-  app.add_option("--warm", a.warm, "Read every missed expert from the GGUF file: pread or fadvise");
+  app.add_option("--warm", a.warm, "Read every missed expert from the GGUF file: pread or fadvise")
+      ->check(opt::one_of({"pread", "fadvise"}));
   app.add_option("--save-model", a.save_model,
                  "Random model: stream it to this GGUF file (never held in memory) and run it from the file (mmap)");
   app.add_flag("--save-only", a.save_only, "Random model: write --save-model and exit");
@@ -915,6 +912,7 @@ int main(int argc, char** argv) {
   app.add_option("--residency-when-fits", a.when_fits,
                  "Residency: stand-down (nothing advised when the model fits the memory limit) or act "
                  "(manage it anyway: what the manager costs a token when every routed expert is resident)")
+      ->check(opt::one_of({"stand-down", "act"}))
       ->capture_default_str();
   app.add_option(
       "--per-token-csv", a.per_token_csv,

@@ -124,7 +124,7 @@ foreach(mode stand-down act)
 endforeach()
 execute_process(COMMAND "${PROBE}" --model "${gguf}" --decode 1 --residency exact --residency-when-fits sometimes
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(rc EQUAL 0 OR NOT "${err}" MATCHES "--residency-when-fits: 'sometimes'; expected stand-down or act")
+if(rc EQUAL 0 OR NOT "${err}" MATCHES "--residency-when-fits: 'sometimes' is not a choice; expected stand-down or act")
   message(FATAL_ERROR "--residency-when-fits sometimes: not refused as expected (exit ${rc})\n${out}\n${err}")
 endif()
 message(STATUS "--residency-when-fits: stands down by default, acts when told, refuses 'sometimes'")
