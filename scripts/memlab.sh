@@ -323,7 +323,7 @@ drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # cell's limit first. Walked at the limit less the timing model's assumed overhead
 # (lab-predict --overhead-mib, 64 MiB: llama.cpp's buffers, which the walk does not have),
 # so that its pages have the room a cell's have. scripts/memlab-predict.sh uses it for the
-# fault cells (docs/wall-clock.md, "The fault path, measured").
+# fault cells (docs/wall-clock.md, "The walks").
 walk_overhead_mib=64
 fault_walk_probe() {  # DIR [FILE]: DIR/FILE, default fault-walk.csv
   [[ $disk == 1 && $has_walk == 1 ]] || return 0
@@ -352,8 +352,7 @@ fault_walk_probe() {  # DIR [FILE]: DIR/FILE, default fault-walk.csv
 # (moe-disk-lanes --inline-walk: the pinned cache's misses read and locked by the calling
 # thread as the manager's eval thread does, no llama.cpp): DIR/inline-walk.csv, one row per
 # ratio, the cell's limit first, walked at the limit less the same overhead as the fault walk.
-# scripts/memlab-predict.sh uses it for the cache cells (docs/wall-clock.md, "The inline
-# path, measured").
+# scripts/memlab-predict.sh uses it for the cache cells (docs/wall-clock.md, "The walks").
 inline_walk_probe() {  # DIR [FILE]: DIR/FILE, default inline-walk.csv
   [[ $disk == 1 && $has_inline_walk == 1 && ",$configs," == *,cache,* ]] || return 0
   local d="$1" name="${2:-inline-walk.csv}" ratio limit b header=1 row
@@ -684,10 +683,10 @@ done
 
 # ---- the disk again -------------------------------------------------------------
 # The same measurement after the runs: whether the device still reads as it did
-# before them (a long fault-driven run reads tens of GiB; docs/wall-clock.md,
-# "Longer runs", saw it slow down within a cell). The model uses the curves
-# measured before each round (disk-lanes.csv) and, with rounds, this one too; for one
-# round it is for the reader. Other blocks (--seed 2), so that no cache below the VM
+# before them (a long fault-driven run reads tens of GiB; "Longer runs" in
+# docs/results/2026-12-03-memlab-predict-runs.md saw it slow down within a cell).
+# The model uses the curves measured before each round (disk-lanes.csv) and, with
+# rounds, this one too; for one round it is for the reader. Other blocks (--seed 2), so that no cache below the VM
 # answers from the first measurement.
 first_curve="$out/disk-lanes.csv"
 [[ $rounds -gt 1 ]] && first_curve="$out/round-1/disk-lanes.csv"
