@@ -156,7 +156,8 @@ void BM_cache_pair(benchmark::State& st) {
 // (f16 and bf16 on the 512-bit kernel where the CPU has AVX-512F) and
 // `narrow`, the 256-bit kernel alone (x86_tune_narrow). Counters: each one's
 // CPU time over the read's. (A 32-register copy of the f32 kernel for
-// AVX-512VL CPUs was timed here and not kept: docs/benchmarks.md, 2026-12-02.)
+// AVX-512VL CPUs was timed here and not kept: docs/results/2026-12-03-benchmark-runs.md,
+// 2026-12-02.)
 void BM_token_kernels(benchmark::State& st) {
   if (!check_flags(st)) return;
   if (!cpu_has_avx2()) {
