@@ -2,8 +2,9 @@
 # Builds the `benchmarks` preset, runs every benchmark program once and
 # rewrites the generated block of docs/benchmarks.md (between the
 # "bench.sh: begin/end" markers): the machine (CPU model, cores, measured DRAM
-# read bandwidth, load average), each issue-12 target with its figure, the
-# reference it is a ratio to, met or not, and the command behind it.
+# read bandwidth, load average), each performance target with its figure, the
+# reference it is a ratio to, met or not, and the command behind it. Then
+# scripts/readme_bench.py copies the README's rows from that table.
 #
 #   scripts/bench.sh                 # build, run (< 10 min on a loaded 2-core VM), rewrite the docs
 #   scripts/bench.sh --no-docs       # print the table only
@@ -217,7 +218,7 @@ if not R.get("bench_ggml_router"):
     row("gemv vs ggml's one-token `ggml_mul_mat`", "not run", "no installed ggml found", "≤ 1×", "n/a",
         "`bench_ggml_router` (needs scripts/fetch-llama-cpp.sh --install)")
 
-# 7. Other figures (not issue-12 targets of this script's author, reported as measured).
+# 7. Other figures (no target of their own, reported as measured).
 nv = seconds("bench_router", "BM_gemv_naive_f16_call/1/128")
 g = seconds("bench_router", "BM_gemv/1/128")
 if nv and g:
@@ -283,3 +284,5 @@ if docs:
         f.write(text)
     print(f"bench.sh: rewrote {path}", file=sys.stderr)
 PY
+# The README's rows come from the table just written (a test compares them).
+if [[ $docs == 1 ]]; then python3 scripts/readme_bench.py; fi
