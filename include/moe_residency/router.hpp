@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 
 #include "moe_residency/core.hpp"
 #include "moe_residency/detail/gemv.hpp"

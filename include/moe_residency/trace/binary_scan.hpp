@@ -295,7 +295,7 @@ class binary_record_scanner {
   }
 
   std::uint32_t n_layer_, n_expert_, k_;
-  bool has_dropped_;
+  [[maybe_unused]] bool has_dropped_;  // read by the vector checks only
   token_layers layers_;
   bool all_routable_ = true;
   std::vector<unsigned char> routable_;  // per layer: 1 when it has expert bytes
