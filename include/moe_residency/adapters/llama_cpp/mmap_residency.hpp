@@ -131,6 +131,8 @@ class mmap_residency final : public residency_manager {
         const scheduler_stats ss = scheduler_->stats();
         s.read_wait_ns = ss.demand_ns;
         s.read_waits = ss.demand_waits;
+        s.reads_queued = ss.queued;
+        s.reads_in_flight = ss.in_flight;
       } catch (...) {  // a mutex that cannot lock: the counters stay 0
       }
     }

@@ -103,6 +103,8 @@ struct residency_stats {
   /// The eval thread waiting for demanded reads (ns), and how often it had to
   /// (with overlap: only when a layer's reads outlast its matmuls).
   std::uint64_t read_wait_ns = 0, read_waits = 0;
+  /// The lanes' reads now: queued, and running (a snapshot; safe from any thread).
+  std::uint64_t reads_queued = 0, reads_in_flight = 0;
   // predicted
   std::uint64_t predictions = 0;         ///< layers a prediction was made for
   std::uint64_t predicted_issued = 0;    ///< speculative reads queued
