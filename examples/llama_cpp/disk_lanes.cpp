@@ -45,7 +45,7 @@
 // cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault, per
 // token but the last three (walked: the pages touched; read: /proc/self/io) —
 // what the fault path costs a MiB read in that memory shape
-// (docs/wall-clock.md, "The fault path, measured").
+// (docs/wall-clock.md, "The walks").
 //
 //   moe-disk-lanes --file model.gguf --inline-walk --walk-budget-mib 141 [--walk-tokens 16]
 //                  [--walk-gap-us 440]
@@ -63,8 +63,8 @@
 // CSV, the first --walk-skip tokens left out: budget_mib,tokens,
 // pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,
 // sys_ms_per_mib, per token but the last two — what the inline path costs a
-// MiB read, device and kernel, pins included (docs/wall-clock.md, "The inline
-// path, measured").
+// MiB read, device and kernel, pins included (docs/wall-clock.md, "The
+// walks").
 
 #include <CLI/CLI.hpp>
 

@@ -63,10 +63,10 @@ struct lab_setup {
   /// rest of each is off the eval thread's CPU (waiting for a lane).
   double request_ms = 0, request_sys_ms = 0, request_user_ms = 0;
   double pin_ms = 0, pin_sys_ms = 0, pin_user_ms = 0;
-  /// The fault walk (docs/wall-clock.md, "The fault path, measured"): ms off the CPU and in
+  /// The fault walk (docs/wall-clock.md, "The walks"): ms off the CPU and in
   /// the kernel per MiB; > 0: a fault cell's reads cost these, not the curve × β_f, λ, κ.
   double fault_walk_off_cpu_ms_per_mib = 0, fault_walk_sys_ms_per_mib = 0;
-  /// The inline walk (docs/wall-clock.md, "The inline path, measured"): the same for `cache`'s
+  /// The inline walk (docs/wall-clock.md, "The walks"): the same for `cache`'s
   /// reads, locked by the eval thread; > 0: they cost these, not the curve × β, κ, ψ and ν_p's kernel part.
   double inline_walk_off_cpu_ms_per_mib = 0, inline_walk_sys_ms_per_mib = 0;
 };
@@ -106,7 +106,7 @@ struct lab_mapping {
   /// lanes: the eval thread reads and locks the misses itself (`cache` alone,
   /// one lane): the device time of those reads overlaps its own kernel work
   /// for them, which the model says with ψ = 1 (timing_params::kernel_overlap;
-  /// docs/wall-clock.md, "Pooled runs, the manager's user time, and misses
+  /// docs/results/2026-12-03-memlab-predict-runs.md, "Pooled runs, the manager's user time, and misses
   /// locked inline"). On the lanes, the eval thread only waits for another
   /// thread's reads (ψ = 0).
   bool reads_inline = false;
