@@ -49,14 +49,14 @@ inline CLI::Option* add_trace_option(CLI::App& sub, std::string& path, const std
   return sub.add_option("--trace", path, what + ", CSV or binary; - for standard input")->required();
 }
 
-/// --format: one of `forms` (the first is the default given by the argument's value).
+/// --format: one of `forms`; the default is the value `format` holds when called.
 inline CLI::Option* add_format_option(CLI::App& sub, std::string& format, std::vector<std::string> forms) {
   return sub.add_option("--format", format, "output form: " + either(forms))
       ->check(one_of(std::move(forms)))
       ->capture_default_str();
 }
 
-/// --preset: a built-in model of `names` (the default given by the argument's value).
+/// --preset: one of the built-in models `names`; the default is the value `preset` holds when called.
 inline CLI::Option* add_preset_option(CLI::App& sub, std::string& preset, std::vector<std::string> names) {
   return sub.add_option("--preset", preset, "built-in model: " + either(names))
       ->check(one_of(std::move(names)))
