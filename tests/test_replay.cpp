@@ -429,6 +429,49 @@ TEST_CASE("dynamic replay: without drop or speculation it is the plain replay") 
   }
 }
 
+TEST_CASE("dynamic replay, prefill_cached = false: the prompt leaves the cache alone, as in the live manager") {
+  // The live residency manager looks up decode routings only. With
+  // prefill_cached off, a trace with a prompt replays exactly as the same
+  // trace with its prompt rows removed; with it on (the default, an engine's
+  // own cache) the prompt warms the cache and the decode figures differ.
+  const std::string path = real_trace("qwen.route.csv");
+  if (path.empty()) return;
+  const route_trace t = read_route_trace(path);
+  route_trace decode_only = t;
+  decode_only.rows.erase(std::remove_if(decode_only.rows.begin(), decode_only.rows.end(),
+                                        [](const trace_row& r) { return r.phase == run_phase::prefill; }),
+                         decode_only.rows.end());
+  REQUIRE(decode_only.rows.size() < t.rows.size());
+  const auto in = routed_replay_input::from_trace(t);
+  const auto in_decode = routed_replay_input::from_trace(decode_only);
+  std::size_t differs = 0;
+  for (const char* pol : {"lru", "layerlfu", "cycle", "adaptive"})
+    for (double mib : {1000.0, 3000.0}) {
+      CAPTURE(pol);
+      CAPTURE(mib);
+      dynamic_replay_options o;
+      o.policy = pol;
+      o.budget_mib = mib;
+      const auto warm = replay_dynamic(in, o);
+      const auto bare = replay_dynamic(in_decode, o);
+      o.prefill_cached = false;
+      const auto live = replay_dynamic(in, o);
+      CHECK(live.cache.all.lookups == live.cache.decode.lookups);
+      CHECK(live.cache.decode.hits == bare.cache.decode.hits);
+      CHECK(live.cache.all.evictions == bare.cache.all.evictions);
+      REQUIRE(live.decode_loads.size() == bare.decode_loads.size());
+      std::size_t same = 0;
+      for (std::size_t i = 0; i < live.decode_loads.size(); ++i) {
+        const load_event &a = live.decode_loads[i], &b = bare.decode_loads[i];
+        same += a.token == b.token && a.layer == b.layer && a.hits == b.hits && a.misses == b.misses &&
+                a.evictions == b.evictions && a.demanded_bytes == b.demanded_bytes;
+      }
+      CHECK(same == live.decode_loads.size());
+      differs += warm.cache.decode.hits != live.cache.decode.hits;
+    }
+  CHECK(differs > 0);  // the option changes something: the prompt does warm an engine's cache
+}
+
 TEST_CASE("dynamic replay --drop: a dropped expert is never read and never enters the cache") {
   const route_trace t = toy_trace(200, 7);
   const auto in = routed_replay_input::from_trace(t);

@@ -214,6 +214,11 @@ struct dynamic_replay_options {
   std::uint64_t seed = 0x5eed;  ///< of the random policy
   cycle_policy_options cycle{};
   adaptive_policy_options adaptive{};  ///< the adaptive policy's tuning (its cycle rule takes `cycle`)
+  /// true: prompt batches go through the cache as an engine's own cache does
+  /// (the recorded hit rates count them). false: they leave the cache alone,
+  /// as the live residency manager does (it manages decode only), so the
+  /// replay makes the manager's decisions (llama_cpp/mmap_residency_layer.hpp).
+  bool prefill_cached = true;
 };
 
 /// What a dynamic replay did, decode figures per token.
@@ -346,7 +351,18 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
     return false;
   };
 
+  auto learn = [&](const routed_replay_input::batch& b) {
+    for (std::size_t t = 0; t < b.count; ++t) {
+      prev.observe(rs[b.first + t]);
+      freq.observe(rs[b.first + t]);
+    }
+  };
+
   for (const auto& b : in.batches()) {
+    if (b.phase == run_phase::prefill && !o.prefill_cached) {
+      learn(b);  // the predictors still learn from the prompt
+      continue;
+    }
     if (b.phase == run_phase::decode && b.first_of_token) spec.begin_token(run_phase::decode);
     masks.assign(b.count, 0);
     const cache_stats c0 = spec.cache().stats();
@@ -384,10 +400,7 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
       }
       out.decode_loads.push_back(ev);
     }
-    for (std::size_t t = 0; t < b.count; ++t) {
-      prev.observe(rs[b.first + t]);
-      freq.observe(rs[b.first + t]);
-    }
+    learn(b);
   }
   spec.finish();
   out.cache = spec.cache().stats();
@@ -407,7 +420,8 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
 /// a dropped expert is never read and never enters the cache; speculative
 /// reads are planned by `speculation_planner` after each decode load for the
 /// layer `horizon` ahead and enter the cache at the next load's quiesce.
-/// Speculation runs in decode only. Throws `error` on a bad policy, budget,
+/// Speculation runs in decode only; prompt batches use the cache unless
+/// `prefill_cached` is false. Throws `error` on a bad policy, budget,
 /// F, cap, horizon or oracle profile.
 inline dynamic_replay_result replay_dynamic(const routed_replay_input& in, const dynamic_replay_options& o,
                                             const replay_observer& obs = {}) {
