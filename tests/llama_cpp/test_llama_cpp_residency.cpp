@@ -34,6 +34,8 @@
 #include "llama_support.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
 #include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
+#include "moe_residency/adapters/llama_cpp/sinks.hpp"
+#include "moe_residency/replay/dynamic.hpp"
 
 using namespace moe_residency;
 using namespace moe_residency_test;
@@ -1356,6 +1358,140 @@ TEST_CASE("mmap residency: every live cache policy, named at run time, keeps the
     CHECK(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)) == 0);
   }
   CHECK(hits_seen.size() > 1);  // the policies did decide differently
+}
+
+namespace {
+
+/// Behind a manager: records the routing (a route_recorder over the managed
+/// shape, made at the first layer after activation), the manager's counters
+/// after each decode routing, and its settled totals at each graph's start.
+class ledger_sink : public mrl::observer_sink {
+ public:
+  explicit ledger_sink(const mrl::residency_manager& res) : res_(res) {}
+  struct routed {
+    layer_id layer{};
+    mrl::residency_stats after;  // the manager's counters once it managed this routing
+  };
+  std::vector<routed> decode_routings;
+  std::vector<mrl::residency_stats> graphs;  // settled, at the start of each graph
+  std::unique_ptr<mrl::route_recorder<lru_policy>> recorder;
+
+  bool wants_routing() const noexcept override { return true; }
+  bool wants_layers() const noexcept override { return true; }
+  void on_batch(const mrl::batch_info&) override { graphs.push_back(res_.stats()); }
+  void on_layer(const mrl::layer_batch& b) override {
+    if (!recorder && res_.active())
+      recorder = std::make_unique<mrl::route_recorder<lru_policy>>(res_.managed_shape(), 0);
+    if (recorder) recorder->on_layer(b);
+  }
+  void on_routing(const mrl::layer_batch& b) override {
+    if (b.phase == run_phase::decode) decode_routings.push_back({b.layer, res_.stats()});
+  }
+
+ private:
+  const mrl::residency_manager& res_;
+};
+
+}  // namespace
+
+TEST_CASE("mmap residency: the replay of its recorded routing makes the live cache's decisions, token by token") {
+  // One runtime rule for residency: the live manager's cache (with the fake
+  // advice) and replay_dynamic over the routing it saw (recorded behind it,
+  // prompt included, replayed with prefill_cached = false: the manager looks
+  // up decode only) at the same budget and policy: the same hits and misses
+  // at every decode layer; per token the same evictions, one admission (a
+  // lock of each expert tensor's slice) per miss, the same pinned bytes; with
+  // exact reads, one lane read per miss.
+  mapped_model m("res_replay_equiv", small_moe_spec());
+  m.warm_up();
+  const std::uint64_t expert = m.obs.layers()[0].expert_bytes;
+  const std::size_t tensors = m.obs.layers()[0].experts.size();
+  const std::size_t n_decode = 16, n_layers = 4;
+  struct mode {
+    const char* name;
+    bool exact, pool;
+  };
+  std::set<std::uint64_t> hits_seen;
+  for (const std::string& policy : mrl::live_cache_policies())
+    for (const std::size_t budget_experts : {18u, 28u})  // the token cycle is 16 experts
+      for (const mode md :
+           {mode{"cache", false, false}, mode{"exact+cache", true, false}, mode{"exact+cache pool", true, true}}) {
+        CAPTURE(policy);
+        CAPTURE(budget_experts);
+        CAPTURE(md.name);
+        fake_advice fake;
+        fake.pool = md.pool;
+        mrl::residency_options o;
+        o.fits = mrl::when_fits::act;
+        o.cache = true;
+        o.exact = md.exact;
+        o.pool = md.pool;
+        o.cache_budget_bytes = budget_experts * expert;
+        const std::unique_ptr<mrl::residency_manager> res =
+            mrl::make_residency_manager(policy, m.obs, m.path, o, &fake);
+        ledger_sink ledger(*res);
+        res->set_next(&ledger);
+        m.obs.set_sink(res.get());
+        m.restart();
+        m.run(6, n_decode);
+        m.obs.set_sink(nullptr);
+        res->settle();
+        ledger.graphs.push_back(res->stats());
+        REQUIRE(res->active());
+        REQUIRE(ledger.recorder != nullptr);
+        REQUIRE(res->managed_shape().expert_bytes(layer_id(0)) == expert);
+        REQUIRE(ledger.graphs.size() == 1 + n_decode + 1);  // the prompt's graph, each token's, the end
+        REQUIRE(ledger.decode_routings.size() == n_decode * n_layers);
+        CHECK(res->stats().lock_failed == 0);
+
+        CHECK_NOTHROW((void)validate_route_trace(ledger.recorder->trace()));
+        const auto in = routed_replay_input::from_trace(ledger.recorder->trace());
+        dynamic_replay_options ro;
+        ro.policy = policy;
+        ro.budget_mib = to_mib(budget_experts * expert);
+        ro.prefill_cached = false;
+        const dynamic_replay_result rp = replay_dynamic(in, ro);
+        REQUIRE(rp.decode_loads.size() == n_decode * n_layers);
+
+        // Every decode layer: the same hits and misses.
+        std::size_t layers_same = 0;
+        std::uint64_t hits = ledger.graphs[1].cache_hits, misses = ledger.graphs[1].cache_misses;
+        for (std::size_t i = 0; i < rp.decode_loads.size(); ++i) {
+          const load_event& e = rp.decode_loads[i];
+          const auto& live = ledger.decode_routings[i];
+          layers_same += e.layer == live.layer && e.token == i / n_layers && live.after.cache_hits - hits == e.hits &&
+                         live.after.cache_misses - misses == e.misses;
+          hits = live.after.cache_hits;
+          misses = live.after.cache_misses;
+        }
+        CHECK(layers_same == rp.decode_loads.size());
+
+        // Every token: evictions, admissions, pinned bytes, reads.
+        std::size_t tokens_same = 0;
+        std::uint64_t resident = 0;
+        for (std::size_t t = 0; t < n_decode; ++t) {
+          std::uint64_t r_misses = 0, r_evictions = 0;
+          for (std::size_t l = 0; l < n_layers; ++l) {
+            r_misses += rp.decode_loads[t * n_layers + l].misses;
+            r_evictions += rp.decode_loads[t * n_layers + l].evictions;
+          }
+          resident += r_misses - r_evictions;
+          const mrl::residency_stats &a = ledger.graphs[t + 1], &b = ledger.graphs[t + 2];
+          const auto lock_calls = b.calls[static_cast<std::size_t>(mrl::advice::lock)] -
+                                  a.calls[static_cast<std::size_t>(mrl::advice::lock)];
+          bool same = b.evictions - a.evictions == r_evictions && b.cache_misses - a.cache_misses == r_misses &&
+                      b.pinned_bytes == resident * expert;
+          if (!md.pool) same = same && lock_calls == r_misses * tensors;  // the pool locks shared pages only
+          if (md.exact) same = same && b.exact_reads - a.exact_reads == r_misses;
+          tokens_same += same;
+        }
+        CHECK(tokens_same == n_decode);
+        CHECK(res->stats().cache_hits == rp.cache.decode.hits);
+        CHECK(res->stats().evictions == rp.cache.all.evictions);
+        CHECK(res->stats().evictions > 0);
+        hits_seen.insert(rp.cache.decode.hits);
+      }
+  CHECK(hits_seen.size() > 2);  // the policies and budgets did decide differently
 }
 
 TEST_CASE("mmap residency: a cache policy the live manager does not take is refused, saying why") {
