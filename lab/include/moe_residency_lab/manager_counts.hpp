@@ -10,42 +10,30 @@
 #include <utility>
 #include <vector>
 
-#include "moe_residency/cache/expert_cache.hpp"
-#include "moe_residency/cache/lru.hpp"
 #include "moe_residency/core.hpp"
 #include "moe_residency/replay/dynamic.hpp"
 #include "moe_residency_lab/mapping.hpp"
-#include "moe_residency/trace/batches.hpp"
 #include "moe_residency/trace/types.hpp"
 
 namespace moe_residency::lab {
 
 /// The pinned cache's misses at each decode load, as the manager's cache sees
-/// them: an LRU of `budget_mib` over the decode batches only (the manager
-/// neither pins nor looks up a prompt batch), unique routed experts in
-/// routing order; keyed (decode token, layer) like load_event. Every miss is
-/// a lock (and, the cache being full, an eviction's unlock).
+/// them: the dynamic replay of an LRU of `budget_mib` with prefill_cached off
+/// (the manager neither pins nor looks up a prompt batch), the rule the live
+/// manager's own test holds it to; keyed (decode token, layer) like
+/// load_event. Every miss is a lock (and, the cache being full, an
+/// eviction's unlock).
 class pinned_misses {
  public:
   pinned_misses(const route_trace& trace, double budget_mib) {
-    cache_options o;
-    o.budget_bytes = static_cast<std::uint64_t>(budget_mib * 1048576.0);
+    dynamic_replay_options o;
+    o.policy = "lru";
+    o.budget_mib = budget_mib;
     o.guard = cycle_guard::off;
-    expert_cache<lru_policy> cache(trace.shape(), std::move(o));
-    const load_batches lb = group_load_batches(trace);
-    std::uint32_t token = 0, last_step = 0;
-    bool any = false;
-    for (const load_batch& b : lb.batches) {
-      if (b.phase != run_phase::decode) continue;
-      if (any && b.step != last_step) ++token;
-      any = true;
-      last_step = b.step;
-      if (!cache.begin_batch(run_phase::decode, b.layer)) continue;
-      std::uint16_t misses = 0;
-      for (expert_id e : lb.experts_of(b)) misses += cache.lookup(e) == lookup_result::miss;
-      cache.end_batch();
-      by_load_.push_back({{token, static_cast<std::uint16_t>(to_index(b.layer))}, misses});
-      total_ += misses;
+    o.prefill_cached = false;
+    for (const load_event& e : replay_dynamic(routed_replay_input::from_trace(trace), o).decode_loads) {
+      by_load_.push_back({{e.token, static_cast<std::uint16_t>(to_index(e.layer))}, e.misses});
+      total_ += e.misses;
     }
   }
   /// The misses at load `e` (0 for a load the trace's decode batches do not have).
