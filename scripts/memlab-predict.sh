@@ -14,7 +14,7 @@
 # in every lab run), the memory limit, the budget, the configuration's levers, the stale-gate
 # accuracy an observer run measured, and the disk's lanes curve that memlab measured
 # (disk-lanes.csv). The other runs' metrics are read only for the "measured" column.
-# The mapping of each configuration is in docs/wall-clock.md ("Against this machine").
+# The mapping of each configuration is in docs/lab-predict.md.
 #
 #   --fit C@R          the calibration cell (default exact@2.5)
 #   --tool PATH        moe-residency (default: build/llama-cpp/bin, build/release/bin, build/debug/bin)

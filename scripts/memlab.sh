@@ -323,7 +323,7 @@ drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # cell's limit first. Walked at the limit less the timing model's assumed overhead
 # (lab-predict --overhead-mib, 64 MiB: llama.cpp's buffers, which the walk does not have),
 # so that its pages have the room a cell's have. scripts/memlab-predict.sh uses it for the
-# fault cells (docs/wall-clock.md, "The walks").
+# fault cells (docs/lab-predict.md, "The walks").
 walk_overhead_mib=64
 fault_walk_probe() {  # DIR [FILE]: DIR/FILE, default fault-walk.csv
   [[ $disk == 1 && $has_walk == 1 ]] || return 0
@@ -352,7 +352,7 @@ fault_walk_probe() {  # DIR [FILE]: DIR/FILE, default fault-walk.csv
 # (moe-disk-lanes --inline-walk: the pinned cache's misses read and locked by the calling
 # thread as the manager's eval thread does, no llama.cpp): DIR/inline-walk.csv, one row per
 # ratio, the cell's limit first, walked at the limit less the same overhead as the fault walk.
-# scripts/memlab-predict.sh uses it for the cache cells (docs/wall-clock.md, "The walks").
+# scripts/memlab-predict.sh uses it for the cache cells (docs/lab-predict.md, "The walks").
 inline_walk_probe() {  # DIR [FILE]: DIR/FILE, default inline-walk.csv
   [[ $disk == 1 && $has_inline_walk == 1 && ",$configs," == *,cache,* ]] || return 0
   local d="$1" name="${2:-inline-walk.csv}" ratio limit b header=1 row

@@ -271,7 +271,7 @@ void run(const lab_args& a) {
 
 const moe_residency_cli::command_registrar reg{
     "lab-predict",
-    "Calibrate the timing model on one memory-lab run; predict every other configuration x ratio (docs/wall-clock.md)",
+    "Calibrate the timing model on one memory-lab run; predict every other configuration x ratio (docs/lab-predict.md)",
     [](CLI::App& sub) {
       auto a = std::make_shared<lab_args>();
       moe_residency_cli::add_trace_option(sub, a->trace,

@@ -12,8 +12,7 @@
 //
 // instead measures what reading costs the calling thread's CPU, per MiB read
 // from the device, on the two paths the memory lab's configurations read an
-// expert slice of that many KiB by (docs/wall-clock.md, "Against this
-// machine"): `manager` (the mapping advised MADV_RANDOM, then MADV_WILLNEED
+// expert slice of that many KiB by (docs/lab-predict.md): `manager` (the mapping advised MADV_RANDOM, then MADV_WILLNEED
 // and MADV_POPULATE_READ of the slice, as the residency manager's exact reads)
 // and `faults` (POSIX_FADV_SEQUENTIAL, as llama.cpp's mmap, then every page of
 // the slice touched: each fault reads a read-around window). Random slices, the
@@ -45,7 +44,7 @@
 // cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault, per
 // token but the last three (walked: the pages touched; read: /proc/self/io) —
 // what the fault path costs a MiB read in that memory shape
-// (docs/wall-clock.md, "The walks").
+// (docs/lab-predict.md, "The walks").
 //
 //   moe-disk-lanes --file model.gguf --inline-walk --walk-budget-mib 141 [--walk-tokens 16]
 //                  [--walk-gap-us 440]
@@ -63,7 +62,7 @@
 // CSV, the first --walk-skip tokens left out: budget_mib,tokens,
 // pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,
 // sys_ms_per_mib, per token but the last two — what the inline path costs a
-// MiB read, device and kernel, pins included (docs/wall-clock.md, "The
+// MiB read, device and kernel, pins included (docs/lab-predict.md, "The
 // walks").
 
 #include <CLI/CLI.hpp>

@@ -1,7 +1,6 @@
 #pragma once
 /// Calibrating the timing model on one memory-lab run (moe_residency_lab/lab.hpp) the
-/// way this machine's measurements allow (docs/wall-clock.md, "Against this
-/// machine"). Three things differ from the phone's calibration
+/// way this machine's measurements allow (docs/lab-predict.md, "Calibration"). Three things differ from the phone's calibration
 /// (timing/calibrate.hpp), each because of what the lab measures:
 ///
 /// - **The eval thread's CPU is split in two, and each half is fitted.** The

@@ -219,7 +219,7 @@ inline std::vector<inline_walk_row> parse_inline_walk(const std::string& text, c
 /// 0.5 MiB): the median of every matching row, each column on its own (the
 /// mean of the middle two for an even count), written into `s`. The median,
 /// not the mean: one walk of 24 tokens can catch the device in a stall that
-/// the cells do not see (docs/wall-clock.md, "The walks").
+/// the cells do not see (docs/lab-predict.md, "The walks").
 /// False, and `s` unchanged, when no row matches.
 inline bool apply_inline_walk(const std::vector<inline_walk_row>& rows, double limit_mib, lab_setup& s) {
   std::vector<double> off, sys;

@@ -8,7 +8,7 @@
 /// same file, prompt, seed, bit-identical logits), the memory limit, the
 /// cache budget, the configuration's levers, and the device's parameters.
 /// Nothing of the target run's own measurement goes in.
-/// docs/wall-clock.md ("Against this machine") writes each mapping down.
+/// docs/lab-predict.md writes each mapping down.
 ///
 /// Its parts: moe_residency_lab/mapping.hpp (the configurations, lab_setup and their
 /// mapping), moe_residency_lab/page_cache.hpp and moe_residency_lab/fault_loads.hpp (the

@@ -3,7 +3,7 @@
 /// docs/memlab.md) and what is known of a run before it runs (lab_setup), and
 /// the mapping of each onto the timing model (timing.hpp): which cache, which
 /// lanes, which speculation, and whether it reads on lanes or by page faults.
-/// docs/wall-clock.md ("Against this machine") writes each mapping down.
+/// docs/lab-predict.md writes each mapping down.
 /// moe_residency_lab/lab.hpp predicts a configuration from it. Standard library only.
 
 #include <algorithm>
@@ -63,10 +63,10 @@ struct lab_setup {
   /// rest of each is off the eval thread's CPU (waiting for a lane).
   double request_ms = 0, request_sys_ms = 0, request_user_ms = 0;
   double pin_ms = 0, pin_sys_ms = 0, pin_user_ms = 0;
-  /// The fault walk (docs/wall-clock.md, "The walks"): ms off the CPU and in
+  /// The fault walk (docs/lab-predict.md, "The walks"): ms off the CPU and in
   /// the kernel per MiB; > 0: a fault cell's reads cost these, not the curve × β_f, λ, κ.
   double fault_walk_off_cpu_ms_per_mib = 0, fault_walk_sys_ms_per_mib = 0;
-  /// The inline walk (docs/wall-clock.md, "The walks"): the same for `cache`'s
+  /// The inline walk (docs/lab-predict.md, "The walks"): the same for `cache`'s
   /// reads, locked by the eval thread; > 0: they cost these, not the curve × β, κ, ψ and ν_p's kernel part.
   double inline_walk_off_cpu_ms_per_mib = 0, inline_walk_sys_ms_per_mib = 0;
 };
@@ -118,7 +118,7 @@ struct lab_mapping {
   double pin_user_ms(const lab_setup& s) const noexcept { return pins_on_lanes ? 0.0 : s.pin_user_ms; }
 };
 
-/// The mapping of docs/wall-clock.md ("Against this machine"). Throws `error`
+/// The mapping of docs/lab-predict.md. Throws `error`
 /// when a limited configuration's memory is not larger than what it must hold.
 inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
   lab_mapping m;

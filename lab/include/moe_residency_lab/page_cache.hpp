@@ -2,7 +2,7 @@
 /// The memory lab's page cache (moe_residency_lab/lab.hpp's fault model): the model
 /// file's pages as the kernel maps them, and a page cache in which a fault
 /// reads the read-around window around it, with Linux's two lists or a plain
-/// LRU choosing the victims. docs/wall-clock.md ("Against this machine").
+/// LRU choosing the victims. docs/lab-predict.md.
 ///
 /// Standard library only.
 
