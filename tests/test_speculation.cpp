@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -197,6 +198,57 @@ TEST_CASE("speculation: evictions caused by a speculative read count in the load
   CHECK(s.stats().inserted == 2);
   CHECK(s.cache().stats().all.evictions == 4);
   CHECK(s.cache().stats().decode.evictions == 4);  // every load here was decode
+}
+
+TEST_CASE("speculation: completed reads enter the cache in issue order, whatever order the lanes finish them") {
+  // Two lanes; the first speculative read (expert 5) waits until the second
+  // (expert 6) has finished, so the scheduler hands them back as 6, 5. The
+  // next batch's four misses leave room for one more entry of a budget of
+  // five: the most recently inserted of the two. In issue order that is 6,
+  // as with a synchronous scheduler, however the lanes finish.
+  for (const bool reversed : {false, true}) {
+    CAPTURE(reversed);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool second_done = false;
+    int finished = 0;
+    read_callback read = [&](layer_id, expert_id e, read_reason why) noexcept {
+      if (why != read_reason::speculative || !reversed) return read_status::ok;
+      std::unique_lock<std::mutex> lock(mu);
+      if (e == E(5)) {
+        cv.wait(lock, [&] { return second_done; });
+      } else {
+        second_done = true;
+      }
+      ++finished;
+      cv.notify_all();
+      return read_status::ok;
+    };
+    speculation_options o;
+    o.scheduler.lanes = reversed ? 2 : 0;
+    o.scheduler.mode = quiesce_mode::wait;
+    spec_t s(tiny(), tiny_cache(5), std::move(read), o);
+    std::uint32_t masks[1] = {};
+    const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
+    s.begin_load({&r0, 1}, masks);
+    const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}});
+    REQUIRE(s.end_load(L(0), &pred) == 2);
+    if (reversed) {  // both on their lanes and done before the quiesce (which cancels what is still queued)
+      std::unique_lock<std::mutex> lock(mu);
+      const bool both = cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished == 2; });
+      second_done = true;  // never leave a lane blocked, whatever happened
+      cv.notify_all();
+      REQUIRE(both);
+    }
+    const routing r1 = make_routing(1, {{9, 0.4f}, {10, 0.3f}, {11, 0.2f}, {12, 0.1f}});
+    s.begin_load({&r1, 1}, masks);
+    REQUIRE(s.completed().size() == 2);
+    CHECK(s.completed()[0].request.expert == E(5));  // in issue order
+    CHECK(s.completed()[1].request.expert == E(6));
+    CHECK(s.stats().inserted == 2);
+    CHECK_FALSE(s.cache().is_resident(L(1), E(5)));  // inserted first: the older of the two
+    CHECK(s.cache().is_resident(L(1), E(6)));
+  }
 }
 
 TEST_CASE("speculation: the drop threshold reaches the planner only when the drop applies") {

@@ -10,7 +10,8 @@
 ///     "per token" figure in the lines; an engine driving the two calls below
 ///     directly must call it itself, once per decode token.
 ///  1. `begin_load` (the session's `routed`): quiesce the scheduler, apply the
-///     speculative reads that completed to the cache, decide drops (after the
+///     speculative reads that completed to the cache (in issue order, however
+///     the lanes finished them), decide drops (after the
 ///     integration, so a speculative read that landed un-drops its expert),
 ///     run the cache's load batch for the kept experts, read the misses
 ///     through the scheduler (demanded before any speculation).
@@ -127,6 +128,8 @@ class speculation {
     pending_list_.reserve(slots);
     demanded_.reserve(shape_.n_experts());
     outcomes_.resize(shape_.n_experts());
+    issued_.reserve(max_top_k);
+    completed_.reserve(options_.scheduler.queue_capacity + options_.scheduler.lanes + max_top_k);
   }
 
   // ---- the calls of a token and of a layer's load (engine API) -------------
@@ -155,9 +158,9 @@ class speculation {
 
     // 1. Quiesce, and apply what completed — on this (the host's) thread.
     const auto t0 = std::chrono::steady_clock::now();
-    const span<const completed_read> done = scheduler_->quiesce();
+    collect(scheduler_->quiesce());
     const auto t1 = std::chrono::steady_clock::now();
-    integrate(done, phase);
+    integrate(phase);
     sweep();
 
     // 2. Drop decisions, on the residency speculation just updated.
@@ -220,6 +223,7 @@ class speculation {
   /// predictor had none) and hands them to the scheduler. Returns the number
   /// issued. In synchronous mode they run here, before returning.
   std::size_t end_load(layer_id l, const ranking* predicted) noexcept {
+    issued_.clear();
     if (!options_.enabled) return 0;
     layer_id target{};
     if (!moe_layer_ahead(shape_, l, options_.horizon, target)) return 0;
@@ -235,19 +239,34 @@ class speculation {
     stats_.planned += p.size();
     stats_.skipped_resident += p.skipped_resident;
     stats_.skipped_below_threshold += p.skipped_below_threshold;
-    std::size_t issued = 0;
     const std::uint64_t bytes = shape_.expert_bytes(target);
-    for (std::size_t i = 0; i < p.size(); ++i) issued += scheduler_->speculate(read_request{target, p.id(i), bytes});
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const read_request r{target, p.id(i), bytes};
+      if (scheduler_->speculate(r)) issued_.push_back(r);
+    }
     if (scheduler_->synchronous()) scheduler_->pump();
-    return issued;
+    return issued_.size();
   }
 
   /// End of the run: applies what completed (waiting as configured) so the
   /// counters are final, without issuing anything.
   void finish() noexcept {
-    integrate(scheduler_->quiesce(), last_phase_);
+    collect(scheduler_->quiesce());
+    integrate(last_phase_);
     sweep();
   }
+
+  // ---- what the last calls did (for a host that keeps storage of its own) --
+
+  /// The misses of the last begin_load, token-major: the reads it demanded
+  /// (and made, unless `demanded_reads` is off: then they are the host's).
+  span<const read_request> demanded() const noexcept { return {demanded_.data(), demanded_.size()}; }
+  /// The speculative reads the last begin_load (or finish) collected from the
+  /// scheduler, in issue order, whatever became of them: ok ones were made
+  /// resident unless already resident or refused by the cache.
+  span<const completed_read> completed() const noexcept { return {completed_.data(), completed_.size()}; }
+  /// The speculative reads the last end_load handed to the scheduler, in plan order.
+  span<const read_request> issued() const noexcept { return {issued_.data(), issued_.size()}; }
 
   // ---- session extension hooks ---------------------------------------------
 
@@ -382,10 +401,19 @@ class speculation {
     return detail::format_fixed(static_cast<double>(ns) / 1e6 / tokens, 2);
   }
 
-  // Applies completed speculative reads to the cache (host thread).
-  // Evictions they cause count in `phase` (the load's).
-  void integrate(span<const completed_read> done, run_phase phase) noexcept {
-    for (const completed_read& c : done) {
+  // The scheduler's completions, in issue order (its tickets): the lanes
+  // finish them in any order, and the cache's decisions must depend on which
+  // reads completed, not on which lane finished first.
+  void collect(span<const completed_read> done) noexcept {
+    completed_.assign(done.begin(), done.end());  // within the capacity reserved for it
+    std::sort(completed_.begin(), completed_.end(),
+              [](const completed_read& a, const completed_read& b) { return a.ticket < b.ticket; });
+  }
+
+  // Applies the collected speculative reads to the cache (host thread), in
+  // issue order. Evictions they cause count in `phase` (the load's).
+  void integrate(run_phase phase) noexcept {
+    for (const completed_read& c : completed_) {
       if (c.outcome != read_outcome::ok) continue;  // counted by the scheduler; residency untouched
       const std::size_t slot = slot_of(c.request.layer, c.request.expert);
       if (slot >= pending_flag_.size()) continue;
@@ -443,6 +471,8 @@ class speculation {
   std::vector<std::uint32_t> pending_list_;  // the slots with the flag set (or just cleared)
   std::vector<read_request> demanded_;
   std::vector<read_outcome> outcomes_;
+  std::vector<read_request> issued_;       // the last end_load's speculative reads
+  std::vector<completed_read> completed_;  // the last quiesce's completions
   speculation_stats stats_;
   run_phase last_phase_ = run_phase::prefill;  // phase of the last begin_load
 };

@@ -117,6 +117,7 @@ enum class speculation_source : std::uint8_t {
   prev_token,  ///< the same layer's routing one token earlier (prev_token_predictor)
   frequency,   ///< running counts of the layer (frequency_predictor)
   oracle,      ///< the true routing of the target layer, each slot kept with probability P
+  given,       ///< the host's own rankings (replay_speculation::given), e.g. a live manager's
 };
 
 /// Speculation in a dynamic replay: the predictor, and the planner's cap and
@@ -131,9 +132,14 @@ struct replay_speculation {
   std::uint64_t seed = 0x5eed;  ///< seed of the oracle's draws
   std::size_t cap = speculation_planner::default_cap;
   std::size_t horizon = 1;  ///< 1: the next MoE layer; 2: the one after
+  /// given: `given(token, target, out)` fills `out` with the ranking of MoE
+  /// layer `target` predicted after the load `horizon` layers before it in
+  /// decode token `token` (from 0), or returns false for none.
+  std::function<bool(std::uint32_t token, layer_id target, ranking& out)> given;
 
   /// "prev-token", "frequency", "oracle:0.886", "none" for people; parses back
-  /// (parse_replay_speculation) to a speculation of the same name.
+  /// (parse_replay_speculation) to a speculation of the same name ("given",
+  /// which names a function, does not parse).
   std::string name() const {
     switch (source) {
       case speculation_source::none: return "none";
@@ -145,6 +151,7 @@ struct replay_speculation {
         // subnormal P (below 2.2e-308) lacks the precision, so it is named exactly.
         return "oracle:" + (std::fpclassify(oracle_p) == FP_SUBNORMAL ? detail::format_printf("%.17g", oracle_p)
                                                                       : detail::format_number(oracle_p));
+      case speculation_source::given: return "given";
     }
     return "?";
   }
@@ -320,6 +327,10 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
     admitted += b;
     return read_status::ok;
   };
+  if (sp.source == speculation_source::given && !sp.given)
+    throw error(
+        "replay: speculation from given rankings without a function to give them; expected "
+        "replay_speculation::given");
   if (sp.source == speculation_source::oracle && !sp.oracle_profile.empty() &&
       sp.oracle_profile.size() != shape.n_layers())
     throw error("replay: oracle profile has " + std::to_string(sp.oracle_profile.size()) + " entries; expected " +
@@ -346,6 +357,7 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
         oracle_ranking(*truth, p, shape.n_experts(), rng, rank);
         return !rank.empty();
       }
+      case speculation_source::given: return sp.given(token, target, rank);
       case speculation_source::none: break;
     }
     return false;
