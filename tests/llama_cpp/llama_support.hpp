@@ -7,12 +7,14 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 #include <unistd.h>
 
@@ -252,5 +254,35 @@ void for_each_warm_arch(ggml_type router, Body&& body) {
     body(om, config);
   }
 }
+
+/// Waits, for at most 10 s, until the manager's lanes have nothing queued or running:
+/// on a loaded machine a lane may not get a core before the next routing. A test that
+/// checks the order the manager issues reads in, or what its cache decides (a
+/// speculative read enters the cache only once complete), calls it before each routing.
+inline void drain_lanes(const mrl::residency_manager& res) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const auto st = res.stats();
+    if (st.reads_queued + st.reads_in_flight == 0 || std::chrono::steady_clock::now() > until) return;
+    std::this_thread::yield();
+  }
+}
+
+/// In front of a manager: drains its lanes before each routing, then passes every event on.
+class draining_sink : public mrl::observer_sink {
+ public:
+  explicit draining_sink(mrl::residency_manager& res) : res_(res) {}
+  bool wants_routing() const noexcept override { return res_.wants_routing(); }
+  bool wants_layers() const noexcept override { return res_.wants_layers(); }
+  void on_batch(const mrl::batch_info& b) override { res_.on_batch(b); }
+  void on_layer(const mrl::layer_batch& b) override { res_.on_layer(b); }
+  void on_routing(const mrl::layer_batch& b) override {
+    drain_lanes(res_);
+    res_.on_routing(b);
+  }
+
+ private:
+  mrl::residency_manager& res_;
+};
 
 }  // namespace moe_residency_test

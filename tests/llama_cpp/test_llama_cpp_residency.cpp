@@ -319,18 +319,6 @@ class front_sink : public mrl::observer_sink {
   mrl::observer_sink& next_;
 };
 
-/// Waits, for at most 10 s, until the manager's lanes have nothing queued or running:
-/// on a loaded machine a lane may not get a core before the next routing, and what a
-/// test checks is the order the manager issues reads in, not how soon a lane runs.
-void drain_lanes(const mrl::mmap_residency<>& res) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    const auto st = res.stats();
-    if (st.reads_queued + st.reads_in_flight == 0 || std::chrono::steady_clock::now() > until) return;
-    std::this_thread::yield();
-  }
-}
-
 /// A user callback chained under the observer: the order of expert matmuls.
 struct matmul_order {
   std::vector<std::pair<int, std::uint64_t>> asks;  // (layer, seq) of MUL_MAT_ID asks
@@ -1364,16 +1352,18 @@ namespace {
 
 /// Behind a manager: records the routing (a route_recorder over the managed
 /// shape, made at the first layer after activation), the manager's counters
-/// after each decode routing, and its settled totals at each graph's start.
+/// and its prediction after each decode routing, and its settled totals at
+/// each graph's start.
 class ledger_sink : public mrl::observer_sink {
  public:
-  explicit ledger_sink(const mrl::residency_manager& res) : res_(res) {}
+  ledger_sink(const mrl::residency_manager& res, std::size_t n_layers) : res_(res), n_layers_(n_layers) {}
   struct routed {
     layer_id layer{};
     mrl::residency_stats after;  // the manager's counters once it managed this routing
   };
   std::vector<routed> decode_routings;
-  std::vector<mrl::residency_stats> graphs;  // settled, at the start of each graph
+  std::vector<mrl::residency_stats> graphs;                                // settled, at the start of each graph
+  std::map<std::pair<std::uint32_t, std::uint16_t>, ranking> predictions;  // (decode token, target layer)
   std::unique_ptr<mrl::route_recorder<lru_policy>> recorder;
 
   bool wants_routing() const noexcept override { return true; }
@@ -1385,23 +1375,33 @@ class ledger_sink : public mrl::observer_sink {
     if (recorder) recorder->on_layer(b);
   }
   void on_routing(const mrl::layer_batch& b) override {
-    if (b.phase == run_phase::decode) decode_routings.push_back({b.layer, res_.stats()});
+    if (b.phase != run_phase::decode) return;
+    const auto token = static_cast<std::uint32_t>(decode_routings.size() / n_layers_);
+    layer_id target{};
+    ranking r;
+    if (res_.last_prediction(target, r)) predictions[{token, static_cast<std::uint16_t>(to_index(target))}] = r;
+    decode_routings.push_back({b.layer, res_.stats()});
   }
 
  private:
   const mrl::residency_manager& res_;
+  std::size_t n_layers_;
 };
 
 }  // namespace
 
 TEST_CASE("mmap residency: the replay of its recorded routing makes the live cache's decisions, token by token") {
-  // One runtime rule for residency: the live manager's cache (with the fake
-  // advice) and replay_dynamic over the routing it saw (recorded behind it,
-  // prompt included, replayed with prefill_cached = false: the manager looks
-  // up decode only) at the same budget and policy: the same hits and misses
-  // at every decode layer; per token the same evictions, one admission (a
-  // lock of each expert tensor's slice) per miss, the same pinned bytes; with
-  // exact reads, one lane read per miss.
+  // One runtime path: the live manager (on the fake advice) runs the same
+  // speculation<> as replay_dynamic. The routing it saw is recorded behind it
+  // (prompt included) and replayed with prefill_cached = false (the manager
+  // looks up decode only), at the same budget and policy and, with predicted
+  // reads, from the rankings the manager predicted (its lanes drained before
+  // each routing, so every read it issued has completed, as the replay's
+  // synchronous ones have). The same hits and misses at every decode layer;
+  // per token the same evictions, admissions (a lock of each expert tensor's
+  // slice, or a placement, per miss and per speculative read made resident),
+  // pinned bytes and reads (a lane read per miss with exact, the same
+  // speculative reads issued).
   mapped_model m("res_replay_equiv", small_moe_spec());
   m.warm_up();
   const std::uint64_t expert = m.obs.layers()[0].expert_bytes;
@@ -1409,16 +1409,23 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
   const std::size_t n_decode = 16, n_layers = 4;
   struct mode {
     const char* name;
-    bool exact, pool;
+    bool exact, pool, predicted;
   };
+  const mode modes[] = {{"cache", false, false, false},
+                        {"exact+cache", true, false, false},
+                        {"exact+cache pool", true, true, false},
+                        {"cache predicted", false, false, true},
+                        {"exact+cache predicted", true, false, true},
+                        {"exact+cache pool predicted", true, true, true}};
   std::set<std::uint64_t> hits_seen;
+  std::size_t inserted_seen = 0;
   for (const std::string& policy : mrl::live_cache_policies())
     for (const std::size_t budget_experts : {18u, 28u})  // the token cycle is 16 experts
-      for (const mode md :
-           {mode{"cache", false, false}, mode{"exact+cache", true, false}, mode{"exact+cache pool", true, true}}) {
+      for (const mode& md : modes) {
         CAPTURE(policy);
         CAPTURE(budget_experts);
-        CAPTURE(md.name);
+        const std::string mode_name = md.name;
+        CAPTURE(mode_name);
         fake_advice fake;
         fake.pool = md.pool;
         mrl::residency_options o;
@@ -1426,12 +1433,15 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
         o.cache = true;
         o.exact = md.exact;
         o.pool = md.pool;
+        o.predicted = md.predicted;
         o.cache_budget_bytes = budget_experts * expert;
         const std::unique_ptr<mrl::residency_manager> res =
             mrl::make_residency_manager(policy, m.obs, m.path, o, &fake);
-        ledger_sink ledger(*res);
+        ledger_sink ledger(*res, n_layers);
         res->set_next(&ledger);
-        m.obs.set_sink(res.get());
+        front_sink front(*res);
+        front.before_routing = [&res] { drain_lanes(*res); };
+        m.obs.set_sink(&front);
         m.restart();
         m.run(6, n_decode);
         m.obs.set_sink(nullptr);
@@ -1443,6 +1453,7 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
         REQUIRE(ledger.graphs.size() == 1 + n_decode + 1);  // the prompt's graph, each token's, the end
         REQUIRE(ledger.decode_routings.size() == n_decode * n_layers);
         CHECK(res->stats().lock_failed == 0);
+        if (md.predicted) CHECK(ledger.predictions.size() == n_decode * (n_layers - 1));
 
         CHECK_NOTHROW((void)validate_route_trace(ledger.recorder->trace()));
         const auto in = routed_replay_input::from_trace(ledger.recorder->trace());
@@ -1450,6 +1461,17 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
         ro.policy = policy;
         ro.budget_mib = to_mib(budget_experts * expert);
         ro.prefill_cached = false;
+        if (md.predicted) {
+          ro.speculation.source = speculation_source::given;
+          ro.speculation.cap = o.spec_cap;
+          ro.speculation.horizon = o.horizon;
+          ro.speculation.given = [&ledger](std::uint32_t token, layer_id target, ranking& out) {
+            const auto it = ledger.predictions.find({token, static_cast<std::uint16_t>(to_index(target))});
+            if (it == ledger.predictions.end()) return false;
+            out = it->second;
+            return true;
+          };
+        }
         const dynamic_replay_result rp = replay_dynamic(in, ro);
         REQUIRE(rp.decode_loads.size() == n_decode * n_layers);
 
@@ -1470,18 +1492,24 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
         std::size_t tokens_same = 0;
         std::uint64_t resident = 0;
         for (std::size_t t = 0; t < n_decode; ++t) {
-          std::uint64_t r_misses = 0, r_evictions = 0;
+          std::uint64_t r_misses = 0, r_evictions = 0, r_inserted = 0, r_issued = 0;
           for (std::size_t l = 0; l < n_layers; ++l) {
-            r_misses += rp.decode_loads[t * n_layers + l].misses;
-            r_evictions += rp.decode_loads[t * n_layers + l].evictions;
+            const load_event& e = rp.decode_loads[t * n_layers + l];
+            r_misses += e.misses;
+            r_evictions += e.evictions;
+            r_inserted += e.speculative_inserted;
+            r_issued += e.speculative_issued;
           }
-          resident += r_misses - r_evictions;
+          inserted_seen += r_inserted;
+          resident += r_misses + r_inserted - r_evictions;
           const mrl::residency_stats &a = ledger.graphs[t + 1], &b = ledger.graphs[t + 2];
-          const auto lock_calls = b.calls[static_cast<std::size_t>(mrl::advice::lock)] -
-                                  a.calls[static_cast<std::size_t>(mrl::advice::lock)];
+          const auto kind = [&](mrl::advice k) {
+            return b.calls[static_cast<std::size_t>(k)] - a.calls[static_cast<std::size_t>(k)];
+          };
           bool same = b.evictions - a.evictions == r_evictions && b.cache_misses - a.cache_misses == r_misses &&
-                      b.pinned_bytes == resident * expert;
-          if (!md.pool) same = same && lock_calls == r_misses * tensors;  // the pool locks shared pages only
+                      b.pinned_bytes == resident * expert && b.predicted_issued - a.predicted_issued == r_issued;
+          // The pool places each admission (and locks only shared pages); the page cache locks every slice.
+          if (!md.pool) same = same && kind(mrl::advice::lock) == (r_misses + r_inserted) * tensors;
           if (md.exact) same = same && b.exact_reads - a.exact_reads == r_misses;
           tokens_same += same;
         }
@@ -1492,6 +1520,7 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
         hits_seen.insert(rp.cache.decode.hits);
       }
   CHECK(hits_seen.size() > 2);  // the policies and budgets did decide differently
+  CHECK(inserted_seen > 0);     // and predicted reads were made resident
 }
 
 TEST_CASE("mmap residency: a cache policy the live manager does not take is refused, saying why") {

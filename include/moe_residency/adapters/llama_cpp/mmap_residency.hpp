@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -29,12 +30,14 @@
 #include "moe_residency/adapters/llama_cpp/expert_pages.hpp"
 #include "moe_residency/adapters/llama_cpp/memory_limit.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
-#include "moe_residency/adapters/llama_cpp/predicted_reads.hpp"
+#include "moe_residency/adapters/llama_cpp/gate_ranking.hpp"
+#include "moe_residency/adapters/llama_cpp/pinned_cache.hpp"
 #include "moe_residency/adapters/llama_cpp/residency_manager.hpp"
 #include "moe_residency/adapters/llama_cpp/residency_options.hpp"
 #include "moe_residency/cache/expert_cache.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/io.hpp"
+#include "moe_residency/speculation.hpp"
 
 namespace moe_residency::llama_cpp {
 
@@ -43,6 +46,9 @@ template <class Policy = lru_policy>
 class mmap_residency final : public residency_manager {
  public:
   using cache_type = expert_cache<detail::eviction_log<Policy>>;
+  /// The cache, the planner and the read scheduler: the same glue the session
+  /// and the replay run (speculation.hpp), over the mapping as its storage.
+  using speculation_type = speculation<detail::pinned_cache<Policy, mmap_residency>>;
 
   /// `gguf_path`: the file llama.cpp mapped. `advice`: null for the kernel's.
   /// `next`: a sink every event is passed on to. Throws `error` on invalid
@@ -70,7 +76,7 @@ class mmap_residency final : public residency_manager {
   /// Stops the lanes and unlocks every page it locked.
   ~mmap_residency() override {
     settle();
-    scheduler_.reset();
+    spec_.reset();  // stops the lanes
     // The pool's experts: the file's pages mapped back, as llama.cpp left them.
     for (std::size_t s = 0; s < slot_of_.size(); ++s)
       if (slot_of_[s] != no_slot) unplace(s / shape_.n_experts(), s % shape_.n_experts());
@@ -105,7 +111,18 @@ class mmap_residency final : public residency_manager {
   std::uint64_t budget_bytes() const noexcept override { return budget_; }
   /// How the auto budget was computed ("" unless auto).
   const std::string& budget_note() const noexcept override { return budget_note_; }
-  const cache_type* cache() const noexcept { return cache_.get(); }
+  const cache_type* cache() const noexcept { return spec_ ? spec_->cache().get() : nullptr; }
+  /// Its speculation object (null before activation, or with none of exact,
+  /// predicted and cache): its stats() and lines() are speculation's own.
+  const speculation_type* speculation_state() const noexcept { return spec_.get(); }
+  /// The ranking the last managed routing predicted, for MoE layer `target`;
+  /// false when it made none (tests and logs: what the reads were planned from).
+  bool last_prediction(layer_id& target, ranking& out) const override {
+    if (!predicted_now_) return false;
+    target = ranked_layer_;
+    out = ranking_;
+    return true;
+  }
   /// The tensors it leaves to llama.cpp because they are not in the file's
   /// mapping (offloaded, repacked): the expert ones with their layers, then
   /// the dense ones; "" when it manages every one (or before activation).
@@ -126,9 +143,9 @@ class mmap_residency final : public residency_manager {
 
   residency_stats stats() const noexcept override {
     residency_stats s = stats_;
-    if (scheduler_) {
+    if (spec_) {
       try {
-        const scheduler_stats ss = scheduler_->stats();
+        const scheduler_stats ss = spec_->read_stats();
         s.read_wait_ns = ss.demand_ns;
         s.read_waits = ss.demand_waits;
         s.reads_queued = ss.queued;
@@ -155,7 +172,7 @@ class mmap_residency final : public residency_manager {
     if (options_.predicted)
       o << " predicted issued " << s.predicted_issued << " useful " << s.predicted_useful << " late "
         << s.predicted_late << " wasted " << s.predicted_wasted << " |";
-    if (options_.cache && cache_) {
+    if (options_.cache && cache()) {
       char buf[96];
       std::snprintf(buf, sizeof buf, " %.2f%% hit", s.cache_hit_pct());
       o << " cache " << Policy::name << " " << detail::mib(budget_) << buf << ", pinned " << detail::mib(s.pinned_bytes)
@@ -180,6 +197,7 @@ class mmap_residency final : public residency_manager {
 
   void on_batch(const batch_info& b) override {
     settle();  // a new graph: the previous one's matmuls are done
+    if (spec_ && b.phase == run_phase::decode) spec_->begin_token(run_phase::decode, b.n_tokens);
     if (next_ != nullptr) next_->on_batch(b);
   }
   bool wants_layers() const noexcept override { return next_ != nullptr && next_->wants_layers(); }
@@ -219,8 +237,10 @@ class mmap_residency final : public residency_manager {
 
   void advise_expert_ranges(advice a) noexcept;
 
-  // The cache over budget_ (given, or auto_budget's), after check_lock_limit.
-  void make_cache();
+  // The speculation object: the cache over budget_ (given, or auto_budget's,
+  // after check_lock_limit) when the cache part is on, the planner, and the
+  // scheduler's lanes (with exact or predicted; synchronous otherwise).
+  void make_speculation();
 
   // The expert pool (options_.pool): a slot per expert the cache can hold,
   // plus one layer's routed experts (admitted before the batch's evictions);
@@ -243,8 +263,6 @@ class mmap_residency final : public residency_manager {
 
   /// limit − dense − llama.cpp's anonymous memory − margin, capped by the ceiling.
   std::uint64_t auto_budget();
-
-  void make_scheduler();
 
   // ---- advice ---------------------------------------------------------------
 
@@ -301,6 +319,24 @@ class mmap_residency final : public residency_manager {
 
   void measure(std::size_t li);
 
+  // Completed speculative reads: counted as useful, late or wasted at their
+  // layer's routing; with the pool, a placement the cache did not adopt is released.
+  void settle_predictions(layer_id l);
+
+  // After layer l's routing: the ranking of the MoE layer ahead, and
+  // speculation's reads for it (the planner around the cache, on the lanes).
+  void issue_predictions(const layer_batch& b);
+
+  // The pool's spare slots for speculative placements, topped up from the free
+  // ones (host thread; the lanes take them under spare_mu_).
+  void refill_spare() noexcept;
+
+  // An expert a completed speculative read made resident (the cache's
+  // insert): pinned now (locked in the page cache, or its placement adopted),
+  // and what its insertion evicted released. False (and not resident) when the pin failed.
+  bool pin_inserted(layer_id l, expert_id e) noexcept;
+  friend class detail::pinned_cache<Policy, mmap_residency>;
+
   // A free pool slot for each of layer l's misses (host thread, before the
   // reads are handed over); none left (never, with the pool's sizing): the
   // expert is locked in the page cache instead, counted, its reads started
@@ -316,7 +352,7 @@ class mmap_residency final : public residency_manager {
   void begin_lane_reads(layer_id l, bool lock);
 
   // The open layer's reads: waited for (normally long done: its matmuls
-  // needed every page), accounted, admitted to the cache; then its batch closed.
+  // needed every page), accounted, and admitted to the cache (pinned) or, failed, invalidated.
   void settle_demand() noexcept;
 
   void read_inline(layer_id l);
@@ -325,7 +361,9 @@ class mmap_residency final : public residency_manager {
   // so the cache does not count as pinned what the kernel refused.
   void admitted(layer_id l, expert_id e, bool ok) noexcept;
 
-  void close_cache_batch() noexcept;
+  // Unpins and releases what the cache evicted since the last call (its
+  // policy's log): a page an evicted expert shares with a pinned one stays locked.
+  void release_evicted() noexcept;
 
   const observer* obs_;
   std::string path_;
@@ -342,9 +380,20 @@ class mmap_residency final : public residency_manager {
   std::uint64_t budget_ = 0;
   std::vector<std::uint8_t> pinned_;  // per (layer, expert): locked by the cache
 
-  std::unique_ptr<cache_type> cache_;
-  std::unique_ptr<read_scheduler> scheduler_;
-  detail::predicted_reads predictions_;
+  std::unique_ptr<speculation_type> spec_;
+  detail::gate_ranking ranker_;
+  ranking ranking_;  // the last routing's prediction (predicted_now_), for ranked_layer_
+  layer_id ranked_layer_{};
+  bool predicted_now_ = false;
+  // Speculative reads issued and not yet counted at their layer's routing.
+  struct issued_read {
+    layer_id layer{};
+    expert_id expert{};
+    std::uint8_t done = 0;  // 0 in flight, 1 completed, 2 failed
+  };
+  std::vector<issued_read> issued_;
+  std::vector<routing> routings_;
+  std::vector<std::uint32_t> drop_masks_;
 
   std::vector<expert_id> routed_, to_read_;
   std::vector<std::uint8_t> seen_;
@@ -365,9 +414,12 @@ class mmap_residency final : public residency_manager {
   bool pool_ = false;
   std::uint64_t slot_bytes_ = 0;
   std::vector<std::uint32_t> slot_of_, free_slots_;
-  std::vector<std::uint32_t> spec_slot_;  // speculative placements not yet settled
+  std::vector<std::uint32_t> spec_slot_;  // speculative placements not yet settled (written by the lanes)
+  std::vector<std::uint32_t> spare_;      // free slots the lanes place speculative reads in
+  std::size_t spare_target_ = 0;
+  std::mutex spare_mu_;
   // The layer whose demanded reads are on the lanes (overlap), and its cache batch.
-  bool pending_demand_ = false, pending_cache_ = false, pending_lock_ = false;
+  bool pending_demand_ = false, pending_lock_ = false;
   layer_id pending_layer_{};
 };
 

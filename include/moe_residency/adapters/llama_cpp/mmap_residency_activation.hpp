@@ -43,10 +43,10 @@ void mmap_residency<Policy>::activate() {
       budget_ = auto_budget();
       check_lock_limit();
     }
-    if (options_.cache) make_cache();
-    if (options_.predicted) predictions_.init(*obs_, shape_, options_);
-    if (options_.exact || options_.predicted) make_scheduler();
-    if ((options_.owned_reads && scheduler_) || options_.pool) {
+    if (options_.predicted) ranker_.init(*obs_, shape_, options_);
+    const bool lanes = options_.exact || options_.predicted;
+    if (lanes || options_.cache) make_speculation();
+    if ((options_.owned_reads && lanes) || options_.pool) {
       attached = true;
       for (const auto& f : pages_.files())
         if (f.file_base != nullptr) {
@@ -59,11 +59,10 @@ void mmap_residency<Policy>::activate() {
     }
     if (options_.pool) make_pool();
   } catch (...) {
-    scheduler_.reset();
-    cache_.reset();
+    spec_.reset();
     throw;
   }
-  owned_ = options_.owned_reads && scheduler_ && attached;
+  owned_ = options_.owned_reads && (options_.exact || options_.predicted) && attached;
   if (options_.pin_dense) pin_dense();
   // With exact or the cache, the manager reads every routed expert itself
   // (the cache's misses and, for a prompt, its WILLNEED below), so a fault
@@ -145,12 +144,33 @@ void mmap_residency<Policy>::advise_expert_ranges(advice a) noexcept {
 }
 
 template <class Policy>
-void mmap_residency<Policy>::make_cache() {
-  cache_options o;
-  o.budget_bytes = budget_;
-  o.guard = cycle_guard::warn;
-  o.on_warning = [this](const std::string& m) { cache_warning_ = m; };
-  cache_ = std::make_unique<cache_type>(managed_shape_, std::move(o));
+void mmap_residency<Policy>::make_speculation() {
+  std::unique_ptr<cache_type> cache;
+  if (options_.cache) {
+    cache_options o;
+    o.budget_bytes = budget_;
+    o.guard = cycle_guard::warn;
+    o.on_warning = [this](const std::string& m) { cache_warning_ = m; };
+    cache = std::make_unique<cache_type>(managed_shape_, std::move(o));
+  }
+  speculation_options so;
+  so.enabled = options_.predicted;
+  so.cap = options_.spec_cap;
+  so.horizon = options_.horizon;
+  // The lanes read with exact or predicted; the cache alone reads inline.
+  so.scheduler.lanes = options_.exact || options_.predicted ? options_.lanes : 0;
+  // Never wait for a speculative read, but with the pool: a disowned read
+  // would go on writing a slot the manager then gives to another expert.
+  so.scheduler.mode = options_.pool ? quiesce_mode::wait : quiesce_mode::disown;
+  so.scheduler.queue_capacity = std::max<std::size_t>(16, 4 * options_.spec_cap);
+  so.demanded_reads = false;  // the manager reads its misses itself (overlap, pool, inline)
+  spec_ = std::make_unique<speculation_type>(
+      managed_shape_, detail::pinned_cache<Policy, mmap_residency>(managed_shape_, std::move(cache), this),
+      [this](layer_id l, expert_id e, read_reason r) noexcept { return read_expert(l, e, r); }, std::move(so));
+  requests_.reserve(shape_.n_experts());
+  outcomes_.resize(shape_.n_experts());
+  routings_.resize(1);
+  issued_.reserve(4 * max_top_k);
 }
 
 template <class Policy>
@@ -195,6 +215,9 @@ void mmap_residency<Policy>::make_pool() {
   spec_slot_.assign(shape_.n_layers() * shape_.n_experts(), no_slot);
   free_slots_.clear();
   for (std::uint64_t i = slots; i-- > 0;) free_slots_.push_back(static_cast<std::uint32_t>(i));
+  spare_target_ = options_.predicted ? spec_reads() * options_.horizon : 0;
+  spare_.reserve(spare_target_);
+  refill_spare();
   stats_.pool_bytes = bytes;
   pool_ = true;
 }
@@ -237,20 +260,6 @@ std::uint64_t mmap_residency<Policy>::auto_budget() {
   note << " = " << detail::mib(b);
   budget_note_ = note.str();
   return b;
-}
-
-template <class Policy>
-void mmap_residency<Policy>::make_scheduler() {
-  scheduler_options so;
-  so.lanes = options_.lanes;
-  // Never wait for a speculative read, but with the pool: a disowned read
-  // would go on writing a slot the manager then gives to another expert.
-  so.mode = options_.pool ? quiesce_mode::wait : quiesce_mode::disown;
-  so.queue_capacity = std::max<std::size_t>(16, 4 * options_.spec_cap);
-  scheduler_ = std::make_unique<read_scheduler>(
-      [this](layer_id l, expert_id e, read_reason r) noexcept { return read_expert(l, e, r); }, so);
-  requests_.reserve(shape_.n_experts());
-  outcomes_.resize(shape_.n_experts());
 }
 
 }  // namespace moe_residency::llama_cpp

@@ -1,9 +1,10 @@
 #pragma once
 /// mmap_residency's members for one MoE layer's step at its routing: the
-/// previous layer's reads settled, the routed experts looked up in the cache,
-/// the misses read in the matmuls' order (on the lanes, overlapped with
-/// compute), the predictions issued; and the admissions and evictions that pin
-/// and unpin pages.
+/// previous layer's reads settled; speculation's load (the completed
+/// speculative reads made resident, the routed experts looked up in the
+/// cache); the misses read in the matmuls' order (on the lanes, overlapped
+/// with compute); the next layer's predicted reads handed to speculation; and
+/// the admissions and evictions that pin and unpin pages.
 
 #include <algorithm>
 #include <cerrno>
@@ -24,6 +25,7 @@ template <class Policy>
 void mmap_residency<Policy>::manage(const layer_batch& b) {
   ++stats_.routed_layers;
   settle_demand();  // the previous layer's reads: its matmuls, which needed them, are done
+  predicted_now_ = false;
   const layer_id l = b.layer;
   const std::size_t li = to_index(l);
   if (li >= pages_.layers().size() || pages_.layers()[li].tensors.empty()) return;
@@ -41,52 +43,43 @@ void mmap_residency<Policy>::manage(const layer_batch& b) {
       routed_.push_back(expert_id(static_cast<std::uint16_t>(id)));
     }
   for (expert_id e : routed_) seen_[to_index(e)] = 0;
-
-  if (scheduler_ && pool_) {
-    // The pool: what the lanes placed for this layer is adopted by the
-    // cache if routed (a miss that needs no read), released otherwise.
-    predictions_.settle(*scheduler_, l, routed_, stats_,
-                        [this](layer_id pl, expert_id pe, detail::predicted_reads::fate f, bool demanded) noexcept {
-                          const std::size_t ps = to_index(pl) * shape_.n_experts() + to_index(pe);
-                          if (spec_slot_[ps] == no_slot) return;
-                          if (f == detail::predicted_reads::fate::ok && demanded) return;  // adopted below
-                          release_speculative(to_index(pl), to_index(pe), f != detail::predicted_reads::fate::not_run);
-                        });
-  } else if (scheduler_) {
-    predictions_.settle(*scheduler_, l, routed_, stats_);
-  }
   if (options_.measure && inspectable_ && decode) measure(li);
 
-  // The cache decides what is read and pinned (decode only).
+  // speculation's load (decode): the completed speculative reads made
+  // resident and pinned, the routed experts looked up in the cache (one
+  // routing per token, token-major), the misses listed for the reads below.
   to_read_.clear();
-  const bool cached = cache_ != nullptr && decode;
-  if (cached) {
-    cache_->begin_batch(run_phase::decode, l);
-    for (expert_id e : routed_) {
-      if (cache_->lookup(e) == lookup_result::miss) {
-        ++stats_.cache_misses;
-        const std::size_t s = li * n_expert + to_index(e);
-        if (pool_ && spec_slot_[s] != no_slot) {  // placed ahead by the lanes: adopted, no read
-          slot_of_[s] = spec_slot_[s];
-          spec_slot_[s] = no_slot;
-          admitted(l, e, true);
-          continue;
-        }
-        to_read_.push_back(e);
-      } else {
-        ++stats_.cache_hits;
+  const bool cached = cache() != nullptr && decode;
+  if (decode && spec_) {
+    if (routings_.size() < b.n_tokens) routings_.resize(b.n_tokens);
+    drop_masks_.assign(b.n_tokens, 0);
+    for (std::size_t t = 0; t < b.n_tokens; ++t) {
+      routing& r = routings_[t];
+      r.clear();
+      r.layer = l;
+      r.phase = run_phase::decode;
+      r.token = b.position(t);
+      for (std::size_t j = 0; j < b.k && r.size() < max_top_k; ++j) {
+        const std::int32_t id = b.ids[t * b.ids_stride + j];
+        if (id >= 0 && static_cast<std::size_t>(id) < n_expert)
+          r.push_back(expert_id(static_cast<std::uint16_t>(id)), 0.0f);
       }
     }
-    // A placement ahead of an expert the cache already holds cannot happen
-    // (the planner skips residents); should one, it is released, not leaked.
-    if (pool_)
-      for (expert_id e : routed_)
-        if (spec_slot_[li * n_expert + to_index(e)] != no_slot) release_speculative(li, to_index(e), true);
-  } else if (options_.exact) {
-    to_read_ = routed_;
+    spec_->begin_load(span<const routing>(routings_.data(), b.n_tokens),
+                      span<std::uint32_t>(drop_masks_.data(), b.n_tokens));
+    settle_predictions(l);
+    if (cached) {
+      for (const read_request& r : spec_->demanded()) to_read_.push_back(r.expert);
+      stats_.cache_misses += to_read_.size();
+      stats_.cache_hits += routed_.size() - to_read_.size();
+      // What the batch evicted is released before any miss is locked: a
+      // page an evicted expert shares with a miss is unlocked, then locked
+      // again by the miss's read (never the other way round, on two threads).
+      release_evicted();
+    }
   }
+  if (!cached && options_.exact) to_read_ = routed_;
 
-  bool settles_cache = false;  // the lanes' admissions close the batch (settle_demand)
   if (!to_read_.empty()) {
     // ggml's mul_mat_id multiplies a layer's experts in id order, tensor
     // by tensor (the observer lists the tensors in the graph's order): the
@@ -99,36 +92,71 @@ void mmap_residency<Policy>::manage(const layer_batch& b) {
     if (!lanes_read && !placing) start_layer_reads(l);
     if (options_.exact) {
       begin_lane_reads(l, cached);
-      pending_cache_ = settles_cache = cached;
       if (!options_.overlap || placing) settle_demand();
     } else if (cached) {
       read_inline(l);
     }
-  } else if (cache_ != nullptr && !decode) {
+  } else if (cache() != nullptr && !decode) {
     // The cache alone, a prompt batch: never pinned, but requested at once
     // (the expert ranges fault one page at a time under MADV_RANDOM).
     for (expert_id e : routed_) start_reads(l, e);
   }
-  if (cached && !settles_cache) close_cache_batch();
-  if (options_.predicted && decode && b.n_tokens > 0) {
-    const cache_type* c = cache_.get();
-    auto resident = [c](layer_id tl, expert_id e) noexcept { return c != nullptr && c->is_resident(tl, e); };
+  if (options_.predicted && decode && b.n_tokens > 0) issue_predictions(b);
+}
+
+template <class Policy>
+void mmap_residency<Policy>::settle_predictions(layer_id l) {
+  const std::size_t n_expert = shape_.n_experts();
+  for (const completed_read& c : spec_->completed()) {
+    for (issued_read& r : issued_)
+      if (r.done == 0 && r.layer == c.request.layer && r.expert == c.request.expert) {
+        r.done = c.outcome == read_outcome::ok ? 1 : 2;
+        break;
+      }
+    // The pool: a placement the cache did not adopt (its read failed, or the
+    // cache refused it) is mapped back and its slot freed.
     if (pool_) {
-      // The pool: each speculative read places its expert in a spare slot.
-      predictions_.issue(
-          *scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_, resident,
-          [this](layer_id tl, expert_id e) noexcept {
-            const std::size_t s = to_index(tl) * shape_.n_experts() + to_index(e);
-            if (free_slots_.empty() || spec_slot_[s] != no_slot || slot_of_[s] != no_slot) return false;
-            spec_slot_[s] = free_slots_.back();
-            free_slots_.pop_back();
-            return true;
-          },
-          [this](layer_id tl, expert_id e) noexcept { release_speculative(to_index(tl), to_index(e), false); });
-    } else {
-      predictions_.issue(*scheduler_, l, b.x(b.n_tokens - 1), pages_.layers(), stats_, resident);
+      const std::size_t li = to_index(c.request.layer), ei = to_index(c.request.expert);
+      if (li * n_expert + ei < spec_slot_.size() && spec_slot_[li * n_expert + ei] != no_slot)
+        release_speculative(li, ei, true);
     }
   }
+  // The reads for this layer: useful (complete and routed), late (routed,
+  // not complete) or wasted (not routed); a later layer's wait for theirs.
+  std::size_t keep = 0;
+  for (const issued_read& r : issued_) {
+    if (to_index(r.layer) > to_index(l)) {
+      issued_[keep++] = r;
+      continue;
+    }
+    const bool demanded = r.layer == l && std::find(routed_.begin(), routed_.end(), r.expert) != routed_.end();
+    if (!demanded) ++stats_.predicted_wasted;
+    else if (r.done == 1) ++stats_.predicted_useful;
+    else ++stats_.predicted_late;
+  }
+  issued_.resize(keep);
+}
+
+template <class Policy>
+void mmap_residency<Policy>::issue_predictions(const layer_batch& b) {
+  layer_id target{};
+  const bool ranked = moe_layer_ahead(managed_shape_, b.layer, options_.horizon, target) &&
+                      ranker_.rank(b.layer, target, b.x(b.n_tokens - 1), ranking_);
+  if (ranked) {
+    ++stats_.predictions;
+    predicted_now_ = true;
+    ranked_layer_ = target;
+  }
+  if (pool_) refill_spare();
+  const std::uint64_t planned = spec_->stats().planned;
+  spec_->end_load(b.layer, ranked ? &ranking_ : nullptr);
+  const span<const read_request> issued = spec_->issued();
+  for (const read_request& r : issued) {
+    if (issued_.size() < issued_.capacity()) issued_.push_back(issued_read{r.layer, r.expert, 0});
+    ++stats_.predicted_issued;
+    stats_.predicted_bytes += r.bytes;
+  }
+  stats_.predicted_rejected += spec_->stats().planned - planned - issued.size();
 }
 
 template <class Policy>
@@ -176,14 +204,15 @@ void mmap_residency<Policy>::begin_lane_reads(layer_id l, bool lock) {
   pending_layer_ = l;
   pending_lock_ = lock;
   pending_demand_ = true;
-  scheduler_->begin_demand(span<const read_request>(requests_.data(), n), span<read_outcome>(outcomes_.data(), n));
+  spec_->scheduler().begin_demand(span<const read_request>(requests_.data(), n),
+                                  span<read_outcome>(outcomes_.data(), n));
 }
 
 template <class Policy>
 void mmap_residency<Policy>::settle_demand() noexcept {
   if (pending_demand_) {
     pending_demand_ = false;
-    scheduler_->end_demand();
+    spec_->scheduler().end_demand();
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       const bool ok = outcomes_[i] == read_outcome::ok;
       ++stats_.exact_reads;
@@ -191,10 +220,6 @@ void mmap_residency<Policy>::settle_demand() noexcept {
       stats_.exact_failed += !ok;
       if (pending_lock_) admitted(pending_layer_, to_read_[i], ok);
     }
-  }
-  if (pending_cache_) {
-    pending_cache_ = false;
-    close_cache_batch();
   }
 }
 
@@ -214,7 +239,7 @@ void mmap_residency<Policy>::admitted(layer_id l, expert_id e, bool ok) noexcept
   }
   if (!ok) {
     ++stats_.lock_failed;
-    cache_->invalidate(l, e);
+    spec_->cache().invalidate(l, e);
     // A partly locked expert: unlock what no other lock holds (without
     // releasing it: the layer multiplies it next), then make sure it is
     // resident the way exact reads do.
@@ -247,9 +272,33 @@ void mmap_residency<Policy>::admitted(layer_id l, expert_id e, bool ok) noexcept
 }
 
 template <class Policy>
-void mmap_residency<Policy>::close_cache_batch() noexcept {
-  auto& log = cache_->policy().log();  // cleared after each use: it may hold a reopened batch's
-  cache_->end_batch();
+bool mmap_residency<Policy>::pin_inserted(layer_id l, expert_id e) noexcept {
+  const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
+  bool ok = true;
+  if (pool_) {
+    // Placed by its lane in a spare slot: adopted, the slot now the cache's.
+    ok = spec_slot_[s] != no_slot;
+    if (ok) {
+      slot_of_[s] = spec_slot_[s];
+      spec_slot_[s] = no_slot;
+    }
+  } else {
+    // Read into the page cache by its lane: locked here (the host's thread).
+    for (const auto& t : pages_.layers()[to_index(l)].tensors) {
+      const auto r = pages_.slice(t, to_index(e));
+      ok = call(advice::lock, r.first, r.second - r.first) == 0 && ok;
+    }
+  }
+  admitted(l, e, ok);
+  release_evicted();
+  return ok;
+}
+
+template <class Policy>
+void mmap_residency<Policy>::release_evicted() noexcept {
+  cache_type* c = spec_ ? spec_->cache().get() : nullptr;
+  if (c == nullptr) return;
+  auto& log = c->policy().log();  // cleared after each use
   for (std::uint32_t s : log) {
     if (!pinned_[s]) continue;  // invalidated after a failed lock
     pinned_[s] = 0;

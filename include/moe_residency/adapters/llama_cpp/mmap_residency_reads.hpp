@@ -32,9 +32,20 @@ read_status mmap_residency<Policy>::read_expert(layer_id l, expert_id e, read_re
   // to the lanes (under the scheduler's mutex), so lanes see this batch's.
   const bool lock = why == read_reason::demanded && lock_demanded_;
   const detail::expert_pages::layer_ranges& lr = pages_.layers()[to_index(l)];
-  if (pool_) {  // the slot was set by the host before the read was handed over
+  if (pool_) {
     const std::size_t s = to_index(l) * shape_.n_experts() + to_index(e);
-    const std::uint32_t slot = lock ? slot_of_[s] : why == read_reason::speculative ? spec_slot_[s] : no_slot;
+    std::uint32_t slot = lock ? slot_of_[s] : no_slot;  // a miss's: set by the host before the read was handed over
+    if (why == read_reason::speculative) {
+      // A spare slot (refill_spare keeps enough for the reads in flight);
+      // none: not read, its expert read at its routing if routed.
+      {
+        std::lock_guard<std::mutex> hold(spare_mu_);
+        if (spare_.empty()) return read_status::failed;
+        slot = spare_.back();
+        spare_.pop_back();
+      }
+      spec_slot_[s] = slot;  // read by the host after the quiesce that collects this read
+    }
     if (slot != no_slot) return place_expert(l, e, slot) ? read_status::ok : read_status::failed;
   }
   bool ok = true;
@@ -119,6 +130,15 @@ void mmap_residency<Policy>::unplace(std::size_t li, std::size_t ei) noexcept {
   }
   free_slots_.push_back(slot);
   slot = no_slot;
+}
+
+template <class Policy>
+void mmap_residency<Policy>::refill_spare() noexcept {
+  std::lock_guard<std::mutex> hold(spare_mu_);
+  while (spare_.size() < spare_target_ && !free_slots_.empty()) {
+    spare_.push_back(free_slots_.back());
+    free_slots_.pop_back();
+  }
 }
 
 template <class Policy>

@@ -23,8 +23,9 @@
 ///   one page, not a read-around window;
 /// - predicted: the stale-gate's ranking of the next MoE layer through the
 ///   speculation planner (cap, residents free) onto the same lanes, behind
-///   the demanded reads; never waited for (disowned at the next layer), and
-///   counted as useful, late or wasted;
+///   the demanded reads; never waited for (but with the pool): at the next
+///   layer's routing the completed ones are made resident in the cache and
+///   pinned, the others disowned; counted as useful, late or wasted;
 /// - cache: an expert_cache<Policy> over decode load batches decides
 ///   residency within a byte budget; an admitted expert's pages are locked,
 ///   an evicted one's unlocked and advised cold (or paged out), so the policy,
@@ -52,17 +53,24 @@
 /// other systems the calls that exist are used and the rest are counted as
 /// unsupported (ENOSYS). See docs/llama-cpp-residency.md.
 ///
+/// The cache, the planner and the read scheduler are a `speculation` object
+/// (speculation.hpp), the one the session and the replay run, so the replay
+/// of a recorded routing makes the live cache's decisions (tested token by
+/// token); the mapping is its storage: a lane's read populates a range (or
+/// places it in the pool), an admission pins, an eviction unpins and releases.
+///
 /// The manager's parts each have a header: residency_options.hpp (options and
 /// counters), memory_limit.hpp (what it reads about the process and its
 /// cgroups), expert_pages.hpp (where each expert sits in the mapping, and the
-/// per-page lock counts), predicted_reads.hpp (the stale-gate's reads),
-/// residency_manager.hpp (the interface without the policy), and the class
-/// itself: mmap_residency.hpp, its members by job in
+/// per-page lock counts), gate_ranking.hpp (the stale-gate's ranking),
+/// pinned_cache.hpp (the cache as speculation sees it), residency_manager.hpp
+/// (the interface without the policy), and the class itself:
+/// mmap_residency.hpp, its members by job in
 /// mmap_residency_{activation,reads,layer}.hpp. Include this header.
 ///
-/// The order of its steps is the contract: everything that can refuse runs before any
-/// advice; a layer's misses are locked before the cache evicts; predictions
-/// are settled before the layer's reads start.
+/// The order of its steps is the contract: everything that can refuse runs
+/// before any advice; at a routing, the completed predictions are settled
+/// and what the cache evicted is released before the layer's reads start.
 
 #include "moe_residency/adapters/llama_cpp/mmap_residency.hpp"
 #include "moe_residency/adapters/llama_cpp/mmap_residency_activation.hpp"

@@ -57,6 +57,9 @@ class residency_manager : public observer_sink {
   virtual void set_next(observer_sink* next) noexcept = 0;
   /// The cache policy's name (the registry's, e.g. "lru").
   virtual const char* policy_name() const noexcept = 0;
+  /// The ranking the last managed routing predicted for MoE layer `target`
+  /// (false when it made none): what its speculative reads were planned from.
+  virtual bool last_prediction(layer_id& target, ranking& out) const = 0;
 };
 
 }  // namespace moe_residency::llama_cpp
