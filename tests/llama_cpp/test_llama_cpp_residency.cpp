@@ -1439,8 +1439,7 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
             mrl::make_residency_manager(policy, m.obs, m.path, o, &fake);
         ledger_sink ledger(*res, n_layers);
         res->set_next(&ledger);
-        front_sink front(*res);
-        front.before_routing = [&res] { drain_lanes(*res); };
+        draining_sink front(*res);
         m.obs.set_sink(&front);
         m.restart();
         m.run(6, n_decode);

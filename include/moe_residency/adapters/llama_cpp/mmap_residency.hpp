@@ -243,7 +243,8 @@ class mmap_residency final : public residency_manager {
   void make_speculation();
 
   // The expert pool (options_.pool): a slot per expert the cache can hold,
-  // plus one layer's routed experts (admitted before the batch's evictions);
+  // plus one layer's routed experts (a margin: a batch's misses take theirs
+  // after its evictions freed slots);
   // in a slot, each expert tensor's whole pages of its slice, in the layer's
   // tensor order. Refuses with the figures before anything is advised.
   void make_pool();

@@ -116,9 +116,9 @@ struct residency_stats {
   // cache
   std::uint64_t cache_hits = 0, cache_misses = 0, evictions = 0;
   /// Expert bytes locked now, and the most after any layer. Within a layer,
-  /// its misses are locked before the cache evicts (the engine's batch
-  /// accounting): up to one layer's routed experts on top, which the auto
-  /// budget's margin includes.
+  /// what the cache evicted is released before its misses are locked, so
+  /// they stay within the budget; the auto budget's margin still keeps one
+  /// layer's routed experts for the reads in flight.
   std::uint64_t pinned_bytes = 0, pinned_peak_bytes = 0;
   std::uint64_t lock_failed = 0;  ///< admitted experts whose lock (or placement) failed (invalidated)
   /// The expert pool (options.pool): its bytes, and admissions that found no
