@@ -40,6 +40,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/router/spec.hpp
   moe_residency/router/select.hpp
   moe_residency/session_hook.hpp
+  moe_residency/events.hpp
   moe_residency/session_types.hpp
   moe_residency/predict/contract.hpp
   moe_residency/predict/history.hpp

@@ -483,14 +483,14 @@ class recording_cache {
 // A session extension placed after the speculation: sees the routings and the
 // drop masks as the session hands them on.
 struct routing_recorder {
-  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::routings;
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::routed;
   std::shared_ptr<library_log> log;
   template <class S>
   void on_begin_batch(S&, run_phase, std::uint32_t first_token, std::size_t) noexcept {
     log->batch_token = first_token;
   }
   template <class S>
-  void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t> masks) {
+  void on_routed(S&, layer_id l, span<const routing> rs, span<std::uint32_t> masks) {
     for (std::size_t t = 0; t < rs.size(); ++t) {
       const routing& r = rs[t];
       const std::uint32_t mask = t < masks.size() ? masks[t] : 0u;

@@ -26,7 +26,7 @@ synthetic_config small_cfg() {
 
 // Records what the extension hooks saw; asks to drop slot 3 of every decode routing.
 struct recorder {
-  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::gate_input | session_hook::routings |
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::gate_input | session_hook::routed |
                                         session_hook::layer_loaded | session_hook::end_batch |
                                         session_hook::append_notes;
   int begins = 0, gates = 0, routings = 0, loads = 0, ends = 0;
@@ -40,7 +40,7 @@ struct recorder {
     ++gates;
   }
   template <class S>
-  void on_routings(S& s, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
+  void on_routed(S& s, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
     routings += static_cast<int>(rs.size());
     if (s.phase() == run_phase::decode) drop[0] = 1u << 3;
   }
@@ -129,6 +129,63 @@ TEST_CASE("extensions see every checked event and can ask for drops") {
   CHECK(r.predictors[1].name == "stale-gate l+2");
   CHECK(r.totals[1].unscored == 2);  // layers 0 and 1 cannot be ranked two layers early
   CHECK(r.notes.back() == "recorder: ok");
+}
+
+// Logs every event hook by the event's own name (events.hpp).
+struct event_log {
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::gate_input | session_hook::routed |
+                                        session_hook::layer_loaded | session_hook::end_batch;
+  std::vector<std::string> seen;
+  std::uint32_t first = 0;
+  std::size_t tokens = 0;
+  template <class S>
+  void on_begin_batch(S&, run_phase, std::uint32_t first_token, std::size_t n) {
+    seen.push_back(to_string(engine_event::begin_batch));
+    first = first_token;
+    tokens = n;
+  }
+  template <class S>
+  void on_gate_input(S&, layer_id, const gate_input_view&) {
+    seen.push_back(to_string(engine_event::gate_input));
+  }
+  template <class S>
+  void on_routed(S&, layer_id, span<const routing>, span<std::uint32_t>) {
+    seen.push_back(to_string(engine_event::routed));
+  }
+  template <class S>
+  void on_layer_loaded(S&, layer_id) {
+    seen.push_back(to_string(engine_event::layer_loaded));
+  }
+  template <class S>
+  void on_end_batch(S&) {
+    seen.push_back(to_string(engine_event::end_batch));
+  }
+};
+
+TEST_CASE("one event vocabulary: a hook is its event's bit and name; begin_batch takes the event's record") {
+  // Each event hook's bit is the event's place in the batch's order.
+  CHECK(static_cast<unsigned>(session_hook::begin_batch) == 1u << static_cast<unsigned>(engine_event::begin_batch));
+  CHECK(static_cast<unsigned>(session_hook::gate_input) == 1u << static_cast<unsigned>(engine_event::gate_input));
+  CHECK(static_cast<unsigned>(session_hook::routed) == 1u << static_cast<unsigned>(engine_event::routed));
+  CHECK(static_cast<unsigned>(session_hook::layer_loaded) == 1u << static_cast<unsigned>(engine_event::layer_loaded));
+  CHECK(static_cast<unsigned>(session_hook::end_batch) == 1u << static_cast<unsigned>(engine_event::end_batch));
+
+  const synthetic_model m(small_cfg());
+  synthetic_stream st(m);
+  session<predictor_set<prev_token_predictor>, event_log> s(m.shape());
+  st.next(2);
+  REQUIRE(s.begin_batch(batch_info{run_phase::prefill, st.first_token(), 2}));
+  const layer_id l0 = L(0);
+  REQUIRE(s.gate_input(l0, st.gate_inputs(l0), 64, 2, 64 * sizeof(float)));
+  REQUIRE(s.routed(l0, span<const routing>(&st.routed(l0, 0), 2)));
+  REQUIRE(s.layer_loaded(l0));
+  REQUIRE(s.end_batch());
+  const event_log& x = s.extension<0>();
+  CHECK(x.first == st.first_token());
+  CHECK(x.tokens == 2);
+  CHECK(s.phase() == run_phase::prefill);
+  const std::vector<std::string> order{"begin_batch", "gate_input", "routed", "layer_loaded", "end_batch"};
+  CHECK(x.seen == order);
 }
 
 TEST_CASE("out-of-order and malformed events: a clear error, or a counted anomaly") {
@@ -417,11 +474,11 @@ TEST_CASE("messages name the failing value and the token of a multi-token batch"
 namespace {
 // Records the tokens and row counts of the routings the session passes on.
 struct routing_log {
-  static constexpr session_hook hooks = session_hook::routings;
+  static constexpr session_hook hooks = session_hook::routed;
   std::vector<std::uint32_t> tokens;
   std::vector<std::size_t> rows;
   template <class S>
-  void on_routings(S&, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
+  void on_routed(S&, layer_id, span<const routing> rs, span<std::uint32_t> drop) {
     rows.push_back(rs.size());
     for (const routing& r : rs) tokens.push_back(r.token);
     drop[drop.size() - 1] = 1u;  // the last row's slot 0

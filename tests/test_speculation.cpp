@@ -77,18 +77,18 @@ TEST_CASE("speculation: a completed read lands in the cache and is counted usefu
   spec_t s(tiny(), tiny_cache(), rec.callback(), sync_options());
   std::uint32_t masks[1] = {};
   const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-  CHECK(s.begin_load({&r0, 1}, masks) == 4);  // cold: four demanded misses
+  CHECK(s.routed({&r0, 1}, masks) == 4);  // cold: four demanded misses
   CHECK(rec.count(read_reason::demanded) == 4);
 
   // Layer 1 predicted 5, 6, 7, 8: the planner takes the top-2 misses.
   const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
-  CHECK(s.end_load(L(0), &pred) == 2);
-  CHECK(rec.count(read_reason::speculative) == 2);  // synchronous: ran at end_load
+  CHECK(s.layer_loaded(L(0), &pred) == 2);
+  CHECK(rec.count(read_reason::speculative) == 2);  // synchronous: ran at layer_loaded
   CHECK_FALSE(s.cache().is_resident(L(1), E(5)));   // not applied until the next load
 
   // Layer 1 actually routes 5, 9, 10, 11: 5 is a hit thanks to speculation.
   const routing r1 = make_routing(1, {{5, 0.4f}, {9, 0.3f}, {10, 0.2f}, {11, 0.1f}});
-  CHECK(s.begin_load({&r1, 1}, masks) == 3);
+  CHECK(s.routed({&r1, 1}, masks) == 3);
   speculation_stats st = s.stats();
   CHECK(st.inserted == 2);
   CHECK(st.useful == 1);
@@ -97,17 +97,17 @@ TEST_CASE("speculation: a completed read lands in the cache and is counted usefu
   CHECK(s.cache().is_resident(L(1), E(6)));
   CHECK(s.cache().stats().all.hits == 1);
   // Loading layer 1 again: four hits, none of them thanks to speculation any more.
-  CHECK(s.begin_load({&r1, 1}, masks) == 0);
+  CHECK(s.routed({&r1, 1}, masks) == 0);
   CHECK(s.cache().stats().all.hits == 5);
   CHECK(s.stats().useful == 1);
 
   // Fill the cache until expert 6 is evicted unused: wasted bytes.
   for (unsigned l = 2; l < 4; ++l) {
     const routing r = make_routing(l, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-    s.begin_load({&r, 1}, masks);
+    s.routed({&r, 1}, masks);
   }
   const routing r0b = make_routing(0, {{12, 0.4f}, {13, 0.3f}, {14, 0.2f}, {15, 0.1f}});
-  s.begin_load({&r0b, 1}, masks);
+  s.routed({&r0b, 1}, masks);
   st = s.stats();
   CHECK(st.evicted_unused == 1);
   CHECK(st.evicted_unused_bytes == 100);
@@ -127,12 +127,12 @@ TEST_CASE("speculation: a failed or throwing read never becomes residency") {
   spec_t s(tiny(), tiny_cache(), rec.callback(), sync_options());
   std::uint32_t masks[1] = {};
   const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-  s.begin_load({&r0, 1}, masks);
+  s.routed({&r0, 1}, masks);
   const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}});
-  CHECK(s.end_load(L(0), &pred) == 2);
+  CHECK(s.layer_loaded(L(0), &pred) == 2);
   const routing r1 = make_routing(1, {{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
   // 5 failed: still a miss, read again as demanded; 6 landed: a hit.
-  CHECK(s.begin_load({&r1, 1}, masks) == 3);
+  CHECK(s.routed({&r1, 1}, masks) == 3);
   CHECK(s.stats().inserted == 1);
   CHECK(s.stats().useful == 1);
   CHECK(s.read_stats().failed == 1);
@@ -153,7 +153,7 @@ TEST_CASE("speculation: a failed demanded read is invalidated, a miss again, the
     CHECK(s.cache().resident_bytes() <= s.cache().budget_bytes());
   };
   const routing r1 = make_routing(1, {{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
-  CHECK(s.begin_load({&r1, 1}, masks) == 4);
+  CHECK(s.routed({&r1, 1}, masks) == 4);
   CHECK(s.stats().demanded_failed == 1);
   CHECK_FALSE(s.cache().is_resident(L(1), E(7)));
   CHECK(s.cache().is_resident(L(1), E(8)));
@@ -163,7 +163,7 @@ TEST_CASE("speculation: a failed demanded read is invalidated, a miss again, the
   CHECK(s.cache().stats().all.evictions == 0);  // not an eviction
   check_bytes();
   // Next token: 7 is a miss again (read again, fails again); the others hit.
-  CHECK(s.begin_load({&r1, 1}, masks) == 1);
+  CHECK(s.routed({&r1, 1}, masks) == 1);
   CHECK(s.cache().stats().all.hits == 3);
   CHECK(s.cache().stats().all.misses == 5);
   CHECK_FALSE(s.cache().is_resident(L(1), E(7)));
@@ -172,12 +172,12 @@ TEST_CASE("speculation: a failed demanded read is invalidated, a miss again, the
   // recovers, 7 is read and stays.
   for (unsigned l = 0; l < 4; ++l) {
     const routing r = make_routing(l, {{7, 0.4f}, {l + 1, 0.3f}, {9, 0.2f}, {10, 0.1f}});
-    s.begin_load({&r, 1}, masks);
+    s.routed({&r, 1}, masks);
     CHECK_FALSE(s.cache().is_resident(L(l), E(7)));
     check_bytes();
   }
   rec.fail.clear();
-  CHECK(s.begin_load({&r1, 1}, masks) >= 1);
+  CHECK(s.routed({&r1, 1}, masks) >= 1);
   CHECK(s.cache().is_resident(L(1), E(7)));
   check_bytes();
   CHECK(s.cache().stats().invalidated == 6);
@@ -189,12 +189,12 @@ TEST_CASE("speculation: evictions caused by a speculative read count in the load
   spec_t s(tiny(), tiny_cache(4), rec.callback(), sync_options());
   std::uint32_t masks[1] = {};
   const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-  s.begin_load({&r0, 1}, masks);  // decode, fills the budget
+  s.routed({&r0, 1}, masks);  // decode, fills the budget
   const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}});
-  CHECK(s.end_load(L(0), &pred) == 2);
+  CHECK(s.layer_loaded(L(0), &pred) == 2);
   const routing r1 = make_routing(1, {{5, 0.4f}, {6, 0.3f}, {7, 0.2f}, {8, 0.1f}});
   // Integrating 5 and 6 (before the batch opens) evicts two; the batch two more.
-  CHECK(s.begin_load({&r1, 1}, masks) == 2);
+  CHECK(s.routed({&r1, 1}, masks) == 2);
   CHECK(s.stats().inserted == 2);
   CHECK(s.cache().stats().all.evictions == 4);
   CHECK(s.cache().stats().decode.evictions == 4);  // every load here was decode
@@ -230,9 +230,9 @@ TEST_CASE("speculation: completed reads enter the cache in issue order, whatever
     spec_t s(tiny(), tiny_cache(5), std::move(read), o);
     std::uint32_t masks[1] = {};
     const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-    s.begin_load({&r0, 1}, masks);
+    s.routed({&r0, 1}, masks);
     const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}});
-    REQUIRE(s.end_load(L(0), &pred) == 2);
+    REQUIRE(s.layer_loaded(L(0), &pred) == 2);
     if (reversed) {  // both on their lanes and done before the quiesce (which cancels what is still queued)
       std::unique_lock<std::mutex> lock(mu);
       const bool both = cv.wait_for(lock, std::chrono::seconds(30), [&] { return finished == 2; });
@@ -241,7 +241,7 @@ TEST_CASE("speculation: completed reads enter the cache in issue order, whatever
       REQUIRE(both);
     }
     const routing r1 = make_routing(1, {{9, 0.4f}, {10, 0.3f}, {11, 0.2f}, {12, 0.1f}});
-    s.begin_load({&r1, 1}, masks);
+    s.routed({&r1, 1}, masks);
     REQUIRE(s.completed().size() == 2);
     CHECK(s.completed()[0].request.expert == E(5));  // in issue order
     CHECK(s.completed()[1].request.expert == E(6));
@@ -260,9 +260,9 @@ TEST_CASE("speculation: the drop threshold reaches the planner only when the dro
   std::uint32_t masks[1] = {};
   routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
   r0.phase = run_phase::prefill;  // the target's load is prefill too: nothing will be dropped
-  s.begin_load({&r0, 1}, masks);
+  s.routed({&r0, 1}, masks);
   const ranking pred = make_ranking({{5, 0.5f}, {9, 0.05f}, {6, 0.3f}});
-  CHECK(s.end_load(L(0), &pred) == 2);
+  CHECK(s.layer_loaded(L(0), &pred) == 2);
   CHECK(s.stats().skipped_below_threshold == 0);
   std::lock_guard<std::mutex> lock(rec.mu);
   std::set<unsigned> speculated;
@@ -279,17 +279,17 @@ TEST_CASE("speculation: horizon 2 targets the MoE layer two ahead; a missing pre
   std::uint32_t masks[1] = {};
   const ranking pred = make_ranking({{5, 0.4f}, {6, 0.3f}});
   const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-  s.begin_load({&r0, 1}, masks);
+  s.routed({&r0, 1}, masks);
   // Horizon 2 from layer 0 targets layer 2.
-  CHECK(s.end_load(L(0), &pred) == 2);
+  CHECK(s.layer_loaded(L(0), &pred) == 2);
   CHECK(s.cache().is_resident(L(0), E(1)));
-  s.begin_load({&r0, 1}, masks);  // applies them
+  s.routed({&r0, 1}, masks);  // applies them
   CHECK(s.cache().is_resident(L(2), E(5)));
   CHECK(s.cache().is_resident(L(2), E(6)));
   // Horizon 2 from layer 2 has no target (4 layers): nothing issued.
-  CHECK(s.end_load(L(2), &pred) == 0);
+  CHECK(s.layer_loaded(L(2), &pred) == 0);
   // No prediction: counted.
-  CHECK(s.end_load(L(0), nullptr) == 0);
+  CHECK(s.layer_loaded(L(0), nullptr) == 0);
   CHECK(s.stats().no_prediction == 1);
   // The prefetch line says so (it did not: a run without a single prediction
   // printed "issued 0" and nothing else).
@@ -301,9 +301,9 @@ TEST_CASE("speculation: the prefetch line names no_prediction only when there wa
   spec_t s(tiny(), tiny_cache(), rec.callback(), sync_options());
   std::uint32_t masks[1] = {};
   const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-  s.begin_load({&r0, 1}, masks);
+  s.routed({&r0, 1}, masks);
   const ranking pred = make_ranking({{5, 0.4f}});
-  s.end_load(L(0), &pred);
+  s.layer_loaded(L(0), &pred);
   CHECK(s.prefetch_line().find("no prediction") == std::string::npos);
 }
 
@@ -337,7 +337,7 @@ session_run issued_through_session(std::size_t horizon) {
 TEST_CASE("speculation in a session: a horizon the predictor cannot rank is refused, naming both") {
   // Reproduced before the fix: `moe-residency demo --streamed --budget 2000 --horizon 2`
   // printed "issued 0" — the stale-gate ranks only the next MoE layer, so every
-  // end_load found no prediction for the layer two ahead.
+  // layer_loaded found no prediction for the layer two ahead.
   CHECK_THROWS_WITH_AS(issued_through_session<stale_gate_predictor>(2),
                        "speculation: horizon 2 needs predictor 0 to rank the MoE layer 2 ahead when a layer is "
                        "loaded, but predictor 0 ('stale-gate') is a gate predictor of horizon 1; expected "
@@ -353,7 +353,7 @@ TEST_CASE("speculation in a session: a horizon the predictor cannot rank is refu
   const session_run l2 = issued_through_session<stale_gate_l2_predictor>(2);
   CHECK(l2.issued > 0);
   // Layers 0 and 1 have no layer two before them, whose input would rank them:
-  // one of the two end_loads per token that target them finds nothing.
+  // one of the two layer_loaded calls per token that target them finds nothing.
   CHECK(l2.no_prediction <= 4 * 2);
   CHECK(issued_through_session<stale_gate_l2_predictor>(1).issued > 0);
   // A history predictor ranks any layer at any time: accepted (its ranking is
@@ -377,9 +377,9 @@ TEST_CASE("speculation: with dropping armed, a correct speculative read un-drops
     o.drop->on_warning = [&](const std::string& w) { warnings.push_back(w); };
     spec_t s(tiny(), tiny_cache(), rec.callback(), o);
     std::uint32_t masks[1] = {};
-    s.begin_load({&r0, 1}, masks);
-    s.end_load(L(0), &pred);
-    s.begin_load({&r1, 1}, masks);
+    s.routed({&r0, 1}, masks);
+    s.layer_loaded(L(0), &pred);
+    s.routed({&r1, 1}, masks);
     return std::make_pair(masks[0], s.stats().undropped);
   };
   const auto off = run(false);
@@ -399,9 +399,9 @@ TEST_CASE("speculation: with dropping armed, the planner skips predictions the d
   spec_t s(tiny(), tiny_cache(), rec.callback(), o);
   std::uint32_t masks[1] = {};
   const routing r0 = make_routing(0, {{1, 0.4f}, {2, 0.3f}, {3, 0.2f}, {4, 0.1f}});
-  s.begin_load({&r0, 1}, masks);
+  s.routed({&r0, 1}, masks);
   const ranking pred = make_ranking({{5, 0.5f}, {9, 0.05f}, {6, 0.3f}});
-  CHECK(s.end_load(L(0), &pred) == 2);
+  CHECK(s.layer_loaded(L(0), &pred) == 2);
   CHECK(s.stats().skipped_below_threshold == 1);
   std::lock_guard<std::mutex> lock(rec.mu);
   std::set<unsigned> speculated;
@@ -569,7 +569,7 @@ struct recorded_batch {
 };
 // A session extension placed after the speculation.
 struct load_recorder {
-  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::routings | session_hook::layer_loaded;
+  static constexpr session_hook hooks = session_hook::begin_batch | session_hook::routed | session_hook::layer_loaded;
   model_shape shape;
   std::shared_ptr<std::vector<recorded_batch>> batches;
   template <class S>
@@ -577,7 +577,7 @@ struct load_recorder {
     batches->push_back(recorded_batch{phase, n, {}});
   }
   template <class S>
-  void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
+  void on_routed(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
     batches->back().loads.push_back(recorded_load{l, std::vector<routing>(rs.begin(), rs.end()), false, {}});
   }
   template <class S>
@@ -596,7 +596,7 @@ std::string without_stall(const std::string& line) { return line.substr(0, line.
 
 }  // namespace
 
-TEST_CASE("speculation driven directly: begin_token gives the session's per-token figures") {
+TEST_CASE("speculation driven directly: begin_batch gives the session's per-token figures") {
   const synthetic_config c = synthetic_presets::small(synthetic_router::qwen3moe, element_type::f32, 8, 64, 128, 6);
   const synthetic_model model(c);
   const model_shape& shape = model.shape();
@@ -620,16 +620,16 @@ TEST_CASE("speculation driven directly: begin_token gives the session's per-toke
   spec_t& via_session = s.extension<0>();
   via_session.finish();
 
-  // The engine path: the same calls, made directly, with begin_token per batch.
+  // The engine path: the same calls, made directly, with begin_batch per batch.
   spec_t direct(shape, lru_cache(shape, {budget, cycle_guard::refuse, {}}), rec_b.callback(), o);
   std::vector<std::uint32_t> masks;
   for (const recorded_batch& b : *batches) {
-    direct.begin_token(b.phase, b.n_tokens);
+    direct.begin_batch(b.phase, b.n_tokens);
     for (const recorded_load& ld : b.loads) {
       masks.assign(ld.routings.size(), 0u);
-      direct.begin_load(span<const routing>(ld.routings.data(), ld.routings.size()),
-                        span<std::uint32_t>(masks.data(), masks.size()));
-      direct.end_load(ld.layer, ld.has_prediction ? &ld.prediction : nullptr);
+      direct.routed(span<const routing>(ld.routings.data(), ld.routings.size()),
+                    span<std::uint32_t>(masks.data(), masks.size()));
+      direct.layer_loaded(ld.layer, ld.has_prediction ? &ld.prediction : nullptr);
     }
   }
   direct.finish();
@@ -680,11 +680,11 @@ TEST_CASE("docs example: the engine API") {
       o);
 
   std::uint32_t drop_mask[1];
-  spec.begin_load({&routing_of_layer, 1}, drop_mask);  // quiesce, apply, drop, cache, demanded reads
+  spec.routed({&routing_of_layer, 1}, drop_mask);    // quiesce, apply, drop, cache, demanded reads
   // compute the layer here, without the slots set in drop_mask[0]
-  spec.end_load(layer, &ranking_of_next_layer);        // hand the speculative reads over
+  spec.layer_loaded(layer, &ranking_of_next_layer);  // hand the speculative reads over
   // ... the next layers, the next tokens ...
-  spec.finish();                                       // end of run: apply what completed
+  spec.finish();                                     // end of run: apply what completed
   for (const std::string& line : spec.lines()) std::puts(line.c_str());
   // ---- end docs/speculation.md "Example"
   // clang-format on
@@ -733,7 +733,7 @@ TEST_CASE("docs example: the docs block is the code the previous test runs") {
 TEST_CASE("docs example, synchronous: the top-2 predicted misses are read exactly") {
   const model_shape shape = presets::qwen3_30b_a3b(8);
   speculation_options o;
-  o.scheduler.lanes = 0;  // reads run inline at end_load: deterministic
+  o.scheduler.lanes = 0;  // reads run inline at layer_loaded: deterministic
   std::atomic<int> reads{0};
   speculation<expert_cache<lru_policy>> spec(
       shape, expert_cache<lru_policy>(shape, {from_mib(2000), cycle_guard::refuse, {}}),
@@ -748,8 +748,8 @@ TEST_CASE("docs example, synchronous: the top-2 predicted misses are read exactl
   ranking next;
   for (unsigned e = 0; e < 8; ++e) next.push_back(expert_id(static_cast<std::uint16_t>(e + 8)), 1.0f, 0.125f);
   std::uint32_t drop_mask[1];
-  spec.begin_load({&r, 1}, drop_mask);
-  spec.end_load(layer_id{0}, &next);
+  spec.routed({&r, 1}, drop_mask);
+  spec.layer_loaded(layer_id{0}, &next);
   spec.finish();
   CHECK(reads.load() == 8 + 2);
   CHECK(spec.cache().is_resident(layer_id{1}, expert_id{8}));

@@ -752,7 +752,7 @@ int probe(const probe_args& a) {
     context_ptr plain(llama_init_from_model(model.get(), context_params(a, n_total)));
     if (!plain) throw error("llama_init_from_model failed");
     struct null_sink : mrl::observer_sink {
-      void on_layer(const mrl::layer_batch&) override {}
+      void on_layer_loaded(const mrl::layer_batch&) override {}
     } nothing;
     double plain_s = 1e300, idle_s = 1e300, split_s = 1e300, observed_best = 1e300;
     for (int round = 0; round < a.cost_rounds; ++round) {

@@ -5,6 +5,7 @@
 #include "moe_residency/version.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/core.hpp"
+#include "moe_residency/events.hpp"
 #include "moe_residency/router.hpp"
 #include "moe_residency/trace.hpp"
 #include "moe_residency/cache.hpp"

@@ -47,6 +47,7 @@
 
 #include "moe_residency/core.hpp"
 #include "moe_residency/error.hpp"
+#include "moe_residency/events.hpp"
 #include "moe_residency/predict.hpp"
 #include "moe_residency/predict/router_bank.hpp"
 #include "moe_residency/router.hpp"
@@ -67,7 +68,7 @@ namespace moe_residency {
 /// ```
 ///   void on_begin_batch(Session&, run_phase, std::uint32_t first_token, std::size_t n_tokens);
 ///   void on_gate_input(Session&, layer_id, const gate_input_view&);
-///   void on_routings(Session&, layer_id, span<const routing>, span<std::uint32_t> drop_masks);
+///   void on_routed(Session&, layer_id, span<const routing>, span<std::uint32_t> drop_masks);
 ///   void on_layer_loaded(Session&, layer_id);
 ///   void on_end_batch(Session&);
 ///   void append_notes(std::vector<std::string>& report_lines) const;
@@ -192,6 +193,9 @@ class session<predictor_set<P...>, X...> {
     return true;
   }
 
+  /// The same, from the event's record (events.hpp).
+  bool begin_batch(const batch_info& b) { return begin_batch(b.phase, b.first_position, b.n_tokens); }
+
   /// Ends the current batch (optional: the next begin_batch ends it too).
   bool end_batch() {
     if (!in_batch_)
@@ -312,7 +316,7 @@ class session<predictor_set<P...>, X...> {
   template <class T>
   using has_on_gate_input = detail::session_has_on_gate_input<T, session>;
   template <class T>
-  using has_on_routings = detail::session_has_on_routings<T, session>;
+  using has_on_routed = detail::session_has_on_routed<T, session>;
   template <class T>
   using has_on_layer_loaded = detail::session_has_on_layer_loaded<T, session>;
   template <class T>
@@ -421,8 +425,8 @@ class session<predictor_set<P...>, X...> {
     // from the previous layer of the same batch.
     std::fill(drop_masks_.begin(), drop_masks_.begin() + static_cast<std::ptrdiff_t>(n), 0u);
     for_each_extension([&](auto& x) {
-      if constexpr (has_on_routings<decltype(x)>::value)
-        x.on_routings(*this, l, span<const routing>(buffer_.data(), n), span<std::uint32_t>(drop_masks_.data(), n));
+      if constexpr (has_on_routed<decltype(x)>::value)
+        x.on_routed(*this, l, span<const routing>(buffer_.data(), n), span<std::uint32_t>(drop_masks_.data(), n));
     });
     std::apply([&](auto&... p) { detail::observe_routings(span<const routing>(buffer_.data(), n), p...); },
                predictors_);

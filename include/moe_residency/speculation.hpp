@@ -2,22 +2,21 @@
 /// Speculation at run time: the glue between a cache, the drop policy, the
 /// planner and the read scheduler, usable directly by an engine or as an
 /// extension a `session` owns (it implements the session's optional
-/// `on_begin_batch / on_routings / on_layer_loaded` hooks).
+/// `on_begin_batch / on_routed / on_layer_loaded` hooks).
 ///
-/// Order of one layer's load (host thread):
-///  0. once per batch of tokens, before its first layer: `begin_token` (the
-///     session's `begin_batch`) counts decode tokens, the denominator of every
-///     "per token" figure in the lines; an engine driving the two calls below
-///     directly must call it itself, once per decode token.
-///  1. `begin_load` (the session's `routed`): quiesce the scheduler, apply the
-///     speculative reads that completed to the cache (in issue order, however
-///     the lanes finished them), decide drops (after the
-///     integration, so a speculative read that landed un-drops its expert),
-///     run the cache's load batch for the kept experts, read the misses
-///     through the scheduler (demanded before any speculation).
-///  2. `end_load` (the session's `layer_loaded`): plan the reads for the MoE
-///     layer `horizon` ahead from its predicted ranking and hand them to the
-///     scheduler — only now, never when the prediction was made.
+/// Its calls are the engine's events (events.hpp), in their order (host thread):
+///  0. `begin_batch`, once per batch before its first layer: counts decode
+///     tokens, the denominator of every "per token" figure in the lines; an
+///     engine without a session calls it itself, once per decode token.
+///  1. `routed`, a layer's load: quiesce the scheduler, apply the speculative
+///     reads that completed to the cache (in issue order, however the lanes
+///     finished them), decide drops (after the integration, so a speculative
+///     read that landed un-drops its expert), run the cache's load batch for
+///     the kept experts, read the misses through the scheduler (demanded
+///     before any speculation).
+///  2. `layer_loaded`: plan the reads for the MoE layer `horizon` ahead from
+///     its predicted ranking and hand them to the scheduler — only now, never
+///     when the prediction was made.
 /// With dropping off, the experts demanded and the routings executed are the
 /// same with and without speculation; only residency and timing change.
 /// docs/speculation.md has the rules, the accounting and the measured lesson.
@@ -58,7 +57,7 @@ struct speculation_options {
   /// Cache-aware dropping, armed when set.
   std::optional<drop_options> drop;
   /// Lanes, queue bound, quiesce mode. lanes = 0: synchronous — speculative
-  /// reads run inline right after they are issued (end of `end_load`), which
+  /// reads run inline right after they are issued (end of `layer_loaded`), which
   /// makes a run deterministic for tests and replays.
   scheduler_options scheduler;
   /// Read the demanded misses through the scheduler's lanes (a host that
@@ -70,8 +69,8 @@ struct speculation_options {
 /// completed, cancelled, failed, stall) are in `read_scheduler::stats()`.
 struct speculation_stats {
   std::uint64_t loads = 0;                    ///< demanded loads (layer × batch)
-  std::uint64_t decode_tokens = 0;            ///< counted by begin_token (a session calls it)
-  std::uint64_t no_prediction = 0;            ///< end_load without a ranking for the target layer
+  std::uint64_t decode_tokens = 0;            ///< counted by begin_batch (a session calls it)
+  std::uint64_t no_prediction = 0;            ///< layer_loaded without a ranking for the target layer
   std::uint64_t planned = 0;                  ///< reads the planner proposed
   std::uint64_t skipped_resident = 0;         ///< predictions already resident
   std::uint64_t skipped_below_threshold = 0;  ///< predicted misses the armed drop would skip
@@ -135,12 +134,12 @@ class speculation {
   // ---- the calls of a token and of a layer's load (engine API) -------------
 
   /// Start of a batch of `n_tokens` tokens in `phase`, before its first
-  /// layer's `begin_load`: counts decode tokens (`stats().decode_tokens`), the
+  /// layer's `routed`: counts decode tokens (`stats().decode_tokens`), the
   /// denominator of the lines' "per token" figures. A session calls it from
   /// its `begin_batch`; an engine without a session calls it once per decode
   /// token (without it the "per token" figures are totals). Prefill batches
   /// count nothing. Allocation-free.
-  void begin_token(run_phase phase, std::size_t n_tokens = 1) noexcept {
+  void begin_batch(run_phase phase, std::size_t n_tokens = 1) noexcept {
     if (phase == run_phase::decode) stats_.decode_tokens += n_tokens;
   }
 
@@ -148,7 +147,7 @@ class speculation {
   /// token of the batch (token-major, all of one layer and phase);
   /// `drop_masks[t]` receives the slots of routing t to skip (0 when dropping
   /// is off). Returns the number of demanded misses.
-  std::size_t begin_load(span<const routing> routings, span<std::uint32_t> drop_masks) noexcept {
+  std::size_t routed(span<const routing> routings, span<std::uint32_t> drop_masks) noexcept {
     if (routings.empty()) return 0;
     const layer_id l = routings[0].layer;
     const run_phase phase = routings[0].phase;
@@ -222,7 +221,7 @@ class speculation {
   /// ahead from `predicted` (its ranking with predicted weights; null when the
   /// predictor had none) and hands them to the scheduler. Returns the number
   /// issued. In synchronous mode they run here, before returning.
-  std::size_t end_load(layer_id l, const ranking* predicted) noexcept {
+  std::size_t layer_loaded(layer_id l, const ranking* predicted) noexcept {
     issued_.clear();
     if (!options_.enabled) return 0;
     layer_id target{};
@@ -258,26 +257,26 @@ class speculation {
 
   // ---- what the last calls did (for a host that keeps storage of its own) --
 
-  /// The misses of the last begin_load, token-major: the reads it demanded
+  /// The misses of the last `routed`, token-major: the reads it demanded
   /// (and made, unless `demanded_reads` is off: then they are the host's).
   span<const read_request> demanded() const noexcept { return {demanded_.data(), demanded_.size()}; }
-  /// The speculative reads the last begin_load (or finish) collected from the
+  /// The speculative reads the last `routed` (or finish) collected from the
   /// scheduler, in issue order, whatever became of them: ok ones were made
   /// resident unless already resident or refused by the cache.
   span<const completed_read> completed() const noexcept { return {completed_.data(), completed_.size()}; }
-  /// The speculative reads the last end_load handed to the scheduler, in plan order.
+  /// The speculative reads the last `layer_loaded` handed to the scheduler, in plan order.
   span<const read_request> issued() const noexcept { return {issued_.data(), issued_.size()}; }
 
   // ---- session extension hooks ---------------------------------------------
 
   static constexpr session_hook hooks =
-      session_hook::attach | session_hook::begin_batch | session_hook::routings | session_hook::layer_loaded;
+      session_hook::attach | session_hook::begin_batch | session_hook::routed | session_hook::layer_loaded;
 
   /// Refuses (throws `error`) a session whose predictor `Predictor` cannot rank
-  /// the layer `horizon` MoE layers ahead when end_load needs it: a gate
+  /// the layer `horizon` MoE layers ahead when layer_loaded needs it: a gate
   /// predictor of horizon H ranks layer l + H from layer l's gate input, so at
   /// layer l's end it has ranked only up to l + H. Without this check every
-  /// end_load found no prediction and no speculative read was ever issued.
+  /// layer_loaded found no prediction and no speculative read was ever issued.
   template <class Session>
   void on_attach(const Session&) const {
     static_assert(Predictor < Session::n_predictors,
@@ -297,18 +296,18 @@ class speculation {
 
   template <class Session>
   void on_begin_batch(Session&, run_phase phase, std::uint32_t, std::size_t n_tokens) noexcept {
-    begin_token(phase, n_tokens);
+    begin_batch(phase, n_tokens);
   }
   template <class Session>
-  void on_routings(Session&, layer_id, span<const routing> routings, span<std::uint32_t> drop_masks) noexcept {
-    begin_load(routings, drop_masks);
+  void on_routed(Session&, layer_id, span<const routing> routings, span<std::uint32_t> drop_masks) noexcept {
+    routed(routings, drop_masks);
   }
   template <class Session>
   void on_layer_loaded(Session& s, layer_id l) noexcept {
     if (!options_.enabled) return;
     layer_id target{};
     if (!moe_layer_ahead(shape_, l, options_.horizon, target)) return;
-    end_load(l, s.template prediction<Predictor>(target));
+    layer_loaded(l, s.template prediction<Predictor>(target));
   }
   /// The cache line, the drop line (when dropping is armed) and the prefetch
   /// line, to print after the prediction report. (Deliberately not the
@@ -471,10 +470,10 @@ class speculation {
   std::vector<std::uint32_t> pending_list_;  // the slots with the flag set (or just cleared)
   std::vector<read_request> demanded_;
   std::vector<read_outcome> outcomes_;
-  std::vector<read_request> issued_;       // the last end_load's speculative reads
+  std::vector<read_request> issued_;       // the last layer_loaded's speculative reads
   std::vector<completed_read> completed_;  // the last quiesce's completions
   speculation_stats stats_;
-  run_phase last_phase_ = run_phase::prefill;  // phase of the last begin_load
+  run_phase last_phase_ = run_phase::prefill;  // phase of the last `routed`
 };
 
 }  // namespace moe_residency

@@ -3,7 +3,7 @@
 using namespace moe_residency;
 struct ext {
   template <class S>
-  void on_routing(S&, layer_id, span<const routing>, span<std::uint32_t>) {}
+  void on_routed(S&, layer_id, span<const routing>, span<std::uint32_t>) {}
 };
 int main() {
   session<predictor_set<prev_token_predictor>, ext> s(presets::qwen3_30b_a3b(8));

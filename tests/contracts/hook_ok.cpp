@@ -3,9 +3,9 @@
 #include "moe_residency/session.hpp"
 using namespace moe_residency;
 struct ext {
-  static constexpr session_hook hooks = session_hook::routings | session_hook::layer_loaded;
+  static constexpr session_hook hooks = session_hook::routed | session_hook::layer_loaded;
   template <class S>
-  void on_routings(S&, layer_id, span<const routing>, span<std::uint32_t>) {}
+  void on_routed(S&, layer_id, span<const routing>, span<std::uint32_t>) {}
   template <class S>
   void on_layer_loaded(S&, layer_id) {}
 };

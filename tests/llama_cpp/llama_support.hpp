@@ -272,13 +272,12 @@ inline void drain_lanes(const mrl::residency_manager& res) {
 class draining_sink : public mrl::observer_sink {
  public:
   explicit draining_sink(mrl::residency_manager& res) : res_(res) {}
-  bool wants_routing() const noexcept override { return res_.wants_routing(); }
-  bool wants_layers() const noexcept override { return res_.wants_layers(); }
-  void on_batch(const mrl::batch_info& b) override { res_.on_batch(b); }
-  void on_layer(const mrl::layer_batch& b) override { res_.on_layer(b); }
-  void on_routing(const mrl::layer_batch& b) override {
+  bool wants(moe_residency::engine_event e) const noexcept override { return res_.wants(e); }
+  void on_begin_batch(const moe_residency::batch_info& b) override { res_.on_begin_batch(b); }
+  void on_layer_loaded(const mrl::layer_batch& b) override { res_.on_layer_loaded(b); }
+  void on_routed(const mrl::layer_batch& b) override {
     drain_lanes(res_);
-    res_.on_routing(b);
+    res_.on_routed(b);
   }
 
  private:

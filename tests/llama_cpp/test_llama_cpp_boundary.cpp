@@ -138,16 +138,16 @@ struct recording_sink : mrl::observer_sink {
     std::vector<float> weights;
     std::vector<float> x0;  // the first gate-input element of each token
   };
-  std::vector<mrl::batch_info> batches;
+  std::vector<moe_residency::batch_info> batches;
   std::vector<event> events;
   bool throw_in_batch = false;
   int throw_at_layer = -1;
-  void on_batch(const mrl::batch_info& b) override {
+  void on_begin_batch(const moe_residency::batch_info& b) override {
     batches.push_back(b);
-    if (throw_in_batch) throw std::runtime_error("on_batch failure");
+    if (throw_in_batch) throw std::runtime_error("on_begin_batch failure");
   }
-  void on_layer(const mrl::layer_batch& b) override {
-    if (static_cast<int>(to_index(b.layer)) == throw_at_layer) throw std::runtime_error("on_layer failure");
+  void on_layer_loaded(const mrl::layer_batch& b) override {
+    if (static_cast<int>(to_index(b.layer)) == throw_at_layer) throw std::runtime_error("on_layer_loaded failure");
     event e{static_cast<int>(to_index(b.layer)), b.first_position, b.n_tokens, b.outputs_only, {}, {}, {}};
     for (std::size_t t = 0; t < b.n_tokens; ++t) {
       e.x0.push_back(b.x(t)[1]);
@@ -402,7 +402,7 @@ TEST_CASE("llama.cpp boundary: a throwing sink is counted, and the next layer an
   g.add_all(1);
   drive(g, *f.obs);
   CHECK(f.obs->stats().exceptions == 2);
-  CHECK(std::string(f.obs->last_error()) == "on_layer failure");
+  CHECK(std::string(f.obs->last_error()) == "on_layer_loaded failure");
   REQUIRE(f.sink.events.size() == n_layer - 1);
   check_event(f.sink.events[0], 0, 0, 1);
   check_event(f.sink.events[1], 2, 0, 1);

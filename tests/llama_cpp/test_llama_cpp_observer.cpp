@@ -30,9 +30,9 @@ struct control_sink : mrl::observer_sink {
   std::map<std::tuple<std::uint32_t, std::uint16_t>, std::vector<int>> ids;  // (pos, layer) -> ids
   std::vector<router_workspace> ws;
 
-  void on_batch(const mrl::batch_info&) override { ++batches; }
+  void on_begin_batch(const moe_residency::batch_info&) override { ++batches; }
 
-  void on_layer(const mrl::layer_batch& b) override {
+  void on_layer_loaded(const mrl::layer_batch& b) override {
     const mrl::layer_structure& s = *b.structure;
     if (ws.size() <= to_index(b.layer)) ws.resize(to_index(b.layer) + 1);
     router_workspace& w = ws[to_index(b.layer)];
@@ -248,10 +248,10 @@ using phase_layer = std::tuple<int, std::uint16_t>;  // (phase, layer)
 
 /// A session extension: the token of every routing the session accepted.
 struct routed_tokens {
-  static constexpr session_hook hooks = session_hook::routings;
+  static constexpr session_hook hooks = session_hook::routed;
   std::map<phase_layer, std::vector<std::uint32_t>> tokens;
   template <class S>
-  void on_routings(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
+  void on_routed(S&, layer_id l, span<const routing> rs, span<std::uint32_t>) {
     for (const routing& r : rs) tokens[{static_cast<int>(r.phase), static_cast<std::uint16_t>(l)}].push_back(r.token);
   }
 };
@@ -260,7 +260,7 @@ struct routed_tokens {
 struct delivered_tokens : mrl::observer_sink {
   std::map<phase_layer, std::vector<std::uint32_t>> tokens;
   std::size_t outputs_only = 0;
-  void on_layer(const mrl::layer_batch& b) override {
+  void on_layer_loaded(const mrl::layer_batch& b) override {
     if (b.outputs_only) ++outputs_only;
     auto& v = tokens[{static_cast<int>(b.phase), static_cast<std::uint16_t>(b.layer)}];
     for (std::size_t t = 0; t < b.n_tokens; ++t) v.push_back(b.position(t));
@@ -368,7 +368,7 @@ TEST_CASE("llama.cpp observer: attaching changes no logit; detaching stops the e
 TEST_CASE("llama.cpp observer: a throwing sink is counted, never crosses into ggml") {
   llama_init_once();
   struct throwing_sink : mrl::observer_sink {
-    void on_layer(const mrl::layer_batch&) override { throw std::runtime_error("sink failure"); }
+    void on_layer_loaded(const mrl::layer_batch&) override { throw std::runtime_error("sink failure"); }
   } sink;
   auto model = mre::make_random_model(spec_for("qwen3moe", GGML_TYPE_F32));
   mrl::observer obs(model.get());

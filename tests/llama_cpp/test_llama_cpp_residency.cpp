@@ -209,10 +209,9 @@ class checking_sink : public mrl::observer_sink {
   /// machine. Unset: this sink's own seq.
   std::function<std::uint64_t()> routing_began;
 
-  bool wants_routing() const noexcept override { return true; }
-  bool wants_layers() const noexcept override { return false; }
-  void on_layer(const mrl::layer_batch&) override {}
-  void on_routing(const mrl::layer_batch& b) override {
+  bool wants(moe_residency::engine_event e) const noexcept override { return e == moe_residency::engine_event::routed; }
+  void on_layer_loaded(const mrl::layer_batch&) override {}
+  void on_routed(const mrl::layer_batch& b) override {
     std::vector<fake_advice::call_record> calls;
     seen = fake->calls_since(seen, calls);
     if (!res->active() || b.phase != run_phase::decode) return;
@@ -303,14 +302,15 @@ class front_sink : public mrl::observer_sink {
  public:
   explicit front_sink(mrl::observer_sink& next) : next_(next) {}
   std::vector<std::pair<int, std::uint64_t>> routings;  // (layer, seq at the event's start)
-  bool wants_routing() const noexcept override { return true; }
-  bool wants_layers() const noexcept override { return next_.wants_layers(); }
-  void on_batch(const mrl::batch_info& b) override { next_.on_batch(b); }
-  void on_layer(const mrl::layer_batch& b) override { next_.on_layer(b); }
-  void on_routing(const mrl::layer_batch& b) override {
+  bool wants(moe_residency::engine_event e) const noexcept override {
+    return e == moe_residency::engine_event::routed || next_.wants(e);
+  }
+  void on_begin_batch(const moe_residency::batch_info& b) override { next_.on_begin_batch(b); }
+  void on_layer_loaded(const mrl::layer_batch& b) override { next_.on_layer_loaded(b); }
+  void on_routed(const mrl::layer_batch& b) override {
     if (before_routing) before_routing();
     routings.push_back({static_cast<int>(to_index(b.layer)), next_seq()});
-    next_.on_routing(b);
+    next_.on_routed(b);
   }
   /// Called at each routing before anything else (e.g. to let the lanes drain).
   std::function<void()> before_routing;
@@ -767,12 +767,11 @@ class prompt_sink : public mrl::observer_sink {
   mrl::mmap_residency<>* res = nullptr;
   mrl::observer_sink* next = nullptr;  // called after this one looked
   std::size_t seen = 0, prompt_layers = 0, prompt_mismatch = 0, prompt_locks = 0;
-  bool wants_routing() const noexcept override { return true; }
-  bool wants_layers() const noexcept override { return false; }
-  void on_layer(const mrl::layer_batch&) override {}
-  void on_routing(const mrl::layer_batch& b) override {
+  bool wants(moe_residency::engine_event e) const noexcept override { return e == moe_residency::engine_event::routed; }
+  void on_layer_loaded(const mrl::layer_batch&) override {}
+  void on_routed(const mrl::layer_batch& b) override {
     look(b);
-    if (next != nullptr) next->on_routing(b);
+    if (next != nullptr) next->on_routed(b);
   }
 
  private:
@@ -1080,11 +1079,11 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
     om.run(6, 12);
     obs.set_sink(nullptr);
     res.settle();
-    std::size_t on_layer[5] = {0, 0, 0, 0, 0};  // layers 0-3, then anything else (dense)
-    std::size_t on_copies = 0;                  // calls on a dense weight's copy
+    std::size_t on_layer_loaded[5] = {0, 0, 0, 0, 0};  // layers 0-3, then anything else (dense)
+    std::size_t on_copies = 0;                         // calls on a dense weight's copy
     for (const auto& c : fake.calls()) {
       const int l = layer_of(obs, c.addr);
-      ++on_layer[l < 0 ? 4 : l];
+      ++on_layer_loaded[l < 0 ? 4 : l];
       for (const ggml_tensor* w : obs.weights()) {
         const auto a = reinterpret_cast<std::uintptr_t>(w->data);
         if (std::string(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer))) != "CPU_Mapped" &&
@@ -1093,12 +1092,12 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
       }
     }
     CHECK(on_copies == 0);
-    CHECK(on_layer[4] > 0);  // the dense weights in the mapping were locked
-    CHECK(on_layer[0] > 0);
-    CHECK(on_layer[1] > 0);
+    CHECK(on_layer_loaded[4] > 0);  // the dense weights in the mapping were locked
+    CHECK(on_layer_loaded[0] > 0);
+    CHECK(on_layer_loaded[1] > 0);
     if (repacked == 6) {
-      CHECK(on_layer[2] == 0);
-      CHECK(on_layer[3] == 0);
+      CHECK(on_layer_loaded[2] == 0);
+      CHECK(on_layer_loaded[3] == 0);
       CHECK(res.summary().find("left to llama.cpp: 6 expert tensors") != std::string::npos);
     }
     CHECK(res.stats().exact_reads > 0);
@@ -1366,15 +1365,14 @@ class ledger_sink : public mrl::observer_sink {
   std::map<std::pair<std::uint32_t, std::uint16_t>, ranking> predictions;  // (decode token, target layer)
   std::unique_ptr<mrl::route_recorder<lru_policy>> recorder;
 
-  bool wants_routing() const noexcept override { return true; }
-  bool wants_layers() const noexcept override { return true; }
-  void on_batch(const mrl::batch_info&) override { graphs.push_back(res_.stats()); }
-  void on_layer(const mrl::layer_batch& b) override {
+  bool wants(moe_residency::engine_event) const noexcept override { return true; }
+  void on_begin_batch(const moe_residency::batch_info&) override { graphs.push_back(res_.stats()); }
+  void on_layer_loaded(const mrl::layer_batch& b) override {
     if (!recorder && res_.active())
       recorder = std::make_unique<mrl::route_recorder<lru_policy>>(res_.managed_shape(), 0);
-    if (recorder) recorder->on_layer(b);
+    if (recorder) recorder->on_layer_loaded(b);
   }
-  void on_routing(const mrl::layer_batch& b) override {
+  void on_routed(const mrl::layer_batch& b) override {
     if (b.phase != run_phase::decode) return;
     const auto token = static_cast<std::uint32_t>(decode_routings.size() / n_layers_);
     layer_id target{};

@@ -312,7 +312,7 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
     d.on_warning = sink;
     so.drop = d;
   }
-  so.scheduler.lanes = 0;  // synchronous: deterministic, reads complete at the end of end_load
+  so.scheduler.lanes = 0;  // synchronous: deterministic, reads complete at the end of layer_loaded
   so.scheduler.queue_capacity = std::max<std::size_t>(2 * sp.cap, 2);
   so.demanded_reads = false;  // the cache's lookup already made a demanded miss resident
   std::uint16_t cancelled = 0;
@@ -375,11 +375,11 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
       learn(b);  // the predictors still learn from the prompt
       continue;
     }
-    if (b.phase == run_phase::decode && b.first_of_token) spec.begin_token(run_phase::decode);
+    if (b.phase == run_phase::decode && b.first_of_token) spec.begin_batch(run_phase::decode);
     masks.assign(b.count, 0);
     const cache_stats c0 = spec.cache().stats();
     const speculation_stats s0 = spec.stats();
-    spec.begin_load(span<const routing>(rs.data() + b.first, b.count), span<std::uint32_t>(masks.data(), b.count));
+    spec.routed(span<const routing>(rs.data() + b.first, b.count), span<std::uint32_t>(masks.data(), b.count));
     if (b.phase == run_phase::decode) {
       const cache_stats& c1 = spec.cache().stats();
       const speculation_stats s1 = spec.stats();
@@ -405,7 +405,7 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
         cancelled = 0;
         admitted = 0;
         const std::uint64_t issued0 = spec.read_stats().issued;
-        spec.end_load(b.layer, have ? &rank : nullptr);
+        spec.layer_loaded(b.layer, have ? &rank : nullptr);
         ev.speculative_issued = static_cast<std::uint16_t>(spec.read_stats().issued - issued0);
         ev.speculative_cancelled = cancelled;
         ev.speculative_bytes = admitted;

@@ -36,11 +36,11 @@ struct session_has_on_gate_input<T, S,
                                      std::declval<S&>(), layer_id{}, std::declval<const gate_input_view&>()))>>
     : std::true_type {};
 template <class T, class S, class = void>
-struct session_has_on_routings : std::false_type {};
+struct session_has_on_routed : std::false_type {};
 template <class T, class S>
-struct session_has_on_routings<T, S,
-                               std::void_t<decltype(std::declval<T>().on_routings(
-                                   std::declval<S&>(), layer_id{}, span<const routing>{}, span<std::uint32_t>{}))>>
+struct session_has_on_routed<T, S,
+                             std::void_t<decltype(std::declval<T>().on_routed(
+                                 std::declval<S&>(), layer_id{}, span<const routing>{}, span<std::uint32_t>{}))>>
     : std::true_type {};
 template <class T, class S, class = void>
 struct session_has_on_layer_loaded : std::false_type {};
@@ -76,7 +76,7 @@ template <class Ext, class S>
 constexpr bool check_session_extension() {
   static_assert(session_declares_hooks<Ext>::value,
                 "session: an extension must declare the hooks it implements, e.g. "
-                "`static constexpr session_hook hooks = session_hook::routings | session_hook::layer_loaded;` "
+                "`static constexpr session_hook hooks = session_hook::routed | session_hook::layer_loaded;` "
                 "(session_hook::none for none), so that a misspelt or mistyped hook does not compile");
   if constexpr (session_declares_hooks<Ext>::value) {
     constexpr session_hook h = Ext::hooks;
@@ -88,9 +88,9 @@ constexpr bool check_session_extension() {
                   "session: an extension's hooks and its members disagree on session_hook::gate_input: "
                   "expected on_gate_input(Session&, layer_id, const gate_input_view&) exactly when "
                   "declared (misspelt or mistyped hook?)");
-    static_assert(declares_hook(h, session_hook::routings) == session_has_on_routings<Ext&, S>::value,
-                  "session: an extension's hooks and its members disagree on session_hook::routings: "
-                  "expected on_routings(Session&, layer_id, span<const routing>, span<std::uint32_t>) "
+    static_assert(declares_hook(h, session_hook::routed) == session_has_on_routed<Ext&, S>::value,
+                  "session: an extension's hooks and its members disagree on session_hook::routed: "
+                  "expected on_routed(Session&, layer_id, span<const routing>, span<std::uint32_t>) "
                   "exactly when declared (misspelt or mistyped hook?)");
     static_assert(declares_hook(h, session_hook::layer_loaded) == session_has_on_layer_loaded<Ext&, S>::value,
                   "session: an extension's hooks and its members disagree on session_hook::layer_loaded: "

@@ -195,19 +195,20 @@ class mmap_residency final : public residency_manager {
 
   // ---- observer_sink -------------------------------------------------------
 
-  void on_batch(const batch_info& b) override {
+  void on_begin_batch(const batch_info& b) override {
     settle();  // a new graph: the previous one's matmuls are done
-    if (spec_ && b.phase == run_phase::decode) spec_->begin_token(run_phase::decode, b.n_tokens);
-    if (next_ != nullptr) next_->on_batch(b);
+    if (spec_ && b.phase == run_phase::decode) spec_->begin_batch(run_phase::decode, b.n_tokens);
+    if (next_ != nullptr) next_->on_begin_batch(b);
   }
-  bool wants_layers() const noexcept override { return next_ != nullptr && next_->wants_layers(); }
-  bool wants_routing() const noexcept override {
-    return (!standing_down_ && (status_.empty() || active_)) || (next_ != nullptr && next_->wants_routing());
+  /// `routed` while it manages (or has yet to try); the rest as `next` wants.
+  bool wants(engine_event e) const noexcept override {
+    const bool mine = e == engine_event::routed && !standing_down_ && (status_.empty() || active_);
+    return mine || (next_ != nullptr && next_->wants(e));
   }
-  void on_layer(const layer_batch& b) override {
-    if (next_ != nullptr && next_->wants_layers()) next_->on_layer(b);
+  void on_layer_loaded(const layer_batch& b) override {
+    if (next_ != nullptr && next_->wants(engine_event::layer_loaded)) next_->on_layer_loaded(b);
   }
-  void on_routing(const layer_batch& b) override {
+  void on_routed(const layer_batch& b) override {
     if (!active_ && status_.empty()) {
       try {
         activate();
@@ -217,7 +218,7 @@ class mmap_residency final : public residency_manager {
     }
     if (active_ && !standing_down_) manage(b);
     else if (!active_) ++stats_.inactive_layers;
-    if (next_ != nullptr && next_->wants_routing()) next_->on_routing(b);
+    if (next_ != nullptr && next_->wants(engine_event::routed)) next_->on_routed(b);
   }
 
  private:

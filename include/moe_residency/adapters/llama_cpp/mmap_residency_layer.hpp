@@ -65,8 +65,8 @@ void mmap_residency<Policy>::manage(const layer_batch& b) {
           r.push_back(expert_id(static_cast<std::uint16_t>(id)), 0.0f);
       }
     }
-    spec_->begin_load(span<const routing>(routings_.data(), b.n_tokens),
-                      span<std::uint32_t>(drop_masks_.data(), b.n_tokens));
+    spec_->routed(span<const routing>(routings_.data(), b.n_tokens),
+                  span<std::uint32_t>(drop_masks_.data(), b.n_tokens));
     settle_predictions(l);
     if (cached) {
       for (const read_request& r : spec_->demanded()) to_read_.push_back(r.expert);
@@ -149,7 +149,7 @@ void mmap_residency<Policy>::issue_predictions(const layer_batch& b) {
   }
   if (pool_) refill_spare();
   const std::uint64_t planned = spec_->stats().planned;
-  spec_->end_load(b.layer, ranked ? &ranking_ : nullptr);
+  spec_->layer_loaded(b.layer, ranked ? &ranking_ : nullptr);
   const span<const read_request> issued = spec_->issued();
   for (const read_request& r : issued) {
     if (issued_.size() < issued_.capacity()) issued_.push_back(issued_read{r.layer, r.expert, 0});

@@ -10,7 +10,7 @@
 ///   llama_context_params cp = llama_context_default_params();
 ///   obs.install(cp);                       // chains any cb_eval already set
 ///   llama_context* ctx = llama_init_from_model(model, cp);
-///   obs.set_sink(&my_sink);                // on_layer(layer_batch) per MoE layer
+///   obs.set_sink(&my_sink);                // on_layer_loaded(layer_batch) per MoE layer
 ///
 /// What the callback sees, per MoE layer il (every architecture built on
 /// llama.cpp's build_moe_ffn): `ffn_moe_logits-il` (the router MUL_MAT: src[0]
@@ -275,7 +275,7 @@ class observer {
     // us: the structure bookkeeping of this node must still run.
     if (sink_ == nullptr) return;
     try {
-      sink_->on_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
+      sink_->on_begin_batch(batch_info{phase_, graph_first_position_, graph_tokens_});
     } catch (const std::exception& e) {
       note_exception(e.what());
     } catch (...) {
@@ -303,7 +303,7 @@ class observer {
         // when a sink acts on it and the layer's structure is already known.
         // Only in host memory: a router on a GPU (experts on the CPU) is not
         // split out of its fused graph for a routing nobody could read.
-        return sink_ != nullptr && sink_->wants_routing() && layers_[l].moe && g.logits != nullptr &&
+        return sink_ != nullptr && sink_->wants(engine_event::routed) && layers_[l].moe && g.logits != nullptr &&
                detail::host_readable(t);
       default: detail::note_node(g, kind, t); break;
     }
@@ -355,7 +355,7 @@ class observer {
     if (g.trigger != nullptr || g.emitted) return false;
     g.trigger = t;
     ensure_structure(l);
-    return sink_ != nullptr && sink_->wants_layers() && layers_[l].moe;
+    return sink_ != nullptr && sink_->wants(engine_event::layer_loaded) && layers_[l].moe;
   }
 
   // The layer's router_spec, from the nodes this graph showed (once per layer:
@@ -437,7 +437,7 @@ class observer {
     layer_batch b;
     if (!fill_routing(l, b)) return;
     ++stats_.routing_events;
-    sink_->on_routing(b);
+    sink_->on_routed(b);
   }
 
   void deliver_layer(std::size_t l) {
@@ -456,7 +456,7 @@ class observer {
       return;
     }
     ++stats_.layer_batches;
-    sink_->on_layer(b);
+    sink_->on_layer_loaded(b);
   }
 
   const llama_model* model_;

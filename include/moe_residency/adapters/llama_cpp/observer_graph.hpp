@@ -38,7 +38,7 @@ struct graph_layer {
   gating_function gating = gating_function::softmax;
   float scale = 1.0f;
   bool emitted = false;
-  bool routed = false;  // on_routing delivered (or skipped) for this graph
+  bool routed = false;  // on_routed delivered (or skipped) for this graph
 };
 
 /// A node of layer g that only adds to what the layer's nodes say: the logit

@@ -96,7 +96,7 @@ struct residency_options {
 
 /// Counters since construction (host thread; read between llama_decode calls).
 struct residency_stats {
-  std::uint64_t routed_layers = 0;    ///< on_routing events managed
+  std::uint64_t routed_layers = 0;    ///< on_routed events managed
   std::uint64_t inactive_layers = 0;  ///< events before activation (the first graph)
   // exact
   std::uint64_t exact_reads = 0, exact_bytes = 0, exact_failed = 0;

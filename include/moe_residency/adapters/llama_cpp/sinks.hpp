@@ -42,7 +42,7 @@ class session_sink : public observer_sink {
   /// retry of begin_batch reports one such layer, so at most a layer count of
   /// retries begins it. The first anomaly is then rethrown, for the observer
   /// to count, with this graph's batch already begun.
-  void on_batch(const batch_info& b) override {
+  void on_begin_batch(const batch_info& b) override {
     std::exception_ptr first;
     const std::size_t attempts = session_->shape().n_layers() + 2;
     for (std::size_t i = 0; i < attempts; ++i) {
@@ -53,11 +53,11 @@ class session_sink : public observer_sink {
         if (!first) first = std::current_exception();
       }
     }
-    if (next_ != nullptr) next_->on_batch(b);
+    if (next_ != nullptr) next_->on_begin_batch(b);
     if (first) std::rethrow_exception(first);
   }
 
-  void on_layer(const layer_batch& b) override {
+  void on_layer_loaded(const layer_batch& b) override {
     if (b.n_tokens == 0 || (b.outputs_only && b.phase != run_phase::prefill)) {
       ++bad_;
     } else {
@@ -79,7 +79,7 @@ class session_sink : public observer_sink {
         if (b.outputs_only) ++partial_;
         if (dropped != 0) {
           ignored_drops_ += dropped;
-          if (next_ != nullptr) next_->on_layer(b);
+          if (next_ != nullptr) next_->on_layer_loaded(b);
           if (ignored_drops_ == dropped)  // loud once; counted always
             throw error("session_sink: the session's drop policy asked to skip " + std::to_string(dropped) +
                         " routed expert(s) of layer " + std::to_string(to_index(b.layer)) +
@@ -91,7 +91,7 @@ class session_sink : public observer_sink {
         ++bad_;
       }
     }
-    if (next_ != nullptr) next_->on_layer(b);
+    if (next_ != nullptr) next_->on_layer_loaded(b);
   }
 
   /// Routed experts the session's drop policy asked to skip, which llama.cpp
@@ -182,7 +182,7 @@ class route_recorder : public observer_sink {
   /// Called for every miss, after the cache counted it (e.g. a read from the file).
   void on_miss(std::function<void(layer_id, expert_id)> f) { on_miss_ = std::move(f); }
 
-  void on_layer(const layer_batch& b) override {
+  void on_layer_loaded(const layer_batch& b) override {
     const std::uint64_t bytes = shape_.expert_bytes(b.layer);
     if (cache_) cache_->begin_batch(b.phase, b.layer);
     routing r;

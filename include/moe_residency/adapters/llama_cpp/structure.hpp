@@ -15,6 +15,7 @@
 #include "llama.h"
 #include "moe_residency/core.hpp"
 #include "moe_residency/error.hpp"
+#include "moe_residency/events.hpp"
 #include "moe_residency/router.hpp"
 
 namespace moe_residency::llama_cpp {
@@ -170,7 +171,7 @@ struct layer_structure {
 };
 
 /// One MoE layer of one graph evaluation (a llama.cpp ubatch). Pointers are
-/// valid only during observer_sink::on_layer. Token t (column t) has position
+/// valid only during observer_sink::on_layer_loaded. Token t (column t) has position
 /// `first_position + t`.
 struct layer_batch {
   layer_id layer{};
@@ -213,42 +214,39 @@ struct layer_batch {
   }
 };
 
-/// A graph evaluation (ubatch) begins: its phase, the position of its first
-/// token and its token count.
-struct batch_info {
-  run_phase phase = run_phase::decode;
-  std::uint32_t first_position = 0;
-  std::size_t n_tokens = 0;
-};
-
-/// Receives the observer's events on the thread that calls llama_decode.
-/// Exceptions are caught and counted by the observer, never passed to ggml.
+/// Receives the observer's events (events.hpp) on the thread that calls
+/// llama_decode. Exceptions are caught and counted by the observer, never
+/// passed to ggml.
 ///
-/// Two moments per MoE layer: `on_routing`, as soon as the layer's routing is
-/// computed and before its expert matmuls run (data asked at
-/// `ffn_moe_topk-il`: `ids` and `gate_input` are set, `weights` is null), for
-/// sinks that act on the experts about to be read; and `on_layer`, at the
-/// layer's first expert matmul, with the final weights. Each moment the sink
-/// does not want costs nothing: the observer asks ggml only for the data some
-/// sink wants (every asked node is one more graph split).
+/// - `on_begin_batch`, at every graph (a llama.cpp ubatch), always delivered.
+/// - `on_routed`, as soon as a MoE layer's routing is computed and before its
+///   expert matmuls run (data asked at `ffn_moe_topk-il`: `ids` and
+///   `gate_input` are set, `weights` is null), for sinks that act on the
+///   experts about to be read. Only for layers whose structure is already
+///   known (the first graph teaches the structure).
+/// - `on_layer_loaded`, at the layer's first expert matmul, with the final
+///   weights and the gate input (the session's `gate_input`, `routed` and
+///   `layer_loaded` in one).
+///
+/// There is no `end_batch`: the next `on_begin_batch` implies it. Each event
+/// the sink does not want costs nothing: the observer asks ggml only for the
+/// data some sink wants (every asked node is one more graph split).
 class observer_sink {
  public:
   virtual ~observer_sink() = default;
-  virtual void on_batch(const batch_info&) {}
-  virtual void on_layer(const layer_batch& b) = 0;
-  /// True to receive on_layer (the default).
-  virtual bool wants_layers() const noexcept { return true; }
-  /// True to receive on_routing for layers whose structure is already known
-  /// (from an earlier graph: the first graph teaches the structure).
-  virtual bool wants_routing() const noexcept { return false; }
-  virtual void on_routing(const layer_batch&) {}
+  virtual void on_begin_batch(const batch_info&) {}
+  virtual void on_routed(const layer_batch&) {}
+  virtual void on_layer_loaded(const layer_batch& b) = 0;
+  /// True to receive event `e`: by default `layer_loaded` and not `routed`
+  /// (`begin_batch` is always delivered).
+  virtual bool wants(engine_event e) const noexcept { return e == engine_event::layer_loaded; }
 };
 
 /// Counters (never reset except by observer::reset_stats).
 struct observer_stats {
   std::uint64_t graphs = 0;          ///< graph evaluations seen (ubatches)
-  std::uint64_t layer_batches = 0;   ///< on_layer events delivered
-  std::uint64_t routing_events = 0;  ///< on_routing events delivered
+  std::uint64_t layer_batches = 0;   ///< on_layer_loaded events delivered
+  std::uint64_t routing_events = 0;  ///< on_routed events delivered
   std::uint64_t data_calls = 0;      ///< non-ask callback calls for the observer
   std::uint64_t unreadable = 0;      ///< layers skipped: data not in host memory or unexpected layout
   std::uint64_t unsupported = 0;     ///< layers whose routing the spec cannot express (e.g. grovemoe)
