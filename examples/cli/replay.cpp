@@ -48,6 +48,7 @@ struct replay_args {
   std::size_t spec_cap = speculation_planner::default_cap;
   std::size_t horizon = 1;
   std::string oracle_profile;
+  bool decode_only = false;  // prompt batches skip the cache (the live manager's rule)
 };
 
 std::vector<double> parse_budgets(const std::string& s) {
@@ -123,6 +124,7 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
   moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   dynamic_replay_options base;
   if (a.drop != 0) base.drop = a.drop;
+  base.prefill_cached = !a.decode_only;
   // `oracle:P,FILE` is `--speculate oracle:P --oracle-profile FILE`.
   std::string speculate = a.speculate, profile = a.oracle_profile;
   if (const auto comma = speculate.find(','); comma != std::string::npos && speculate.rfind("oracle:", 0) == 0) {
@@ -155,7 +157,8 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
   if (!csv)
     std::cout << in.shape().name() << " (" << a.trace << "): " << in.decode_tokens() << " decode tokens; drop "
               << (base.drop ? "F = " + std::to_string(*base.drop).substr(0, 4) : std::string("off")) << ", speculate "
-              << base.speculation.name() << " (cap " << a.spec_cap << ", horizon " << a.horizon << ")\n";
+              << base.speculation.name() << " (cap " << a.spec_cap << ", horizon " << a.horizon << ")"
+              << (a.decode_only ? "; the cache sees decode only" : "") << "\n";
   std::cout << (csv ? "budget_mib,policy,hit_pct_decode,demanded_mib_per_token,speculative_mib_per_token,"
                       "spec_issued,spec_useful,experts_dropped,io_saved_pct,mass_lost_pct\n"
                     : "budget MiB  policy      decode hit %  demanded MiB/tok  spec MiB/tok  spec issued  useful  "
@@ -195,8 +198,9 @@ void check_option_effects(const CLI::App& sub, const replay_args& a, const std::
   if (given("--seed") && !any_policy("random") && !oracle)
     throw error("--seed: has no effect without the random policy or --speculate oracle:P; --policies is '" +
                 a.policies + "'");
-  if (given("--threads") && (a.drop != 0 || !a.speculate.empty()))
-    throw error("--threads: has no effect with --drop or --speculate (those cells run one after the other)");
+  if (given("--threads") && (a.drop != 0 || !a.speculate.empty() || a.decode_only))
+    throw error(
+        "--threads: has no effect with --drop, --speculate or --decode-only (those cells run one after the other)");
 }
 
 void run(const CLI::App& sub, const replay_args& a) {
@@ -204,8 +208,9 @@ void run(const CLI::App& sub, const replay_args& a) {
   const auto policies = moe_residency_cli::split_list(a.policies, "--policies");
   check_option_effects(sub, a, policies);
   for (const auto& p : policies) check_replay_cell(p, budgets.front());
-  if (a.drop != 0 || !a.speculate.empty()) {
-    if (a.format == "json" || !a.plot.empty()) throw error("--drop/--speculate: table or csv output, no --plot");
+  if (a.drop != 0 || !a.speculate.empty() || a.decode_only) {
+    if (a.format == "json" || !a.plot.empty())
+      throw error("--drop/--speculate/--decode-only: table or csv output, no --plot");
     run_dynamic(a, budgets, policies);
     return;
   }
@@ -307,6 +312,9 @@ const moe_residency_cli::command_registrar reg{
           ->capture_default_str();
       sub.add_option("--oracle-profile", a->oracle_profile,
                      "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
+      sub.add_flag("--decode-only", a->decode_only,
+                   "prompt batches skip the cache (the live residency manager's rule); predictors still "
+                   "learn from them");
       sub.callback([a, &sub] { run(sub, *a); });
     }};
 
