@@ -24,6 +24,10 @@
 /// | `llama_cpp::observer_sink` (structure.hpp)| `on_e(...)`, from the graph callback      |
 /// | the residency manager (an observer_sink)  | `on_routed` issues reads; `on_layer_loaded` forwards |
 ///
+/// The manager raises its own `speculation`'s `layer_loaded` at the layer's
+/// routing, as soon as the layer's reads are handed to the lanes: its eval
+/// thread does not wait for them, the layer's matmuls do.
+///
 /// A "batch" is always this evaluation. What one MoE layer demands of the
 /// cache at once (one layer of one batch) is a "load batch" (trace/batches.hpp,
 /// the caches' `begin_batch(phase, layer)`).

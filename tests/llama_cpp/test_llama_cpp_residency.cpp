@@ -1079,11 +1079,11 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
     om.run(6, 12);
     obs.set_sink(nullptr);
     res.settle();
-    std::size_t on_layer_loaded[5] = {0, 0, 0, 0, 0};  // layers 0-3, then anything else (dense)
-    std::size_t on_copies = 0;                         // calls on a dense weight's copy
+    std::size_t calls_on_layer[5] = {0, 0, 0, 0, 0};  // layers 0-3, then anything else (dense)
+    std::size_t on_copies = 0;                        // calls on a dense weight's copy
     for (const auto& c : fake.calls()) {
       const int l = layer_of(obs, c.addr);
-      ++on_layer_loaded[l < 0 ? 4 : l];
+      ++calls_on_layer[l < 0 ? 4 : l];
       for (const ggml_tensor* w : obs.weights()) {
         const auto a = reinterpret_cast<std::uintptr_t>(w->data);
         if (std::string(ggml_backend_buft_name(ggml_backend_buffer_get_type(w->buffer))) != "CPU_Mapped" &&
@@ -1092,12 +1092,12 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
       }
     }
     CHECK(on_copies == 0);
-    CHECK(on_layer_loaded[4] > 0);  // the dense weights in the mapping were locked
-    CHECK(on_layer_loaded[0] > 0);
-    CHECK(on_layer_loaded[1] > 0);
+    CHECK(calls_on_layer[4] > 0);  // the dense weights in the mapping were locked
+    CHECK(calls_on_layer[0] > 0);
+    CHECK(calls_on_layer[1] > 0);
     if (repacked == 6) {
-      CHECK(on_layer_loaded[2] == 0);
-      CHECK(on_layer_loaded[3] == 0);
+      CHECK(calls_on_layer[2] == 0);
+      CHECK(calls_on_layer[3] == 0);
       CHECK(res.summary().find("left to llama.cpp: 6 expert tensors") != std::string::npos);
     }
     CHECK(res.stats().exact_reads > 0);

@@ -200,9 +200,11 @@ class mmap_residency final : public residency_manager {
     if (spec_ && b.phase == run_phase::decode) spec_->begin_batch(run_phase::decode, b.n_tokens);
     if (next_ != nullptr) next_->on_begin_batch(b);
   }
-  /// `routed` while it manages (or has yet to try); the rest as `next` wants.
+  /// `begin_batch`, and `routed` while it manages (or has yet to try); the
+  /// rest as `next` wants.
   bool wants(engine_event e) const noexcept override {
-    const bool mine = e == engine_event::routed && !standing_down_ && (status_.empty() || active_);
+    const bool mine = e == engine_event::begin_batch ||
+                      (e == engine_event::routed && !standing_down_ && (status_.empty() || active_));
     return mine || (next_ != nullptr && next_->wants(e));
   }
   void on_layer_loaded(const layer_batch& b) override {

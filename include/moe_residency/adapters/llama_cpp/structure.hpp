@@ -237,10 +237,15 @@ class observer_sink {
   virtual void on_begin_batch(const batch_info&) {}
   virtual void on_routed(const layer_batch&) {}
   virtual void on_layer_loaded(const layer_batch& b) = 0;
-  /// True to receive event `e`: by default `layer_loaded` and not `routed`
-  /// (`begin_batch` is always delivered).
-  virtual bool wants(engine_event e) const noexcept { return e == engine_event::layer_loaded; }
+  /// True to receive event `e`: by default `begin_batch` and `layer_loaded`,
+  /// not `routed`. (The observer delivers `begin_batch` whatever the answer.)
+  virtual bool wants(engine_event e) const noexcept {
+    return e == engine_event::begin_batch || e == engine_event::layer_loaded;
+  }
 };
+
+/// The event's record, where an observer_sink meets it (events.hpp).
+using moe_residency::batch_info;
 
 /// Counters (never reset except by observer::reset_stats).
 struct observer_stats {
