@@ -41,7 +41,7 @@ if [ -n "$prefix" ] && [ -d "$prefix/lib/cmake/ggml" ]; then
 fi
 
 programs=(bench_memory bench_router bench_router_portable bench_topk bench_cache bench_predict
-  bench_trace bench_io)
+  bench_trace bench_io bench_mapping)
 [ ${#cfg[@]} -gt 0 ] && programs+=(bench_ggml_router)
 echo "== configure and build (preset benchmarks): ${programs[*]}" >&2
 cmake --preset benchmarks "${cfg[@]}" >/dev/null
@@ -92,7 +92,8 @@ def load(name):
     return {b["name"]: b for b in data["benchmarks"]}
 
 R = {n: load(n) for n in ["bench_memory", "bench_router", "bench_router_portable", "bench_topk",
-                          "bench_cache", "bench_predict", "bench_trace", "bench_io", "bench_ggml_router"]}
+                          "bench_cache", "bench_predict", "bench_trace", "bench_io", "bench_ggml_router",
+                          "bench_mapping"]}
 
 def get(prog, name, field="cpu_time"):
     b = (R.get(prog) or {}).get(name)
@@ -245,6 +246,16 @@ for name, b in (R.get("bench_io") or {}).items():
     short = re.sub(r"/min_time:[0-9.]+|/real_time", "", name)
     row(f"read scheduler `{short}` (wall time)", f"{s*1e6:.1f} µs", b.get("label", "") or "—", "—", "n/a",
         "`bench_io`")
+
+for name, what in [("BM_pool_map_touch_restore/sibling:1", "the expert pool's mapping"),
+                   ("BM_pagecache_unmap_touch/sibling:1", "the page cache's pages mapped again")]:
+    full = f"{name}/min_time:0.500/real_time"
+    x = get("bench_mapping", full, "x_touch")
+    extra = get("bench_mapping", full, "extra_cpu_us_per_MiB")
+    if x and extra is not None:
+        row(f"a MiB newly mapped and touched: {what} (wall time, another thread running)",
+            f"{x:.1f}× the touch, {extra:.0f} µs of CPU above it", "touching the same MiB mapped", "—", "n/a",
+            "`bench_mapping`")
 
 met = sum(1 for r in rows if r[4] == "**met**")
 notmet = sum(1 for r in rows if r[4] == "**not met**")
