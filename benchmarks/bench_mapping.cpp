@@ -145,9 +145,12 @@ struct fixture {
   }
 };
 
-fixture& the_fixture() {
-  static fixture f;
-  return f;
+// The fixture, or null with the benchmark skipped, saying why.
+const fixture* ready(benchmark::State& state) {
+  static const fixture f;
+  if (f.error.empty()) return &f;
+  state.SkipWithError(f.error.c_str());
+  return nullptr;
 }
 
 // A second thread reading its own resident 64 MiB, until stopped.
@@ -204,11 +207,9 @@ per_mib reference(const fixture& f) {
 // Runs `pass` as the benchmark's loop and reports it per MiB against the reference.
 template <class Pass>
 void run(benchmark::State& state, Pass pass) {
-  fixture& f = the_fixture();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const fixture* fp = ready(state);
+  if (fp == nullptr) return;
+  const fixture& f = *fp;
   const sibling s(state.range(0) != 0);
   const per_mib ref = reference(f);
   per_mib sum;
@@ -270,11 +271,9 @@ void BM_pagecache_unmap_touch(benchmark::State& state) {
 // over the range (with MAP_POPULATE when `populate`), the first touch, a
 // second touch, the file mapped back.
 void BM_pool_phases(benchmark::State& state) {
-  fixture& f = the_fixture();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const fixture* fp = ready(state);
+  if (fp == nullptr) return;
+  const fixture& f = *fp;
   const int flags = MAP_SHARED | MAP_FIXED | (state.range(0) != 0 ? MAP_POPULATE : 0);
   const per_mib ref = reference(f);
   double us[4] = {0, 0, 0, 0};  // map, first touch, second touch, restore
@@ -316,11 +315,9 @@ void BM_pool_phases(benchmark::State& state) {
 // touches every byte, and the file is mapped back. Reports each side per MiB:
 // the first access's cost falls on whichever thread touches a page first.
 void BM_pool_lane_maps_engine_touches(benchmark::State& state) {
-  fixture& f = the_fixture();
-  if (!f.error.empty()) {
-    state.SkipWithError(f.error.c_str());
-    return;
-  }
+  const fixture* fp = ready(state);
+  if (fp == nullptr) return;
+  const fixture& f = *fp;
   const bool pretouch = state.range(0) != 0;
   const per_mib ref = reference(f);
   double lane_us = 0, engine_us = 0;
