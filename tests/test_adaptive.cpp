@@ -88,6 +88,12 @@ class twin_adaptive : public policy_base {
     t.leader = o_.first_leader;
     const double per_batch = o_.window_tokens * static_cast<double>(s.n_moe_layers());
     t.decay = o_.window_tokens > 0.0 ? 1.0 - 1.0 / std::max(per_batch, 1.0) : 1.0;
+    // Per layer: a leader and eight costs per layer, decayed over that
+    // layer's own batches.
+    t.per_layer = o_.scope == adaptive_scope::layer;
+    t.layer_leader.assign(s.n_layers(), o_.first_leader);
+    t.layer_cost.assign(s.n_layers(), std::vector<double>(8, 0.0));
+    t.layer_decay = o_.window_tokens > 0.0 ? 1.0 - 1.0 / std::max(o_.window_tokens, 1.0) : 1.0;
   }
   void on_batch_begin(run_phase p, std::size_t layer) noexcept {
     sync();
@@ -114,8 +120,8 @@ class twin_adaptive : public policy_base {
     return v.used_bytes() > v.budget_bytes();
   }
   void end_eviction() noexcept { st_->admitting = false; }
-  /// The evictable entry with the least (held by the leader, rules holding
-  /// it, its vote's bits, stamp).
+  /// The evictable entry with the least (held by the leader (its layer's,
+  /// per layer), rules holding it, its vote's bits, stamp).
   template <class View>
   std::uint32_t victim(const View& v, std::size_t) const noexcept {
     std::uint32_t best = no_slot;
@@ -129,7 +135,7 @@ class twin_adaptive : public policy_base {
           vote |= 1u << r;
           ++holders;
         }
-      const auto key = std::make_tuple(((vote >> st_->leader) & 1u) != 0, holders, vote, stamp);
+      const auto key = std::make_tuple(((vote >> leader_of(s)) & 1u) != 0, holders, vote, stamp);
       if (best == no_slot || key < least) {
         best = s;
         least = key;
@@ -138,6 +144,7 @@ class twin_adaptive : public policy_base {
     return best;
   }
   std::uint32_t leader() const { return st_->leader; }
+  std::uint32_t leader(layer_id l) const { return st_->per_layer ? st_->layer_leader[to_index(l)] : st_->leader; }
 
  private:
   struct state {
@@ -152,7 +159,15 @@ class twin_adaptive : public policy_base {
     double decay = 1.0;
     run_phase phase = run_phase::prefill;
     bool open = false, admitting = false;
+    bool per_layer = false;
+    std::vector<std::uint32_t> layer_leader;
+    std::vector<std::vector<double>> layer_cost;
+    double layer_decay = 1.0;
   };
+  std::uint32_t leader_of(std::uint32_t s) const {
+    return st_->per_layer ? st_->layer_leader[s / st_->n_experts] : st_->leader;
+  }
+  bool holds(std::uint32_t r, std::uint32_t s) const { return st_->rules[r]->resident(layer_of(s), expert_of(s)); }
   layer_id layer_of(std::uint32_t s) const { return L(static_cast<int>(s / st_->n_experts)); }
   expert_id expert_of(std::uint32_t s) const { return E(static_cast<int>(s % st_->n_experts)); }
 
@@ -182,25 +197,39 @@ class twin_adaptive : public policy_base {
       const cache_counters& k = t.rules[r]->stats().all;
       const std::uint64_t now = o_.objective == adaptive_objective::bytes ? k.bytes_read : k.misses;
       t.cost[r] = t.cost[r] * t.decay + static_cast<double>(now - t.charged[r]);
+      // The batch being closed is of t.layer: its cost is that layer's.
+      t.layer_cost[t.layer][r] = t.layer_cost[t.layer][r] * t.layer_decay + static_cast<double>(now - t.charged[r]);
       t.charged[r] = now;
     }
-    // Only a rule that kept the budget may lead: the cheapest of them, the
-    // leader on a tie, else the first.
     std::vector<std::uint32_t> kept;
     for (std::uint32_t r = 0; r < 8; ++r)
       if (t.rules[r]->resident_bytes() <= t.budget) kept.push_back(r);
-    if (kept.empty()) return;
-    double low = t.cost[kept[0]];
-    for (std::uint32_t r : kept) low = std::min(low, t.cost[r]);
-    const bool leader_kept = std::find(kept.begin(), kept.end(), t.leader) != kept.end();
-    if (leader_kept && t.cost[t.leader] == low) return;
+    lead(kept, t.cost, t.leader);
+    if (!t.per_layer) return;
+    const std::uint32_t before = t.layer_leader[t.layer];
+    if (!lead(kept, t.layer_cost[t.layer], t.layer_leader[t.layer])) return;
+    // The layer's entries whose leader bit changed changed their vote, in
+    // slot order.
+    for (auto& [s, stamp] : t.stamp)
+      if (s / t.n_experts == t.layer && holds(before, s) != holds(t.layer_leader[t.layer], s)) stamp = ++t.tick;
+  }
+  /// Only a rule that kept the budget may lead: the cheapest of them, the
+  /// leader on a tie, else the first. True if the lead changed.
+  bool lead(const std::vector<std::uint32_t>& kept, const std::vector<double>& cost, std::uint32_t& leader) const {
+    if (kept.empty()) return false;
+    double low = cost[kept[0]];
+    for (std::uint32_t r : kept) low = std::min(low, cost[r]);
+    const bool leader_kept = std::find(kept.begin(), kept.end(), leader) != kept.end();
+    if (leader_kept && cost[leader] == low) return false;
     std::uint32_t best = 0;
     for (std::uint32_t r : kept)
-      if (t.cost[r] == low) {
+      if (cost[r] == low) {
         best = r;
         break;
       }
-    if (!leader_kept || low < t.cost[t.leader] * (1.0 - o_.margin)) t.leader = best;
+    if (leader_kept && !(low < cost[leader] * (1.0 - o_.margin))) return false;
+    leader = best;
+    return true;
   }
 
   adaptive_policy_options o_;
@@ -213,6 +242,10 @@ adaptive_policy_options options_of(double window, double margin, adaptive_object
   o.margin = margin;
   o.objective = obj;
   o.first_leader = first;
+  return o;
+}
+adaptive_policy_options per_layer(adaptive_policy_options o) {
+  o.scope = adaptive_scope::layer;
   return o;
 }
 
@@ -250,6 +283,45 @@ TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random trac
   }
   CHECK(switches > 500);  // the switch path ran, not just one leader
   CHECK(evictions > 20000);
+}
+
+TEST_CASE("adaptive per layer equals its slow obvious twin, entry by entry, on random traces") {
+  // A leader per layer: each layer's lead changes on its own costs, and the
+  // layer's entries whose leader bit changed move (as a change of vote).
+  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
+  std::uint64_t switches = 0, evictions = 0;
+  std::size_t split = 0;  // batches after which the layers followed different rules
+  for (std::uint32_t seed : {91u, 92u}) {
+    const auto tr = random_trace(s, seed, seed == 92u ? 0 : 4, 150);
+    for (const auto& o : {per_layer(options_of(0, 0, adaptive_objective::bytes, 7)),
+                          per_layer(options_of(0.5, 0, adaptive_objective::misses, 0)),
+                          per_layer(options_of(2, 0.1, adaptive_objective::bytes, 3))}) {
+      for (std::uint64_t budget : {250u, 700u, 1500u, 3200u}) {
+        CAPTURE(seed);
+        CAPTURE(o.window_tokens);
+        CAPTURE(budget);
+        expert_cache<recording<adaptive_policy>> fast(s, opts(budget), recording<adaptive_policy>(o));
+        expert_cache<recording<twin_adaptive>> twin(s, opts(budget), recording<twin_adaptive>(o));
+        fast.pin(L(1), E(2));
+        twin.pin(L(1), E(2));
+        std::mt19937 rng(seed * 5 + static_cast<std::uint32_t>(budget));
+        const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
+          moe_residency_test::fixtures::disturb_both(fast, twin, s, rng, i);
+          for (int l = 0; l < 6; ++l) REQUIRE(fast.policy().leader(L(l)) == twin.policy().leader(L(l)));
+          REQUIRE(fast.policy().leader() == twin.policy().leader());
+          bool differ = false;
+          for (int l = 1; l < 6; ++l) differ |= fast.policy().leader(L(l)) != fast.policy().leader(L(0));
+          split += differ;
+        });
+        CHECK(bad == 0);
+        switches += fast.policy().switches();
+        evictions += fast.stats().all.evictions;
+      }
+    }
+  }
+  CHECK(switches > 500);
+  CHECK(split > 500);  // the layers did follow different rules
+  CHECK(evictions > 10000);
 }
 
 TEST_CASE("adaptive: an insert() inside an open batch is followed by every rule") {
@@ -364,12 +436,14 @@ TEST_CASE("adaptive equals its slow obvious twin on the real traces, batch by ba
     // The random traces above cover short windows; here gpt-oss (the
     // smaller trace) also runs a window of a quarter token: many switches.
     for (double mib : {1000.0}) {
-      for (double window : {8.0, 0.25}) {
+      for (double window : {8.0, 0.25, -8.0}) {  // -8: a window of 8 tokens per layer
         if (window < 1 && std::string(name) == "qwen.route.csv") continue;
         CAPTURE(name);
         CAPTURE(mib);
         CAPTURE(window);
-        const adaptive_policy_options o = options_of(window, window > 1 ? 0.1 : 0.0, adaptive_objective::bytes, 7);
+        adaptive_policy_options o =
+            options_of(std::abs(window), std::abs(window) > 1 ? 0.1 : 0.0, adaptive_objective::bytes, 7);
+        if (window < 0) o = per_layer(o);
         expert_cache<recording<adaptive_policy>> fast(s, opts(from_mib(mib)), recording<adaptive_policy>(o));
         expert_cache<recording<twin_adaptive>> twin(s, opts(from_mib(mib)), recording<twin_adaptive>(o));
         CHECK(count_divergences(

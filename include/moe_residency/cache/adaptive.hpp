@@ -28,20 +28,27 @@
 /// layer partition after a wide prefill batch, or below the token cycle) is
 /// followed as far as the budget allows.
 ///
+/// Per layer (adaptive_scope::layer), each layer's batches are charged to
+/// that layer's counters too and each layer follows its own cheapest rule:
+/// its entries are orphans when its leader no longer holds them. It lost to
+/// the global lead on both shared traces (docs/cache.md); it is there so
+/// that the comparison can be rerun.
+///
 /// Cost: every lookup is a lookup in each of the eight shadows (O(1) each,
 /// O(8) in all), and each change of a shadow's residency relinks the entry
 /// (O(1)); each batch's end closes the shadows' batches and compares eight
 /// decayed counters; a switch reorders the 256 vote lists (O(1) in the
-/// number of experts). An eviction looks at the vote lists' tails in order
-/// (at most 256, most of them empty). State: eight caches' state, a byte of
-/// shadow residency and a list link per (layer, expert) slot: bounded in the
-/// number of experts. Below the token cycle lfu and cycle are the cheapest
+/// number of experts; per layer, a layer's change of lead moves its entries
+/// whose leader bit changed: O(experts per layer)). An eviction looks at the
+/// lists' tails in order (at most 256, per layer 512, most of them empty).
+/// State: eight caches' state, a byte of shadow residency and a list link
+/// per (layer, expert) slot, per layer eight counters and a leader per
+/// layer: bounded in the number of experts. Below the token cycle lfu and cycle are the cheapest
 /// rules that keep the budget, and lead: the policy does not collapse there.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +69,12 @@
 
 namespace moe_residency {
 
+/// Where the adaptive policy chooses whom to follow.
+enum class adaptive_scope : std::uint8_t {
+  global,  ///< one leader for the whole cache: the rule cheapest over all layers
+  layer    ///< a leader per layer: the rule cheapest in that layer's batches
+};
+
 /// What the adaptive policy minimises.
 enum class adaptive_objective : std::uint8_t {
   bytes,  ///< the bytes a rule reads (misses × that layer's expert bytes): a token's I/O
@@ -79,6 +92,10 @@ struct adaptive_policy_options {
   double margin = 0.1;
   /// Index of the rule that leads before any cost is known (adaptive_rule_names()).
   std::uint32_t first_leader = 7;  // cycle
+  /// One leader, or one per layer (each layer's costs decayed over its own
+  /// batches, window_tokens of them). Global is the default: per layer lost
+  /// on both shared traces (docs/cache.md, "`adaptive`").
+  adaptive_scope scope = adaptive_scope::global;
   /// The cycle shadow's tuning (the replay's --decay).
   cycle_policy_options cycle{};
 };
@@ -122,7 +139,13 @@ class adaptive_core {
     n_experts_ = static_cast<std::uint32_t>(shape.n_experts());
     const std::size_t n_slots = shape.n_layers() * shape.n_experts();
     held_.assign(n_slots, 0);
-    lists_.reset(n_slots, n_votes);
+    per_layer_ = o.scope == adaptive_scope::layer;
+    lists_.reset(n_slots, per_layer_ ? 2 * n_votes : n_votes);
+    if (per_layer_) {
+      layer_leader_.assign(shape.n_layers(), o.first_leader);
+      layer_cost_.assign(shape.n_layers() * n_rules, 0.0);
+      layer_decay_ = o.window_tokens > 0.0 ? 1.0 - 1.0 / std::max(o.window_tokens, 1.0) : 1.0;
+    }
     order_votes();
     const double per_batch = o.window_tokens * static_cast<double>(std::max<std::size_t>(shape.n_moe_layers(), 1));
     decay_ = o.window_tokens > 0.0 ? 1.0 - 1.0 / std::max(per_batch, 1.0) : 1.0;
@@ -154,14 +177,14 @@ class adaptive_core {
   void looked_up(std::uint32_t s) noexcept {
     const expert_id e{static_cast<std::uint16_t>(s - base_)};
     each([&](auto& c) { c->lookup(e); });
-    lists_.move_to_front(held_[s], s);
+    lists_.move_to_front(list_of(s), s);
   }
   /// An entry made resident without a lookup: inserted in every shadow.
   void admitted(std::uint32_t s) noexcept {
     const layer_id l{static_cast<std::uint16_t>(s / n_experts_)};
     const expert_id e{static_cast<std::uint16_t>(s % n_experts_)};
     each([&](auto& c) { c->insert(l, e, phase_); });
-    lists_.move_to_front(held_[s], s);
+    lists_.move_to_front(list_of(s), s);
     admitting_ = true;
   }
   void evicted(std::uint32_t s) noexcept { lists_.erase(s); }
@@ -170,29 +193,36 @@ class adaptive_core {
   /// cost and lets the cheapest that kept the budget lead: it takes the lead
   /// from a leader that kept the budget when cheaper by the margin, from one
   /// that did not at once. Once per batch; a no-op otherwise, and during an
-  /// admission's eviction (the batch is still open).
+  /// admission's eviction (the batch is still open). Per layer, the batch's
+  /// cost is also charged to its layer, whose lead is decided the same way.
   void sync() noexcept {
     if (!open_ || admitting_) return;
     open_ = false;
+    const std::uint32_t layer = base_ / n_experts_;
+    double* layer_cost = per_layer_ ? &layer_cost_[layer * n_rules] : nullptr;
     std::uint32_t i = 0;
     each([&](auto& c) {
       c->end_batch();
       const cache_counters& k = c->stats().all;
       const std::uint64_t now = o_.objective == adaptive_objective::bytes ? k.bytes_read : k.misses;
-      cost_[i] = cost_[i] * decay_ + static_cast<double>(now - charged_[i]);
+      const double spent = static_cast<double>(now - charged_[i]);
+      cost_[i] = cost_[i] * decay_ + spent;
+      if (layer_cost) layer_cost[i] = layer_cost[i] * layer_decay_ + spent;
       charged_[i] = now;
       kept_[i] = c->resident_bytes() <= budget_;
       ++i;
     });
-    std::uint32_t best = n_rules;
-    for (std::uint32_t r = 0; r < n_rules; ++r)
-      if (kept_[r] && (best == n_rules || cost_[r] < cost_[best] || (r == leader_ && cost_[r] == cost_[best])))
-        best = r;
-    if (best == n_rules || best == leader_) return;  // none kept it (a wide batch): the lead stays
-    if (!kept_[leader_] || cost_[best] < cost_[leader_] * (1.0 - o_.margin)) {
-      leader_ = best;
+    std::uint32_t global = leader_;
+    if (choose(cost_, global)) {
+      leader_ = global;
+      if (!per_layer_) {
+        ++switches_;
+        order_votes();
+      }
+    }
+    if (per_layer_ && choose(layer_cost, layer_leader_[layer])) {
       ++switches_;
-      order_votes();
+      relink_layer(layer);
     }
   }
   void end_eviction() noexcept { admitting_ = false; }
@@ -201,8 +231,8 @@ class adaptive_core {
   /// first, then fewest other rules), the oldest of its vote.
   template <class View>
   std::uint32_t victim(const View& v) const noexcept {
-    for (std::uint32_t vote : order_)
-      for (std::uint32_t s = lists_.tail(vote); s != cache_slot_lists::none; s = lists_.newer(s))
+    for (std::uint32_t i = 0, n = per_layer_ ? 2 * n_votes : n_votes; i < n; ++i)
+      for (std::uint32_t s = lists_.tail(order_[i]); s != cache_slot_lists::none; s = lists_.newer(s))
         if (v.evictable(s)) return s;
     return no_slot;
   }
@@ -211,16 +241,19 @@ class adaptive_core {
 
   void shadow_holds(std::uint32_t rule, std::uint32_t s) noexcept {
     held_[s] = static_cast<std::uint8_t>(held_[s] | (1u << rule));
-    if (lists_.owner(s) != cache_slot_lists::none) lists_.move_to_front(held_[s], s);
+    if (lists_.owner(s) != cache_slot_lists::none) lists_.move_to_front(list_of(s), s);
   }
   void shadow_drops(std::uint32_t rule, std::uint32_t s) noexcept {
     held_[s] = static_cast<std::uint8_t>(held_[s] & ~(1u << rule));
-    if (lists_.owner(s) != cache_slot_lists::none) lists_.move_to_front(held_[s], s);
+    if (lists_.owner(s) != cache_slot_lists::none) lists_.move_to_front(list_of(s), s);
   }
 
   // ---- queries -------------------------------------------------------------
 
   std::uint32_t leader() const noexcept { return leader_; }
+  std::uint32_t layer_leader(std::size_t layer) const noexcept {
+    return per_layer_ && layer < layer_leader_.size() ? layer_leader_[layer] : leader_;
+  }
   std::uint64_t switches() const noexcept { return switches_; }
   double cost(std::uint32_t rule) const noexcept {
     MOE_RESIDENCY_ASSERT(rule < n_rules);
@@ -248,16 +281,47 @@ class adaptive_core {
     std::apply([&](const auto&... c) { (f(c), ...); }, rules_);
   }
 
-  /// The votes in eviction order: without the leader before with it, then
-  /// fewer rules before more, then by the vote's bits.
+  /// The cheapest rule that kept the budget takes the lead from `leader`
+  /// (a leader that kept it only when cheaper by the margin); true if it did.
+  bool choose(const double* cost, std::uint32_t& leader) const noexcept {
+    std::uint32_t best = n_rules;
+    for (std::uint32_t r = 0; r < n_rules; ++r)
+      if (kept_[r] && (best == n_rules || cost[r] < cost[best] || (r == leader && cost[r] == cost[best]))) best = r;
+    if (best == n_rules || best == leader) return false;  // none kept it (a wide batch): the lead stays
+    if (kept_[leader] && !(cost[best] < cost[leader] * (1.0 - o_.margin))) return false;
+    leader = best;
+    return true;
+  }
+
+  /// The list an entry of the real cache is in: its vote, and per layer
+  /// whether its layer's leader is among the voters.
+  std::uint32_t list_of(std::uint32_t s) const noexcept {
+    if (!per_layer_) return held_[s];
+    return held_[s] | (((static_cast<std::uint32_t>(held_[s]) >> layer_leader_[s / n_experts_]) & 1u) << n_rules);
+  }
+  /// A layer's lead changed: its entries whose leader bit changed move to
+  /// their new lists (as most recent: a change of vote), in slot order.
+  void relink_layer(std::uint32_t layer) noexcept {
+    for (std::uint32_t s = layer * n_experts_, end = s + n_experts_; s < end; ++s)
+      if (lists_.owner(s) != cache_slot_lists::none && lists_.owner(s) != list_of(s))
+        lists_.move_to_front(list_of(s), s);
+  }
+
+  /// The lists in eviction order: without the leader before with it, then
+  /// fewer rules before more, then by the vote's bits. Globally the lists
+  /// are the votes, reordered at a change of leader; per layer they carry
+  /// the leader bit themselves, and the order is fixed.
   void order_votes() noexcept {
-    const auto key = [this](std::uint32_t v) {
+    const auto key = [this](std::uint32_t list) {
+      const std::uint32_t v = list & (n_votes - 1);
       std::uint32_t n = 0;
       for (std::uint32_t b = v; b != 0; b &= b - 1) ++n;
-      return (((v >> leader_) & 1u) << 16) | (n << 8) | v;
+      const std::uint32_t led = per_layer_ ? list >> n_rules : (v >> leader_) & 1u;
+      return (led << 16) | (n << 8) | v;
     };
-    for (std::uint32_t v = 0; v < n_votes; ++v) order_[v] = v;
-    std::sort(std::begin(order_), std::end(order_), [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
+    const std::uint32_t n = per_layer_ ? 2 * n_votes : n_votes;
+    for (std::uint32_t v = 0; v < n; ++v) order_[v] = v;
+    std::sort(order_, order_ + n, [&](std::uint32_t a, std::uint32_t b) { return key(a) < key(b); });
   }
 
   adaptive_policy_options o_;
@@ -272,15 +336,19 @@ class adaptive_core {
              std::optional<expert_cache<adaptive_shadow<sieve_policy>>>,
              std::optional<expert_cache<adaptive_shadow<cycle_policy>>>>
       rules_;
-  std::vector<std::uint8_t> held_;     // bit r: rule r's shadow holds the slot
-  cache_slot_lists lists_;             // the real cache's entries, one list per vote
-  std::uint32_t order_[n_votes] = {};  // the votes in eviction order
+  std::vector<std::uint8_t> held_;         // bit r: rule r's shadow holds the slot
+  cache_slot_lists lists_;                 // the real cache's entries, one list per vote (and leader bit)
+  std::uint32_t order_[2 * n_votes] = {};  // the lists in eviction order
   double cost_[n_rules] = {};
   bool kept_[n_rules] = {};  // the rule's shadow held no more than the budget after the batch
   std::uint64_t charged_[n_rules] = {};
   double decay_ = 1.0;
   std::uint32_t leader_ = 7;
   std::uint64_t switches_ = 0;
+  bool per_layer_ = false;
+  std::vector<std::uint32_t> layer_leader_;  // per layer: each layer's leader
+  std::vector<double> layer_cost_;           // per layer: [layer × n_rules + rule]
+  double layer_decay_ = 1.0;
   run_phase phase_ = run_phase::prefill;
   std::uint32_t base_ = 0;
   bool open_ = false, admitting_ = false;
@@ -358,9 +426,12 @@ class adaptive_policy : public policy_base {
   }
   void end_eviction() noexcept { core_->end_eviction(); }
 
-  /// The rule followed now (an index into adaptive_rule_names()).
+  /// The rule cheapest over all layers (an index into adaptive_rule_names()):
+  /// the rule followed, in global scope.
   std::uint32_t leader() const noexcept { return core_->leader(); }
-  /// How many times the lead changed.
+  /// The rule layer l follows (leader() in global scope).
+  std::uint32_t leader(layer_id l) const noexcept { return core_->layer_leader(to_index(l)); }
+  /// How many times the lead changed (a layer's lead, per layer).
   std::uint64_t switches() const noexcept { return core_->switches(); }
   /// Rule r's decayed cost (bytes or misses, per the objective); r < 8.
   double rule_cost(std::uint32_t r) const noexcept { return core_->cost(r); }
