@@ -73,6 +73,15 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_test(drop_qwen_table
     "drop|--trace|${_mr_t}/qwen.route.csv|--thresholds|0.75,1.0|--keep-k|5"
     "\ndrop +0\\.75 +36\\.8 +4\\.44 @@\ndrop +1 +66\\.1 +9\\.46 @@\nkeep_k +5 +23\\.2 +10\\.60 " "${_mr_t}/qwen.route.csv")
+  # The --adaptive-* options reach the policy: told to follow lru and never
+  # switch, it hits and reads exactly as lru (one size of expert, a global
+  # budget); per layer it gives the figure docs/cache.md states.
+  moe_residency_cli_test(replay_adaptive_follows_lru
+    "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|3000|--policies|lru,adaptive|--adaptive-first|lru|--adaptive-margin|0.999|--adaptive-window|0|--format|csv"
+    "\n3000,lru,32\\.408,44\\.835,54322\\.8\n3000,adaptive,32\\.408,44\\.835,54322\\.8\n" "${_mr_t}/gptoss.route.csv")
+  moe_residency_cli_test(replay_adaptive_per_layer
+    "replay|--trace|${_mr_t}/gptoss.route.csv|--budgets|1000|--policies|adaptive|--adaptive-scope|layer|--format|csv"
+    "\n1000,adaptive,16\\.863,23\\.329," "${_mr_t}/gptoss.route.csv")
   # The dynamic replay with dropping and speculation runs end to end and the CSV has
   # exactly its columns; speculative reads are issued and useful, experts are dropped.
   moe_residency_cli_test(replay_dynamic_qwen
@@ -211,7 +220,9 @@ if(TARGET moe_residency_cli)
   foreach(_mr_case
       "spec_cap_alone|--spec-cap|3|--spec-cap: has no effect without --speculate"
       "horizon_alone|--horizon|2|--horizon: has no effect without --speculate"
-      "decay_without_cycle|--decay|0.5|--decay: has no effect without the cycle policy@@--policies is 'lru'"
+      "decay_without_cycle|--decay|0.5|--decay: has no effect without the cycle or adaptive policy@@--policies is 'lru'"
+      "adaptive_window_alone|--adaptive-window|4|--adaptive-window: has no effect without the adaptive policy@@--policies is 'lru'"
+      "adaptive_scope_alone|--adaptive-scope|layer|--adaptive-scope: has no effect without the adaptive policy@@--policies is 'lru'"
       "seed_without_random|--seed|7|--seed: has no effect without the random policy or --speculate oracle:P"
       "profile_without_oracle|--oracle-profile|${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|--oracle-profile: has no effect without --speculate oracle:P")
     string(REPLACE "|" ";" _mr_parts "${_mr_case}")
@@ -223,6 +234,13 @@ if(TARGET moe_residency_cli)
       "replay|--trace|${_mr_g}|--budgets|3000|--policies|lru|${_mr_opt}|${_mr_val}" "moe-residency: ${_mr_msg}"
       "${_mr_g}" "")
   endforeach()
+  moe_residency_cli_error_test(adaptive_first_unknown
+    "replay|--trace|${_mr_g}|--budgets|3000|--policies|adaptive|--adaptive-first|belady"
+    "moe-residency: --adaptive-first: 'belady' is not a choice; expected lru, lfu, layer, layerlfu, arc, s3fifo, sieve or cycle"
+    "${_mr_g}" "")
+  moe_residency_cli_error_test(adaptive_margin_one
+    "replay|--trace|${_mr_g}|--budgets|3000|--policies|adaptive|--adaptive-margin|1"
+    "moe-residency: --adaptive-margin: '1' is out of range; expected a number in \\[0, 1\\)" "${_mr_g}" "")
   moe_residency_cli_error_test(threads_with_drop
     "replay|--trace|${_mr_g}|--budgets|3000|--policies|lru|--drop|0.75|--threads|2"
     "moe-residency: --threads: has no effect with --drop, --speculate or --decode-only" "${_mr_g}" "")

@@ -42,6 +42,12 @@ struct replay_args {
   unsigned threads = 0;
   std::uint64_t seed = 0x5eed;
   double decay = cycle_policy_options{}.decay;
+  // the adaptive policy's tuning (adaptive_policy_options)
+  double adaptive_window = adaptive_policy_options{}.window_tokens;
+  double adaptive_margin = adaptive_policy_options{}.margin;
+  std::string adaptive_objective_name = "bytes";
+  std::string adaptive_first = adaptive_rule_names()[adaptive_policy_options{}.first_leader];
+  std::string adaptive_scope_name = "global";
   // dynamic drop and speculation
   double drop = 0;
   std::string speculate;
@@ -112,6 +118,19 @@ void write_plot(const std::string& svg, const std::string& title, const std::vec
   std::cerr << "moe-residency replay: wrote " << svg << "\n";
 }
 
+// The adaptive policy's options from the --adaptive-* flags (each checked by
+// its validator).
+adaptive_policy_options adaptive_options(const replay_args& a) {
+  adaptive_policy_options o;
+  o.window_tokens = a.adaptive_window;
+  o.margin = a.adaptive_margin;
+  o.objective = a.adaptive_objective_name == "misses" ? adaptive_objective::misses : adaptive_objective::bytes;
+  const auto& names = adaptive_rule_names();
+  o.first_leader = static_cast<std::uint32_t>(std::find(names.begin(), names.end(), a.adaptive_first) - names.begin());
+  o.scope = a.adaptive_scope_name == "layer" ? adaptive_scope::layer : adaptive_scope::global;
+  return o;
+}
+
 // replay/oracle_profile.hpp has the two forms and their checks.
 std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_layers) {
   return parse_oracle_profile(moe_residency_cli::read_whole_file(path, "--oracle-profile"), "--oracle-profile: " + path,
@@ -143,6 +162,7 @@ void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const
   }
   base.seed = a.seed;
   base.cycle.decay = a.decay;
+  base.adaptive = adaptive_options(a);
   std::vector<dynamic_replay_result> rs;
   for (double b : budgets)
     for (const auto& p : policies) {
@@ -193,8 +213,12 @@ void check_option_effects(const CLI::App& sub, const replay_args& a, const std::
                   "or oracle:P with it");
   if (given("--oracle-profile") && !oracle)
     throw error("--oracle-profile: has no effect without --speculate oracle:P; expected them together");
-  if (given("--decay") && !any_policy("cycle"))
-    throw error("--decay: has no effect without the cycle policy; --policies is '" + a.policies + "'");
+  if (given("--decay") && !any_policy("cycle") && !any_policy("adaptive"))
+    throw error("--decay: has no effect without the cycle or adaptive policy; --policies is '" + a.policies + "'");
+  for (const char* o :
+       {"--adaptive-window", "--adaptive-margin", "--adaptive-objective", "--adaptive-first", "--adaptive-scope"})
+    if (given(o) && !any_policy("adaptive"))
+      throw error(std::string(o) + ": has no effect without the adaptive policy; --policies is '" + a.policies + "'");
   if (given("--seed") && !any_policy("random") && !oracle)
     throw error("--seed: has no effect without the random policy or --speculate oracle:P; --policies is '" +
                 a.policies + "'");
@@ -226,6 +250,7 @@ void run(const CLI::App& sub, const replay_args& a) {
   o.threads = a.threads;
   o.seed = a.seed;
   o.cycle.decay = a.decay;
+  o.adaptive = adaptive_options(a);
   const auto t0 = std::chrono::steady_clock::now();
   double last = 0;  // progress is called under the grid's lock
   o.progress = [&](std::size_t done, std::size_t total) {
@@ -297,6 +322,24 @@ const moe_residency_cli::command_registrar reg{
           ->capture_default_str();
       sub.add_option("--decay", a->decay, "usage decay per token of the cycle policy, in (0, 1)")
           ->check(moe_residency_cli::real(detail::real_domain::open(0, 1)))
+          ->capture_default_str();
+      sub.add_option("--adaptive-window", a->adaptive_window,
+                     "adaptive: memory of the rules' costs, in tokens (0 = the whole run)")
+          ->check(moe_residency_cli::non_negative())
+          ->capture_default_str();
+      sub.add_option("--adaptive-margin", a->adaptive_margin,
+                     "adaptive: a rule takes the lead when cheaper than the leader by this fraction, in [0, 1)")
+          ->check(moe_residency_cli::real(detail::real_domain{0.0, 1.0, false, true}))
+          ->capture_default_str();
+      sub.add_option("--adaptive-objective", a->adaptive_objective_name,
+                     "adaptive: what a rule's cost is: the bytes it reads or its misses")
+          ->check(moe_residency_cli::one_of({"bytes", "misses"}))
+          ->capture_default_str();
+      sub.add_option("--adaptive-first", a->adaptive_first, "adaptive: the rule that leads before any cost is known")
+          ->check(moe_residency_cli::one_of(adaptive_rule_names()))
+          ->capture_default_str();
+      sub.add_option("--adaptive-scope", a->adaptive_scope_name, "adaptive: one leader for the cache, or one per layer")
+          ->check(moe_residency_cli::one_of({"global", "layer"}))
           ->capture_default_str();
       sub.add_option("--drop", a->drop,
                      "cache-aware drop at fraction F (0 < F <= 1): a dropped expert is never "
