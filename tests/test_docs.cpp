@@ -388,7 +388,7 @@ TEST_CASE("docs/cache.md, the adaptive policy") {
   // clang-format off
   // docs/cache.md, block 2 — keep in sync
 using namespace moe_residency;
-adaptive_policy_options o;                    // also: window_tokens, margin, first_leader, cycle
+adaptive_policy_options o;                    // also: window_tokens, margin, first_leader, scope, cycle
 o.objective = adaptive_objective::misses;     // hit rate instead of bytes read
 cache_options co;
 co.budget_bytes = from_mib(2000);
