@@ -24,15 +24,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 unseen=$([[ $tune == qwen ]] && echo gptoss || echo qwen)
-traces=${MOE_RESIDENCY_TRACES:-../shared/traces}
-for t in qwen gptoss; do
-  [[ -f "$traces/$t.route.csv" ]] || { echo "adaptive-grid: $traces/$t.route.csv not found; set MOE_RESIDENCY_TRACES" >&2; exit 2; }
-done
-cmake --preset release >/dev/null
-cmake --build --preset release --target moe_residency_cli >/dev/null
-bin=build/release/bin/moe-residency
-budgets=1000,1500,2000,2500,3000,4000,6000,8000
-online=lru,lfu,layer,layerlfu,arc,s3fifo,sieve,cycle
+script=adaptive-grid
+# shellcheck source=scripts/adaptive-common.sh
+. scripts/adaptive-common.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -6,15 +6,9 @@
 #   scripts/adaptive-table.sh            # traces from ../shared/traces or $MOE_RESIDENCY_TRACES
 set -euo pipefail
 cd "$(dirname "$0")/.."
-traces=${MOE_RESIDENCY_TRACES:-../shared/traces}
-for t in qwen gptoss; do
-  [[ -f "$traces/$t.route.csv" ]] || { echo "adaptive-table: $traces/$t.route.csv not found; set MOE_RESIDENCY_TRACES" >&2; exit 2; }
-done
-cmake --preset release >/dev/null
-cmake --build --preset release --target moe_residency_cli >/dev/null
-bin=build/release/bin/moe-residency
-budgets=1000,1500,2000,2500,3000,4000,6000,8000
-online=lru,lfu,layer,layerlfu,arc,s3fifo,sieve,cycle
+script=adaptive-table
+# shellcheck source=scripts/adaptive-common.sh
+. scripts/adaptive-common.sh
 echo "Commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- include || echo ' (include/ modified)'), $(uname -m), $(date -u +%F)."
 echo "Decode hit %; \"best\" is the best of $online at that budget; \"gap\" is the share of the"
 echo "LRU→Belady gap the policy recovers. Qwen tuned the defaults; gpt-oss is unseen."

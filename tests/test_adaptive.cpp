@@ -249,22 +249,27 @@ adaptive_policy_options per_layer(adaptive_policy_options o) {
   return o;
 }
 
-}  // namespace
-
-TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random traces") {
-  // Mixed expert sizes, prefill batches, pins, insert() and invalidate()
-  // between batches, short windows (many switches) and long ones, both
-  // objectives, every first leader.
-  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
+/// What a comparison with the twin on random traces ran through.
+struct twin_run {
   std::uint64_t switches = 0, evictions = 0;
-  for (std::uint32_t seed : {81u, 82u, 83u}) {
-    const auto tr = random_trace(s, seed, seed == 83u ? 0 : 4, 150);
-    for (const auto& o :
-         {options_of(0, 0, adaptive_objective::bytes, 7), options_of(0.5, 0, adaptive_objective::misses, 0),
-          options_of(2, 0.1, adaptive_objective::bytes, 3), options_of(8, 0.05, adaptive_objective::misses, 5)}) {
+  std::size_t split = 0;  // batches after which the layers followed different rules
+};
+
+/// Each option set against the twin, entry by entry, on random traces of a
+/// mixed-size shape (the last seed without prefill) at four budgets, with
+/// pins and disturbances between batches; the leaders, every layer's too,
+/// compared after every batch.
+twin_run against_twin_on_random_traces(const std::vector<std::uint32_t>& seeds,
+                                       const std::vector<adaptive_policy_options>& options) {
+  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
+  twin_run run;
+  for (std::uint32_t seed : seeds) {
+    const auto tr = random_trace(s, seed, seed == seeds.back() ? 0 : 4, 150);
+    for (const auto& o : options) {
       for (std::uint64_t budget : {250u, 700u, 1500u, 3200u}) {
         CAPTURE(seed);
         CAPTURE(o.window_tokens);
+        CAPTURE(static_cast<int>(o.scope));
         CAPTURE(budget);
         expert_cache<recording<adaptive_policy>> fast(s, opts(budget), recording<adaptive_policy>(o));
         expert_cache<recording<twin_adaptive>> twin(s, opts(budget), recording<twin_adaptive>(o));
@@ -274,54 +279,47 @@ TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random trac
         const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
           moe_residency_test::fixtures::disturb_both(fast, twin, s, rng, i);
           REQUIRE(fast.policy().leader() == twin.policy().leader());
+          bool differ = false;
+          for (int l = 0; l < 6; ++l) {
+            REQUIRE(fast.policy().leader(L(l)) == twin.policy().leader(L(l)));
+            differ |= fast.policy().leader(L(l)) != fast.policy().leader(L(0));
+          }
+          run.split += differ;
         });
         CHECK(bad == 0);
-        switches += fast.policy().switches();
-        evictions += fast.stats().all.evictions;
+        run.switches += fast.policy().switches();
+        run.evictions += fast.stats().all.evictions;
       }
     }
   }
-  CHECK(switches > 500);  // the switch path ran, not just one leader
-  CHECK(evictions > 20000);
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("adaptive equals its slow obvious twin, entry by entry, on random traces") {
+  // Mixed expert sizes, prefill batches, pins, insert() and invalidate()
+  // between batches, short windows (many switches) and long ones, both
+  // objectives, every first leader.
+  const twin_run run = against_twin_on_random_traces(
+      {81u, 82u, 83u},
+      {options_of(0, 0, adaptive_objective::bytes, 7), options_of(0.5, 0, adaptive_objective::misses, 0),
+       options_of(2, 0.1, adaptive_objective::bytes, 3), options_of(8, 0.05, adaptive_objective::misses, 5)});
+  CHECK(run.switches > 500);  // the switch path ran, not just one leader
+  CHECK(run.evictions > 20000);
+  CHECK(run.split == 0);  // one leader for every layer
 }
 
 TEST_CASE("adaptive per layer equals its slow obvious twin, entry by entry, on random traces") {
   // A leader per layer: each layer's lead changes on its own costs, and the
   // layer's entries whose leader bit changed move (as a change of vote).
-  const model_shape s("mixed", 16, 3, {100, 150, 100, 250, 150, 100});
-  std::uint64_t switches = 0, evictions = 0;
-  std::size_t split = 0;  // batches after which the layers followed different rules
-  for (std::uint32_t seed : {91u, 92u}) {
-    const auto tr = random_trace(s, seed, seed == 92u ? 0 : 4, 150);
-    for (const auto& o : {per_layer(options_of(0, 0, adaptive_objective::bytes, 7)),
-                          per_layer(options_of(0.5, 0, adaptive_objective::misses, 0)),
-                          per_layer(options_of(2, 0.1, adaptive_objective::bytes, 3))}) {
-      for (std::uint64_t budget : {250u, 700u, 1500u, 3200u}) {
-        CAPTURE(seed);
-        CAPTURE(o.window_tokens);
-        CAPTURE(budget);
-        expert_cache<recording<adaptive_policy>> fast(s, opts(budget), recording<adaptive_policy>(o));
-        expert_cache<recording<twin_adaptive>> twin(s, opts(budget), recording<twin_adaptive>(o));
-        fast.pin(L(1), E(2));
-        twin.pin(L(1), E(2));
-        std::mt19937 rng(seed * 5 + static_cast<std::uint32_t>(budget));
-        const std::size_t bad = count_divergences(s, fast, twin, tr, [&](std::size_t i) {
-          moe_residency_test::fixtures::disturb_both(fast, twin, s, rng, i);
-          for (int l = 0; l < 6; ++l) REQUIRE(fast.policy().leader(L(l)) == twin.policy().leader(L(l)));
-          REQUIRE(fast.policy().leader() == twin.policy().leader());
-          bool differ = false;
-          for (int l = 1; l < 6; ++l) differ |= fast.policy().leader(L(l)) != fast.policy().leader(L(0));
-          split += differ;
-        });
-        CHECK(bad == 0);
-        switches += fast.policy().switches();
-        evictions += fast.stats().all.evictions;
-      }
-    }
-  }
-  CHECK(switches > 500);
-  CHECK(split > 500);  // the layers did follow different rules
-  CHECK(evictions > 10000);
+  const twin_run run =
+      against_twin_on_random_traces({91u, 92u}, {per_layer(options_of(0, 0, adaptive_objective::bytes, 7)),
+                                                 per_layer(options_of(0.5, 0, adaptive_objective::misses, 0)),
+                                                 per_layer(options_of(2, 0.1, adaptive_objective::bytes, 3))});
+  CHECK(run.switches > 500);
+  CHECK(run.split > 500);  // the layers did follow different rules
+  CHECK(run.evictions > 10000);
 }
 
 TEST_CASE("adaptive: an insert() inside an open batch is followed by every rule") {
