@@ -417,6 +417,12 @@ TEST_CASE("adaptive: options out of range are refused, naming them") {
   o.first_leader = 8;
   CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("first_leader 8"), error);
   o = {};
+  o.scope = static_cast<adaptive_scope>(2);
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("scope 2 is not a scope"), error);
+  o = {};
+  o.objective = static_cast<adaptive_objective>(5);
+  CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("objective 5 is not an objective"), error);
+  o = {};
   o.cycle.decay = 1;
   CHECK_THROWS_WITH_AS(adaptive_policy{o}, doctest::Contains("decay"), error);
   CHECK(adaptive_rule_names().size() == 8);

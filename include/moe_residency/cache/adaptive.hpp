@@ -43,8 +43,9 @@
 /// lists' tails in order (at most 256, per layer 512, most of them empty).
 /// State: eight caches' state, a byte of shadow residency and a list link
 /// per (layer, expert) slot, per layer eight counters and a leader per
-/// layer: bounded in the number of experts. Below the token cycle lfu and cycle are the cheapest
-/// rules that keep the budget, and lead: the policy does not collapse there.
+/// layer: bounded in the number of experts. Below the token cycle lfu and
+/// cycle are the cheapest rules that keep the budget, and lead: the policy
+/// does not collapse there.
 
 #include <algorithm>
 #include <cmath>
@@ -379,7 +380,8 @@ class adaptive_policy : public policy_base {
   static constexpr bool collapses_below_cycle = false;
 
   /// Throws error on a negative or non-finite window, a margin outside
-  /// [0, 1), a first leader out of range, or a cycle decay outside (0, 1).
+  /// [0, 1), a first leader out of range, a scope or objective that is not
+  /// one of the enumerators, or a cycle decay outside (0, 1).
   explicit adaptive_policy(adaptive_policy_options o = {}) : o_(o) {
     if (!(std::isfinite(o_.window_tokens) && o_.window_tokens >= 0.0))
       throw error("adaptive_policy: window_tokens " + std::to_string(o_.window_tokens) +
@@ -389,6 +391,12 @@ class adaptive_policy : public policy_base {
     if (o_.first_leader >= detail::adaptive_core::n_rules)
       throw error("adaptive_policy: first_leader " + std::to_string(o_.first_leader) +
                   " out of range; expected 0 to 7 (adaptive_rule_names())");
+    if (o_.scope != adaptive_scope::global && o_.scope != adaptive_scope::layer)
+      throw error("adaptive_policy: scope " + std::to_string(static_cast<int>(o_.scope)) +
+                  " is not a scope; expected adaptive_scope::global or adaptive_scope::layer");
+    if (o_.objective != adaptive_objective::bytes && o_.objective != adaptive_objective::misses)
+      throw error("adaptive_policy: objective " + std::to_string(static_cast<int>(o_.objective)) +
+                  " is not an objective; expected adaptive_objective::bytes or adaptive_objective::misses");
     cycle_policy check(o_.cycle);  // refuses a bad decay now, not at init
     (void)check;
   }
