@@ -38,14 +38,17 @@
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp.hpp"
+#include "moe_residency/adapters/llama_cpp/forced_routing.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
 #include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
 #include "moe_residency/cache/lru.hpp"
+#include "moe_residency/replay/oracle_profile.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
 #include "checked_options.hpp"
 #include "proc_counters.hpp"
 #include "random_model.hpp"
+#include "trace_shape.hpp"
 
 namespace {
 
@@ -95,7 +98,21 @@ struct probe_args {
   bool cost = false;
   int cost_rounds = 5;
   std::uint64_t seed = 7;
+  // Real routing: llama.cpp's routing replaced by a recorded trace's
+  // (forced_routing.hpp); a random model in a trace's shape (trace_shape.hpp).
+  std::string route_from, shape_from;
+  std::size_t trace_layers = 0;          // 0: every layer of the trace
+  std::string predictor = "stale-gate";  // or oracle:P[,PROFILE] (needs --route-from)
+  std::uint64_t oracle_seed = replay_speculation{}.seed;
+  bool tokens_given = false, decode_given = false;
 };
+
+/// --route-from / --shape-from's trace, cut to --trace-layers.
+validated_route_trace load_trace(const std::string& path, std::size_t layers) {
+  validated_route_trace t = read_route_trace(path);
+  if (layers != 0) return first_layers(t, layers, path);
+  return t;
+}
 
 struct context_deleter {
   void operator()(llama_context* c) const noexcept { llama_free(c); }
@@ -533,7 +550,25 @@ int probe(const probe_args& a) {
   std::string gguf_path = a.model_path;
   mre::random_model_spec spec = a.spec;
   if (!a.random_arch.empty()) {
-    if (!a.shape.empty()) {
+    if (!a.shape_from.empty()) {
+      // The trace's shape; the pool, the seed and the vocabulary kind stay as given.
+      const mre::trace_shape ts = mre::shape_from_trace(load_trace(a.shape_from, a.trace_layers).header());
+      const std::uint32_t pool = spec.expert_pool;
+      const std::uint64_t seed = spec.seed;
+      const bool text_vocab = spec.text_vocab;
+      spec = ts.spec;
+      spec.expert_pool = pool;
+      spec.seed = seed;
+      spec.text_vocab = text_vocab;
+      std::printf("shape from %s%s: %s, %u layers x %u experts, top-%u, embedding %u, expert width %u\n",
+                  a.shape_from.c_str(),
+                  a.trace_layers ? (" (first " + std::to_string(a.trace_layers) + " layers)").c_str() : "",
+                  spec.arch.c_str(), spec.n_layer, spec.n_expert, spec.n_expert_used, spec.n_embd, spec.n_ff_exp);
+      for (const std::string& n : ts.notes) std::printf("shape note: %s\n", n.c_str());
+      if (a.random_arch != spec.arch)
+        throw std::invalid_argument("--shape-from " + a.shape_from + " is built as a " + spec.arch +
+                                    " model; --random is " + a.random_arch);
+    } else if (!a.shape.empty()) {
       // The shape's every field; the pool and the seed stay as given.
       const std::uint32_t pool = spec.expert_pool;
       const std::uint64_t seed = spec.seed;
@@ -584,12 +619,14 @@ int probe(const probe_args& a) {
           a.splits);
       if (a.save_only) {
         std::uint64_t bytes = 0;
+        if (!a.shape_from.empty()) std::fflush(stdout);
         const mrl::gguf_expert_map saved = mrl::gguf_expert_map::by_name(gguf_path);
         for (const std::string& p : saved.paths()) {
           std::ifstream f(p, std::ios::binary | std::ios::ate);
           bytes += static_cast<std::uint64_t>(f.tellg());
         }
         const char* experts = spec.arch == "qwen3"              ? "none (dense)"
+                              : !a.shape_from.empty()           ? "as the trace's bytes"
                               : spec.layer_expert_types.empty() ? ggml_type_name(spec.expert_type)
                                                                 : a.expert_type.c_str();
         std::printf("saved: %s%s, %.1f MiB, experts %s, in %.1f s\n", gguf_path.c_str(),
@@ -621,18 +658,44 @@ int probe(const probe_args& a) {
   }
   char desc[256];
   llama_model_desc(model.get(), desc, sizeof desc);
-  const std::vector<llama_token> prompt = prompt_tokens(a, model.get());
+  // Real routing: the trace's, forced at every MoE layer's routing node.
+  std::unique_ptr<validated_route_trace> route_trace_in;
+  std::unique_ptr<mrl::forced_routing> routes;
+  probe_args sized = a;
+  if (!a.route_from.empty()) {
+    route_trace_in = std::make_unique<validated_route_trace>(load_trace(a.route_from, a.trace_layers));
+    routes = std::make_unique<mrl::forced_routing>(*route_trace_in, a.route_from);
+    // The trace's prompt and decode lengths, unless given.
+    if (!a.tokens_given && a.prompt.empty() && routes->prefill_tokens() > 0) sized.tokens = routes->prefill_tokens();
+    if (!a.decode_given) sized.decode = routes->decode_tokens();
+  }
+  const std::vector<llama_token> prompt = prompt_tokens(sized, model.get());
   const std::size_t n_total = prompt.size() + a.decode;
 
   if (a.no_observer) {
-    // Plain llama.cpp: no callback at all; the same warm-up token as below.
-    context_ptr ctx(llama_init_from_model(model.get(), context_params(a, n_total)));
+    // Plain llama.cpp: no callback at all (with --route-from, only the
+    // observer's forcing: one graph split a MoE layer, no sink); the same
+    // warm-up token as below.
+    llama_context_params cp = context_params(sized, n_total);
+    std::unique_ptr<mrl::observer> forcing;
+    if (routes) {
+      forcing = std::make_unique<mrl::observer>(model.get());
+      forcing->install(cp);
+      forcing->force_routing(routes.get());
+    }
+    context_ptr ctx(llama_init_from_model(model.get(), cp));
     if (!ctx) throw error("llama_init_from_model failed");
     llama_token t0 = prompt.front();
     if (llama_decode(ctx.get(), llama_batch_get_one(&t0, 1)) != 0) throw error("warm-up decode failed");
     llama_memory_clear(llama_get_memory(ctx.get()), true);
-    const run_result r = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true);
-    std::printf("model: %s, no observer\nrun: %zu prompt tokens, %zu decoded\n", desc, prompt.size(), a.decode);
+    if (forcing) {
+      forcing->set_position(0);
+      routes->reset_stats();
+    }
+    const run_result r = run(ctx.get(), model.get(), prompt, sized.decode, a.seed, true);
+    std::printf("model: %s, no observer%s\nrun: %zu prompt tokens, %zu decoded\n", desc,
+                routes ? " (routing forced)" : "", prompt.size(), sized.decode);
+    if (routes) std::printf("%s\n", routes->note().c_str());
     report_run(a, r);
     return 0;
   }
@@ -640,8 +703,9 @@ int probe(const probe_args& a) {
   // The observer; one warm-up token teaches it the graph (the routers, each
   // layer's spec, the expert tensors) before the session is built.
   mrl::observer obs(model.get());
-  llama_context_params cp = context_params(a, n_total);
+  llama_context_params cp = context_params(sized, n_total);
   obs.install(cp);
+  if (routes) obs.force_routing(routes.get());  // from the warm-up on: every graph routes as the trace
   context_ptr ctx(llama_init_from_model(model.get(), cp));
   if (!ctx) throw error("llama_init_from_model failed");
   {
@@ -653,6 +717,10 @@ int probe(const probe_args& a) {
   if (!obs.structure_known())
     throw error("the observer saw no MoE routing in the graph of '" + std::string(desc) + "'");
   const model_shape shape = obs.shape();
+  if (routes) {
+    routes->check_layers(shape);
+    routes->reset_stats();
+  }
 
   session_options so;
   so.on_anomaly = anomaly_action::count;
@@ -694,16 +762,40 @@ int probe(const probe_args& a) {
   mrl::session_sink<probe_session> sink(s, &rec);
   const std::vector<std::string> engine = current_threads();  // before the manager's lanes
   std::unique_ptr<residency_manager> res;
+  // --predictor oracle:P[,PROFILE]: the trace's next layer at accuracy P, the replay's draws.
+  std::unique_ptr<mrl::trace_oracle> oracle;
+  if (a.predictor.rfind("oracle:", 0) == 0) {
+    if (!ro.predicted)
+      throw error("--predictor " + a.predictor +
+                  " plans predicted reads; expected --residency all or a list with predicted");
+    std::string p = a.predictor.substr(7), profile_file;
+    if (const auto comma = p.find(','); comma != std::string::npos) {
+      profile_file = p.substr(comma + 1);
+      p = p.substr(0, comma);
+    }
+    const double acc = moe_residency::detail::parse_real(p, "--predictor oracle:P: P",
+                                                         moe_residency::detail::real_domain::closed(0, 1));
+    std::vector<double> profile;
+    if (!profile_file.empty()) {
+      std::ifstream in(profile_file);
+      if (!in) throw error("--predictor " + a.predictor + ": cannot read the profile '" + profile_file + "'");
+      std::stringstream text;
+      text << in.rdbuf();
+      profile = parse_oracle_profile(text.str(), "--predictor: " + profile_file, routes->shape().n_layers());
+    }
+    oracle = std::make_unique<mrl::trace_oracle>(*routes, acc, profile, a.oracle_seed);
+  }
   if (managed) {
     // Acts at each layer's routing, then hands every event on to the session.
     res = mrl::make_residency_manager(a.policy, obs, gguf_path, ro, nullptr, &sink);
+    if (oracle) res->set_predictor(oracle.get());
     res->activate();  // now, so a refusal (locking limit, budget) stops the run with its figures
     obs.set_sink(res.get());
   } else {
     obs.set_sink(&sink);
   }
 
-  const run_result observed = run(ctx.get(), model.get(), prompt, a.decode, a.seed, true, res.get(), engine);
+  const run_result observed = run(ctx.get(), model.get(), prompt, sized.decode, a.seed, true, res.get(), engine);
   const double observed_s = observed.decode_s;
 
   std::size_t first_moe = 0;
@@ -711,7 +803,13 @@ int probe(const probe_args& a) {
   std::printf("model: %s (%s), %zu layers (%zu MoE), %zu experts, top-%zu, router %s\n", desc, obs.arch().c_str(),
               shape.n_layers(), shape.n_moe_layers(), shape.n_experts(), shape.top_k(),
               to_string(obs.layers()[first_moe].router.type));
-  std::printf("run: %zu prompt tokens, %zu decoded; %zu routers configured\n\n", prompt.size(), a.decode, n_routers);
+  std::printf("run: %zu prompt tokens, %zu decoded; %zu routers configured\n\n", prompt.size(), sized.decode,
+              n_routers);
+  if (routes)
+    std::printf(
+        "%s\nnote: the routing is the trace's, not the model's: the fresh-gate control and the predictors are "
+        "scored against the trace's routing, which the random model's routers do not compute\n\n",
+        routes->note().c_str());
   std::fputs(format_text(s.report()).c_str(), stdout);
   std::printf("\n%s\n", rec.cache_line().c_str());
   if (!rec.warning().empty()) std::printf("note: %s\n", rec.warning().c_str());
@@ -872,6 +970,37 @@ int main(int argc, char** argv) {
       ->excludes("--head-dim")
       ->excludes("--vocab")
       ->excludes("--router");
+  app.add_option("--shape-from", a.shape_from,
+                 "Random model: a recorded route trace's shape (its layers, experts, top-k, every layer's expert "
+                 "bytes; dense bytes as near as types allow; trace_shape.hpp); implies --random of its architecture")
+      ->excludes("--shape")
+      ->excludes("--layers")
+      ->excludes("--experts")
+      ->excludes("--k")
+      ->excludes("--embd")
+      ->excludes("--expert-ff")
+      ->excludes("--dense-type")
+      ->excludes("--expert-type")
+      ->excludes("--heads")
+      ->excludes("--heads-kv")
+      ->excludes("--head-dim")
+      ->excludes("--vocab")
+      ->excludes("--router");
+  app.add_option("--route-from", a.route_from,
+                 "Route every MoE layer as this recorded trace did (forced_routing.hpp): prompt tokens take its "
+                 "prompt routings, decode tokens its decode routings in order (cycling past its end); the model must "
+                 "have its MoE shape. Prompt and decode lengths default to the trace's");
+  app.add_option("--trace-layers", a.trace_layers,
+                 "Only the first N layers of --route-from's and --shape-from's trace (a model cut to fit a disk)")
+      ->check(opt::whole(1, 65535));
+  app.add_option("--predictor", a.predictor,
+                 "Residency: what predicted reads are planned from: stale-gate, or oracle:P[,PROFILE] (needs "
+                 "--route-from: the trace's next layer, each slot kept with probability P, or per layer from "
+                 "PROFILE; the replay's --speculate oracle:P draws)")
+      ->capture_default_str();
+  app.add_option("--oracle-seed", a.oracle_seed, "Residency: seed of --predictor oracle's draws (the replay's --seed)")
+      ->check(opt::whole())
+      ->capture_default_str();
   app.add_option("--expert-pool", a.spec.expert_pool, "Random model: distinct quantised experts per kind")
       ->check(opt::whole(1, 1 << 20))
       ->capture_default_str();
@@ -933,6 +1062,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   a.policy_given = app.count("--policy") != 0;
+  a.tokens_given = app.count("--tokens") != 0;
+  a.decode_given = app.count("--decode") != 0;
+  if (!a.shape_from.empty() && a.random_arch.empty()) {
+    // --shape-from implies --random of the architecture the trace is built as.
+    try {
+      a.random_arch = mre::random_arch_for(load_trace(a.shape_from, a.trace_layers).header().arch);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "moe-llama-probe: %s\n", e.what());
+      return 1;
+    }
+  }
   try {
     // An option that acts only with another is an error naming both, not ignored.
     auto needs = [&app](std::initializer_list<const char*> options, bool with, const char* other) {
@@ -950,6 +1090,14 @@ int main(int argc, char** argv) {
     if (app.count("--tokens") != 0 && !a.prompt.empty())
       throw error("--tokens and --prompt: --tokens sizes a random prompt, --prompt gives the text; give one of them");
     needs({"--cost-rounds"}, a.cost, "--cost");
+    needs({"--trace-layers"}, !a.route_from.empty() || !a.shape_from.empty(), "--route-from or --shape-from");
+    needs({"--predictor", "--oracle-seed"}, a.residency != "none", "--residency (the manager's parts)");
+    if (a.predictor != "stale-gate" && a.predictor.rfind("oracle:", 0) != 0)
+      throw error("--predictor: '" + a.predictor + "'; expected stale-gate or oracle:P[,PROFILE]");
+    if (a.predictor.rfind("oracle:", 0) == 0 && a.route_from.empty())
+      throw error("--predictor " + a.predictor + " reads the routing to come from the trace; give --route-from TRACE");
+    if (app.count("--oracle-seed") != 0 && a.predictor.rfind("oracle:", 0) != 0)
+      throw error("--oracle-seed has no effect without --predictor oracle:P; give both, or drop --oracle-seed");
     return probe(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "moe-llama-probe: %s\n", e.what());

@@ -25,6 +25,7 @@
 /// predictor on such a model are not claims about real models.
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -90,6 +91,11 @@ struct random_model_spec {
   /// `expert_pool` x 8 random rows per tensor (their values do not matter to
   /// bytes or time; a real model's Q4_K_M keeps these at 4-6 bits).
   ggml_type dense_type = GGML_TYPE_F32;
+  /// Per tensor name ("blk.3.ffn_down_exps.weight", "output.weight", …), a
+  /// type that overrides the rules above: a real Q4_K_M file mixes q4_K and
+  /// q6_K by tensor and by layer (trace_shape.hpp sets them from a trace).
+  /// A name the architecture does not create is ignored.
+  std::map<std::string, ggml_type> tensor_types;
   /// A text vocabulary (a SentencePiece "llama" one: <unk>, <s>, </s>, the
   /// 256 byte tokens, then letter pieces), so prompts tokenize and tokens
   /// print as text; needs n_vocab >= 512. Off: "no_vocab" (token ids only).
@@ -141,14 +147,28 @@ inline random_model_spec shape_by_name(const std::string& name) {
   throw std::invalid_argument("shape '" + name + "'; expected one of " + names);
 }
 
-/// "f32", "f16", "bf16", "q8_0" or "q4_K" (also "q4_k").
+/// The weight types a random model can hold: ggml quantises each without an
+/// importance matrix (ggml_quantize_chunk), and llama.cpp's CPU backend
+/// multiplies each. In order of preference where several fit (trace_shape.hpp).
+inline const std::vector<ggml_type>& weight_types() {
+  static const std::vector<ggml_type> t = {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0, GGML_TYPE_MXFP4,
+                                           GGML_TYPE_Q5_K, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0, GGML_TYPE_Q3_K,
+                                           GGML_TYPE_Q2_K, GGML_TYPE_F16,  GGML_TYPE_BF16, GGML_TYPE_F32};
+  return t;
+}
+
+/// A weight type by ggml's name ("q4_K", "q6_K", "mxfp4", "f16", …; the K
+/// types also in lower case).
 inline ggml_type parse_expert_type(const std::string& s) {
-  if (s == "f32") return GGML_TYPE_F32;
-  if (s == "f16") return GGML_TYPE_F16;
-  if (s == "bf16") return GGML_TYPE_BF16;
-  if (s == "q8_0") return GGML_TYPE_Q8_0;
-  if (s == "q4_K" || s == "q4_k") return GGML_TYPE_Q4_K;
-  throw std::invalid_argument("expert type '" + s + "'; expected f32, f16, bf16, q8_0 or q4_K");
+  std::string names;
+  for (ggml_type t : weight_types()) {
+    const std::string n = ggml_type_name(t);
+    std::string lower = n;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (s == n || s == lower) return t;
+    names += (names.empty() ? "" : ", ") + n;
+  }
+  throw std::invalid_argument("expert type '" + s + "'; expected one of " + names);
 }
 
 inline ggml_type parse_router_type(const std::string& s) {
@@ -487,13 +507,13 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
 
   if (!type_entries) return g;
   // A tensor entry with only a name and a type makes llama.cpp create that
-  // tensor with that type (F32 otherwise).
+  // tensor with that type (F32 otherwise). Collected by name first, so that
+  // spec.tensor_types overrides a rule's type instead of adding a second entry.
+  std::map<std::string, ggml_type> entries;
   auto entry = [&](ggml_type type, const char* fmt, std::uint32_t il) {
-    ggml_tensor t;
-    std::memset(&t, 0, sizeof t);
-    t.type = type;
-    std::snprintf(t.name, sizeof t.name, fmt, il);
-    gguf_add_tensor(g.get(), &t);
+    char name[GGML_MAX_NAME];
+    std::snprintf(name, sizeof name, fmt, il);
+    entries[name] = type;
   };
   if (spec.dense_type != GGML_TYPE_F32) {
     entry(spec.dense_type, "token_embd.weight", 0);
@@ -514,6 +534,15 @@ inline gguf_ptr metadata(const random_model_spec& spec, bool type_entries) {
       // creates this one instead; an entry for a tensor not created is ignored.
       entry(et, "blk.%u.ffn_gate_up_exps.weight", il);
     }
+  }
+  for (const auto& [name, type] : spec.tensor_types) entries[name] = type;
+  for (const auto& [name, type] : entries) {
+    if (type == GGML_TYPE_F32) continue;
+    ggml_tensor t;
+    std::memset(&t, 0, sizeof t);
+    t.type = type;
+    std::snprintf(t.name, sizeof t.name, "%s", name.c_str());
+    gguf_add_tensor(g.get(), &t);
   }
   return g;
 }
@@ -555,6 +584,7 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
   random_model_spec two = spec;
   two.n_layer = 2;
   two.layer_expert_types.clear();  // set per layer below
+  two.tensor_types.clear();        // likewise
   detail::gguf_ptr g = detail::metadata(two, true);
   std::vector<tensor_entry> seen;
   llama_model_params params = llama_model_default_params();
@@ -598,6 +628,14 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
   }
   for (const auto& e : seen)
     if (layer_of(e.name) < 0 && e.name.find("output") != std::string::npos) out.push_back(e);
+  for (auto& e : out) {
+    const auto it = spec.tensor_types.find(e.name);
+    if (it != spec.tensor_types.end()) e.type = it->second;
+    if (e.ne[0] % ggml_blck_size(e.type) != 0)
+      throw std::invalid_argument("random model: tensor " + e.name + " has rows of " + std::to_string(e.ne[0]) + "; " +
+                                  ggml_type_name(e.type) + " needs a multiple of " +
+                                  std::to_string(ggml_blck_size(e.type)) + " (its block size)");
+  }
   return out;
 }
 

@@ -16,6 +16,7 @@
 ///                       trace/binary_decode.hpp's decoders or trace/binary_exact.hpp's
 ///                       exact pass) and trace/binary_write.hpp's writer
 ///   trace/batches.hpp   group_load_batches, collect_routings
+///   trace/first_layers.hpp  a trace's first n layers (a cut model's routing)
 /// and read_route_trace, which picks the parser by the file's first byte.
 
 #include <cerrno>
@@ -31,6 +32,7 @@
 #include "moe_residency/trace/batches.hpp"
 #include "moe_residency/trace/binary.hpp"
 #include "moe_residency/trace/csv.hpp"
+#include "moe_residency/trace/first_layers.hpp"
 #include "moe_residency/trace/types.hpp"
 #include "moe_residency/trace/validate.hpp"
 

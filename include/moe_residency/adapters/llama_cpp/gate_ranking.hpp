@@ -13,37 +13,36 @@
 
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
 #include "moe_residency/adapters/llama_cpp/residency_options.hpp"
-#include "moe_residency/predict/gate.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/predictor.hpp"
 
 namespace moe_residency::llama_cpp::detail {
 
 class gate_ranking {
  public:
-  /// The routers the observer found in host memory. Throws `error` when none is.
-  void init(const observer& obs, const model_shape& shape, const residency_options& o) {
+  /// The predictor the reads are planned from: `given` (the host's, see
+  /// mmap_residency::set_predictor), else the stale gate over the routers the
+  /// observer found in host memory (throws `error` when none is).
+  void init(const observer& obs, const model_shape& shape, const residency_options& o, routing_predictor* given) {
     shape_ = shape;
-    horizon_ = o.horizon;
     degrade_ = o.degrade;
-    bank_ = router_bank(shape_);
-    for (std::size_t l = 0; l < obs.n_layer(); ++l) {
-      const layer_structure& s = obs.layers()[l];
-      if (s.moe && s.router_readable) bank_.set(layer_id(static_cast<std::uint16_t>(l)), s.router, s.spec);
+    if (given != nullptr) {
+      predictor_ = given;
+    } else {
+      stale_.init(obs, shape, o.horizon);
+      predictor_ = &stale_;
     }
-    if (bank_.size() == 0)
-      throw error("mmap_residency: predicted reads need the routers in host memory as f32/f16/bf16; none is");
-    gate1_.reset(shape_);
-    gate2_.reset(shape_);
     rng_.seed(o.seed);
   }
 
-  /// Ranks MoE layer `target` from layer l's gate input row x; with
-  /// `degrade`, a seeded share of its top-k slots is replaced by experts
-  /// outside it. False when no ranking could be made (its router not in host memory).
-  bool rank(layer_id l, layer_id target, const float* x, ranking& out) {
-    const bool ok = horizon_ == 1 ? gate1_.predict(bank_, l, target, x, out) : gate2_.predict(bank_, l, target, x, out);
+  /// Ranks MoE layer `target` at the routing of batch `b`; with `degrade`,
+  /// a seeded share of its top-k slots is replaced by experts outside it.
+  /// False when no ranking could be made.
+  bool rank(const layer_batch& b, layer_id target, ranking& out) {
+    const bool ok = predictor_ != nullptr && predictor_->rank(b, target, out);
     if (ok && degrade_ > 0) degrade(out, shape_.top_k());
     return ok;
   }
+  const routing_predictor* predictor() const noexcept { return predictor_; }
 
  private:
   // Replaces a seeded share of the top-k predicted slots by experts outside it.
@@ -66,11 +65,9 @@ class gate_ranking {
   }
 
   model_shape shape_;
-  std::size_t horizon_ = 1;
   double degrade_ = 0.0;
-  router_bank bank_;
-  stale_gate_predictor gate1_;
-  stale_gate_l2_predictor gate2_;
+  stale_gate_ranking stale_;
+  routing_predictor* predictor_ = nullptr;
   std::mt19937_64 rng_;
 };
 

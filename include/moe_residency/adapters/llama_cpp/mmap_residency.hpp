@@ -115,6 +115,19 @@ class mmap_residency final : public residency_manager {
   /// Its speculation object (null before activation, or with none of exact,
   /// predicted and cache): its stats() and lines() are speculation's own.
   const speculation_type* speculation_state() const noexcept { return spec_.get(); }
+  /// What the predicted reads are planned from, instead of the stale gate
+  /// (null: the stale gate): e.g. forced_routing.hpp's `trace_oracle` when a
+  /// recorded trace drives llama.cpp. Before activation only (throws `error`
+  /// after it); `p` must outlive the manager.
+  void set_predictor(routing_predictor* p) override {
+    if (active_) throw error("mmap_residency: set_predictor after activation; expected it before the first routing");
+    predictor_ = p;
+  }
+  /// The predictor's name ("stale-gate", "oracle:0.886", …; "" without `predicted`, or before activation).
+  const char* predictor_name() const noexcept override {
+    const routing_predictor* p = ranker_.predictor();
+    return p != nullptr ? p->name() : "";
+  }
   /// The ranking the last managed routing predicted, for MoE layer `target`;
   /// false when it made none (tests and logs: what the reads were planned from).
   bool last_prediction(layer_id& target, ranking& out) const override {
@@ -386,7 +399,8 @@ class mmap_residency final : public residency_manager {
 
   std::unique_ptr<speculation_type> spec_;
   detail::gate_ranking ranker_;
-  ranking ranking_;  // the last routing's prediction (predicted_now_), for ranked_layer_
+  routing_predictor* predictor_ = nullptr;  // the host's (set_predictor), else the stale gate
+  ranking ranking_;                         // the last routing's prediction (predicted_now_), for ranked_layer_
   layer_id ranked_layer_{};
   bool predicted_now_ = false;
   // Speculative reads issued and not yet counted at their layer's routing.

@@ -43,7 +43,7 @@ void mmap_residency<Policy>::activate() {
       budget_ = auto_budget();
       check_lock_limit();
     }
-    if (options_.predicted) ranker_.init(*obs_, shape_, options_);
+    if (options_.predicted) ranker_.init(*obs_, shape_, options_, predictor_);
     const bool lanes = options_.exact || options_.predicted;
     if (lanes || options_.cache) make_speculation();
     if ((options_.owned_reads && lanes) || options_.pool) {

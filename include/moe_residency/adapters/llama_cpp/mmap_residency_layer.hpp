@@ -71,6 +71,7 @@ void mmap_residency<Policy>::manage(const layer_batch& b) {
     if (cached) {
       for (const read_request& r : spec_->demanded()) to_read_.push_back(r.expert);
       stats_.cache_misses += to_read_.size();
+      stats_.cache_miss_bytes += to_read_.size() * pages_.layers()[li].bytes;
       stats_.cache_hits += routed_.size() - to_read_.size();
       // What the batch evicted is released before any miss is locked: a
       // page an evicted expert shares with a miss is unlocked, then locked
@@ -140,8 +141,8 @@ void mmap_residency<Policy>::settle_predictions(layer_id l) {
 template <class Policy>
 void mmap_residency<Policy>::issue_predictions(const layer_batch& b) {
   layer_id target{};
-  const bool ranked = moe_layer_ahead(managed_shape_, b.layer, options_.horizon, target) &&
-                      ranker_.rank(b.layer, target, b.x(b.n_tokens - 1), ranking_);
+  const bool ranked =
+      moe_layer_ahead(managed_shape_, b.layer, options_.horizon, target) && ranker_.rank(b, target, ranking_);
   if (ranked) {
     ++stats_.predictions;
     predicted_now_ = true;

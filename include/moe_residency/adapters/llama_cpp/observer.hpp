@@ -111,6 +111,20 @@ class observer {
   /// Where events go (null: learn the structure only, ask for no data).
   void set_sink(observer_sink* s) noexcept { sink_ = s; }
 
+  /// Routes every MoE layer as `o` says (forced_routing.hpp: a recorded
+  /// trace's routing), from the next graph on, the first one included: at
+  /// each layer's routing node the observer asks ggml for the ids (one graph
+  /// split a layer) and `o` overwrites them before any node consumes them,
+  /// so the layer's weights and expert matmuls follow them, and so does
+  /// every event a sink gets. Throws `error` (nothing installed) when `o`
+  /// refuses the model (routing_override::check_model). Null: the model's
+  /// own routing again. `o` must outlive its installation.
+  void force_routing(routing_override* o) {
+    if (o != nullptr) o->check_model(model_, arch_);
+    override_ = o;
+  }
+  routing_override* forced() const noexcept { return override_; }
+
   /// The next graph's first token has position `pos` (a new sequence: 0).
   /// The observer otherwise counts positions itself, ubatch after ubatch.
   void set_position(std::uint32_t pos) noexcept {
@@ -271,6 +285,7 @@ class observer {
     if (!forced_phase_) phase_ = n_tokens > 1 ? run_phase::prefill : run_phase::decode;
     ++stats_.graphs;
     for (auto& g : graph_) g = graph_layer{};
+    if (override_ != nullptr) override_->begin_graph(batch_info{phase_, graph_first_position_, graph_tokens_});
     // The sink's exception is counted here, not in the ask phase that called
     // us: the structure bookkeeping of this node must still run.
     if (sink_ == nullptr) return;
@@ -300,11 +315,12 @@ class observer {
       case detail::moe_node::topk:
         g.topk = t;
         // The routing is known here, before the expert matmuls: ask for it
-        // when a sink acts on it and the layer's structure is already known.
-        // Only in host memory: a router on a GPU (experts on the CPU) is not
-        // split out of its fused graph for a routing nobody could read.
-        return sink_ != nullptr && sink_->wants(engine_event::routed) && layers_[l].moe && g.logits != nullptr &&
-               detail::host_readable(t);
+        // when it is forced (every graph, the first included), or when a
+        // sink acts on it and the layer's structure is already known. Only in
+        // host memory: a router on a GPU (experts on the CPU) is not split
+        // out of its fused graph for a routing nobody could read or write.
+        if (g.logits == nullptr || !detail::host_readable(t)) return false;
+        return override_ != nullptr || (sink_ != nullptr && sink_->wants(engine_event::routed) && layers_[l].moe);
       default: detail::note_node(g, kind, t); break;
     }
     return false;
@@ -392,12 +408,34 @@ class observer {
 
   // Data phase: a layer's topk (its routing, before the expert matmuls) or
   // its first expert matmul (the routing with its final weights).
-  void deliver(const ggml_tensor* t) {
-    if (sink_ == nullptr) return;
+  void deliver(ggml_tensor* t) {
     for (std::size_t i = 0; i < n_layer_; ++i) {
-      if (graph_[i].trigger == t) return deliver_layer(i);
-      if (graph_[i].topk == t && !graph_[i].routed) return deliver_routing(i);
+      if (graph_[i].trigger == t) {
+        if (sink_ != nullptr) deliver_layer(i);
+        return;
+      }
+      if (graph_[i].topk == t && !graph_[i].routed) {
+        if (override_ != nullptr) force(i, t);
+        if (sink_ != nullptr && sink_->wants(engine_event::routed)) deliver_routing(i);
+        graph_[i].routed = true;
+        return;
+      }
     }
+  }
+
+  // The routing override rewrites layer l's ids in place (the topk view of
+  // the argsort: i32, k per token, rows n_expert apart), before the
+  // weights' get_rows and the expert matmuls read them.
+  void force(std::size_t l, ggml_tensor* ids) {
+    const std::size_t n_tok = static_cast<std::size_t>(ids->ne[1]);
+    if (ids->type != GGML_TYPE_I32 || ids->nb[0] != sizeof(std::int32_t) || ids->ne[2] != 1 || ids->ne[3] != 1 ||
+        n_tok > graph_tokens_ || ids->nb[1] % sizeof(std::int32_t) != 0) {
+      ++stats_.unreadable;
+      return;
+    }
+    const std::uint32_t first = graph_first_position_ + static_cast<std::uint32_t>(graph_tokens_ - n_tok);
+    override_->rewrite(l, first, n_tok, static_cast<std::int32_t*>(ids->data), ids->nb[1] / sizeof(std::int32_t),
+                       static_cast<std::size_t>(ids->ne[0]));
   }
 
   // The gate input and the ids of layer l, checked; false (counted as
@@ -470,6 +508,7 @@ class observer {
   ggml_backend_sched_eval_callback chained_ = nullptr;
   void* chained_user_data_ = nullptr;
   observer_sink* sink_ = nullptr;
+  routing_override* override_ = nullptr;
   bool attached_ = true;
   bool installed_ = false;
 

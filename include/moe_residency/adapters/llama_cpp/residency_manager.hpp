@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/predictor.hpp"
 #include "moe_residency/adapters/llama_cpp/residency_options.hpp"
 #include "moe_residency/core.hpp"
 
@@ -55,6 +56,9 @@ class residency_manager : public observer_sink {
   virtual std::string unmanaged_note() const = 0;
   virtual const model_shape& managed_shape() const noexcept = 0;
   virtual void set_next(observer_sink* next) noexcept = 0;
+  /// See mmap_residency::set_predictor.
+  virtual void set_predictor(routing_predictor* p) = 0;
+  virtual const char* predictor_name() const noexcept = 0;
   /// The cache policy's name (the registry's, e.g. "lru").
   virtual const char* policy_name() const noexcept = 0;
   /// The ranking the last managed routing predicted for MoE layer `target`

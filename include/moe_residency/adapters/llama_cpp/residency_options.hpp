@@ -115,6 +115,9 @@ struct residency_stats {
   std::uint64_t predicted_bytes = 0;
   // cache
   std::uint64_t cache_hits = 0, cache_misses = 0, evictions = 0;
+  /// The misses' bytes (decode): what the replay counts as read (its
+  /// cache_stats::bytes_read); the demanded reads of the cache.
+  std::uint64_t cache_miss_bytes = 0;
   /// Expert bytes locked now, and the most after any layer. Within a layer,
   /// what the cache evicted is released before its misses are locked, so
   /// they stay within the budget; the auto budget's margin still keeps one

@@ -244,6 +244,26 @@ class observer_sink {
   }
 };
 
+/// Replaces the routing llama.cpp selected at a MoE layer's routing node
+/// (`ffn_moe_topk-il`), before any node consumes it: the observer asks for
+/// that node in every graph while one is installed (observer::force_routing)
+/// and hands it the ids in place. forced_routing.hpp's `forced_routing`
+/// (a recorded trace's routing) is the one this project has.
+class routing_override {
+ public:
+  virtual ~routing_override() = default;
+  /// Throws `error` when the model cannot take this override's routings
+  /// (another MoE shape), naming both; called once, at installation.
+  virtual void check_model(const llama_model* m, const std::string& arch) const = 0;
+  /// A graph begins (every graph, in order, before its first routing node).
+  virtual void begin_graph(const batch_info& b) noexcept = 0;
+  /// Overwrites one routing node's ids in place: `n_tokens` rows of `k` ids,
+  /// `stride` int32s apart, token t at position `first_position + t`. False:
+  /// left untouched (counted by the override).
+  virtual bool rewrite(std::size_t layer, std::uint32_t first_position, std::size_t n_tokens, std::int32_t* ids,
+                       std::size_t stride, std::size_t k) noexcept = 0;
+};
+
 /// The event's record, where an observer_sink meets it (events.hpp).
 using moe_residency::batch_info;
 
