@@ -40,13 +40,14 @@
 #include "moe_residency/adapters/llama_cpp.hpp"
 #include "moe_residency/adapters/llama_cpp/forced_routing.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
-#include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/policies.hpp"
 #include "moe_residency/cache/lru.hpp"
 #include "moe_residency/replay/oracle_profile.hpp"
 #include "moe_residency/score.hpp"
 #include "moe_residency/session.hpp"
 #include "checked_options.hpp"
 #include "proc_counters.hpp"
+#include "degraded_ranking.hpp"
 #include "random_model.hpp"
 #include "trace_shape.hpp"
 
@@ -77,7 +78,7 @@ struct probe_args {
   std::string per_token_csv;
   std::string metrics_csv;  // the phone's metrics format (timing.hpp's parse_token_metrics)
   // The residency manager (mmap_residency): parts, budget, lanes.
-  std::string residency = "none";
+  std::string residency = "off";
   std::string residency_budget = "auto";
   std::string policy = "lru";  // the cache policy (live_cache_policies())
   bool policy_given = false;   // --policy on the command line: refused without the cache
@@ -489,21 +490,7 @@ void report_run(const probe_args& a, const run_result& r) {
 /// --residency LIST (dense, exact, predicted, cache; all; none) and the rest
 /// of the manager's options. Returns false for none.
 bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
-  bool any = false;
-  std::stringstream in(a.residency);
-  std::string part;
-  while (std::getline(in, part, ',')) {
-    if (part == "none") continue;
-    if (part == "all") o.pin_dense = o.exact = o.predicted = o.cache = true;
-    else if (part == "dense") o.pin_dense = true;
-    else if (part == "exact") o.exact = true;
-    else if (part == "predicted") o.predicted = true;
-    else if (part == "cache") o.cache = true;
-    else
-      throw error("--residency: '" + part + "' in '" + a.residency +
-                  "'; expected a comma list of dense, exact, predicted, cache, or all, or none");
-    any = true;
-  }
+  const bool any = mrl::parse_residency_parts(a.residency, o);
   (void)mrl::live_cache_policy(a.policy);  // refused before the model loads
   if (a.policy_given && !o.cache)
     throw error("--policy " + a.policy + " with --residency " + a.residency +
@@ -518,8 +505,6 @@ bool residency_options_from(const probe_args& a, mrl::residency_options& o) {
   o.owned_reads = a.owned_reads;
   o.pool = a.pool;
   o.spec_cap = a.spec_cap;
-  o.degrade = a.degrade;
-  o.seed = a.seed;
   o.measure = !a.no_hit_measure;  // the page cache's hit rate at routing: the per-token hit_pct
   o.fits = a.when_fits == "act" ? mrl::when_fits::act : mrl::when_fits::stand_down;  // its validator took only these
   o.validate();
@@ -649,7 +634,7 @@ int probe(const probe_args& a) {
     if (a.load_mode == "no-mmap") mp.load_mode = LLAMA_LOAD_MODE_NONE;
     if (a.load_mode == "mlock") mp.load_mode = LLAMA_LOAD_MODE_MMAP_MLOCK;
     if (a.load_mode == "direct-io") mp.load_mode = LLAMA_LOAD_MODE_DIRECT_IO;
-    if (a.load_mode != "mmap" && (a.residency != "none" || !a.no_observer))
+    if (a.load_mode != "mmap" && (a.residency != "off" || !a.no_observer))
       throw error("--load-mode " + a.load_mode + " is a stock baseline: it needs --no-observer and no --residency");
     model.reset(llama_model_load_from_file(gguf_path.c_str(), mp));
     if (!model) throw error("--model: llama.cpp could not load '" + gguf_path + "'");
@@ -708,14 +693,7 @@ int probe(const probe_args& a) {
   if (routes) obs.force_routing(routes.get());  // from the warm-up on: every graph routes as the trace
   context_ptr ctx(llama_init_from_model(model.get(), cp));
   if (!ctx) throw error("llama_init_from_model failed");
-  {
-    llama_token t0 = prompt.front();
-    if (llama_decode(ctx.get(), llama_batch_get_one(&t0, 1)) != 0) throw error("warm-up decode failed");
-    llama_memory_clear(llama_get_memory(ctx.get()), true);
-    obs.set_position(0);
-  }
-  if (!obs.structure_known())
-    throw error("the observer saw no MoE routing in the graph of '" + std::string(desc) + "'");
+  mrl::warm_up(ctx.get(), obs, "'" + std::string(desc) + "'", prompt.front());
   const model_shape shape = obs.shape();
   if (routes) {
     routes->check_layers(shape);
@@ -764,6 +742,11 @@ int probe(const probe_args& a) {
   std::unique_ptr<residency_manager> res;
   // --predictor oracle:P[,PROFILE]: the trace's next layer at accuracy P, the replay's draws.
   std::unique_ptr<mrl::trace_oracle> oracle;
+  mrl::stale_gate_ranking stale;
+  std::unique_ptr<mre::degraded_ranking> degraded;
+  if (a.degrade > 0 && !ro.predicted)
+    throw error("--degrade " + std::to_string(a.degrade) +
+                " degrades the predicted reads' rankings; expected --residency all or a list with predicted");
   if (a.predictor.rfind("oracle:", 0) == 0) {
     if (!ro.predicted)
       throw error("--predictor " + a.predictor +
@@ -788,7 +771,15 @@ int probe(const probe_args& a) {
   if (managed) {
     // Acts at each layer's routing, then hands every event on to the session.
     res = mrl::make_residency_manager(a.policy, obs, gguf_path, ro, nullptr, &sink);
-    if (oracle) res->set_predictor(oracle.get());
+    // --degrade: the predictor's rankings with a seeded share of wrong slots (a lab instrument).
+    if (ro.predicted && a.degrade > 0) {
+      if (!oracle) stale.init(obs, shape, ro.horizon);
+      degraded = std::make_unique<mre::degraded_ranking>(oracle ? static_cast<mrl::routing_predictor&>(*oracle) : stale,
+                                                         shape.top_k(), shape.n_experts(), a.degrade, a.seed);
+      res->set_predictor(degraded.get());
+    } else if (oracle) {
+      res->set_predictor(oracle.get());
+    }
     res->activate();  // now, so a refusal (locking limit, budget) stops the run with its figures
     obs.set_sink(res.get());
   } else {
@@ -1012,7 +1003,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-observer", a.no_observer,
                "Plain llama.cpp: no observer, no report; only the run's digest, summary and --per-token-csv");
   app.add_option("--residency", a.residency,
-                 "Residency manager parts: comma list of dense, exact, predicted, cache; or all; or none")
+                 "Residency manager parts: all, off, or a comma list of dense, exact, predicted, cache")
       ->capture_default_str();
   app.add_option("--policy", a.policy, "Residency: the expert cache's policy: " + mrl::live_cache_policy_names())
       ->capture_default_str();
@@ -1086,12 +1077,12 @@ int main(int argc, char** argv) {
           !a.random_arch.empty(), "--random (they shape a random-weight model)");
     needs({"--residency-budget", "--policy", "--lanes", "--serial", "--owned-reads", "--pool", "--spec-cap",
            "--degrade", "--no-hit-measure", "--residency-when-fits"},
-          a.residency != "none", "--residency (the manager's parts)");
+          a.residency != "off", "--residency (the manager's parts)");
     if (app.count("--tokens") != 0 && !a.prompt.empty())
       throw error("--tokens and --prompt: --tokens sizes a random prompt, --prompt gives the text; give one of them");
     needs({"--cost-rounds"}, a.cost, "--cost");
     needs({"--trace-layers"}, !a.route_from.empty() || !a.shape_from.empty(), "--route-from or --shape-from");
-    needs({"--predictor", "--oracle-seed"}, a.residency != "none", "--residency (the manager's parts)");
+    needs({"--predictor", "--oracle-seed"}, a.residency != "off", "--residency (the manager's parts)");
     if (a.predictor != "stale-gate" && a.predictor.rfind("oracle:", 0) != 0)
       throw error("--predictor: '" + a.predictor + "'; expected stale-gate or oracle:P[,PROFILE]");
     if (a.predictor.rfind("oracle:", 0) == 0 && a.route_from.empty())

@@ -159,8 +159,8 @@ inline trace_shape shape_from_trace(const trace_header& h) {
   trace_shape out;
   random_model_spec& s = out.spec;
   const std::string where = "--shape-from: a trace of " + std::to_string(h.n_layer) + " layers x " +
-                            std::to_string(h.n_expert) + " experts, top-" + std::to_string(h.n_expert_used) +
-                            " (" + h.arch + ")";
+                            std::to_string(h.n_expert) + " experts, top-" + std::to_string(h.n_expert_used) + " (" +
+                            h.arch + ")";
   if (h.n_layer < 2) throw std::invalid_argument(where + ": the random writer builds at least 2 layers");
   s.arch = random_arch_for(h.arch);
   if (s.arch != h.arch)
@@ -178,7 +178,8 @@ inline trace_shape shape_from_trace(const trace_header& h) {
   const std::string writable = s.arch == "deepseek2" ? "0" : "";
   if (dense != writable)
     throw std::invalid_argument(where + ": its dense layers are {" + dense + "} but a random " + s.arch +
-                                " model's are {" + writable + "}; expected every layer MoE (deepseek2: all but the "
+                                " model's are {" + writable +
+                                "}; expected every layer MoE (deepseek2: all but the "
                                 "first)");
 
   std::map<std::uint64_t, std::size_t> counts;
@@ -210,8 +211,10 @@ inline trace_shape shape_from_trace(const trace_header& h) {
   if (known == nullptr && !detail::search_widths(counts, embd, ff, primary)) {
     std::string values;
     for (const auto& kv : counts) values += (values.empty() ? "" : ", ") + std::to_string(kv.first);
-    throw std::invalid_argument(where + ": no embedding and expert width with the random writer's weight types "
-                                "make every layer's expert bytes (" + values + ")");
+    throw std::invalid_argument(where +
+                                ": no embedding and expert width with the random writer's weight types "
+                                "make every layer's expert bytes (" +
+                                values + ")");
   }
   s.n_embd = static_cast<std::uint32_t>(embd);
   s.n_ff_exp = static_cast<std::uint32_t>(ff);
@@ -238,7 +241,8 @@ inline trace_shape shape_from_trace(const trace_header& h) {
     s.dense_type = detail::row_bytes(GGML_TYPE_Q4_K, s.n_embd) != 0 ? GGML_TYPE_Q4_K : GGML_TYPE_Q8_0;
     out.notes.push_back("embedding " + std::to_string(embd) + " and expert width " + std::to_string(ff) +
                         " are searched (no known model of this architecture and expert count has widths that make "
-                        "its bytes); attention " + std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
+                        "its bytes); attention " +
+                        std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
                         " heads of 128 and a 32000-token vocabulary are assumed: a trace does not record them");
   }
   if (s.arch == "deepseek2") s.dense_type = GGML_TYPE_F32;  // the writer quantises no deepseek2 dense weight
@@ -302,8 +306,8 @@ inline trace_shape shape_from_trace(const trace_header& h) {
         pick = {candidates[i % n], candidates[i / n % n], candidates[i / n / n % n], candidates[i / n / n / n]};
         std::uint64_t bytes = fixed;
         for (int k = 0; k < 4; ++k) {
-          const std::uint64_t r = detail::row_bytes(pick[static_cast<std::size_t>(k)],
-                                                    static_cast<std::uint64_t>(att[static_cast<std::size_t>(k)]->ne[0]));
+          const std::uint64_t r = detail::row_bytes(
+              pick[static_cast<std::size_t>(k)], static_cast<std::uint64_t>(att[static_cast<std::size_t>(k)]->ne[0]));
           if (r == 0) return UINT64_MAX;
           bytes += r * static_cast<std::uint64_t>(att[static_cast<std::size_t>(k)]->ne[1]);
         }

@@ -27,9 +27,28 @@ namespace moe_residency {
 /// Thrown for invalid configuration or input found at construction or parse
 /// time. The message names the input, the offending value and what was
 /// expected, e.g. "route_trace: line 412: expert 131 out of range [0, 128)".
+///
+/// Two kinds are told apart by type (as nlohmann/json's typed exceptions), so
+/// a caller maps them without reading the text (the C ABI: INVALID_ARGUMENT
+/// and REFUSED); everything else (a malformed file, a failed read) is `error`.
 class error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+/// A configuration the library cannot take, whatever the machine: an option
+/// out of range, one that needs another (the pool without the cache).
+class configuration_error : public error {
+ public:
+  using error::error;
+};
+
+/// A valid configuration this model, process or machine cannot run: a dense
+/// model, no expert in the file's mapping, a locking limit or memory limit
+/// too low for the budget. Nothing was changed before it was thrown.
+class refusal : public error {
+ public:
+  using error::error;
 };
 
 /// Where the library sends a human-readable warning (one line, no newline).

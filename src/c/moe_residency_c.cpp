@@ -50,7 +50,9 @@ moe_residency_status guarded(const char* who, Body&& body) noexcept {
     return fail(MOE_RESIDENCY_FAILED, std::string(who) + ": out of memory");
   } catch (const std::invalid_argument& e) {
     return fail(MOE_RESIDENCY_INVALID_ARGUMENT, std::string(who) + ": " + e.what());
-  } catch (const moe_residency::error& e) {
+  } catch (const moe_residency::configuration_error& e) {
+    return fail(MOE_RESIDENCY_INVALID_ARGUMENT, std::string(who) + ": " + e.what());
+  } catch (const moe_residency::refusal& e) {
     return fail(MOE_RESIDENCY_REFUSED, std::string(who) + ": " + e.what());
   } catch (const std::exception& e) {
     return fail(MOE_RESIDENCY_FAILED, std::string(who) + ": " + e.what());
@@ -77,7 +79,7 @@ mrl::residency_options to_options(const moe_residency_options& c) {
                                 " but options.cache = 0; expected cache = 1 with a budget, or budget 0");
   if (!(c.pin_dense || c.exact || c.predicted || c.cache))
     throw std::invalid_argument("options: every part is 0 (pin_dense, exact, predicted, cache); expected at least one");
-  mrl::residency_options o;
+  mrl::residency_options o;  // the C++ defaults for what C does not set
   o.pin_dense = c.pin_dense != 0;
   o.exact = c.exact != 0;
   o.predicted = c.predicted != 0;
@@ -87,11 +89,10 @@ mrl::residency_options to_options(const moe_residency_options& c) {
   o.overlap = c.overlap != 0;
   o.fits = c.act_when_fits ? mrl::when_fits::act : mrl::when_fits::stand_down;
   o.measure = c.measure != 0;
-  o.pool = c.pool != 0;
-  if (o.pool) o.spec_cap = 32;  // the whole predicted top-k placed ahead (moe-run --pool, memlab's all-pool)
+  if (c.pool != 0) o.use_pool();
   try {
     o.validate();
-  } catch (const moe_residency::error& e) {
+  } catch (const moe_residency::configuration_error& e) {
     throw std::invalid_argument(std::string("options: ") + e.what());
   }
   return o;
@@ -103,13 +104,19 @@ extern "C" {
 
 void moe_residency_options_default(moe_residency_options* o) {
   if (o == nullptr) return;
+  // The C++ defaults (residency_options{}), field by field: one set of defaults.
+  const mrl::residency_options d;
   *o = moe_residency_options{};
-  o->pin_dense = o->exact = o->predicted = o->cache = 1;
-  o->cache_budget_bytes = 0;
-  o->lanes = 2;
-  o->overlap = 1;
-  o->act_when_fits = 0;
-  o->measure = 1;
+  o->pin_dense = d.pin_dense;
+  o->exact = d.exact;
+  o->predicted = d.predicted;
+  o->cache = d.cache;
+  o->cache_budget_bytes = d.cache_budget_bytes;
+  o->lanes = static_cast<std::uint32_t>(d.lanes);
+  o->overlap = d.overlap;
+  o->act_when_fits = d.fits == mrl::when_fits::act;
+  o->measure = d.measure;
+  o->pool = d.pool;
 }
 
 moe_residency_status moe_residency_attach(const llama_model* model, const char* gguf_path,
@@ -126,7 +133,11 @@ moe_residency_status moe_residency_attach(const llama_model* model, const char* 
     moe_residency_options_default(&c);
     if (options != nullptr) c = *options;
     auto r = std::make_unique<moe_residency_manager>(model, gguf_path, to_options(c));
-    mrl::gguf_expert_map::by_name(r->path);  // the file (and every split) readable, before llama.cpp's context
+    try {
+      mrl::gguf_expert_map::by_name(r->path);  // the file (and every split) readable, before llama.cpp's context
+    } catch (const moe_residency::error& e) {
+      throw moe_residency::refusal(e.what());  // a file this process cannot read: nothing to manage
+    }
     r->obs.install(*cparams);
     *out = r.release();
     return MOE_RESIDENCY_OK;
@@ -139,19 +150,10 @@ moe_residency_status moe_residency_start(moe_residency_manager* r, llama_context
       return fail(MOE_RESIDENCY_INVALID_ARGUMENT, "moe_residency_start: the handle or the context is null");
     if (r->started) return fail(MOE_RESIDENCY_BAD_STATE, "moe_residency_start: already started");
     r->started = true;
-    const llama_vocab* vocab = llama_model_get_vocab(r->model);
-    llama_token t = llama_vocab_bos(vocab);
-    if (t < 0) t = 0;
-    if (llama_decode(ctx, llama_batch_get_one(&t, 1)) != 0)
-      return fail(MOE_RESIDENCY_FAILED, "moe_residency_start: the warm-up decode failed");
-    llama_memory_clear(llama_get_memory(ctx), true);
-    r->obs.set_position(0);
-    if (!r->obs.structure_known())
-      return fail(MOE_RESIDENCY_REFUSED, "moe_residency_start: " + r->path +
-                                             ": no MoE routing in the graph (a dense model): nothing to manage");
     auto m = std::make_unique<mrl::mmap_residency<>>(r->obs, r->path, r->options);
-    m->activate();  // throws moe_residency::error with the figures: REFUSED
-    r->obs.set_sink(m.get());
+    // The warm-up, the structure (a dense model: REFUSED), the activation (its
+    // refusals, with the figures: REFUSED); a failed decode: FAILED.
+    mrl::start(ctx, r->obs, *m, r->path);
     r->manager = std::move(m);
     return MOE_RESIDENCY_OK;
   });

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "moe_residency/adapters/llama_cpp/advice.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/advice.hpp"
 
 namespace moe_residency_test {
 

@@ -35,13 +35,26 @@ common=(-p "The residency of experts" -n 24 --ignore-eos --threads 2)
 # --compare on the single file: both summaries, the ratio, identical texts.
 "$run" -m one.gguf "${common[@]}" --compare > compare.out 2> compare.err || { cat compare.err; fail "--compare exited $?"; }
 cat compare.err
-grep -q '^moe-run: residency off: prompt ' compare.err || fail "--compare printed no residency-off summary"
+grep -Eq '^moe-run: residency off, read-ahead [0-9]+ KiB \(the device.s\): prompt ' compare.err ||
+  fail "--compare printed no residency-off summary at the device's read-ahead"
 grep -q '^moe-run: residency all.*: prompt ' compare.err || fail "--compare printed no residency-on summary"
-grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all; texts identical \(24 tokens\)$' compare.err ||
-  fail "--compare did not say the texts are identical"
-# Each run streamed its text: two lines, the same.
-[[ "$(wc -l < compare.out)" -eq 2 ]] || fail "--compare wrote $(wc -l < compare.out) lines of text, expected 2"
-[[ "$(sed -n 1p compare.out)" == "$(sed -n 2p compare.out)" ]] || fail "the two texts differ"
+grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all against the best stock run \(read-ahead [0-9]+ KiB \(the (device|kernel)'"'"'s( default)?\)\)(; [0-9.]+x stock at read-ahead [0-9]+ KiB \(the (device|kernel)'"'"'s( default)?\))?; texts identical \(24 tokens\)$' compare.err ||
+  fail "--compare did not say the texts are identical against the best stock run"
+# Each run streamed its text: one line a run (stock at the device's read-ahead, at the kernel's
+# default when root may set it and the device's differs, then managed), all the same.
+runs=2
+dev_ra="$(cat "/sys/dev/block/$(stat -c '%Hd:%Ld' one.gguf)/queue/read_ahead_kb" 2>/dev/null ||
+  cat "/sys/dev/block/$(stat -c '%Hd:%Ld' one.gguf)/../queue/read_ahead_kb" 2>/dev/null)"
+if [[ $(id -u) -eq 0 && -n "$dev_ra" && "$dev_ra" != 128 ]]; then
+  runs=3
+  grep -q '^moe-run: residency off, read-ahead 128 KiB (the kernel.s default): prompt ' compare.err ||
+    fail "--compare as root did not run stock at the kernel's default read-ahead"
+  now_ra="$(cat "/sys/dev/block/$(stat -c '%Hd:%Ld' one.gguf)/queue/read_ahead_kb" 2>/dev/null ||
+    cat "/sys/dev/block/$(stat -c '%Hd:%Ld' one.gguf)/../queue/read_ahead_kb" 2>/dev/null)"
+  [[ "$now_ra" == "$dev_ra" ]] || fail "--compare left read_ahead_kb at $now_ra, not the device's $dev_ra"
+fi
+[[ "$(wc -l < compare.out)" -eq $runs ]] || fail "--compare wrote $(wc -l < compare.out) lines of text, expected $runs"
+[[ "$(sort -u compare.out | wc -l)" -eq 1 ]] || fail "the texts differ"
 [[ -n "$(sed -n 1p compare.out)" ]] || fail "no text generated"
 
 # The split model, residency on (acting: --budget makes the cache; the model fits, so it stands down
@@ -85,7 +98,7 @@ if grep -qw avx2 /proc/cpuinfo; then
     fail "--repack: no line saying which expert tensors are left to llama.cpp"
   grep -q '^moe-run: managing 2 MoE layers x 16 experts (top-4) of mixed.gguf: experts 12 MiB, the rest (dense and left to llama.cpp) ' repack.err ||
     fail "--repack: the 'managing' line does not count the 2 managed layers' 12 MiB of experts"
-  grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all; texts identical \(24 tokens\)$' repack.err ||
+  grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all against the best stock run .*; texts identical \(24 tokens\)$' repack.err ||
     fail "--repack: the texts differ"
   refuse repack-all "moe-run: residency off: mmap_residency: no expert tensor is in the model's file mapping: 12 expert tensors" \
     "$run" -m one.gguf "${common[@]}" --repack || fail "--repack with every expert repacked did not run stock"
@@ -122,7 +135,7 @@ refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so
 [[ "$(cat refuse-no-mmap.out)" == "$(sed -n 1p compare.out)" ]] || fail "--no-mmap's text differs"
 "$probe" --random qwen3 --layers 2 --embd 256 --text-vocab --save-model dense.gguf --save-only 2>/dev/null ||
   fail "writing dense.gguf (a dense qwen3)"
-refuse dense "moe-run: dense.gguf has no MoE routing in its graph (a dense model): nothing to manage; running stock" \
+refuse dense "moe-run: residency off: dense.gguf: no MoE routing in the graph (a dense model): nothing to manage; running stock" \
   "$run" -m dense.gguf "${common[@]}" || fail "a dense model did not run stock"
 [[ -n "$(cat refuse-dense.out)" ]] || fail "the dense model generated no text"
 "$run" -m dense.gguf "${common[@]}" --residency off > dense-stock.out 2>/dev/null || fail "the dense model, residency off, exited $?"

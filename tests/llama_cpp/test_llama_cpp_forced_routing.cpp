@@ -23,7 +23,7 @@
 #include "llama_support.hpp"
 #include "moe_residency/adapters/llama_cpp/forced_routing.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
-#include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/policies.hpp"
 #include "moe_residency/adapters/llama_cpp/sinks.hpp"
 #include "moe_residency/replay/dynamic.hpp"
 #include "moe_residency/trace.hpp"
@@ -237,8 +237,7 @@ TEST_CASE("forced routing: a run longer than the trace cycles through it, and sa
   om.warm_up();
   const model_shape shape = om.obs.shape();
   const std::size_t n_prompt = 4, trace_decode = 3, run_decode = 8;
-  const auto trace =
-      validate_route_trace(redraw(own_routing(om, n_prompt, trace_decode), shape, 23), "short.csv");
+  const auto trace = validate_route_trace(redraw(own_routing(om, n_prompt, trace_decode), shape, 23), "short.csv");
   mrl::forced_routing routes(trace, "short.csv");
   mrl::route_recorder<lru_policy> rec(shape, 0);
   om.obs.set_sink(&rec);
@@ -251,7 +250,8 @@ TEST_CASE("forced routing: a run longer than the trace cycles through it, and sa
   for (const trace_row& r : rec.trace().rows) {
     if (r.phase != run_phase::decode) continue;
     const std::uint32_t d = r.step - static_cast<std::uint32_t>(n_prompt);
-    const auto it = source.find({1, static_cast<std::uint32_t>(n_prompt + d % trace_decode), to_index(r.layer), r.slot});
+    const auto it =
+        source.find({1, static_cast<std::uint32_t>(n_prompt + d % trace_decode), to_index(r.layer), r.slot});
     ++rows;
     same += it != source.end() && it->second == to_index(r.expert);
   }
@@ -259,7 +259,8 @@ TEST_CASE("forced routing: a run longer than the trace cycles through it, and sa
   CHECK(same == rows);
   CHECK(routes.stats().decode_wraps == (run_decode - trace_decode) * shape.n_moe_layers());
   CHECK(routes.note() ==
-        "routing forced from short.csv: " + std::to_string((n_prompt + run_decode) * shape.n_moe_layers() - (n_prompt - 1)) +
+        "routing forced from short.csv: " +
+            std::to_string((n_prompt + run_decode) * shape.n_moe_layers() - (n_prompt - 1)) +
             " routings (4 prompt, 8 decode tokens; the trace has 4 and 3); the run decoded past the trace's 3 decode "
             "tokens: " +
             std::to_string((run_decode - trace_decode) * shape.n_moe_layers()) + " routings cycled from its first");
@@ -285,8 +286,7 @@ class prediction_ledger : public mrl::observer_sink {
   void on_routed(const mrl::layer_batch& b) override {
     layer_id target{};
     ranking r;
-    if (b.phase == run_phase::decode && res_.last_prediction(target, r))
-      predictions[{token_, to_index(target)}] = r;
+    if (b.phase == run_phase::decode && res_.last_prediction(target, r)) predictions[{token_, to_index(target)}] = r;
   }
   void on_layer_loaded(const mrl::layer_batch& b) override { next_.on_layer_loaded(b); }
   std::map<std::pair<std::size_t, std::size_t>, ranking> predictions;
@@ -299,7 +299,9 @@ class prediction_ledger : public mrl::observer_sink {
 
 }  // namespace
 
-TEST_CASE("forced routing: the manager's trace oracle plans the replay's oracle reads; the live cache decides as the replay") {
+TEST_CASE(
+    "forced routing: the manager's trace oracle plans the replay's oracle reads; the live cache decides as the "
+    "replay") {
   // Live = replay on the same routing: llama.cpp forced to a trace with
   // reuse, the manager (fake advice: no kernel) with exact reads, the pinned
   // cache and predicted reads from the trace oracle at P = 0.7; the routing it
@@ -326,7 +328,7 @@ TEST_CASE("forced routing: the manager's trace oracle plans the replay's oracle 
       fake_advice fake;
       fake.pool = pool;
       fake.slow_reads = true;  // reads take time: the lanes really run concurrently
-      mrl::residency_options o;
+      mrl::residency_options o = mrl::residency_options::none();
       o.fits = mrl::when_fits::act;
       o.cache = o.exact = o.predicted = true;
       o.pool = pool;

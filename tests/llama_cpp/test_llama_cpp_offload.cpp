@@ -125,7 +125,7 @@ TEST_CASE("mmap residency: layers offloaded to another device are left to llama.
   const std::string device_buft =
       ggml_backend_buft_name(ggml_backend_buffer_get_type(obs.layers()[3].experts[0].tensor->buffer));
 
-  mrl::residency_options o;
+  mrl::residency_options o = mrl::residency_options::none();
   o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
   o.pin_dense = o.exact = o.predicted = o.cache = true;
   o.cache_budget_bytes = 4ull << 20;

@@ -169,7 +169,12 @@ TEST_CASE("random model: expert types are parsed and checked against the block s
   CHECK(mre::parse_expert_type("q4_K") == GGML_TYPE_Q4_K);
   CHECK(mre::parse_expert_type("q8_0") == GGML_TYPE_Q8_0);
   CHECK(mre::parse_expert_type("f16") == GGML_TYPE_F16);
-  CHECK_THROWS_WITH_AS(mre::parse_expert_type("q5_K"), "expert type 'q5_K'; expected f32, f16, bf16, q8_0 or q4_K",
+  CHECK(mre::parse_expert_type("q6_K") == GGML_TYPE_Q6_K);
+  CHECK(mre::parse_expert_type("q6_k") == GGML_TYPE_Q6_K);
+  CHECK(mre::parse_expert_type("mxfp4") == GGML_TYPE_MXFP4);
+  CHECK_THROWS_WITH_AS(mre::parse_expert_type("q9_K"),
+                       "expert type 'q9_K'; expected one of q4_K, q6_K, q8_0, mxfp4, q5_K, q4_0, q5_0, q3_K, q2_K, "
+                       "f16, bf16, f32",
                        std::invalid_argument);
   mre::random_model_spec s = small_spec("qwen3moe", GGML_TYPE_Q4_K);
   s.n_ff_exp = 128;

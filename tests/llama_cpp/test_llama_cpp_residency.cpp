@@ -31,10 +31,11 @@
 #include <vector>
 
 #include "../source_text.hpp"
+#include "degraded_ranking.hpp"
 #include "fake_advice.hpp"
 #include "llama_support.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
-#include "moe_residency/adapters/llama_cpp/residency_policies.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/policies.hpp"
 #include "moe_residency/adapters/llama_cpp/sinks.hpp"
 #include "moe_residency/replay/dynamic.hpp"
 
@@ -253,7 +254,7 @@ TEST_CASE("mmap residency: exact reads request exactly the routed experts' range
     fake_advice fake;
     fake.slow_reads = true;
     fake.owned = v.owned;
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.exact = true;
     o.lanes = 2;
@@ -411,7 +412,7 @@ TEST_CASE("mmap residency: the pinned cache holds its budget, unlocks evictions,
     CAPTURE(overlap);
     fake_advice fake;
     fake.fail_every = fail_every;  // with 3 tensors per expert, about every other admission fails
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.pin_dense = true;
     o.exact = true;
@@ -500,7 +501,7 @@ TEST_CASE(
     fake.pool = true;
     fake.fail_every = fail_every;  // every fifth placement fails (EIO)
     fake.fail_kind = mrl::advice::place;
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.pin_dense = o.exact = o.cache = o.pool = true;
     o.predicted = predicted;
@@ -658,7 +659,7 @@ TEST_CASE("mmap residency: the cache alone reads every routed expert itself, so 
   mrl::observer& obs = m.obs;
   m.run(2, 1);  // the structure
   fake_advice fake;
-  mrl::residency_options o;
+  mrl::residency_options o = mrl::residency_options::none();
   o.fits = mrl::when_fits::act;
   o.cache = true;  // no exact, no dense
   o.cache_budget_bytes = 24 * obs.layers()[0].expert_bytes;
@@ -701,17 +702,21 @@ TEST_CASE("mmap residency: the cache alone reads every routed expert itself, so 
 
 TEST_CASE("mmap residency: predicted reads are planned, issued and settled") {
   mapped_model m("res_pred", small_moe_spec());
+  m.warm_up();
   mrl::observer& obs = m.obs;
   std::vector<std::uint64_t> hit_share;
   for (double degrade : {0.0, 1.0}) {
     CAPTURE(degrade);
     fake_advice fake;
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.predicted = true;
     o.spec_cap = 2;
-    o.degrade = degrade;
+    mrl::stale_gate_ranking gate;
+    gate.init(obs, obs.shape(), o.horizon);
+    mre::degraded_ranking degraded(gate, obs.shape().top_k(), obs.shape().n_experts(), degrade, 1);
     mrl::mmap_residency<> res(obs, m.path, o, &fake);
+    res.set_predictor(&degraded);
     front_sink front(res);
     // The lanes drain before each routing: a read issued while the previous layer
     // computes has run by then, whatever the machine's load; one issued later has not.
@@ -758,7 +763,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
 
   {
     fake_advice fake;
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.cache = true;
     o.cache_budget_bytes = 64ull << 20;
@@ -769,7 +774,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
   {
     fake_advice fake;
     fake.limit = 1 << 20;  // 1 MiB of RLIMIT_MEMLOCK
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.cache = true;
     o.cache_budget_bytes = 64ull << 20;
@@ -779,7 +784,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
                          doctest::Contains("+ the cache's budget 64.0 MiB) but RLIMIT_MEMLOCK is 1.0 MiB"), error);
   }
   {
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.horizon = 3;
     CHECK_THROWS_WITH_AS(mrl::mmap_residency<>(obs, m.path, o), doctest::Contains("horizon 3; expected 1 or 2"), error);
@@ -796,7 +801,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
     auto ctx2 = make_context(copy.get(), cp2);
     run_tokens(ctx2.get(), copy.get(), 4, 1);
     fake_advice fake;
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.exact = true;
     mrl::mmap_residency<> res(obs2, m.path, o, &fake);
@@ -811,7 +816,7 @@ TEST_CASE("mmap residency: refusals name the figures") {
     // lock limit is) leaves the mapping as llama.cpp left it: no advice at all.
     fake_advice fake;
     fake.limit = 1 << 20;
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.pin_dense = o.exact = o.cache = true;
     o.cache_budget_bytes = 64ull << 20;
@@ -899,7 +904,7 @@ TEST_CASE("mmap residency: experts repacked by the CPU backend are left to llama
   REQUIRE_MESSAGE(dense_copied == 4 * 4 + 1, "llama.cpp did not repack the q4_K attention and output weights");
 #endif
 
-  mrl::residency_options o;
+  mrl::residency_options o = mrl::residency_options::none();
   o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
   o.pin_dense = o.exact = o.predicted = o.cache = true;
   o.cache_budget_bytes = 8ull << 20;
@@ -998,7 +1003,7 @@ TEST_CASE("mmap residency: every expert repacked: nothing to manage, said with w
   }
   REQUIRE(repacked == 12);
   fake_advice fake;
-  mrl::residency_options o;
+  mrl::residency_options o = mrl::residency_options::none();
   o.fits = mrl::when_fits::act;
   o.pin_dense = o.exact = o.cache = true;
   o.cache_budget_bytes = 8ull << 20;
@@ -1123,7 +1128,7 @@ TEST_CASE("mmap residency: with the kernel's advice every part leaves the logits
     auto cp2 = test_context_params();
     obs.install(cp2);
     auto ctx = make_context(model.get(), cp2);
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.pin_dense = c.dense;
     o.exact = c.exact;
@@ -1180,7 +1185,7 @@ TEST_CASE("mmap residency: every live cache policy, named at run time, keeps the
       llama_memory_clear(llama_get_memory(ctx.get()), true);
       obs.set_position(0);
     }
-    mrl::residency_options o;
+    mrl::residency_options o = mrl::residency_options::none();
     o.fits = mrl::when_fits::act;  // the tiny model fits: act anyway
     o.pin_dense = o.exact = o.predicted = o.cache = true;
     o.cache_budget_bytes = 24 * obs.layers()[0].expert_bytes;
@@ -1286,7 +1291,7 @@ TEST_CASE("mmap residency: the replay of its recorded routing makes the live cac
         CAPTURE(mode_name);
         fake_advice fake;
         fake.pool = md.pool;
-        mrl::residency_options o;
+        mrl::residency_options o = mrl::residency_options::none();
         o.fits = mrl::when_fits::act;
         o.cache = true;
         o.exact = md.exact;
@@ -1396,7 +1401,7 @@ TEST_CASE("mmap residency: a cache policy the live manager does not take is refu
   for (const auto& c : cases) {
     CAPTURE(c.name);
     try {
-      (void)mrl::make_residency_manager(c.name, obs, file.path, {});
+      (void)mrl::make_residency_manager(c.name, obs, file.path, mrl::residency_options::none());
       FAIL("expected a refusal");
     } catch (const error& e) {
       const std::string m = e.what();
@@ -1445,10 +1450,8 @@ TEST_CASE("docs/llama-cpp-residency.md: the block is this test's code, and it ru
     llama_context_params cp = llama_context_default_params();
     obs.install(cp);
     llama_context* ctx = llama_init_from_model(model, cp);
-    mrl::residency_options o;
-    o.pin_dense = o.exact = o.predicted = o.cache = true;  // cache budget 0: sized from the memory limit
-    mrl::mmap_residency<> res(obs, path, o);
-    obs.set_sink(&res);  // the first graph teaches the structure; from the next one it acts
+    mrl::mmap_residency<> res(obs, path);  // every part on; the cache's budget sized from the memory limit
+    mrl::start(ctx, obs, res, path);       // a warm-up token teaches the structure; then it acts
     // end of the block
     run_tokens(ctx, model, 4, 8);
     // This small model fits this machine's memory: the manager stands down,
@@ -1459,7 +1462,7 @@ TEST_CASE("docs/llama-cpp-residency.md: the block is this test's code, and it ru
     CHECK(res.fit_note().find(" fit the limit ") != std::string::npos);
     CHECK(res.stats().routed_layers == 0);
     CHECK(res.stats().dense_bytes == 0);
-    CHECK(obs.stats().routing_events == 1);  // the event that activated it, then none
+    CHECK(obs.stats().routing_events == 0);  // activated by start(): not one routing asked of the graph
     MESSAGE(res.summary());
     obs.set_sink(nullptr);
     keep_model = model;

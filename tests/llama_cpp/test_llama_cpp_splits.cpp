@@ -50,7 +50,7 @@ std::vector<float> logits_of(const std::string& path, int threads, bool residenc
   }
   observed_model om(std::move(model), nullptr, cp);
   om.warm_up();
-  mrl::residency_options o;
+  mrl::residency_options o = mrl::residency_options::none();
   o.fits = mrl::when_fits::act;
   o.pin_dense = o.exact = o.predicted = o.cache = true;
   o.cache_budget_bytes = 4ull << 20;

@@ -102,7 +102,8 @@ TEST_CASE("trace shape: the shared traces' every layer's expert bytes, and Qwen'
   CHECK(bytes_of(gs.spec).expert == g.expert_bytes);
 }
 
-TEST_CASE("trace shape: an architecture no known model has: widths searched, expert bytes exact, what is assumed said") {
+TEST_CASE(
+    "trace shape: an architecture no known model has: widths searched, expert bytes exact, what is assumed said") {
   llama_init_once();
   // Mixtral-like: embedding 4096, experts 14336 wide, q4_K, every third layer's down in q6_K.
   std::vector<std::uint64_t> bytes;

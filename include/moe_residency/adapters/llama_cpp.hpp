@@ -17,7 +17,7 @@
 
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
-#include "moe_residency/adapters/llama_cpp/advice.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/advice.hpp"
 #include "moe_residency/adapters/llama_cpp/reader.hpp"
 #include "moe_residency/adapters/llama_cpp/residency.hpp"
 #include "moe_residency/adapters/llama_cpp/sinks.hpp"

@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
     moe_residency_options_default(&o);
     o.pool = pool;
     o.act_when_fits = 1;
+    o.measure = 1; /* the routed experts' residency at routing: routed_experts below */
     o.cache_budget_bytes = 4u << 20;
     cp = llama_context_default_params();
     cp.n_ctx = 64;

@@ -120,8 +120,8 @@ class forced_routing final : public routing_override {
       throw error("forced routing from " + source_ + " (" + mine + "): the model (" + arch + ", " +
                   std::to_string(layers) + " layers) has no " + arch + ".expert_count or .expert_used_count; " +
                   "expected a MoE model of the trace's shape");
-    const std::string theirs = describe(layers, std::strtoull(experts.c_str(), nullptr, 10),
-                                        std::strtoull(used.c_str(), nullptr, 10));
+    const std::string theirs =
+        describe(layers, std::strtoull(experts.c_str(), nullptr, 10), std::strtoull(used.c_str(), nullptr, 10));
     if (theirs != mine)
       throw error("forced routing from " + source_ + ": the trace is " + mine + " but the model is " + theirs +
                   "; expected the same MoE shape (a random model of the trace's shape: --shape-from)");
@@ -200,20 +200,21 @@ class forced_routing final : public routing_override {
 
   /// What was forced, and what was not: one line.
   std::string note() const {
-    std::string s = "routing forced from " + source_ + ": " + std::to_string(stats_.forced_routings) +
-                    " routings (" + std::to_string(stats_.prefill_tokens) + " prompt, " +
-                    std::to_string(stats_.decode_tokens) + " decode tokens; the trace has " +
-                    std::to_string(n_prefill_) + " and " + std::to_string(n_decode_) + ")";
+    std::string s = "routing forced from " + source_ + ": " + std::to_string(stats_.forced_routings) + " routings (" +
+                    std::to_string(stats_.prefill_tokens) + " prompt, " + std::to_string(stats_.decode_tokens) +
+                    " decode tokens; the trace has " + std::to_string(n_prefill_) + " and " +
+                    std::to_string(n_decode_) + ")";
     if (stats_.decode_wraps != 0)
-      s += "; the run decoded past the trace's " + std::to_string(n_decode_) + " decode tokens: " +
-           std::to_string(stats_.decode_wraps) + " routings cycled from its first";
+      s += "; the run decoded past the trace's " + std::to_string(n_decode_) +
+           " decode tokens: " + std::to_string(stats_.decode_wraps) + " routings cycled from its first";
     if (stats_.prefill_wraps != 0)
-      s += "; the prompt ran past the trace's " + std::to_string(n_prefill_) + " prompt tokens: " +
-           std::to_string(stats_.prefill_wraps) + " routings cycled from its first";
+      s += "; the prompt ran past the trace's " + std::to_string(n_prefill_) +
+           " prompt tokens: " + std::to_string(stats_.prefill_wraps) + " routings cycled from its first";
     if (stats_.unforced_routings != 0)
       s += "; " + std::to_string(stats_.unforced_routings) + " routings left as the model routed (none in the trace)";
     if (stats_.refused_layers != 0)
-      s += "; " + std::to_string(stats_.refused_layers) + " routing nodes not touched (layout or top-k not the trace's)";
+      s +=
+          "; " + std::to_string(stats_.refused_layers) + " routing nodes not touched (layout or top-k not the trace's)";
     return s;
   }
 
@@ -259,7 +260,8 @@ class trace_oracle final : public routing_predictor {
       throw error("trace_oracle: profile has " + std::to_string(profile_.size()) + " entries; expected " +
                   std::to_string(routes.shape().n_layers()) + " (one P per layer of " + routes.source() + ")");
     for (double q : profile_)
-      if (!(q >= 0.0 && q <= 1.0)) throw error("trace_oracle: a profile P is " + std::to_string(q) + "; expected [0, 1]");
+      if (!(q >= 0.0 && q <= 1.0))
+        throw error("trace_oracle: a profile P is " + std::to_string(q) + "; expected [0, 1]");
     replay_speculation s;
     s.source = speculation_source::oracle;
     s.oracle_p = p;

@@ -44,7 +44,7 @@ class stale_gate_ranking final : public routing_predictor {
       if (s.moe && s.router_readable) bank_.set(layer_id(static_cast<std::uint16_t>(l)), s.router, s.spec);
     }
     if (bank_.size() == 0)
-      throw error("mmap_residency: predicted reads need the routers in host memory as f32/f16/bf16; none is");
+      throw refusal("mmap_residency: predicted reads need the routers in host memory as f32/f16/bf16; none is");
     gate1_.reset(shape_);
     gate2_.reset(shape_);
   }

@@ -1,13 +1,14 @@
 #pragma once
-/// The mmap residency manager's options and counters (residency.hpp): which
-/// parts are on, how they are sized, and what each part did.
+/// The residency manager's options and counters (residency/manager.hpp): which
+/// parts are on, how they are sized, and what each part did; and the one
+/// parser of the parts' names every program shares ("all", "off", or a list).
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "moe_residency/adapters/llama_cpp/advice.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/advice.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency::llama_cpp {
@@ -18,12 +19,15 @@ enum class when_fits : std::uint8_t {
   act,         ///< act anyway (tests; a limit the manager cannot see)
 };
 
-/// Which parts are on, and how they are sized.
+/// Which parts are on, and how they are sized. The defaults are what moe-run
+/// and the C ABI run: every part on, the budget sized from the memory limit,
+/// standing down when the model fits (so safe to leave on). `none()` for a
+/// manager that switches parts on one by one.
 struct residency_options {
-  bool pin_dense = false;  ///< lock the non-expert tensors once
-  bool exact = false;      ///< read each layer's routed experts on the lanes before its matmuls
-  bool predicted = false;  ///< stale-gate speculative reads of the next MoE layer
-  bool cache = false;      ///< a budgeted, pinned expert cache
+  bool pin_dense = true;  ///< lock the non-expert tensors once
+  bool exact = true;      ///< read each layer's routed experts on the lanes before its matmuls
+  bool predicted = true;  ///< speculative reads of the next MoE layer (residency/predictor.hpp)
+  bool cache = true;      ///< a budgeted, pinned expert cache
   /// Pinned cache budget, bytes. 0: sized from the memory limit (see auto_budget).
   std::uint64_t cache_budget_bytes = 0;
   /// Auto budget: at most this many bytes (0: no ceiling).
@@ -70,29 +74,95 @@ struct residency_options {
   std::size_t lanes = 2;
   std::size_t spec_cap = 2;  ///< predicted reads per layer at most
   std::size_t horizon = 1;   ///< 1: stale-gate (l -> l+1); 2: l -> l+2
-  /// Share of predicted slots replaced by a wrong expert (seeded): lets a lab
-  /// degrade a random-weight model's flattering stale-gate to a real model's.
-  double degrade = 0.0;
-  std::uint64_t seed = 1;
   /// mincore every routed expert before acting: the page cache's own hit rate.
   bool measure = false;
   /// The default stands down when the mapped model, llama.cpp's anonymous
   /// memory and the auto margin all fit in the memory limit (auto_budget's).
   when_fits fits = when_fits::stand_down;
 
-  /// Throws `error` naming the option, the value and what was expected.
+  /// Every part off (the rest as the defaults).
+  static residency_options none() {
+    residency_options o;
+    o.pin_dense = o.exact = o.predicted = o.cache = false;
+    return o;
+  }
+  bool any_part() const noexcept { return pin_dense || exact || predicted || cache; }
+  /// The cache's experts in the expert pool, the next layer's whole
+  /// predicted top-k placed ahead (spec_cap 32: the planner takes no more
+  /// than the top-k): what moe-run --pool, the C ABI's pool and the lab's
+  /// all-pool run.
+  void use_pool() noexcept {
+    pool = true;
+    spec_cap = 32;
+  }
+
+  /// Throws `configuration_error` naming the option, the value and what was expected.
   void validate() const {
-    auto bad = [](const std::string& what) { throw error("residency_options: " + what); };
+    auto bad = [](const std::string& what) { throw configuration_error("residency_options: " + what); };
     if (lanes > 64) bad("lanes " + std::to_string(lanes) + "; expected [0, 64]");
     if (spec_cap > 32) bad("spec_cap " + std::to_string(spec_cap) + "; expected [0, 32]");
     if (horizon != 1 && horizon != 2) bad("horizon " + std::to_string(horizon) + "; expected 1 or 2");
-    if (!(degrade >= 0.0 && degrade <= 1.0)) bad("degrade " + std::to_string(degrade) + "; expected a share in [0, 1]");
     if (release != advice::cold && release != advice::pageout)
       bad(std::string("release ") + to_string(release) + "; expected cold or pageout");
     if (predicted && lanes == 0) bad("predicted reads need lanes; lanes is 0");
     if (pool && !cache) bad("pool holds the cache's experts; expected cache = true with pool");
   }
 };
+
+/// The parts' names: "all", "off", or a comma list of dense, exact,
+/// predicted and cache (each once). Sets `o`'s four parts (the rest of `o` is
+/// kept) and returns whether any is on. Throws `configuration_error` naming
+/// `option`, the text and the item otherwise. Every program parses its
+/// residency option with this (moe-run --residency, the probe, the lab).
+inline bool parse_residency_parts(const std::string& text, residency_options& o,
+                                  const std::string& option = "--residency") {
+  const std::string expected = "; expected all, off, or a comma list of dense, exact, predicted, cache";
+  if (text == "off") {
+    o.pin_dense = o.exact = o.predicted = o.cache = false;
+    return false;
+  }
+  if (text == "all") {
+    o.pin_dense = o.exact = o.predicted = o.cache = true;
+    return true;
+  }
+  residency_options parts = residency_options::none();
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    const std::string part = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    bool* flag = part == "dense"       ? &parts.pin_dense
+                 : part == "exact"     ? &parts.exact
+                 : part == "predicted" ? &parts.predicted
+                 : part == "cache"     ? &parts.cache
+                                       : nullptr;
+    if (flag == nullptr)
+      throw configuration_error(option + ": '" + part + "' in '" + text + "'" +
+                                (part.empty() ? " (an empty item)" : "") + expected);
+    if (*flag) throw configuration_error(option + ": '" + part + "' twice in '" + text + "'" + expected);
+    *flag = true;
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  o.pin_dense = parts.pin_dense;
+  o.exact = parts.exact;
+  o.predicted = parts.predicted;
+  o.cache = parts.cache;
+  return true;
+}
+
+/// The parts' name parse_residency_parts reads back: "all", "off", or the list.
+inline std::string residency_parts_name(const residency_options& o) {
+  if (o.pin_dense && o.exact && o.predicted && o.cache) return "all";
+  std::string s;
+  auto add = [&s](bool on, const char* n) {
+    if (on) s += (s.empty() ? "" : ",") + std::string(n);
+  };
+  add(o.pin_dense, "dense");
+  add(o.exact, "exact");
+  add(o.predicted, "predicted");
+  add(o.cache, "cache");
+  return s.empty() ? "off" : s;
+}
 
 /// Counters since construction (host thread; read between llama_decode calls).
 struct residency_stats {

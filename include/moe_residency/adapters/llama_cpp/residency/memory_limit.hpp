@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_residency/adapters/llama_cpp/advice.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/advice.hpp"
 
 #if MOE_RESIDENCY_ADVICE_POSIX
 #include <sys/stat.h>

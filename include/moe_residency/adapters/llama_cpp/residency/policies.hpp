@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_residency/adapters/llama_cpp/residency.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/manager.hpp"
 #include "moe_residency/cache/registry.hpp"
 #include "moe_residency/error.hpp"
 
@@ -52,8 +52,8 @@ inline std::string live_cache_policy(const std::string& policy) {
       if (n == name) return name;
     why = "not built into the live manager";
   }
-  throw error("residency manager: cache policy '" + policy + "': " + why + "; expected one of " +
-              live_cache_policy_names());
+  throw configuration_error("residency manager: cache policy '" + policy + "': " + why + "; expected one of " +
+                            live_cache_policy_names());
 }
 
 /// A manager whose cache follows the registered policy `policy` (a canonical

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
-#include "moe_residency/adapters/llama_cpp/memory_limit.hpp"
+#include "moe_residency/adapters/llama_cpp/residency/memory_limit.hpp"
 #include "moe_residency/adapters/llama_cpp/observer.hpp"
 #include "moe_residency/error.hpp"
 
@@ -132,10 +132,10 @@ class expert_pages {
         const unsigned char* b = data - fr.offset;
         if (fm.file_base == nullptr) fm.file_base = b;
         if (b != fm.file_base)
-          throw error("mmap_residency: expert tensor '" + et.name + "' is in a second mapping of " + fm.path +
-                      " (its file offset " + std::to_string(fr.offset) +
-                      " is at another address than the other expert tensors'); expected every expert tensor in "
-                      "one mmap of its file");
+          throw refusal("mmap_residency: expert tensor '" + et.name + "' is in a second mapping of " + fm.path +
+                        " (its file offset " + std::to_string(fr.offset) +
+                        " is at another address than the other expert tensors'); expected every expert tensor in "
+                        "one mmap of its file");
         layers_[l].tensors.push_back(tensor_range{const_cast<unsigned char*>(data), et.bytes_per_expert, et.n_expert});
         layers_[l].bytes += et.bytes_per_expert;
       }
@@ -143,10 +143,10 @@ class expert_pages {
     bool any = false;
     for (const file_mapping& fm : files_) any = any || fm.file_base != nullptr;
     if (!any && !unmapped_.empty())
-      throw error("mmap_residency: no expert tensor is in the model's file mapping: " + unmapped_note() +
-                  "; nothing to manage: expected the experts memory-mapped on the CPU (use_mmap = true, "
-                  "use_extra_bufts = false, and no expert tensor offloaded)");
-    if (!any) throw error("mmap_residency: the model has no MoE layer with expert tensors");
+      throw refusal("mmap_residency: no expert tensor is in the model's file mapping: " + unmapped_note() +
+                    "; nothing to manage: expected the experts memory-mapped on the CPU (use_mmap = true, "
+                    "use_extra_bufts = false, and no expert tensor offloaded)");
+    if (!any) throw refusal("mmap_residency: the model has no MoE layer with expert tensors");
     // Dense: every other tensor of every file that the first graph read (the
     // observer's weights), where it read it: in the mapping (pinned), or a
     // copy elsewhere (repacked, offloaded: llama.cpp's, listed in unmapped(),
