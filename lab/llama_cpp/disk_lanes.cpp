@@ -1,5 +1,5 @@
 // moe-disk-lanes: the disk's cold random-read bandwidth against the number of
-// concurrent readers, as the memory lab (scripts/memlab.sh) needs it to size
+// concurrent readers, as the memory lab (lab/memlab.sh) needs it to size
 // read lanes: N threads each pread()ing random block-aligned blocks of one
 // file with O_DIRECT (no page cache, so every read reaches the device).
 //
@@ -96,8 +96,8 @@
 
 namespace {
 
-using moe_residency::llama_cpp::examples::proc_read_bytes;
-using moe_residency::llama_cpp::examples::thread_cpu_ms;
+using moe_residency::llama_cpp::lab::proc_read_bytes;
+using moe_residency::llama_cpp::lab::thread_cpu_ms;
 
 struct fd_guard {
   int fd = -1;

@@ -3,8 +3,9 @@
 /// built in memory with the public gguf API and llama_model_init_from_user —
 /// no download — or streamed straight to a GGUF file (save_random_gguf) with
 /// the same weights, tensor by tensor, so a model larger than memory can be
-/// written without ever being held in memory. Used by moe-llama-probe --random
-/// and by the adapter's tests and memory lab.
+/// written without ever being held in memory. The memory lab's model writer
+/// (moe-lab-model), moe-llama-probe --random (in memory) and the adapter's tests
+/// use it; it is the lab's, not the library's, and never installed.
 ///
 /// Experts can be f32, f16, q8_0 or q4_K (`expert_type`); quantised experts
 /// use ggml's own quantiser (ggml_quantize_chunk), so bytes per expert and
@@ -46,7 +47,7 @@
 #include "llama.h"
 #include "moe_residency/adapters/llama_cpp/gguf.hpp"
 
-namespace moe_residency::llama_cpp::examples {
+namespace moe_residency::llama_cpp::lab {
 
 /// What to build. Architectures: "qwen3moe", "deepseek2" (8 expert groups, 4
 /// used, sigmoid gating, selection bias, weight norm and scale, first layer
@@ -601,6 +602,22 @@ inline std::vector<tensor_entry> random_model_tensors(const random_model_spec& s
   return out;
 }
 
+/// The bytes of each layer's non-expert tensors in the file save_random_gguf(spec)
+/// writes (what gguf_dense_bytes reads of it), from the tensor list alone: a
+/// route trace's dense_bytes for a model built in memory.
+inline std::vector<std::uint64_t> random_model_dense_bytes(const random_model_spec& spec) {
+  std::vector<std::uint64_t> out(spec.n_layer, 0);
+  for (const tensor_entry& e : random_model_tensors(spec)) {
+    if (e.name.compare(0, 4, "blk.") != 0 || detail::is_expert_weight(e.name)) continue;
+    const long il = std::strtol(e.name.c_str() + 4, nullptr, 10);
+    if (il < 0 || static_cast<std::uint64_t>(il) >= spec.n_layer) continue;
+    std::uint64_t rows = 1;
+    for (int i = 1; i < GGML_MAX_DIMS; ++i) rows *= static_cast<std::uint64_t>(e.ne[i]);
+    out[static_cast<std::size_t>(il)] += ggml_row_size(e.type, e.ne[0]) * rows;
+  }
+  return out;
+}
+
 /// Writes the random model of `spec` to `path` as a GGUF file, streaming:
 /// the metadata first, then each tensor's bytes as they are generated, so at
 /// most one expert slice (or one small dense tensor) and the quantised expert
@@ -702,4 +719,4 @@ inline void save_random_gguf(const random_model_spec& spec, const std::string& p
   }
 }
 
-}  // namespace moe_residency::llama_cpp::examples
+}  // namespace moe_residency::llama_cpp::lab
