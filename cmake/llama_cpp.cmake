@@ -1,5 +1,5 @@
-# The llama.cpp adapter's build: the `moe-llama-probe` example and the tests that
-# run an unmodified llama.cpp. Included by the top-level CMakeLists.txt after the
+# The llama.cpp adapter's build: the examples (moe-llama-probe, moe-run), the
+# memory lab's tools (lab/llama_cpp) and the tests that run an unmodified llama.cpp. Included by the top-level CMakeLists.txt after the
 # tests and examples; does nothing unless MOE_RESIDENCY_BUILD_LLAMA_CPP is ON.
 #
 # Where llama.cpp comes from, in order:
@@ -10,8 +10,8 @@
 # or with --install builds and installs it once and prints the prefix.
 #
 # Defines moe_residency::llama_cpp (the library plus llama and ggml) and the
-# target moe_residency_llama_cpp_checks (the probe, the llama_cpp tests and the
-# moe-residency tool they use).
+# target moe_residency_llama_cpp_checks (the examples, the lab's tools, the
+# llama_cpp tests and the moe-residency tool they use).
 
 option(MOE_RESIDENCY_BUILD_LLAMA_CPP "Build the llama.cpp adapter's probe and tests (needs llama.cpp)" OFF)
 option(MOE_RESIDENCY_LLAMA_CPP_NATIVE
@@ -134,6 +134,11 @@ endif()
 
 if(MOE_RESIDENCY_BUILD_EXAMPLES)
   add_subdirectory("${_mr_llama_repo}/examples/llama_cpp" "${CMAKE_BINARY_DIR}/examples/llama_cpp")
+endif()
+# The memory lab's tools: the tests run them (the lab's smoke test, the walks, the
+# C ABI's model), so they build with the examples or the tests; never installed.
+if(MOE_RESIDENCY_BUILD_EXAMPLES OR MOE_RESIDENCY_BUILD_TESTS)
+  add_subdirectory("${_mr_llama_repo}/lab/llama_cpp" "${CMAKE_BINARY_DIR}/lab/llama_cpp")
 endif()
 if(MOE_RESIDENCY_BUILD_TESTS)
   add_subdirectory("${_mr_llama_repo}/tests/llama_cpp" "${CMAKE_BINARY_DIR}/tests/llama_cpp")

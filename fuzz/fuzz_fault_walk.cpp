@@ -1,6 +1,6 @@
 // libFuzzer target: the walks' files (parse_fault_walk: `lab-predict
 // --fault-walk`, and parse_inline_walk: `--inline-walk`, written by
-// scripts/memlab.sh from moe-disk-lanes --fault-walk and --inline-walk; one
+// lab/memlab.sh from moe-disk-lanes --fault-walk and --inline-walk; one
 // parser of rows underneath, so both read every input). Any input ends in
 // moe_residency::error naming the input, or in rows of finite numbers >= 0;
 // for each row's own shape (its limit, for the fault walk its dense pages

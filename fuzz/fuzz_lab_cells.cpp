@@ -1,5 +1,5 @@
 // libFuzzer target: the memory lab's cells file (parse_lab_cells:
-// `lab-predict --cells`, written by scripts/memlab-predict.sh). Any input ends
+// `lab-predict --cells`, written by lab/memlab.sh predict). Any input ends
 // in moe_residency::error naming the input, or in cells each with a ratio, a
 // configuration, finite numbers >= 0 (a percentage <= 100) and at most one cell
 // per configuration and ratio, which format_lab_cells writes and

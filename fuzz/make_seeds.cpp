@@ -166,7 +166,7 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   for (int l = 0; l < 36; ++l) zero += std::to_string(l) + ",0\n";
   put("fuzz_oracle_profile", "zero-36", zero);
 
-  // fuzz_lab_cells: what scripts/memlab-predict.sh writes, every configuration at two ratios.
+  // fuzz_lab_cells: what lab/memlab.sh predict writes, every configuration at two ratios.
   std::vector<lab_cell> cells;
   for (const char* ratio : {"1.5", "2.5"})
     for (const char* c : {"mmap", "observer", "dense", "exact", "predicted", "cache", "all", "degraded", "resident"}) {
@@ -184,7 +184,7 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
       "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,exact,563,141,87.1,m.csv\n2.5,mmap,563,141,87."
       "1\n");
 
-  // fuzz_fault_walk: what scripts/memlab.sh writes, two ratios, dense locked and not.
+  // fuzz_fault_walk: what the lab (lab/memlab.sh) writes, two ratios, dense locked and not.
   const std::string walk_header =
       "limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
       "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n";

@@ -16,7 +16,7 @@ using namespace moe_residency::lab;
 
 namespace {
 
-// As scripts/memlab-predict.sh writes it (a run that did not finish has no metrics).
+// As lab/memlab.sh predict writes it (a run that did not finish has no metrics).
 const char* const memlab =
     "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n"
     "2.5,exact,563,141,87.1,/runs/r2.5-exact.metrics.csv\n"
@@ -110,8 +110,8 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
 }
 
 TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a malformed line named") {
-  // As scripts/memlab.sh writes it: the cell's limit, then moe-disk-lanes --fault-walk's row
-  // (two rounds of the same shapes appended, as memlab-predict.sh passes them).
+  // As the lab (lab/memlab.sh) writes it: the cell's limit, then moe-disk-lanes --fault-walk's row
+  // (two rounds of the same shapes appended, as lab/memlab.sh predict passes them).
   const std::string header =
       "limit_mib,pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,"
       "off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault\n";
@@ -163,7 +163,7 @@ TEST_CASE("fault walk: the file memlab writes, a cell's rows averaged, and a mal
 }
 
 TEST_CASE("inline walk: the file memlab writes, a cache cell's rows averaged, and a malformed line named") {
-  // As scripts/memlab.sh writes it: the cell's limit, then moe-disk-lanes --inline-walk's row
+  // As the lab (lab/memlab.sh) writes it: the cell's limit, then moe-disk-lanes --inline-walk's row
   // (a round's file and the walk after the run, appended).
   const std::string header =
       "limit_mib,budget_mib,tokens,pins_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,off_cpu_ms_per_mib,"

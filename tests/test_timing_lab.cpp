@@ -1,7 +1,7 @@
 // moe_residency_lab/lab.hpp: the memory lab's configurations as inputs of the timing
 // model, on hand-computed cases — the mapping of each configuration, the
-// read-around page cache, the fault-driven loads, the metrics file the probe
-// writes (moe-llama-probe --metrics-csv), and calibration on one lab cell.
+// read-around page cache, the fault-driven loads, the metrics file the lab's
+// runs write (moe-lab-run --metrics-csv), and calibration on one lab cell.
 
 #include <doctest/doctest.h>
 
@@ -365,7 +365,7 @@ TEST_CASE("predicted in the fault model: the next layer's experts read without r
 }
 
 TEST_CASE("the probe's metrics file parses: its columns, the lab's tok/s") {
-  // moe-llama-probe --metrics-csv, the columns it writes (an empty cache_hit_pct without the manager).
+  // moe-lab-run --metrics-csv, the columns it writes (an empty cache_hit_pct without the manager).
   const std::string text =
       "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms\n"
       "1,2,400.000,100.000,1048576,,300.000,12,100.000,60.000\n"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CTest llama_cpp_fault_walk_smoke: `moe-disk-lanes --fault-walk` walks a GGUF's
 # pages as llama.cpp's decode faults them and counts what it read. On a small
-# random qwen3moe GGUF of its own (moe-llama-probe --save-model, synced so that
+# random qwen3moe GGUF of its own (moe-lab-model, synced so that
 # POSIX_FADV_DONTNEED can drop its pages), outside any memory limit:
 #   - one token, none skipped: every page it touched came from the device (the
 #     walk drops the file's pages first), so it read at least the MiB it walked;
@@ -12,16 +12,16 @@
 #   - --walk-pin-dense locks the non-expert tensors: pinned_dense_mib > 0, below
 #     the file's size.
 #
-#   fault_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR
+#   fault_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR
 set -euo pipefail
-probe="${1:?usage: fault_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR}"
-tool="${2:?usage: fault_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR}"
-work="${3:?usage: fault_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR}"
+lab_model="${1:?usage: fault_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR}"
+tool="${2:?usage: fault_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR}"
+work="${3:?usage: fault_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR}"
 fail() { echo "llama_cpp_fault_walk_smoke FAILED: $*"; exit 1; }
 mkdir -p "$work"
 model="$work/walk.gguf"
-"$probe" --random qwen3moe --layers 2 --experts 8 --k 2 --embd 256 --expert-ff 256 --expert-type q4_K \
-  --save-model "$model" --save-only > "$work/probe.log" 2>&1 || { cat "$work/probe.log"; fail "moe-llama-probe --save-model exited with $?"; }
+"$lab_model" --arch qwen3moe --layers 2 --experts 8 --k 2 --embd 256 --expert-ff 256 --expert-type q4_K \
+  --out "$model" > "$work/model.log" 2>&1 || { cat "$work/model.log"; fail "moe-lab-model exited with $?"; }
 sync "$model"
 size_mib=$(awk -v b="$(stat -c %s "$model")" 'BEGIN { printf "%.3f", b / 1048576 }')
 header="pinned_dense_mib,tokens,walked_mib_per_token,read_mib_per_token,wall_ms,cpu_ms,sys_ms,majflt,off_cpu_ms_per_mib,sys_ms_per_mib,mib_per_fault"

@@ -2,7 +2,7 @@
 # CTest llama_cpp_inline_walk_smoke: `moe-disk-lanes --inline-walk` walks the
 # residency manager's inline `cache` path over a GGUF (WILLNEED on a layer's
 # pinned-cache misses, then mlock on each) and counts what it pinned and read.
-# On a small random qwen3moe GGUF of its own (moe-llama-probe --save-model,
+# On a small random qwen3moe GGUF of its own (moe-lab-model,
 # synced so that POSIX_FADV_DONTNEED can drop its pages), outside any memory
 # limit:
 #   - a budget below one expert's slices is refused, naming the flag and the
@@ -16,17 +16,17 @@
 #     expert, a token pins fewer than layers x k (the first token's stay);
 #   - a budget of one expert: every routed expert but a repeat is a miss again.
 #
-#   inline_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR
+#   inline_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR
 set -euo pipefail
-probe="${1:?usage: inline_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR}"
-tool="${2:?usage: inline_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR}"
-work="${3:?usage: inline_walk_smoke.sh MOE_LLAMA_PROBE MOE_DISK_LANES WORKDIR}"
+lab_model="${1:?usage: inline_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR}"
+tool="${2:?usage: inline_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR}"
+work="${3:?usage: inline_walk_smoke.sh MOE_LAB_MODEL MOE_DISK_LANES WORKDIR}"
 fail() { echo "llama_cpp_inline_walk_smoke FAILED: $*"; exit 1; }
 mkdir -p "$work"
 model="$work/walk.gguf"
 layers=2 k=2
-"$probe" --random qwen3moe --layers $layers --experts 8 --k $k --embd 256 --expert-ff 256 --expert-type q4_K \
-  --save-model "$model" --save-only > "$work/probe.log" 2>&1 || { cat "$work/probe.log"; fail "moe-llama-probe --save-model exited with $?"; }
+"$lab_model" --arch qwen3moe --layers $layers --experts 8 --k $k --embd 256 --expert-ff 256 --expert-type q4_K \
+  --out "$model" > "$work/model.log" 2>&1 || { cat "$work/model.log"; fail "moe-lab-model exited with $?"; }
 sync "$model"
 # Refused: a budget below one expert (the message gives the expert's MiB), and both walks at once.
 if "$tool" --file "$model" --inline-walk --walk-budget-mib 0.001 > /dev/null 2> "$work/err.txt"; then

@@ -24,7 +24,7 @@
 namespace moe_residency_test {
 
 namespace mrl = moe_residency::llama_cpp;
-namespace mre = moe_residency::llama_cpp::examples;
+namespace mre = moe_residency::llama_cpp::lab;
 
 inline void llama_init_once() {
   static const bool done = [] {

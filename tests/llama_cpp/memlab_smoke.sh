@@ -5,7 +5,7 @@
 # per decode token must fall at least 5x with the serial manager (`all-serial`)
 # and 2x with the overlapped one (`all`, whose matmuls wait in faults for pages
 # still in flight), bytes read 5x (counts, not times), and the logits must be
-# identical (scripts/memlab.sh --smoke does the runs). And the
+# identical (lab/memlab.sh --smoke does the runs). And the
 # overlap: `all` lets each layer's matmuls start while its reads are on the
 # lanes, `all-serial` makes the eval thread wait for them first; the layers a
 # decode token's eval thread had to block on the manager's reads must fall at
@@ -20,20 +20,21 @@
 # (MADV_POPULATE_READ and mlock fault pages in, and the kernel counts those as
 # major faults of the lane); the process-wide figures are printed too.
 #
-#   memlab_smoke.sh PROBE WORKDIR
+#   memlab_smoke.sh TOOLS_DIR WORKDIR   (the lab's tools: moe-lab-run, moe-lab-model, moe-disk-lanes)
 #
 # It runs in two rounds (--rounds 2), the second in the reverse order: each
 # round's directory must hold both runs, and the table's row must be the
 # rounds pooled (tok/s over both rounds' decode tokens, recomputed here).
 #
 # Needs root and a memory cgroup. Without them it is SKIPPED (exit 77) with a
-# loud message. Where they are available it must run: with CI=true, a probe
-# without the residency manager is a failure, not a skip.
+# loud message. Where they are available it must run: with CI=true, a
+# moe-lab-run without the residency manager is a failure, not a skip.
 set -uo pipefail
-probe="${1:?usage: memlab_smoke.sh PROBE WORKDIR}"
-work="${2:?usage: memlab_smoke.sh PROBE WORKDIR}"
+tools="${1:?usage: memlab_smoke.sh TOOLS_DIR WORKDIR}"
+work="${2:?usage: memlab_smoke.sh TOOLS_DIR WORKDIR}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-memlab="$here/../../scripts/memlab.sh"
+memlab="$here/../../lab/memlab.sh"
+run_tool="$tools/moe-lab-run"
 
 skip() {
   echo "########################################################################"
@@ -51,13 +52,13 @@ if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
 elif [[ ! -f /sys/fs/cgroup/memory/memory.limit_in_bytes ]]; then
   skip "no memory cgroup (neither v2 nor the v1 memory controller)"
 fi
-# The help is read whole first: `probe --help | grep -q` under pipefail fails
-# when grep exits at its match while the probe still writes (SIGPIPE), which
-# made CI report a probe with the manager as one without it.
-probe_help="$("$probe" --help 2>/dev/null || true)"
-if ! grep -q -e '--residency' <<<"$probe_help"; then
-  [[ "${CI:-}" == true ]] && fail "root and a memory cgroup are available but $probe has no --residency"
-  skip "$probe has no --residency (the residency manager is not built in)"
+# The help is read whole first: `tool --help | grep -q` under pipefail fails
+# when grep exits at its match while the tool still writes (SIGPIPE), which
+# made CI report a tool with the manager as one without it.
+run_help="$("$run_tool" --help 2>/dev/null || true)"
+if ! grep -q -e '--residency' <<<"$run_help"; then
+  [[ "${CI:-}" == true ]] && fail "root and a memory cgroup are available but $run_tool has no --residency"
+  skip "$run_tool has no --residency (the residency manager is not built in)"
 fi
 
 mkdir -p "$work"
@@ -66,13 +67,13 @@ for bad in "--ratios 0.5|--ratios: '0.5' in '0.5'; expected ratios" "--threads 0
            "--budget 100%|--budget: '100%'; expected MiB > 0, auto, or a share"; do
   args="${bad%%|*}" want="${bad#*|}"
   # shellcheck disable=SC2086 # the option and its value, split on purpose
-  out="$(bash "$memlab" --smoke $args --probe "$probe" 2>&1)" && fail "memlab.sh $args exited 0"
+  out="$(bash "$memlab" --smoke $args --tools "$tools" 2>&1)" && fail "memlab.sh $args exited 0"
   grep -qF -- "$want" <<<"$out" || fail "memlab.sh $args: no '$want' in: $out"
 done
 csv="$work/memlab-smoke.csv"
 rm -f "$csv"
-bash "$memlab" --smoke --rounds 2 --probe "$probe" --csv "$csv" --csv-extended --no-plot 2> "$work/memlab.err" ||
-  { cat "$work/memlab.err"; fail "scripts/memlab.sh --smoke --rounds 2 exited with $?"; }
+bash "$memlab" --smoke --rounds 2 --tools "$tools" --csv "$csv" --csv-extended --no-plot 2> "$work/memlab.err" ||
+  { cat "$work/memlab.err"; fail "lab/memlab.sh --smoke --rounds 2 exited with $?"; }
 cat "$work/memlab.err"
 [[ -f "$csv" ]] || fail "no CSV written"
 cat "$csv"

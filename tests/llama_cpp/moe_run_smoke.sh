@@ -2,7 +2,7 @@
 # CTest llama_cpp_moe_run_smoke: moe-run end to end on a small random MoE GGUF
 # with a text vocabulary, written as one file and as 3 splits.
 #
-#   moe_run_smoke.sh MOE_RUN PROBE WORKDIR
+#   moe_run_smoke.sh MOE_RUN MOE_LAB_MODEL WORKDIR
 #
 # - --compare: residency off, then on; the texts must be identical (and it says so);
 # - the split model's text is the single file's, with residency on;
@@ -18,16 +18,16 @@
 #   to llama.cpp and named, the rest managed (under the limit too), the text stock's; every expert
 #   repacked: nothing to manage, said why, stock.
 set -uo pipefail
-run="${1:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
-probe="${2:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
-work="${3:?usage: moe_run_smoke.sh MOE_RUN PROBE WORKDIR}"
+run="${1:?usage: moe_run_smoke.sh MOE_RUN MOE_LAB_MODEL WORKDIR}"
+lab_model="${2:?usage: moe_run_smoke.sh MOE_RUN MOE_LAB_MODEL WORKDIR}"
+work="${3:?usage: moe_run_smoke.sh MOE_RUN MOE_LAB_MODEL WORKDIR}"
 fail() { echo "llama_cpp_moe_run_smoke FAILED: $*"; exit 1; }
 mkdir -p "$work" && cd "$work" || fail "cannot use $work"
 rm -f ./*.gguf ./*.out ./*.err
 
-shape=(--random qwen3moe --layers 4 --experts 64 --k 4 --embd 512 --expert-ff 512 --expert-type q4_K --text-vocab)
-"$probe" "${shape[@]}" --save-model one.gguf --save-only 2>/dev/null || fail "writing one.gguf"
-"$probe" "${shape[@]}" --save-model three-00001-of-00003.gguf --splits 3 --save-only 2>/dev/null ||
+shape=(--arch qwen3moe --layers 4 --experts 64 --k 4 --embd 512 --expert-ff 512 --expert-type q4_K --text-vocab)
+"$lab_model" "${shape[@]}" --out one.gguf 2>/dev/null || fail "writing one.gguf"
+"$lab_model" "${shape[@]}" --out three-00001-of-00003.gguf --splits 3 2>/dev/null ||
   fail "writing three-*-of-00003.gguf"
 [[ -f three-00002-of-00003.gguf && -f three-00003-of-00003.gguf ]] || fail "the splits are not all there"
 common=(-p "The residency of experts" -n 24 --ignore-eos --threads 2)
@@ -88,8 +88,8 @@ refuse() {  # refuse NAME EXPECTED-SUBSTRING ARGS...
 # repacked ones are left to llama.cpp, said which, the rest managed; the text is stock's with the same
 # load. Every expert repacked: nothing to manage, said why, and it runs stock.
 if grep -qw avx2 /proc/cpuinfo; then
-  mixed=(--random qwen3moe --layers 4 --experts 16 --k 4 --embd 256 --expert-ff 256 --text-vocab)
-  "$probe" "${mixed[@]}" --expert-type f16,f16,q4_K,q4_K --save-model mixed.gguf --save-only 2>/dev/null ||
+  mixed=(--arch qwen3moe --layers 4 --experts 16 --k 4 --embd 256 --expert-ff 256 --text-vocab)
+  "$lab_model" "${mixed[@]}" --expert-type f16,f16,q4_K,q4_K --out mixed.gguf 2>/dev/null ||
     fail "writing mixed.gguf"
   "$run" -m mixed.gguf "${common[@]}" --repack --budget 4 --compare > repack.out 2> repack.err ||
     { cat repack.err; fail "--repack --compare exited $?"; }
@@ -133,7 +133,7 @@ refuse chat "--chat: one.gguf has no chat template (tokenizer.chat_template); dr
 refuse no-mmap "moe-run: --no-mmap: llama.cpp copies the weights into memory, so there are no file pages to manage; running stock" \
   "$run" -m one.gguf "${common[@]}" --no-mmap || fail "--no-mmap did not run stock"
 [[ "$(cat refuse-no-mmap.out)" == "$(sed -n 1p compare.out)" ]] || fail "--no-mmap's text differs"
-"$probe" --random qwen3 --layers 2 --embd 256 --text-vocab --save-model dense.gguf --save-only 2>/dev/null ||
+"$lab_model" --arch qwen3 --layers 2 --embd 256 --text-vocab --out dense.gguf 2>/dev/null ||
   fail "writing dense.gguf (a dense qwen3)"
 refuse dense "moe-run: residency off: dense.gguf: no MoE routing in the graph (a dense model): nothing to manage; running stock" \
   "$run" -m dense.gguf "${common[@]}" || fail "a dense model did not run stock"

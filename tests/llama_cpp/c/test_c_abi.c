@@ -1,7 +1,7 @@
 /* The C ABI from C (compiled as C99): attach, decode, read the statistics,
  * detach; bad options and calls out of order return a status and a message,
  * never abort. The model is the argument: a random MoE GGUF the CTest
- * fixture writes (moe-llama-probe --save-only). Exit 0 on success. */
+ * fixture writes (the lab's moe-lab-model). Exit 0 on success. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -90,8 +90,8 @@ class eviction_log : public Policy {
 }  // namespace detail
 
 /// The residency manager's interface without its cache policy: what
-/// make_residency_manager (residency_policies.hpp) returns for a policy named
-/// at run time. mmap_residency<Policy> (mmap_residency.hpp) documents each member.
+/// make_residency_manager (residency/policies.hpp) returns for a policy named
+/// at run time. mmap_residency<Policy> below documents each member.
 class residency_manager : public observer_sink {
  public:
   virtual void activate() = 0;
@@ -296,11 +296,12 @@ class mmap_residency final : public residency_manager {
     if (options_.pin_dense) o << " dense " << detail::mib(s.dense_bytes) << " locked |";
     if (options_.exact) o << " exact " << s.exact_reads << " reads " << detail::mib(s.exact_bytes) << " |";
     if (options_.predicted)
-      o << " predicted issued " << s.predicted_issued << " useful " << s.predicted_useful << " late "
-        << s.predicted_late << " wasted " << s.predicted_wasted << " |";
+      o << " predicted (" << predictor_name() << ") issued " << s.predicted_issued << " useful " << s.predicted_useful
+        << " late " << s.predicted_late << " wasted " << s.predicted_wasted << " |";
     if (options_.cache && cache()) {
       char buf[96];
-      std::snprintf(buf, sizeof buf, " %.2f%% hit", s.cache_hit_pct());
+      std::snprintf(buf, sizeof buf, " %.2f%% hit (%.1f MiB missed)", s.cache_hit_pct(),
+                    static_cast<double>(s.cache_miss_bytes) / 1048576.0);
       o << " cache " << Policy::name << " " << detail::mib(budget_) << buf << ", pinned " << detail::mib(s.pinned_bytes)
         << " (peak " << detail::mib(s.pinned_peak_bytes) << ")"
         << (pool_ ? ", in a pool of " + detail::mib(s.pool_bytes) : std::string()) << " |";

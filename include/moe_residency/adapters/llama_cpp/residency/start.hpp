@@ -38,8 +38,7 @@ inline void warm_up(llama_context* ctx, observer& obs, const std::string& what, 
     throw error("warm-up: llama_decode failed on one token of " + what);
   llama_memory_clear(llama_get_memory(ctx), true);
   obs.set_position(0);
-  if (!obs.structure_known())
-    throw refusal(what + ": no MoE routing in the graph (a dense model): nothing to manage");
+  if (!obs.structure_known()) throw refusal(what + ": no MoE routing in the graph (a dense model): nothing to manage");
 }
 
 /// warm_up, then the manager's activation (every refusal before any advice:
