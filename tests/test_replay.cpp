@@ -571,6 +571,38 @@ TEST_CASE(
   MESSAGE(compared, " cells compared, ", over_budget, " over their budget left out");
 }
 
+TEST_CASE("a cell that held more than its budget says so; a budget of 0 bytes is refused") {
+  // The per-layer policy evicts only inside the layer being loaded: after the prompt every
+  // layer still holds its prompt batch (24 tokens x top-2 of 16 experts), far above the budget.
+  const route_trace t = equal_size_trace(4, 16, 2, 24, 40, 5);
+  const auto in = routed_replay_input::from_trace(t);
+  const replay_result layer = replay_cell(in.base(), "layer", to_mib(12000));
+  const replay_result lru = replay_cell(in.base(), "lru", to_mib(12000));
+  REQUIRE(layer.stats.peak_bytes > layer.budget_bytes);
+  CHECK(layer.warning == "held " + detail::format_fixed(to_mib(layer.stats.peak_bytes), 1) +
+                             " MiB at its peak, above its budget of 0.0 MiB (a batch's own experts are never evicted, "
+                             "the per-layer policies evict only inside the layer being loaded and keep top-k experts a "
+                             "layer, and a policy may decline to evict): its hit rate is for that memory, not the "
+                             "budget");
+  CHECK_FALSE(layer.below_cycle_warned);
+  // LRU evicts across layers: its peak is the largest prompt batch, above the budget too, but less.
+  CHECK(lru.stats.peak_bytes < layer.stats.peak_bytes);
+  dynamic_replay_options o;
+  o.policy = "layer";
+  o.budget_mib = to_mib(12000);
+  o.prefill_cached = false;  // without the prompt, the partition holds its caps
+  const auto d = replay_dynamic(in, o);
+  CHECK(d.cache.peak_bytes <= from_mib(o.budget_mib));
+  CHECK(d.warning.empty());
+  o.prefill_cached = true;
+  CHECK(replay_dynamic(in, o).warning.find("above its budget of 0.0 MiB") != std::string::npos);
+  CHECK_THROWS_WITH_AS(replay_cell(in.base(), "lru", 1e-7),
+                       "replay: budget 1e-07 MiB is 0 bytes once rounded to whole bytes; expected at least one byte "
+                       "(>= 4.8e-07 MiB)",
+                       error);
+  CHECK(replay_cell(in.base(), "lru", 4.8e-07).budget_bytes == 1);
+}
+
 TEST_CASE("dynamic replay --drop: a dropped expert is never read and never enters the cache") {
   const route_trace t = toy_trace(200, 7);
   const auto in = routed_replay_input::from_trace(t);
