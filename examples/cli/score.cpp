@@ -18,7 +18,7 @@ using namespace moe_residency;
 
 struct score_args {
   std::string trace;
-  std::vector<std::string> predictors{"prev-token", "frequency", "static-hottest"};
+  std::string predictors = "prev-token,frequency,static-hottest";
   std::string format = "table";
   float decay = 1.0f;
   bool unpaired = false;
@@ -27,8 +27,9 @@ struct score_args {
 };
 
 void run_score(const score_args& a) {
+  const std::vector<std::string> predictors = moe_residency_cli::split_list(a.predictors, "--predictors");
   try {
-    check_history_predictor_names(a.predictors);
+    check_history_predictor_names(predictors);
   } catch (const error& e) {
     throw error(std::string("--") + e.what());  // "predictors: ..." names the option
   }
@@ -41,7 +42,7 @@ void run_score(const score_args& a) {
   frequency_options frequency;
   frequency.decay = a.decay;
   const prediction_report r = score_history_predictors(shape, span<const routing>(routings.routings), routings.declined,
-                                                       a.predictors, options, frequency);
+                                                       predictors, options, frequency);
   std::string out;
   if (a.format == "table") {
     std::printf("trace: %s (%s, %zu layers, %zu experts, top-%zu)\n", a.trace.c_str(), t.header.arch.c_str(),
@@ -60,11 +61,10 @@ const moe_residency_cli::command_registrar reg{
       auto a = std::make_shared<score_args>();
       moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--predictors", a->predictors, "comma-separated: prev-token, frequency, static-hottest")
-          ->delimiter(',')
           ->capture_default_str();
       moe_residency_cli::add_format_option(sub, a->format, {"table", "csv", "json"});
       sub.add_option("--decay", a->decay, "frequency: per-routing decay of the counts, (0, 1]; 1 = running counts")
-          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1)))
+          ->check(moe_residency_cli::real_float(moe_residency::detail::real_domain::open_closed(0, 1)))
           ->capture_default_str();
       sub.add_flag("--unpaired", a->unpaired,
                    "offer every routing to every predictor; by default a routing is scored only "
