@@ -498,6 +498,21 @@ if(TARGET moe_residency_cli)
       "^moe-residency: ${_opt}: '-' \\(standard output\\) is not taken here: standard output carries the command's report; expected a file to write\n"
       "" "" "" "absent|${_mr_b}/-")
   endforeach()
+  # Out of memory says what was being sized, not "std::bad_alloc": a trace at the slot limit
+  # (16 layers x 65535 experts) replayed with its address space held to 40 MiB (the tool itself
+  # needs about 12, the three cells about 90). prlimit stands where an emulator would; not under
+  # an emulator or a sanitizer, whose own reservations an address-space limit breaks.
+  find_program(_mr_prlimit prlimit)
+  if(_mr_prlimit AND NOT CMAKE_CROSSCOMPILING AND NOT CMAKE_CXX_FLAGS MATCHES "sanitize")
+    set(_mr_big "${_mr_b}/cli-big.csv")
+    add_test(NAME cli_error_out_of_memory_names_what
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_prlimit}|--as=41943040"
+              "-DARGS=replay|--trace|${_mr_big}|--budgets|1|--policies|lru,belady,lfu|--threads|1"
+              "-DEXPECT=^moe-residency: out of memory while replaying 3 cells of big \\(tables of 16 layers x 65535 experts a cell\\)@semi@ expected the machine to hold it \\(a smaller input, or more memory\\)\n"
+              "-DEXPECT_RC=2"
+              "-DPREP=lines|${_mr_big}|# route_trace v1|# model=m arch=big n_layer=16 n_expert=65535 n_expert_used=1|# layer=0 expert_bytes=1048576 dense_bytes=0|turn,phase,step,layer,slot,expert,weight,residency,expert_bytes|0,1,0,0,0,1,1,0,1048576"
+              -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+  endif()
   # A cell that held more than its budget says so: the per-layer policies evict only inside the layer
   # being loaded, so after Qwen's prompt every layer holds its prompt batch, 7275 MiB, even at 4000.
   moe_residency_cli_test(over_budget_note
@@ -515,6 +530,11 @@ if(TARGET moe_residency_cli)
       "moe-residency whatif: wrote [^\n]*cli-plot-whatif\\.svg" "${_mr_g}")
     # Nothing from an input reaches gnuplot's script: a header crafted to leave every
     # quoting context gnuplot has runs nothing, and leaves nothing beside the SVGs.
+    # gnuplot's failure (exit 0 without a picture, half a picture, exit 1) or absence is an error,
+    # and the SVG already there is kept.
+    add_test(NAME cli_plot_checked
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}"
+              "-DDIR=${_mr_b}/cli-plot-checked" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/plot_checked.cmake")
     add_test(NAME cli_plot_injection
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}"
               "-DDIR=${_mr_b}/cli-plot-injection" "-DCONFIG=${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg"
