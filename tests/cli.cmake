@@ -101,9 +101,11 @@ if(TARGET moe_residency_cli)
   # --decode-only: prompt batches skip the cache, as in the live manager. LRU at 4000 MiB
   # then hits 79.343% of decode lookups, not the 80.287% of the replay that caches the
   # prompt (test_replay holds the rule to a replay of the trace without its prompt rows).
+  # Belady's future is then the decode lookups alone: 88.921% (its index ran over the skipped
+  # prompt batches before, and it hit 79.346%, LRU's rate).
   moe_residency_cli_test(replay_decode_only_qwen
-    "replay|--trace|${_mr_t}/qwen.route.csv|--budgets|4000|--policies|lru|--decode-only|--format|csv"
-    "\n4000,lru,79\\.343,163\\.249,0\\.000,0,0,0,"
+    "replay|--trace|${_mr_t}/qwen.route.csv|--budgets|4000|--policies|lru,belady|--decode-only|--format|csv"
+    "\n4000,lru,79\\.343,163\\.249,0\\.000,0,0,0,@@\n4000,belady,88\\.921,87\\.506,0\\.000,0,0,0,"
     "${_mr_t}/qwen.route.csv")
   # The timing model calibrated on the first half of the phone's Qwen decode tokens
   # predicts the second half within the targets: median |error| <= 15% of the recorded
