@@ -515,6 +515,18 @@ if(TARGET moe_residency_cli)
               "-DPREP=lines|${_mr_big}|# route_trace v1|# model=m arch=big n_layer=16 n_expert=65535 n_expert_used=1|# layer=0 expert_bytes=1048576 dense_bytes=0|turn,phase,step,layer,slot,expert,weight,residency,expert_bytes|0,1,0,0,0,1,1,0,1048576"
               -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
   endif()
+  moe_residency_cli_error_test(score_decay_without_frequency
+    "score|--trace|${_mr_g}|--predictors|prev-token|--decay|0.5"
+    "^moe-residency: --decay: has no effect without the frequency predictor; --predictors is 'prev-token'\n" "" "")
+  # An output in a folder that is not there is refused before the work, not after it.
+  moe_residency_cli_error_test(output_no_directory_replay
+    "replay|--trace|${_mr_g}|--budgets|1000|--plot|${_mr_b}/cli-no-such-dir/x.svg"
+    "^moe-residency: --plot: '[^\n]*cli-no-such-dir/x\\.svg' is in '[^\n]*cli-no-such-dir', which does not exist; expected a file in an existing directory\n"
+    "" "")
+  moe_residency_cli_error_test(output_not_a_directory_calibrate
+    "calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--write-config|${_mr_g}/x.cfg"
+    "^moe-residency: --write-config: '[^\n]*gptoss\\.route\\.csv/x\\.cfg' is in '[^\n]*gptoss\\.route\\.csv', which is not a directory; expected a file in an existing directory\n"
+    "${_mr_g}" "")
   # A cell that held more than its budget says so: the per-layer policies evict only inside the layer
   # being loaded, so after Qwen's prompt every layer holds its prompt batch, 7275 MiB, even at 4000.
   moe_residency_cli_test(over_budget_note

@@ -48,6 +48,19 @@ inline void check_output_path(const std::string& path, const std::string& option
                 "file to write");
   const std::string named = option + ": '" + path + "' ";
   if (const std::string p = moe_residency::detail::output_file_problem(path); !p.empty()) throw error(named + p);
+  // The folder must be there before the work, not found missing after it (the
+  // new file is made beside the target).
+  {
+    const fs::path parent = fs::path(path).parent_path();
+    std::error_code e;
+    if (!parent.empty() && !fs::is_directory(parent, e))
+      throw error(named + "is in '" + parent.string() + "', which " +
+                  (fs::exists(parent, e) ? "is not a directory" : "does not exist") +
+                  "; expected a file in an existing directory");
+    const std::string dir = parent.empty() ? std::string(".") : parent.string();
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw error(named + "is in '" + dir + "', where no file can be made: " + std::strerror(errno));
+  }
   for (const named_input& in : inputs) {
     std::error_code e;
     if (!in.path.empty() && in.path != "-" && fs::equivalent(path, in.path, e))  // "-": standard input

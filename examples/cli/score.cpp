@@ -1,6 +1,7 @@
 // `moe-residency score`: scores the predictors that need only routing history
 // (prev-token, frequency, static hottest-k) on a recorded route trace.
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -26,8 +27,12 @@ struct score_args {
   bool no_layers = false;
 };
 
-void run_score(const score_args& a) {
+void run_score(const CLI::App& sub, const score_args& a) {
   const std::vector<std::string> predictors = moe_residency_cli::split_list(a.predictors, "--predictors");
+  // An option that only matters with another, given without it, is an error naming both.
+  if (sub.get_option("--decay")->count() > 0 &&
+      std::find(predictors.begin(), predictors.end(), "frequency") == predictors.end())
+    throw error("--decay: has no effect without the frequency predictor; --predictors is '" + a.predictors + "'");
   try {
     check_history_predictor_names(predictors);
   } catch (const error& e) {
@@ -71,7 +76,7 @@ const moe_residency_cli::command_registrar reg{
                    "when every listed predictor could rank it (the published figures' comparison)");
       sub.add_flag("--include-prefill", a->include_prefill, "score prefill routings too");
       sub.add_flag("--no-layers", a->no_layers, "table: leave out the per-layer table");
-      sub.callback([a] { run_score(*a); });
+      sub.callback([a, &sub] { run_score(sub, *a); });
     }};
 
 }  // namespace

@@ -395,17 +395,20 @@ class ScoreResult:
         return "<ScoreResult %s>" % ", ".join("%s %.1f%%" % (p["predictor"], p["slot_pct"]) for p in self.predictors)
 
 
-def score(trace, predictors=history_predictors, decay=1.0, paired=True, include_prefill=False):
+def score(trace, predictors=history_predictors, decay=None, paired=True, include_prefill=False):
     """Scores routing-history predictors on a trace (decode, slot overlap), as
-    ``moe-residency score`` does: prev-token, frequency (``decay`` per routing, in (0, 1]),
+    ``moe-residency score`` does: prev-token, frequency (``decay`` per routing, in (0, 1]; refused
+    without frequency, as the tool refuses it),
     static-hottest (an oracle: counted over the whole run). ``paired``: score a routing only
     when every listed predictor could rank it (the published comparison)."""
     t = _trace(trace)
     names = _list(predictors, "predictors")
     for i, p in enumerate(names):
         _text("predictors[%d]" % i, p, ", ".join(history_predictors))
-    return ScoreResult(_core._score(t, names, _real("decay", decay, 0.0, 1.0, lo_open=True, as_float=True),
-                                    _bool("paired", paired), _bool("include_prefill", include_prefill)))
+    if decay is not None and "frequency" not in names:  # the tool's rule: an option without effect is an error
+        raise ValueError("decay: has no effect without the frequency predictor; predictors are %r" % (names,))
+    decay = 1.0 if decay is None else _real("decay", decay, 0.0, 1.0, lo_open=True, as_float=True)
+    return ScoreResult(_core._score(t, names, decay, _bool("paired", paired), _bool("include_prefill", include_prefill)))
 
 
 class WhatIf:

@@ -428,3 +428,11 @@ def test_out_of_memory_says_what_was_being_sized(tmp_path):
         pytest.skip("an address-space limit and a sanitizer's reservations do not mix")
     assert p.stdout == ("MemoryError: out of memory while replaying 3 cells of big (tables of 16 layers x 65535 "
                         "experts a cell)\n"), p.stderr
+
+
+def test_score_decay_without_frequency_is_refused_as_the_tool_refuses_it(gptoss):
+    assert refusal("score", "--trace", gptoss, "--predictors", "prev-token", "--decay", "0.5") == (
+        "--decay: has no effect without the frequency predictor; --predictors is 'prev-token'")
+    with pytest.raises(ValueError, match=whole("decay: has no effect without the frequency predictor; predictors are "
+                                               "['prev-token']")):
+        mr.score(gptoss, predictors=["prev-token"], decay=0.5)
