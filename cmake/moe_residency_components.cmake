@@ -56,6 +56,7 @@ set(MOE_RESIDENCY_CORE_HEADERS
   moe_residency/detail/xxhash64.hpp
   moe_residency/detail/files.hpp
   moe_residency/detail/numbers.hpp
+  moe_residency/detail/text_encoding.hpp
   moe_residency/detail/trace_text.hpp)
 # Whole folders of core headers.
 file(GLOB _mr_core_globbed ${_mr_glob_flags} RELATIVE "${_mr_inc}"

@@ -98,7 +98,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         double w = 0;
         check(detail::real_problem(detail::show_number(v), d, &w).empty() && w == v,
               "show_number of an accepted real does not read back", t);
+        check(t.find_first_of("xX") == std::string::npos, "an accepted real is hexadecimal", t);
+        // As a float: accepted exactly when the float it becomes is finite and in the domain.
+        float f = 0;
+        const float as_float = static_cast<float>(v);
+        const bool float_ok = detail::float_problem(t, d, &f).empty();
+        check(float_ok == (std::isfinite(as_float) && d.contains(static_cast<double>(as_float))),
+              "float_problem disagrees with the float the value becomes", t);
+        check(!float_ok || f == as_float, "an accepted float is not the value's float", t);
       } else {
+        check(!detail::float_problem(t, d).empty(), "float_problem accepted what real_problem refused", t);
         check(p.find("expected " + d.describe()) != std::string::npos, "a refusal without the domain", p);
         check(t.empty() || p.find("'" + t + "'") != std::string::npos, "a refusal that does not quote the text", p);
       }

@@ -55,14 +55,18 @@ void check_curve(const moe_residency::storage_curve& c) {
   check(back.to_list() == list, "to_list() is not a fixed point", list);
 }
 
+// Every field, an empty last one included ("1,2," is three), blanks and a CR trimmed at its end.
 std::vector<std::string> split_trimmed(const std::string& line) {
   std::vector<std::string> out;
-  std::stringstream ss(line);
-  for (std::string f; std::getline(ss, f, ',');) {
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = line.find(',', start);
+    std::string f = line.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     while (!f.empty() && (f.back() == '\r' || f.back() == ' ')) f.pop_back();
     out.push_back(f);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
   }
-  return out;
 }
 
 bool whole_number(const std::string& s, double& v) {
@@ -73,7 +77,8 @@ bool whole_number(const std::string& s, double& v) {
 
 /// The CSV read slowly and strictly: nullopt when a number field is not wholly a number.
 std::optional<points> csv_twin(const std::string& text) {
-  std::stringstream ss(text);
+  // A UTF-8 byte-order mark is not part of the first column's name.
+  std::stringstream ss(text.rfind("\xef\xbb\xbf", 0) == 0 ? text.substr(3) : text);
   std::string line;
   if (!std::getline(ss, line)) return std::nullopt;
   const auto cols = split_trimmed(line);

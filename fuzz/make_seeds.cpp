@@ -138,6 +138,14 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   put("fuzz_timing_config", "overlap.cfg", "overlap = 1.5");
   put("fuzz_timing_config", "lanes-two.cfg", "lanes = two");
   put("fuzz_timing_config", "curve-file.cfg", "lanes = 2 # two\r\ncurve_file = lanes.csv\noverlap = 0.41\n");
+  // The encodings and forms of issue 52: a byte-order mark, compressed data, a key given twice
+  // (the curve by both keys), an empty value, a hexadecimal real.
+  put("fuzz_timing_config", "bom.cfg", "\xef\xbb\xbflanes = 3\noverlap = 0.5\n");
+  put("fuzz_timing_config", "gzip.cfg", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00", 8));
+  put("fuzz_timing_config", "twice.cfg", "lanes = 2\noverlap = 0.5\nlanes = 4\n");
+  put("fuzz_timing_config", "curve-twice.cfg", "curve = 1:100\ncurve_file = lanes.csv\n");
+  put("fuzz_timing_config", "empty-value.cfg", "lanes = 2\ncurve_file =\n");
+  put("fuzz_timing_config", "hex.cfg", "compute_ms_per_token = 0x10\n");
 
   // fuzz_storage_curve: the real lanes file, the unit test's, the default list.
   if (const std::string lanes = real("flash-lanes.csv"); !lanes.empty())
@@ -145,6 +153,10 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   put("fuzz_storage_curve", "test.csv", "lanes,read_kib,mib_per_s,mean_latency_ms\n1,4096,100,1\n2,4096,150,2\n");
   put("fuzz_storage_curve", "default.list", storage_curve().to_list());
   put("fuzz_storage_curve", "repeat.list", "1:100,1:200");
+  put("fuzz_storage_curve", "bom.csv", "\xef\xbb\xbflanes,mib_per_s\n1,100\n2,150\n");
+  put("fuzz_storage_curve", "twice.csv", "lanes,mib_per_s,lanes\n1,100,2\n");
+  put("fuzz_storage_curve", "unnamed.csv", "lanes,mib_per_s,\n1,100,\n");
+  put("fuzz_storage_curve", "utf16.csv", std::string("\xff\xfel\0a\0n\0e\0s\0", 12));
 
   // fuzz_token_metrics: heads of the recorded metrics, the probe's columns, the tests' cases.
   for (const char* name : {"qwen.metrics.csv", "gptoss.metrics.csv"}) {
@@ -158,6 +170,10 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
       "1,2,400.000,100.000,1048576,,300.000,12,100.000,60.000\n2,2,100.000,90.000,0,50.00,10.000,0,90.000,0.000\n");
   put("fuzz_token_metrics", "comment.csv", "step,wall_ms,stall_ms\n1,10.5,2\n# summary\n2,11,3\n");
   put("fuzz_token_metrics", "bad.csv", "step,wall_ms\n1,x\n");
+  put("fuzz_token_metrics", "bom.csv", "\xef\xbb\xbfstep,wall_ms\n2,20\n1,10\n");
+  put("fuzz_token_metrics", "twice.csv", "step,wall_ms,stall_ms,wall_ms\n1,10,1,11\n");
+  put("fuzz_token_metrics", "unnamed.csv", "step,,wall_ms\n1,0,10\n");
+  put("fuzz_token_metrics", "zstd.csv", "\x28\xb5\x2f\xfd step,wall_ms\n");
 
   // fuzz_oracle_profile: the first byte is the layer count - 1.
   put("fuzz_oracle_profile", "plain-4", std::string(1, '\x03') + "0.9\n0.8\n0.7\n0.6\n");
@@ -165,6 +181,8 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
   std::string zero = std::string(1, '\x23') + "# P per layer for gpt-oss-120b (36 layers)\n";
   for (int l = 0; l < 36; ++l) zero += std::to_string(l) + ",0\n";
   put("fuzz_oracle_profile", "zero-36", zero);
+  put("fuzz_oracle_profile", "bom-2", std::string(1, '\x01') + "\xef\xbb\xbflayer,P\n1,0.8\n0,0.9\n");
+  put("fuzz_oracle_profile", "empty-p-2", std::string(1, '\x01') + "0,0.9\n1,\n");
 
   // fuzz_lab_cells: what lab/memlab.sh predict writes, every configuration at two ratios.
   std::vector<lab_cell> cells;
@@ -180,6 +198,7 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
       cells.push_back(x);
     }
   put("fuzz_lab_cells", "memlab.csv", format_lab_cells(cells));
+  put("fuzz_lab_cells", "bom.csv", "\xef\xbb\xbf" + format_lab_cells(cells));
   put("fuzz_lab_cells", "short.csv",
       "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,exact,563,141,87.1,m.csv\n2.5,mmap,563,141,87."
       "1\n");
@@ -206,7 +225,7 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
 
   // fuzz_cli_specs: the first byte picks the parser (0 speculation, 1 policy, 2 lab configuration,
   // 3 numbers).
-  for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic"})
+  for (const char* s : {"prev-token", "frequency", "oracle:0.886", "none", "oracle:1.5", "psychic", "", "oracle:0x1"})
     put("fuzz_cli_specs", std::string("speculate-") + s, std::string(1, '\0') + s);
   for (const std::string& p : replay_policy_names())
     for (const char* suffix : {"", "+prev", "+oracle"})
@@ -234,7 +253,9 @@ std::size_t write_config_seeds(const fs::path& traces, const fs::path& out) {
                         "18446744073709551615",
                         "18446744073709551616",
                         "007",
-                        "+3"}) {
+                        "+3",
+                        "0x10",
+                        "1e-50"}) {
     const int i = k++;
     put("fuzz_cli_specs", "number-" + std::to_string(i), std::string("\x03") + char('0' + i % 8) + t);
   }
@@ -252,7 +273,18 @@ int main(int argc, char** argv) {
   const fs::path csv = out / "fuzz_trace_csv", bin = out / "fuzz_trace_binary", ses = out / "fuzz_session";
   for (const fs::path& d : {csv, bin, ses}) fs::create_directories(d);
 
-  std::vector<std::pair<std::string, std::string>> seeds = {{"small", small_trace}};
+  std::vector<std::pair<std::string, std::string>> seeds = {{"small", small_trace},
+                                                            {"small-bom", std::string("\xef\xbb\xbf") + small_trace}};
+  // Refused inputs of the encodings and the declared shape (CSV only): compressed, UTF-16, too wide.
+  write(csv / "gzip.csv", std::string("\x1f\x8b\x08\x00", 4) + small_trace);
+  write(csv / "xz.csv", std::string("\xfd\x37\x7a\x58\x5a\x00", 6) + small_trace);
+  write(csv / "utf16.csv", std::string("\xff\xfe#\0 \0r\0", 8));
+  {
+    std::string wide = small_trace;
+    const std::string from = "n_layer=3 n_expert=16", to = "n_layer=65535 n_expert=65535";
+    wide.replace(wide.find(from), from.size(), to);
+    write(csv / "wide-shape.csv", wide);
+  }
   for (const char* name : {"qwen.route.csv", "gptoss.route.csv"}) {
     const fs::path p = traces / name;
     if (!fs::exists(p)) {

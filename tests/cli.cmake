@@ -6,9 +6,18 @@ if(TARGET moe_residency_cli)
   string(REPLACE ";" "|" _mr_emulator "${CMAKE_CROSSCOMPILING_EMULATOR}")
   # An optional fifth argument is a file given as the tool's standard input.
   function(moe_residency_cli_test name args expect needs)
+    string(REPLACE ";" "@semi@" expect "${expect}")  # add_test would split the argument at a ';'
     add_test(NAME cli_${name}
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
               "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DSTDIN=${ARGV4}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+    set_tests_properties(cli_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
+  endfunction()
+  # A run that needs a file made first (run_cli.cmake's PREP step): exit 0, output `expect`.
+  function(moe_residency_cli_prep_test name args expect needs prep)
+    string(REPLACE ";" "@semi@" expect "${expect}")
+    add_test(NAME cli_${name}
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
+              "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DPREP=${prep}" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
     set_tests_properties(cli_${name} PROPERTIES SKIP_REGULAR_EXPRESSION "SKIPPED:")
   endfunction()
   # A refused input: the tool must exit 2 with the message `expect`; `head`
@@ -17,6 +26,7 @@ if(TARGET moe_residency_cli)
   # a seventh its POST check of what the run must have left alone ("fifo|path", ...),
   # an eighth a file given as the tool's standard input.
   function(moe_residency_cli_error_test name args expect needs head)
+    string(REPLACE ";" "@semi@" expect "${expect}")
     add_test(NAME cli_error_${name}
       COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}" "-DARGS=${args}"
               "-DEXPECT=${expect}" "-DNEEDS=${needs}" "-DEXPECT_RC=2" "-DHEAD=${head}" "-DPREP=${ARGV5}"
@@ -91,9 +101,11 @@ if(TARGET moe_residency_cli)
   # --decode-only: prompt batches skip the cache, as in the live manager. LRU at 4000 MiB
   # then hits 79.343% of decode lookups, not the 80.287% of the replay that caches the
   # prompt (test_replay holds the rule to a replay of the trace without its prompt rows).
+  # Belady's future is then the decode lookups alone: 88.921% (its index ran over the skipped
+  # prompt batches before, and it hit 79.346%, LRU's rate).
   moe_residency_cli_test(replay_decode_only_qwen
-    "replay|--trace|${_mr_t}/qwen.route.csv|--budgets|4000|--policies|lru|--decode-only|--format|csv"
-    "\n4000,lru,79\\.343,163\\.249,0\\.000,0,0,0,"
+    "replay|--trace|${_mr_t}/qwen.route.csv|--budgets|4000|--policies|lru,belady|--decode-only|--format|csv"
+    "\n4000,lru,79\\.343,163\\.249,0\\.000,0,0,0,@@\n4000,belady,88\\.921,87\\.506,0\\.000,0,0,0,"
     "${_mr_t}/qwen.route.csv")
   # The timing model calibrated on the first half of the phone's Qwen decode tokens
   # predicts the second half within the targets: median |error| <= 15% of the recorded
@@ -319,6 +331,208 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_error_test(number_lab_predict_overlap
     "lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|x.csv|--fit|exact@2.5|--overlap|1.5"
     "moe-residency: --overlap: '1.5' is out of range; expected a number from 0 to 1" "" "")
+  # Hostile input, third round (issue 52). Each refusal is asserted whole: from the
+  # start of the output to the end of its line.
+  set(_mr_wide_lines
+    "# route_trace v1|# model=m.gguf arch=x n_layer=65535 n_expert=65535 n_expert_used=1|# layer=0 expert_bytes=1048576 dense_bytes=0|turn,phase,step,layer,slot,expert,weight,residency,expert_bytes|0,1,0,0,0,1,1,0,1048576")
+  set(_mr_k40_lines "# route_trace v1|# model=m.gguf arch=x n_layer=1 n_expert=64 n_expert_used=40|# layer=0 expert_bytes=1048576 dense_bytes=0|turn,phase,step,layer,slot,expert,weight,residency,expert_bytes")
+  foreach(_i RANGE 39)
+    string(APPEND _mr_k40_lines "|0,1,0,0,${_i},${_i},0.5,0,1048576")
+  endforeach()
+  # Every subcommand that reads a trace: its arguments after the trace's path.
+  set(_mr_readers
+    "trace-info^--trace^"
+    "convert^--in^|--out|${_mr_b}/cli-52-out.bin"
+    "replay^--trace^"
+    "score^--trace^"
+    "drop^--trace^"
+    "whatif^--trace^|--config|${_mr_cfg}"
+    "calibrate^--trace^|--metrics|${_mr_t}/gptoss.metrics.csv|--budget|1000"
+    "lab-predict^--trace^|--curve|1:100|--cells|x.csv|--fit|exact@2.5")
+  foreach(_r IN LISTS _mr_readers)
+    string(REPLACE "^" ";" _r "${_r}")
+    list(GET _r 0 _cmd)
+    list(GET _r 1 _opt)
+    list(LENGTH _r _n)
+    set(_rest "")
+    if(_n GREATER 2)
+      list(GET _r 2 _rest)
+    endif()
+    # A declared shape is bounded before anything is sized from it (4.3 billion entries per table before).
+    set(_f "${_mr_b}/cli-wide-${_cmd}.csv")
+    moe_residency_cli_error_test(declared_shape_${_cmd}
+      "${_cmd}|${_opt}|${_f}${_rest}"
+      "^moe-residency: [^\n]*cli-wide-${_cmd}\\.csv: line 2, column 4: n_layer 65535 x n_expert 65535 = 4294836225 expert slots; expected at most 1048576 \\(MOE_RESIDENCY_MAX_EXPERT_SLOTS: a replay sizes its tables by layer x expert\\)\n"
+      "${_mr_t}/gptoss.metrics.csv" "" "lines|${_f}|${_mr_wide_lines}")
+    # Compressed data is named, with what to do (it was "missing magic line").
+    set(_f "${_mr_b}/cli-gz-${_cmd}.csv")
+    moe_residency_cli_error_test(gzip_${_cmd}
+      "${_cmd}|${_opt}|${_f}${_rest}"
+      "^moe-residency: [^\n]*cli-gz-${_cmd}\\.csv: is gzip-compressed data \\(magic bytes 1f 8b\\); expected a route trace \\(CSV or binary\\): decompress it first \\(gunzip -k FILE\\)\n"
+      "${_mr_g}" "" "prefix|${_f}|${_mr_g}|31,139,8,8")
+    # A shape the replay cannot take (top-k above 32) names the file; convert needs no shape.
+    if(NOT _cmd STREQUAL "convert")
+      set(_f "${_mr_b}/cli-k40-${_cmd}.csv")
+      moe_residency_cli_error_test(top_k_names_file_${_cmd}
+        "${_cmd}|${_opt}|${_f}${_rest}"
+        "^moe-residency: [^\n]*cli-k40-${_cmd}\\.csv: model_shape 'x': top-k 40 out of range; expected \\[1, 32\\]\n"
+        "${_mr_t}/gptoss.metrics.csv" "" "lines|${_f}|${_mr_k40_lines}")
+    endif()
+  endforeach()
+  moe_residency_cli_prep_test(convert_top_k_40
+    "convert|--in|${_mr_b}/cli-k40-convert.csv|--out|${_mr_b}/cli-k40-convert.bin"
+    "cli-k40-convert\\.csv -> [^\n]*cli-k40-convert\\.bin \\(binary\\): 40 rows" "" "lines|${_mr_b}/cli-k40-convert.csv|${_mr_k40_lines}")
+  # The encodings of every text input: a UTF-8 byte-order mark is skipped (the same figures),
+  # compressed data and UTF-16 are named.
+  moe_residency_cli_prep_test(bom_trace_replay
+    "replay|--trace|${_mr_b}/cli-bom.csv|--budgets|3000|--policies|lru"
+    "\n3000 +44\\.8 \\( +32\\.4\\)" "${_mr_g}" "prefix|${_mr_b}/cli-bom.csv|${_mr_g}|239,187,191")
+  moe_residency_cli_prep_test(bom_metrics_calibrate
+    "calibrate|--trace|${_mr_t}/qwen.route.csv|--metrics|${_mr_b}/cli-bom-metrics.csv|--budget|4000|--format|csv"
+    "^set,tokens,mean_recorded_ms,mean_predicted_ms,median_abs_err_pct\nfit,64,@@\nheld_out,64,"
+    "${_mr_t}/qwen.metrics.csv" "prefix|${_mr_b}/cli-bom-metrics.csv|${_mr_t}/qwen.metrics.csv|239,187,191")
+  moe_residency_cli_error_test(gzip_stdin_score
+    "score|--trace|-"
+    "^moe-residency: <stdin>: is gzip-compressed data \\(magic bytes 1f 8b\\); expected a route trace \\(CSV or binary\\): decompress it first \\(gunzip -k FILE\\)\n"
+    "${_mr_g}" "" "prefix|${_mr_b}/cli-gz-stdin.csv|${_mr_g}|31,139,8,8" "" "${_mr_b}/cli-gz-stdin.csv")
+  moe_residency_cli_error_test(utf16_config_whatif
+    "whatif|--trace|${_mr_g}|--config|${_mr_b}/cli-utf16.cfg"
+    "^moe-residency: --config: [^\n]*cli-utf16\\.cfg: is UTF-16 text \\(byte-order mark ff fe\\); expected a text file: convert it to UTF-8 first \\(iconv -f UTF-16 -t UTF-8 FILE\\)\n"
+    "${_mr_g}" "" "prefix|${_mr_b}/cli-utf16.cfg|${_mr_cfg}|255,254")
+  moe_residency_cli_error_test(zstd_oracle_profile_replay
+    "replay|--trace|${_mr_g}|--budgets|3000|--policies|lru|--speculate|oracle:1|--oracle-profile|${_mr_b}/cli-zstd-profile.csv"
+    "^moe-residency: --oracle-profile: [^\n]*cli-zstd-profile\\.csv: is zstd-compressed data \\(magic bytes 28 b5 2f fd\\); expected a text file: decompress it first \\(zstd -d FILE\\)\n"
+    "${_mr_g}" "" "prefix|${_mr_b}/cli-zstd-profile.csv|${CMAKE_CURRENT_SOURCE_DIR}/cli/oracle-zero-gptoss.csv|40,181,47,253")
+  moe_residency_cli_error_test(bzip2_metrics_calibrate
+    "calibrate|--trace|${_mr_g}|--metrics|${_mr_b}/cli-bz2-metrics.csv|--budget|3000"
+    "^moe-residency: --metrics: [^\n]*cli-bz2-metrics\\.csv: is bzip2-compressed data \\(magic bytes 42 5a 68\\); expected a text file: decompress it first \\(bunzip2 -k FILE\\)\n"
+    "${_mr_g}" "" "lines|${_mr_b}/cli-bz2-metrics.csv|BZh91AY&SY")
+  # A column named twice, a key given twice: refused naming both places (one copy silently won).
+  moe_residency_cli_error_test(metrics_column_twice_calibrate
+    "calibrate|--trace|${_mr_g}|--metrics|${_mr_b}/cli-twice-metrics.csv|--budget|3000"
+    "^moe-residency: [^\n]*cli-twice-metrics\\.csv: line 1: column 'wall_ms' named twice \\(columns 2 and 3\\); expected each column once\n"
+    "${_mr_g}" "" "lines|${_mr_b}/cli-twice-metrics.csv|step,wall_ms,wall_ms|1,2,3")
+  moe_residency_cli_error_test(config_key_twice_whatif
+    "whatif|--trace|${_mr_g}|--config|${_mr_b}/cli-twice.cfg"
+    "^moe-residency: [^\n]*cli-twice\\.cfg: line 3: lanes: given again \\(first on line 1\\); expected each setting once\n"
+    "${_mr_g}" "" "lines|${_mr_b}/cli-twice.cfg|lanes = 2|compute_ms_per_token = 20|lanes = 4")
+  # Empty values are errors in every subcommand, never "not given" (<empty>: run_cli.cmake passes '').
+  foreach(_case IN ITEMS
+      "replay_plot^replay|--trace|${_mr_g}|--plot|<empty>^--plot: empty; expected a file to write the SVG to"
+      "replay_speculate^replay|--trace|${_mr_g}|--speculate|<empty>^--speculate: empty; expected none, prev-token, frequency, oracle:P or oracle:P,FILE"
+      "whatif_lanes^whatif|--trace|${_mr_g}|--config|${_mr_cfg}|--lanes|<empty>^--lanes: empty; expected read lanes, comma-separated"
+      "calibrate_write_config^calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--write-config|<empty>^--write-config: empty; expected a file to write the fitted timing config to"
+      "calibrate_config^calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--config|<empty>^--config: empty; expected a timing config file \\(key = value lines\\)"
+      "drop_keep_k^drop|--trace|${_mr_g}|--keep-k|<empty>^--keep-k: empty; expected static top-k baselines, comma-separated"
+      "convert_out^convert|--in|${_mr_g}|--out|<empty>^--out: empty; expected a file to write, or - for standard output"
+      "trace_info_trace^trace-info|--trace|<empty>^--trace: empty; expected a route trace file, or - for standard input"
+      "lab_predict_manager_runs^lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|x.csv|--fit|exact@2.5|--manager-runs|<empty>^--manager-runs: empty; expected three metrics files BASELINE,EXACT,CACHE"
+      "demo_router^demo|--router|<empty>^--router: '' is not a choice; expected f32, f16 or bf16"
+      "shape_preset^shape|--preset|<empty>^--preset: '' is not a choice; expected qwen3-30b, gpt-oss-120b or qwen3.6-35b")
+    string(REPLACE "^" ";" _case "${_case}")
+    list(GET _case 0 _n)
+    list(GET _case 1 _args)
+    list(SUBLIST _case 2 -1 _msg)  # the message's own ';' split it: join it back
+    list(JOIN _msg ";" _msg)
+    moe_residency_cli_error_test(empty_${_n} "${_args}" "^moe-residency: ${_msg}\n" "" "")
+  endforeach()
+  moe_residency_cli_error_test(empty_score_predictor
+    "score|--trace|${_mr_g}|--predictors|prev-token,,frequency"
+    "^moe-residency: --predictors: item 2 of 'prev-token,,frequency' is empty; expected items separated by single commas\n"
+    "${_mr_g}" "")
+  moe_residency_cli_error_test(empty_oracle_profile_file
+    "replay|--trace|${_mr_g}|--budgets|3000|--speculate|oracle:1,"
+    "^moe-residency: --speculate: 'oracle:1,' has an empty FILE; expected oracle:P,FILE \\(a per-layer profile\\)\n"
+    "${_mr_g}" "")
+  # Reals are decimal in every subcommand that takes one, as whole numbers are.
+  foreach(_case IN ITEMS
+      "replay^replay|--trace|${_mr_g}|--budgets|0x10^--budgets \\(MiB\\): '0x10' is not a decimal number; expected a number in \\(0, 1e\\+12\\]"
+      "whatif^whatif|--trace|${_mr_g}|--config|${_mr_cfg}|--drops|0x1p-1^--drops \\(a fraction F, or off\\): '0x1p-1' is not a decimal number; expected a number in \\(0, 1\\]"
+      "calibrate^calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|0x10^--budget: '0x10' is not a decimal number; expected a number in \\(0, 1e\\+12\\]"
+      "drop^drop|--trace|${_mr_g}|--thresholds|0x1p-1^--thresholds: '0x1p-1' is not a decimal number; expected a number in \\(0, 1\\]"
+      "score^score|--trace|${_mr_g}|--decay|0x1p-1^--decay: '0x1p-1' is not a decimal number; expected a number in \\(0, 1\\]"
+      "demo^demo|--streamed|--budget|0x10^--budget: '0x10' is not a decimal number; expected a number in \\(0, 1e\\+12\\]"
+      "lab_predict^lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|x.csv|--fit|exact@2.5|--overlap|0x0^--overlap: '0x0' is not a decimal number; expected a number from 0 to 1")
+    string(REPLACE "^" ";" _case "${_case}")
+    list(GET _case 0 _n)
+    list(GET _case 1 _args)
+    list(SUBLIST _case 2 -1 _msg)  # the message's own ';' split it: join it back
+    list(JOIN _msg ";" _msg)
+    moe_residency_cli_error_test(hex_real_${_n} "${_args}" "^moe-residency: ${_msg}\n" "${_mr_g}" "")
+  endforeach()
+  # A value checked as a double and stored as a float (1e-46 became 0).
+  moe_residency_cli_error_test(float_score_decay
+    "score|--trace|${_mr_g}|--decay|1e-46"
+    "^moe-residency: --decay: '1e-46' is 0 as a float \\(the value is stored as one\\); expected a number in \\(0, 1\\]\n"
+    "" "")
+  # A budget that rounds to 0 bytes names the option (it was the cache's message).
+  moe_residency_cli_error_test(zero_byte_budget_replay
+    "replay|--trace|${_mr_g}|--budgets|1000,1e-7"
+    "^moe-residency: --budgets \\(MiB\\): '1e-7' is 0 bytes once rounded to whole bytes; expected at least one byte \\(>= 4\\.8e-07 MiB\\)\n"
+    "" "")
+  moe_residency_cli_error_test(zero_byte_budget_whatif
+    "whatif|--trace|${_mr_g}|--config|${_mr_cfg}|--budgets|1e-7"
+    "^moe-residency: --budgets \\(MiB\\): '1e-7' is 0 bytes once rounded to whole bytes; expected at least one byte \\(>= 4\\.8e-07 MiB\\)\n"
+    "${_mr_g}" "")
+  moe_residency_cli_error_test(zero_byte_budget_calibrate
+    "calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1e-7"
+    "^moe-residency: --budget: '1e-7' is 0 bytes once rounded to whole bytes; expected at least one byte \\(>= 4\\.8e-07 MiB\\)\n"
+    "" "")
+  # calibrate names the files it could not pair.
+  moe_residency_cli_error_test(calibrate_names_metrics
+    "calibrate|--trace|${_mr_g}|--metrics|${_mr_t}/qwen.metrics.csv|--budget|3000"
+    "^moe-residency: --metrics [^\n]*qwen\\.metrics\\.csv with --trace [^\n]*gptoss\\.route\\.csv: calibrate_timing: the replay has 64 decode tokens but the metrics have 128 rows; expected one row per decode token of the same run\n"
+    "${_mr_t}/qwen.metrics.csv" "")
+  moe_residency_cli_error_test(lab_predict_curve_named
+    "lab-predict|--trace|${_mr_g}|--curve|1:0|--cells|${_mr_b}/cli-cells.csv|--fit|exact@2.5"
+    "^moe-residency: --curve: storage_curve: point 1: 0 MiB/s; expected a finite bandwidth > 0\n" "${_mr_g}" ""
+    "lines|${_mr_b}/cli-cells.csv|ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics|2.5,exact,563,141,87.1,")
+  # "-" is standard output where a command says so (convert --out -), refused elsewhere.
+  foreach(_case IN ITEMS
+      "replay_plot^replay|--trace|${_mr_g}|--budgets|1000|--plot|-^--plot"
+      "whatif_plot^whatif|--trace|${_mr_g}|--config|${_mr_cfg}|--plot|-^--plot"
+      "calibrate_write_config^calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--write-config|-^--write-config")
+    string(REPLACE "^" ";" _case "${_case}")
+    list(GET _case 0 _n)
+    list(GET _case 1 _args)
+    list(GET _case 2 _opt)
+    moe_residency_cli_error_test(stdout_${_n} "${_args}"
+      "^moe-residency: ${_opt}: '-' \\(standard output\\) is not taken here: standard output carries the command's report; expected a file to write\n"
+      "" "" "" "absent|${_mr_b}/-")
+  endforeach()
+  # Out of memory says what was being sized, not "std::bad_alloc": a trace at the slot limit
+  # (16 layers x 65535 experts) replayed with its address space held to 40 MiB (the tool itself
+  # needs about 12, the three cells about 90). prlimit stands where an emulator would; not under
+  # an emulator or a sanitizer, whose own reservations an address-space limit breaks.
+  find_program(_mr_prlimit prlimit)
+  if(_mr_prlimit AND NOT CMAKE_CROSSCOMPILING AND NOT CMAKE_CXX_FLAGS MATCHES "sanitize")
+    set(_mr_big "${_mr_b}/cli-big.csv")
+    add_test(NAME cli_error_out_of_memory_names_what
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_prlimit}|--as=41943040"
+              "-DARGS=replay|--trace|${_mr_big}|--budgets|1|--policies|lru,belady,lfu|--threads|1"
+              "-DEXPECT=^moe-residency: out of memory while replaying 3 cells of big \\(tables of 16 layers x 65535 experts a cell\\)@semi@ expected the machine to hold it \\(a smaller input, or more memory\\)\n"
+              "-DEXPECT_RC=2"
+              "-DPREP=lines|${_mr_big}|# route_trace v1|# model=m arch=big n_layer=16 n_expert=65535 n_expert_used=1|# layer=0 expert_bytes=1048576 dense_bytes=0|turn,phase,step,layer,slot,expert,weight,residency,expert_bytes|0,1,0,0,0,1,1,0,1048576"
+              -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/run_cli.cmake")
+  endif()
+  moe_residency_cli_error_test(score_decay_without_frequency
+    "score|--trace|${_mr_g}|--predictors|prev-token|--decay|0.5"
+    "^moe-residency: --decay: has no effect without the frequency predictor; --predictors is 'prev-token'\n" "" "")
+  # An output in a folder that is not there is refused before the work, not after it.
+  moe_residency_cli_error_test(output_no_directory_replay
+    "replay|--trace|${_mr_g}|--budgets|1000|--plot|${_mr_b}/cli-no-such-dir/x.svg"
+    "^moe-residency: --plot: '[^\n]*cli-no-such-dir/x\\.svg' is in '[^\n]*cli-no-such-dir', which does not exist; expected a file in an existing directory\n"
+    "" "")
+  moe_residency_cli_error_test(output_not_a_directory_calibrate
+    "calibrate|--trace|${_mr_g}|--metrics|m.csv|--budget|1|--write-config|${_mr_g}/x.cfg"
+    "^moe-residency: --write-config: '[^\n]*gptoss\\.route\\.csv/x\\.cfg' is in '[^\n]*gptoss\\.route\\.csv', which is not a directory; expected a file in an existing directory\n"
+    "${_mr_g}" "")
+  # A cell that held more than its budget says so: the per-layer policies evict only inside the layer
+  # being loaded, so after Qwen's prompt every layer holds its prompt batch, 7275 MiB, even at 4000.
+  moe_residency_cli_test(over_budget_note
+    "replay|--trace|${_mr_t}/qwen.route.csv|--budgets|500,4000|--policies|lru,layer"
+    "\nnote: cells that held more than their budget \\(peak resident MiB\\): layer at 500 MiB \\(7275\\.0\\), layer at 4000 MiB \\(7275\\.0\\); their hit rates are for that memory, not the budget \\(a batch's own experts are never evicted, and the per-layer policies evict only inside the layer being loaded and keep top-k experts a layer\\); see peak_resident_mib in --format json\n"
+    "${_mr_t}/qwen.route.csv")
   # --plot writes the SVG through files of its own beside it (gnuplot: in CI by install-deps).
   find_program(_mr_gnuplot gnuplot)
   if(_mr_gnuplot)
@@ -328,5 +542,16 @@ if(TARGET moe_residency_cli)
     moe_residency_cli_test(whatif_plot
       "whatif|--trace|${_mr_g}|--config|${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg|--budgets|1000,3000|--plot|${_mr_b}/cli-plot-whatif.svg"
       "moe-residency whatif: wrote [^\n]*cli-plot-whatif\\.svg" "${_mr_g}")
+    # Nothing from an input reaches gnuplot's script: a header crafted to leave every
+    # quoting context gnuplot has runs nothing, and leaves nothing beside the SVGs.
+    # gnuplot's failure (exit 0 without a picture, half a picture, exit 1) or absence is an error,
+    # and the SVG already there is kept.
+    add_test(NAME cli_plot_checked
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}"
+              "-DDIR=${_mr_b}/cli-plot-checked" -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/plot_checked.cmake")
+    add_test(NAME cli_plot_injection
+      COMMAND "${CMAKE_COMMAND}" "-DEXE=$<TARGET_FILE:moe_residency_cli>" "-DEMULATOR=${_mr_emulator}"
+              "-DDIR=${_mr_b}/cli-plot-injection" "-DCONFIG=${CMAKE_CURRENT_SOURCE_DIR}/cli/phone-qwen.cfg"
+              -P "${CMAKE_CURRENT_SOURCE_DIR}/cli/plot_injection.cmake")
   endif()
 endif()

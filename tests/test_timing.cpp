@@ -359,6 +359,88 @@ TEST_CASE("config, curve and metrics files: round trip and errors that name the 
   CHECK(phone.to_list() == storage_curve().to_list());
 }
 
+TEST_CASE("config, curve and metrics files: one rule per encoding, column name, key and empty value") {
+  SUBCASE("a UTF-8 byte-order mark is skipped: it no longer hides the first column or key") {
+    // Before, the mark made the first column '\xef\xbb\xbfstep': no step column, the rows paired by
+    // position and the step check skipped, silently.
+    const token_metrics m = parse_token_metrics("\xef\xbb\xbfstep,wall_ms\n2,20\n1,10\n", "m.csv");
+    CHECK(m.wall_ms == std::vector<double>{10, 20});
+    CHECK(parse_timing_config("\xef\xbb\xbflanes = 3\n", "c.cfg").lanes == 3);
+    CHECK(storage_curve::parse_csv("\xef\xbb\xbflanes,mib_per_s\n1,100\n", "l.csv").mib_per_s(1) == 100.0);
+  }
+  SUBCASE("compressed data and UTF-16 are named, with what to do") {
+    const std::string gz("\x1f\x8b\x08\x00\x00", 5);
+    CHECK_THROWS_WITH_AS(parse_token_metrics(gz, "m.csv.gz"),
+                         "m.csv.gz: is gzip-compressed data (magic bytes 1f 8b); expected a metrics CSV (a header like "
+                         "step,steps,wall_ms,...): decompress it first (gunzip -k FILE)",
+                         error);
+    CHECK_THROWS_WITH_AS(
+        parse_timing_config("\x28\xb5\x2f\xfd", "c.cfg.zst"),
+        "c.cfg.zst: is zstd-compressed data (magic bytes 28 b5 2f fd); expected a timing config (key = "
+        "value lines): decompress it first (zstd -d FILE)",
+        error);
+    CHECK_THROWS_WITH_AS(storage_curve::parse_csv("\xfe\xff\0l", "l.csv"),
+                         "l.csv: is UTF-16 text (byte-order mark fe ff); expected a lanes CSV (a header with lanes and "
+                         "mib_per_s): convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8 FILE)",
+                         error);
+  }
+  SUBCASE("a column named twice, or not named, is refused naming both places") {
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms,stall_ms,wall_ms\n1,10,1,11\n", "m.csv"),
+                         "m.csv: line 1: column 'wall_ms' named twice (columns 2 and 4); expected each column once",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("# run 1\nstep,,wall_ms\n1,0,10\n", "m.csv"),
+                         "m.csv: line 2, column 2: the header names no column here; expected a name in every field of "
+                         "'step,,wall_ms'",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms,\n1,10,\n", "m.csv"),
+                         "m.csv: line 1, column 3: the header names no column here; expected a name in every field of "
+                         "'step,wall_ms,'",
+                         error);
+    CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s,lanes\n1,100,2\n", "l.csv"),
+                         "l.csv: line 1: column 'lanes' named twice (columns 1 and 3); expected each column once",
+                         error);
+  }
+  SUBCASE("a configuration key given twice is refused naming both lines") {
+    CHECK_THROWS_WITH_AS(parse_timing_config("lanes = 2\noverlap = 0.5\nlanes = 4\n", "c.cfg"),
+                         "c.cfg: line 3: lanes: given again (first on line 1); expected each setting once", error);
+    // curve and curve_file set the same parameter.
+    CHECK_THROWS_WITH_AS(
+        parse_timing_config("curve = 1:100\n# the phone\ncurve_file = lanes.csv\n", "c.cfg"),
+        "c.cfg: line 3: curve_file: given again (first on line 1, as curve); expected each setting once", error);
+  }
+  SUBCASE("empty values are errors, in every file") {
+    CHECK_THROWS_WITH_AS(parse_timing_config("lanes = 2\ncurve_file =\n", "c.cfg"),
+                         "c.cfg: line 2: curve_file: empty value; expected key = value", error);
+    CHECK_THROWS_WITH_AS(parse_timing_config("= 3\n", "c.cfg"), "c.cfg: line 1: '= 3' has no key; expected key = value",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_token_metrics("step,wall_ms,stall_ms\n1,10,\n", "m.csv"),
+                         "m.csv: line 2, column stall_ms: empty; expected a finite number >= 0", error);
+    CHECK_THROWS_WITH_AS(storage_curve::parse_list("1:100,,4:200"),
+                         "storage_curve: point 2 of '1:100,,4:200' is empty; expected lanes:MiB/s pairs like "
+                         "1:1809.9,2:2459.8",
+                         error);
+    CHECK_THROWS_WITH_AS(storage_curve::parse_csv("lanes,mib_per_s\n1,\n", "l.csv"),
+                         "l.csv: line 2, column mib_per_s: empty; expected a finite number", error);
+  }
+  SUBCASE("reals are decimal, in every file") {
+    CHECK_THROWS_WITH_AS(
+        parse_timing_config("compute_ms_per_token = 0x10\n", "c.cfg"),
+        "c.cfg: line 1: compute_ms_per_token: '0x10' is not a decimal number; expected a finite number", error);
+    CHECK_THROWS_WITH_AS(
+        parse_token_metrics("wall_ms\n0x1p4\n", "m.csv"),
+        "m.csv: line 2, column wall_ms: '0x1p4' is not a decimal number; expected a finite number >= 0", error);
+  }
+  SUBCASE("curve points are numbered from 1 in every message") {
+    CHECK_THROWS_WITH_AS(storage_curve::parse_list("1:100,1:200"),
+                         "storage_curve: point 2: lanes 1; expected lanes >= 1, strictly increasing", error);
+    CHECK_THROWS_WITH_AS(storage_curve::parse_list("0.5:100"),
+                         "storage_curve: point 1: lanes 0.5; expected lanes >= 1, strictly increasing", error);
+    CHECK_THROWS_WITH_AS(storage_curve::parse_list("1:100,2:x"),
+                         "storage_curve: point 2 of '1:100,2:x', MiB/s: 'x' is not a number; expected a finite number",
+                         error);
+  }
+}
+
 TEST_CASE("calibration recovers known parameters from metrics the model itself produced") {
   const model_shape shape("toy", 16, 4, {mib, 2 * mib, mib});
   timing_params truth;

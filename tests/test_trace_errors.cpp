@@ -593,6 +593,11 @@ TEST_CASE("read_route_trace checks a file's head before reading the rest, with t
   }
   for (std::size_t n = 0; n < 40; ++n) files.push_back(csv.substr(0, n));
   files.push_back("\n" + csv);
+  // The encodings: a byte-order mark (skipped), compressed data and UTF-16 (named), cut anywhere.
+  for (const std::string& lead :
+       {std::string("\xef\xbb\xbf"), std::string("\x1f\x8b\x08\x00", 4), std::string("\x28\xb5\x2f\xfd"),
+        std::string("\xfd\x37\x7a\x58\x5a\x00", 6), std::string("\xff\xfe#\0", 4)})
+    for (std::size_t n = 0; n <= lead.size() + 3; ++n) files.push_back((lead + csv).substr(0, n));
   files.push_back(std::string(100000, 'x'));  // a first line longer than the head
   std::size_t refused = 0;
   for (const std::string& f : files) {
@@ -649,6 +654,108 @@ TEST_CASE("text inputs: binary data in a configuration's head is refused before 
                        (path + ": holds binary data (a NUL byte at offset 10); expected a text file").c_str(), error);
   CHECK(detail::read_input_file(path, "a config").size() == 12);  // without the check: the bytes as they are
   std::remove(path.c_str());
+}
+
+TEST_CASE("encodings: a UTF-8 byte-order mark is skipped; compressed data and UTF-16 are named, not 'no magic'") {
+  const std::string csv = join(base_lines);
+  const route_trace plain = parse(csv);
+  // Notepad's and Excel's byte-order mark: the same trace.
+  const route_trace bom = parse("\xef\xbb\xbf" + csv);
+  CHECK(bom.rows.size() == plain.rows.size());
+  CHECK(bom.header.arch == "qwen3moe");
+  // One mark only: a second is no magic line.
+  CHECK_THROWS_WITH_AS(parse("\xef\xbb\xbf\xef\xbb\xbf" + csv),
+                       "t.csv: line 1, column 1: missing magic line: found '\\xef\\xbb\\xbf# route_trace v1'; expected "
+                       "'# route_trace v1'",
+                       error);
+  const struct {
+    std::string lead, message;
+  } cases[] = {
+      {std::string("\x1f\x8b\x08\x00", 4),
+       "t.csv: is gzip-compressed data (magic bytes 1f 8b); expected a route trace (CSV or binary): decompress it "
+       "first (gunzip -k FILE)"},
+      {"\x28\xb5\x2f\xfd",
+       "t.csv: is zstd-compressed data (magic bytes 28 b5 2f fd); expected a route trace (CSV or binary): decompress "
+       "it first (zstd -d FILE)"},
+      {std::string("\xfd\x37\x7a\x58\x5a\x00", 6),
+       "t.csv: is xz-compressed data (magic bytes fd 37 7a 58 5a 00); expected a route trace (CSV or binary): "
+       "decompress it first (xz -dk FILE)"},
+      {"BZh91AY&SY",
+       "t.csv: is bzip2-compressed data (magic bytes 42 5a 68); expected a route trace (CSV or binary): decompress "
+       "it first (bunzip2 -k FILE)"},
+      {"PK\x03\x04",
+       "t.csv: is a zip archive (magic bytes 50 4b 03 04); expected a route trace (CSV or binary): extract the file "
+       "first (unzip)"},
+      {"\xff\xfe",
+       "t.csv: is UTF-16 text (byte-order mark ff fe); expected a route trace (CSV or binary): convert it to UTF-8 "
+       "first (iconv -f UTF-16 -t UTF-8 FILE)"},
+      {"\xfe\xff",
+       "t.csv: is UTF-16 text (byte-order mark fe ff); expected a route trace (CSV or binary): convert it to UTF-8 "
+       "first (iconv -f UTF-16 -t UTF-8 FILE)"},
+      {std::string("\xff\xfe\0\0", 4),
+       "t.csv: is UTF-32 text (byte-order mark ff fe 00 00); expected a route trace (CSV or binary): convert it to "
+       "UTF-8 first (iconv -f UTF-32 -t UTF-8 FILE)"},
+      {std::string("\0\0\xfe\xff", 4),
+       "t.csv: is UTF-32 text (byte-order mark 00 00 fe ff); expected a route trace (CSV or binary): convert it to "
+       "UTF-8 first (iconv -f UTF-32 -t UTF-8 FILE)"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.message);
+    CHECK_THROWS_WITH_AS(parse(c.lead + csv), c.message.c_str(), error);
+  }
+  // "BZh" alone is text (a trace's magic line is checked next), not bzip2.
+  CHECK_THROWS_WITH_AS(parse("BZh9 not compressed\n" + csv),
+                       "t.csv: line 1, column 1: missing magic line: found 'BZh9 not compressed'; expected '# "
+                       "route_trace v1'",
+                       error);
+}
+
+TEST_CASE("a declared shape is bounded before anything is sized from it") {
+  // A few hundred bytes declaring 65535 layers x 65535 experts: every replay
+  // table (one entry per layer and expert) would be 4.3 billion entries.
+  CHECK(max_expert_slots == 1048576);
+  CHECK_THROWS_WITH_AS(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=65535 n_expert=65535 n_expert_used=2")),
+                       "t.csv: line 2, column 4: n_layer 65535 x n_expert 65535 = 4294836225 expert slots; expected at "
+                       "most 1048576 (MOE_RESIDENCY_MAX_EXPERT_SLOTS: a replay sizes its tables by layer x expert)",
+                       error);
+  // At the limit is fine (the rows are then checked as ever: this one routes layer 0 of 16).
+  CHECK(parse(with_line(2, "# model=m.gguf arch=qwen3moe n_layer=16 n_expert=65535 n_expert_used=2")).rows.size() ==
+        22);
+  const route_trace t = parse(join(base_lines));
+  SUBCASE("binary: refused from the fixed header, before the layer table is read") {
+    // 17 layers (3 routed) of 16 experts, then n_expert made 65535 and the checksums made to match.
+    route_trace wide = t;
+    wide.header.n_layer = 17;
+    wide.header.expert_bytes.resize(17, 0);
+    wide.header.dense_bytes.resize(17, 0);
+    wide.header.layer_listed.assign(17, false);
+    for (std::size_t l = 0; l < 3; ++l) wide.header.layer_listed[l] = true;
+    std::string w = binary_of(wide);
+    detail::store_le<std::uint32_t>(reinterpret_cast<unsigned char*>(&w[24]), 65535);
+    reseal(w);
+    CHECK_THROWS_WITH_AS(parse_route_trace_binary(w, "t.bin"),
+                         "t.bin: header: n_layer 17 x n_expert 65535 = 1114095 expert slots; expected at most 1048576 "
+                         "(MOE_RESIDENCY_MAX_EXPERT_SLOTS: a replay sizes its tables by layer x expert)",
+                         error);
+    CHECK_THROWS_WITH_AS(detail::read_binary_trace_frame(w.substr(0, 48), w.size(), "t.bin"),
+                         doctest::Contains("n_layer 17 x n_expert 65535 = 1114095 expert slots"), error);
+  }
+  SUBCASE("a hand-built trace, and its writers") {
+    route_trace h = t;
+    h.header.n_expert = 65535;
+    h.header.n_layer = 3;
+    CHECK_NOTHROW(validate_route_trace(h));  // 196605 slots
+    h.header.n_layer = 20;
+    h.header.expert_bytes.resize(20, 0);
+    h.header.dense_bytes.resize(20, 0);
+    h.header.layer_listed.assign(20, false);
+    for (std::size_t l = 0; l < 3; ++l) h.header.layer_listed[l] = true;
+    CHECK_THROWS_WITH_AS(validate_route_trace(h, "h"),
+                         "h: header: n_layer 20 x n_expert 65535 = 1310700 expert slots; expected at most 1048576 "
+                         "(MOE_RESIDENCY_MAX_EXPERT_SLOTS: a replay sizes its tables by layer x expert)",
+                         error);
+    CHECK_THROWS_WITH_AS(h.shape(), doctest::Contains("1310700 expert slots"), error);
+  }
 }
 
 TEST_CASE("binary: XXH64 gives the published values") {

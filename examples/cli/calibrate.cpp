@@ -47,7 +47,12 @@ void run(const calibrate_args& a) {
     co.fit_io = true;
     co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
   }
-  const calibration_result c = calibrate_timing(in.shape(), r.decode_loads, m, start, co);
+  calibration_result c;
+  try {
+    c = calibrate_timing(in.shape(), r.decode_loads, m, start, co);
+  } catch (const error& e) {  // name the files it paired
+    throw error("--metrics " + a.metrics + " with --trace " + a.trace + ": " + e.what());
+  }
   if (!a.write_config.empty())
     moe_residency_cli::write_output_file(
         a.write_config, "--write-config", {{"--trace", a.trace}, {"--metrics", a.metrics}, {"--config", a.config}},
@@ -101,7 +106,7 @@ const moe_residency_cli::command_registrar reg{
           ->required();
       sub.add_option("--budget", a->budget, "the run's cache budget, MiB")
           ->required()
-          ->check(moe_residency_cli::real(moe_residency::budget_mib_domain()));
+          ->check(moe_residency_cli::budget_mib());
       sub.add_option("--policy", a->policy, "the run's cache policy")->capture_default_str();
       sub.add_option("--config", a->config, "timing config (key = value) with the fixed parameters: lanes, curve, ...");
       sub.add_option("--split", a->split,

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -18,6 +19,7 @@
 #include "checked_options.hpp"
 #include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
+#include "moe_residency/replay/cells.hpp"
 #include "moe_residency/trace.hpp"
 
 namespace moe_residency_cli {
@@ -41,12 +43,40 @@ struct command_registrar {
   }
 };
 
+/// What the command is doing, for the message of an out-of-memory error
+/// (main.cpp): "reading the route trace t.csv". Set by `activity`.
+inline std::string& current_activity() {
+  static std::string what = "running the command";
+  return what;
+}
+
+/// Names what the command does while it lives (nested: the innermost wins).
+/// Left in place when an exception unwinds it: main() catches the error after
+/// the unwinding, and must still see what was being done.
+class activity {
+ public:
+  explicit activity(std::string what) : outer_(current_activity()), unwinding_(std::uncaught_exceptions()) {
+    current_activity() = std::move(what);
+  }
+  ~activity() {
+    if (std::uncaught_exceptions() == unwinding_) current_activity() = std::move(outer_);
+  }
+  activity(const activity&) = delete;
+  activity& operator=(const activity&) = delete;
+
+ private:
+  std::string outer_;
+  int unwinding_;
+};
+
 // The options several subcommands share, declared in one place so that each
 // has the same name, help and refusal everywhere.
 
 /// --trace: a route trace, CSV or binary (read_trace detects which); - for standard input.
 inline CLI::Option* add_trace_option(CLI::App& sub, std::string& path, const std::string& what = "route trace") {
-  return sub.add_option("--trace", path, what + ", CSV or binary; - for standard input")->required();
+  return sub.add_option("--trace", path, what + ", CSV or binary; - for standard input")
+      ->required()
+      ->check(non_empty("a route trace file, or - for standard input"));
 }
 
 /// --format: one of `forms`; the default is the value `format` holds when called.
@@ -63,11 +93,37 @@ inline CLI::Option* add_preset_option(CLI::App& sub, std::string& preset, std::v
       ->capture_default_str();
 }
 
+/// A cache budget in MiB: a decimal number in budget_mib_domain() that is at
+/// least one byte once rounded to bytes. Throws naming `what` (the option):
+///   --budgets (MiB): '1e-7' is 0 bytes once rounded to whole bytes; expected ...
+inline double parse_budget_mib(const std::string& text, const std::string& what) {
+  const double v = moe_residency::detail::parse_real(text, what, moe_residency::budget_mib_domain());
+  if (moe_residency::from_mib(v) == 0)
+    throw moe_residency::error(what + ": '" + text +
+                               "' is 0 bytes once rounded to whole bytes; expected at least one byte (>= 4.8e-07 MiB)");
+  return v;
+}
+
+/// parse_budget_mib as a CLI11 validator (an option of one budget).
+inline CLI::Validator budget_mib() {
+  return CLI::Validator(
+      [](std::string& s) {
+        try {
+          parse_budget_mib(s, "x");
+        } catch (const moe_residency::error& e) {
+          return std::string(e.what()).substr(3);  // CLI11 prefixes the option's name
+        }
+        return std::string();
+      },
+      "REAL: MiB > 0");
+}
+
 /// The whole regular file at `path`; throws moe_residency::error naming the
 /// option that gave it (`option`, e.g. "--config"), the path and what is
 /// wrong: it is a directory, a FIFO or a device, or cannot be opened or read
 /// (with the system's reason).
 inline std::string read_whole_file(const std::string& path, const char* option) {
+  const activity doing(std::string("reading ") + option + " " + path);
   try {
     return moe_residency::detail::read_input_file(path, "a regular file",
                                                   moe_residency::detail::text_head(path, "a text file"));
@@ -76,12 +132,27 @@ inline std::string read_whole_file(const std::string& path, const char* option) 
   }
 }
 
+/// The route trace at `path` as read_trace_file reads it, and its model shape
+/// checked (a top-k the library cannot replay, a routed layer without bytes),
+/// the message naming the file, for every command that builds the shape.
+inline moe_residency::validated_route_trace read_trace_file(const std::string& path);
+inline moe_residency::validated_route_trace read_trace(const std::string& path) {
+  moe_residency::validated_route_trace t = read_trace_file(path);
+  try {
+    (void)t.shape();
+  } catch (const moe_residency::error& e) {
+    throw moe_residency::error((path == "-" ? std::string("<stdin>") : path) + ": " + e.what());
+  }
+  return t;
+}
+
 /// The route trace at `path`, or on standard input for "-" (a trace piped
 /// from a decompressor or another tool: `zcat t.csv.gz | moe-residency
 /// replay --trace -`), named "<stdin>" in messages. A CSV's magic line is
 /// checked in the first 64 KiB, before the rest is read.
-inline moe_residency::validated_route_trace read_trace(const std::string& path) {
+inline moe_residency::validated_route_trace read_trace_file(const std::string& path) {
   using namespace moe_residency;
+  const activity doing("reading the route trace " + path);
   if (path != "-") return read_route_trace(path);
   const std::string source = "<stdin>";
   std::string bytes;
@@ -97,6 +168,7 @@ inline moe_residency::validated_route_trace read_trace(const std::string& path) 
   };
   read_up_to(detail::input_head_bytes);
   const bool binary = !bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x89;
+  // Compressed data and UTF-16 are named (csv_parser's magic check), as from a file.
   if (!binary) detail::csv_parser(bytes, source).check_magic();  // a binary frame needs the size: checked whole
   read_up_to(std::numeric_limits<std::size_t>::max());
   if (binary) return parse_route_trace_binary(bytes, source);

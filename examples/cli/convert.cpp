@@ -19,8 +19,9 @@ using moe_residency_cli::write_output_file;
 
 void convert(const std::string& in, const std::string& out, std::string to) {
   const bool to_stdout = out == "-";
-  if (!to_stdout) check_output_path(out, "--out", {{"--in", in}});    // before the input is read
-  const validated_route_trace t = moe_residency_cli::read_trace(in);  // validated once, written without a second pass
+  if (!to_stdout) check_output_path(out, "--out", {{"--in", in}});  // before the input is read
+  // Validated once, written without a second pass; no shape needed (a top-k above 32 converts).
+  const validated_route_trace t = moe_residency_cli::read_trace_file(in);
   if (to.empty()) to = t.binary_version() != 0 ? "csv" : "binary";
   if (t.noncanonical_weights())
     std::fprintf(stderr,

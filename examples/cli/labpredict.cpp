@@ -53,13 +53,29 @@ struct cell {
 /// The metrics of one cell: one file, or several runs of it separated by ';'
 /// and appended in that order (calibrate_lab fits them whole). `runs` gets
 /// how many.
+// The text of a file a lab parser reads (moe_residency_lab/ does not skip a
+// UTF-8 byte-order mark itself; the library's parsers do).
+std::string read_lab_text(const std::string& path, const char* option) {
+  return std::string(detail::strip_utf8_bom(moe_residency_cli::read_whole_file(path, option)));
+}
+
+// FILE or FILE;FILE;...: every name, an empty one refused (also at either end).
+std::vector<std::string> file_list(const std::string& list, const std::string& what) {
+  std::vector<std::string> out;
+  for (std::size_t start = 0;;) {
+    const std::size_t semi = list.find(';', start);
+    out.push_back(list.substr(start, semi == std::string::npos ? std::string::npos : semi - start));
+    if (out.back().empty())
+      throw error(what + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
+    if (semi == std::string::npos) return out;
+    start = semi + 1;
+  }
+}
+
 token_metrics read_metrics_list(const std::string& list, const char* what, std::size_t* runs = nullptr) {
   token_metrics m;
   std::size_t k = 0;
-  std::stringstream ls(list);
-  for (std::string path; std::getline(ls, path, ';');) {
-    if (path.empty())
-      throw error(std::string(what) + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
+  for (const std::string& path : file_list(list, what)) {
     append_token_metrics(m, parse_token_metrics(moe_residency_cli::read_whole_file(path, what), path));
     ++k;
   }
@@ -72,7 +88,7 @@ token_metrics read_metrics_list(const std::string& list, const char* what, std::
 /// (moe_residency_lab/cells.hpp parses it); the levers every cell shares come from the options.
 std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
   std::vector<cell> out;
-  for (const lab_cell& l : parse_lab_cells(moe_residency_cli::read_whole_file(path, "--cells"), "--cells: " + path)) {
+  for (const lab_cell& l : parse_lab_cells(read_lab_text(path, "--cells"), "--cells: " + path)) {
     cell c;
     c.ratio = l.ratio;
     c.config = l.config;
@@ -91,7 +107,8 @@ std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
 
 void run(const lab_args& a) {
   const auto at = a.fit.find('@');
-  if (at == std::string::npos) throw error("--fit: '" + a.fit + "'; expected CONFIG@RATIO like exact@2.5");
+  if (at == std::string::npos || at + 1 == a.fit.size())
+    throw error("--fit: '" + a.fit + "'; expected CONFIG@RATIO like exact@2.5");
   const lab_config fit_config = parse_lab_config(a.fit.substr(0, at));
   const std::string fit_ratio = a.fit.substr(at + 1);
 
@@ -107,10 +124,8 @@ void run(const lab_args& a) {
   if (!have_mc && a.manager_budget != 0)  // the option refuses 0, so non-zero means given
     throw error("--manager-budget has no effect without --manager-runs; give both, or neither");
   if (have_mc) {
-    std::vector<std::string> f;
-    std::stringstream ml(a.manager_runs);
-    for (std::string x; std::getline(ml, x, ',');) f.push_back(x);
-    if (f.size() != 3 || f[0].empty() || f[1].empty() || f[2].empty())
+    const std::vector<std::string> f = moe_residency_cli::split_list(a.manager_runs, "--manager-runs");
+    if (f.size() != 3)
       throw error("--manager-runs: '" + a.manager_runs +
                   "'; expected three metrics files BASELINE,EXACT,CACHE (memlab's resident-all, manager-exact and "
                   "manager-cache runs)");
@@ -130,15 +145,18 @@ void run(const lab_args& a) {
   }
 
   timing_params start;
-  start.curve = storage_curve::parse_list(a.curve);
+  try {
+    start.curve = storage_curve::parse_list(a.curve);
+  } catch (const error& e) {
+    throw error(std::string("--curve: ") + e.what());
+  }
   start.lanes = a.lanes;
   start.overlap = a.overlap;
   start.bandwidth_scale = a.bandwidth_scale;
   start.fault_bandwidth_scale = a.fault_bandwidth_scale;
   start.validate();
   unsigned free = 0;
-  std::stringstream fl(a.free);
-  for (std::string p; std::getline(fl, p, ',');) {
+  for (const std::string& p : moe_residency_cli::split_list(a.free, "--free")) {
     if (p == "compute") free |= static_cast<unsigned>(timing_param::compute_ms_per_token);
     else if (p == "latency") free |= static_cast<unsigned>(timing_param::read_latency_ms);
     else if (p == "overlap") free |= static_cast<unsigned>(timing_param::overlap);
@@ -158,11 +176,8 @@ void run(const lab_args& a) {
   // Every row of FILE;FILE;... (one walk's file per run), parsed by `parse`.
   const auto walk_rows = [](const std::string& list, const char* flag, auto parse) {
     decltype(parse(std::string(), std::string())) rows;
-    std::stringstream wl(list);
-    for (std::string path; std::getline(wl, path, ';');) {
-      if (path.empty())
-        throw error(std::string(flag) + ": '" + list + "' has an empty file name; expected FILE or FILE;FILE;...");
-      const auto r = parse(moe_residency_cli::read_whole_file(path, flag), std::string(flag) + ": " + path);
+    for (const std::string& path : file_list(list, flag)) {
+      const auto r = parse(read_lab_text(path, flag), std::string(flag) + ": " + path);
       rows.insert(rows.end(), r.begin(), r.end());
     }
     return rows;

@@ -4,12 +4,12 @@
 // and never half. The bytes go to a new temporary file of our own beside the
 // target (mkstemp: a user's file of any name is never touched), which is
 // renamed over the target only once complete. Errors name the option, the path
-// and the system's reason.
+// and the system's reason. "-" is standard output where a command says so
+// (convert --out -); every other output refuses it rather than write a file
+// named "-".
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,8 +27,6 @@
 #include "moe_residency/detail/files.hpp"
 #include "moe_residency/error.hpp"
 
-extern char** environ;  // POSIX: the process environment, for posix_spawnp
-
 namespace moe_residency_cli {
 
 /// An input of the command, by the option that named it ("--in", "--trace").
@@ -44,8 +42,25 @@ inline void check_output_path(const std::string& path, const std::string& option
   namespace fs = std::filesystem;
   using moe_residency::error;
   if (path.empty()) throw error(option + ": empty path; expected a file to write");
+  if (path == "-")
+    throw error(option +
+                ": '-' (standard output) is not taken here: standard output carries the command's report; expected a "
+                "file to write");
   const std::string named = option + ": '" + path + "' ";
   if (const std::string p = moe_residency::detail::output_file_problem(path); !p.empty()) throw error(named + p);
+  // The folder must be there before the work, not found missing after it (the
+  // new file is made beside the target).
+  {
+    const fs::path parent = fs::path(path).parent_path();
+    std::error_code e;
+    if (!parent.empty() && !fs::is_directory(parent, e))
+      throw error(named + "is in '" + parent.string() + "', which " +
+                  (fs::exists(parent, e) ? "is not a directory" : "does not exist") +
+                  "; expected a file in an existing directory");
+    const std::string dir = parent.empty() ? std::string(".") : parent.string();
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw error(named + "is in '" + dir + "', where no file can be made: " + std::strerror(errno));
+  }
   for (const named_input& in : inputs) {
     std::error_code e;
     if (!in.path.empty() && in.path != "-" && fs::equivalent(path, in.path, e))  // "-": standard input
@@ -77,33 +92,6 @@ inline void replace_with(const std::string& tmp, const std::string& path, const 
     std::remove(tmp.c_str());
     throw moe_residency::error(option + ": '" + path + "': cannot replace it: " + std::strerror(err));
   }
-}
-
-/// Runs gnuplot on `script` (which plots `data` into `picture`, all three
-/// files of ours beside `svg`), removes the script and the data, and puts
-/// the picture at `svg` (--plot) once gnuplot has written it whole.
-/// gnuplot runs directly, not through a shell, so no path needs quoting.
-inline void render_gnuplot(const std::string& script, const std::string& data, const std::string& picture,
-                           const std::string& svg) {
-  int rc = -1;
-  {
-    std::vector<char> prog(std::begin("gnuplot"), std::end("gnuplot"));
-    std::vector<char> arg(script.begin(), script.end());
-    arg.push_back('\0');
-    char* argv[] = {prog.data(), arg.data(), nullptr};
-    pid_t pid = 0;
-    if (posix_spawnp(&pid, "gnuplot", nullptr, nullptr, argv, environ) == 0) {
-      int status = 0;
-      if (waitpid(pid, &status, 0) == pid && WIFEXITED(status)) rc = WEXITSTATUS(status);
-    }
-  }
-  std::remove(data.c_str());
-  std::remove(script.c_str());
-  if (rc != 0) {
-    std::remove(picture.c_str());
-    throw moe_residency::error("--plot: gnuplot failed (exit " + std::to_string(rc) + ") writing " + svg);
-  }
-  replace_with(picture, svg, "--plot");
 }
 
 /// Writes the output of `option` at `path` (check_output_path first): `write`

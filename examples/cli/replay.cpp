@@ -18,18 +18,12 @@
 
 #include "checked_options.hpp"
 #include "command.hpp"
+#include "gnuplot.hpp"
 #include "output.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/replay/oracle_profile.hpp"
 
 namespace {
-
-// A gnuplot single-quoted string: a quote inside is written twice.
-std::string gp_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'' ? std::string("''") : std::string(1, c));
-  return out + "'";
-}
 
 using namespace moe_residency;
 
@@ -60,7 +54,7 @@ struct replay_args {
 std::vector<double> parse_budgets(const std::string& s) {
   std::vector<double> out;
   for (const auto& item : moe_residency_cli::split_list(s, "--budgets")) {
-    out.push_back(detail::parse_real(item, "--budgets (MiB)", budget_mib_domain()));
+    out.push_back(moe_residency_cli::parse_budget_mib(item, "--budgets (MiB)"));
   }
   return out;
 }
@@ -71,50 +65,27 @@ std::string fmt_mib(double v) {
   return buf;
 }
 
-bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
-
+// The SVG of hit % against budget, one line per policy, the token cycle
+// marked; the title (the trace's arch) goes to gnuplot as escaped text.
 void write_plot(const std::string& svg, const std::string& title, const std::vector<replay_result>& rs) {
-  if (!have_gnuplot()) {
-    std::cerr << "moe-residency replay: --plot needs gnuplot, which is not installed; install it with "
-                 "'apt-get install gnuplot-nox' (Debian/Ubuntu) or 'brew install gnuplot' (macOS). "
-                 "Tip: --format csv gives the same curves as data.\n";
-    return;
+  std::vector<moe_residency_cli::gnuplot_series> lines;
+  for (const auto& r : rs) {
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.title == r.policy; });
+    if (it == lines.end()) it = lines.insert(lines.end(), {r.policy, {}});
+    it->points.emplace_back(r.budget_mib, r.hit_pct_decode());
   }
-  std::vector<std::string> pols;
-  for (const auto& r : rs)
-    if (std::find(pols.begin(), pols.end(), r.policy) == pols.end()) pols.push_back(r.policy);
-  // Data, script and picture in new files of our own beside the SVG; the
-  // picture replaces the SVG only once gnuplot has written it whole.
-  const std::string data = moe_residency_cli::temp_file_beside(svg, "--plot"),
-                    script = moe_residency_cli::temp_file_beside(svg, "--plot"),
-                    picture = moe_residency_cli::temp_file_beside(svg, "--plot");
-  {
-    std::ofstream d(data);
-    for (const auto& p : pols) {
-      d << "# " << p << "\n";
-      for (const auto& r : rs)
-        if (r.policy == p) d << r.budget_mib << " " << r.hit_pct_decode() << "\n";
-      d << "\n\n";
-    }
-  }
-  const double cycle = rs.empty() ? 0 : to_mib(rs.front().token_cycle_bytes);
-  {
-    std::ofstream g(script);
-    g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
-      << "set output " << gp_quote(picture) << "\n"
-      << "set title \"" << title << "\" noenhanced\n"
-      << "set xlabel 'cache budget (MiB)'\nset ylabel 'decode hit rate (%)'\n"
-      << "set key right bottom\nset grid\nset yrange [0:100]\n"
-      << "set arrow from " << cycle << ", graph 0 to " << cycle << ", graph 1 nohead dt 2 lw 2 lc rgb '#aa0000'\n"
-      << "set label 'token cycle " << fmt_mib(cycle) << " MiB' at " << cycle << ", graph 0.95 offset 0.5,0 "
-      << "tc rgb '#aa0000'\n"
-      << "plot ";
-    for (std::size_t i = 0; i < pols.size(); ++i)
-      g << (i ? ", " : "") << gp_quote(data) << " index " << i << " with linespoints lw 2 title '" << pols[i]
-        << "' noenhanced";
-    g << "\n";
-  }
-  moe_residency_cli::render_gnuplot(script, data, picture, svg);
+  const std::string cycle = moe_residency_cli::gnuplot_number(rs.empty() ? 0 : to_mib(rs.front().token_cycle_bytes));
+  const std::string settings =
+      "set title " + moe_residency_cli::gnuplot_text(title) +
+      " noenhanced\n"
+      "set xlabel 'cache budget (MiB)'\nset ylabel 'decode hit rate (%)'\n"
+      "set key right bottom\nset grid\nset yrange [0:100]\n"
+      "set arrow from " +
+      cycle + ", graph 0 to " + cycle + ", graph 1 nohead dt 2 lw 2 lc rgb '#aa0000'\n" + "set label " +
+      moe_residency_cli::gnuplot_text("token cycle " + fmt_mib(rs.empty() ? 0 : to_mib(rs.front().token_cycle_bytes)) +
+                                      " MiB") +
+      " at " + cycle + ", graph 0.95 offset 0.5,0 tc rgb '#aa0000' noenhanced\n";
+  moe_residency_cli::render_svg_plot(svg, settings, lines);
   std::cerr << "moe-residency replay: wrote " << svg << "\n";
 }
 
@@ -137,19 +108,32 @@ std::vector<double> read_oracle_profile(const std::string& path, std::size_t n_l
                               n_layers);
 }
 
+// What an out-of-memory error names while the cells run.
+std::string cells_activity(const model_shape& s, std::size_t cells) {
+  return "replaying " + std::to_string(cells) + " cells of " + s.name() + " (tables of " +
+         std::to_string(s.n_layers()) + " layers x " + std::to_string(s.n_experts()) + " experts a cell)";
+}
+
 // `replay --drop F` and/or `--speculate P`: one dynamic replay per cell.
 void run_dynamic(const replay_args& a, const std::vector<double>& budgets, const std::vector<std::string>& policies) {
-  const routed_replay_input in = routed_replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
+  const routed_replay_input in = [&a] {
+    const validated_route_trace t = moe_residency_cli::read_trace(a.trace);
+    const moe_residency_cli::activity doing("grouping the load batches of " + a.trace);
+    return routed_replay_input::from_trace(t.trace());
+  }();
+  const moe_residency_cli::activity replaying(cells_activity(in.shape(), budgets.size() * policies.size()));
   moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
   dynamic_replay_options base;
   if (a.drop != 0) base.drop = a.drop;
   base.prefill_cached = !a.decode_only;
   // `oracle:P,FILE` is `--speculate oracle:P --oracle-profile FILE`.
-  std::string speculate = a.speculate, profile = a.oracle_profile;
+  std::string speculate = a.speculate.empty() ? "none" : a.speculate, profile = a.oracle_profile;
   if (const auto comma = speculate.find(','); comma != std::string::npos && speculate.rfind("oracle:", 0) == 0) {
     if (!profile.empty()) throw error("--speculate " + a.speculate + " and --oracle-profile: give the profile once");
     profile = speculate.substr(comma + 1);
     speculate.erase(comma);
+    if (profile.empty())
+      throw error("--speculate: '" + a.speculate + "' has an empty FILE; expected oracle:P,FILE (a per-layer profile)");
   }
   base.speculation = parse_replay_speculation(speculate);
   base.speculation.cap = a.spec_cap;
@@ -206,8 +190,9 @@ void check_option_effects(const CLI::App& sub, const replay_args& a, const std::
                        [name](const std::string& p) { return p.rfind(name, 0) == 0; });
   };
   const bool oracle = a.speculate.rfind("oracle", 0) == 0;
+  const bool speculating = !a.speculate.empty() && a.speculate != "none";
   for (const char* o : {"--spec-cap", "--horizon"})
-    if (given(o) && a.speculate.empty())
+    if (given(o) && !speculating)
       throw error(std::string(o) +
                   ": has no effect without --speculate; expected --speculate prev-token, frequency "
                   "or oracle:P with it");
@@ -228,19 +213,28 @@ void check_option_effects(const CLI::App& sub, const replay_args& a, const std::
 }
 
 void run(const CLI::App& sub, const replay_args& a) {
+  const bool given_plot = !a.plot.empty();  // an empty --plot is refused while parsing
   const auto budgets = parse_budgets(a.budgets);
   const auto policies = moe_residency_cli::split_list(a.policies, "--policies");
   check_option_effects(sub, a, policies);
   for (const auto& p : policies) check_replay_cell(p, budgets.front());
   if (a.drop != 0 || !a.speculate.empty() || a.decode_only) {
-    if (a.format == "json" || !a.plot.empty())
-      throw error("--drop/--speculate/--decode-only: table or csv output, no --plot");
+    if (a.format == "json" || given_plot)
+      throw error(std::string(given_plot ? "--plot" : "--format json") +
+                  ": not with --drop, --speculate or --decode-only; expected table or csv output, no --plot");
     run_dynamic(a, budgets, policies);
     return;
   }
-  if (!a.plot.empty())  // before the replay, not after it
+  if (given_plot) {  // before the replay, not after it
     moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}});
-  const replay_input in = replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
+    moe_residency_cli::require_gnuplot("replay");
+  }
+  const replay_input in = [&a] {
+    const validated_route_trace t = moe_residency_cli::read_trace(a.trace);
+    const moe_residency_cli::activity doing("grouping the load batches of " + a.trace);
+    return replay_input::from_trace(t.trace());
+  }();
+  const moe_residency_cli::activity replaying(cells_activity(in.shape(), budgets.size() * policies.size()));
   moe_residency_cli::require_decode_tokens(
       static_cast<std::size_t>(std::count_if(in.batches().batches.begin(), in.batches().batches.end(),
                                              [](const load_batch& b) { return b.phase == run_phase::decode; })),
@@ -264,8 +258,18 @@ void run(const CLI::App& sub, const replay_args& a) {
   const auto rs = replay_grid(in, budgets, policies, o);
 
   std::set<std::string> collapsing;
-  for (const auto& r : rs)
-    if (!r.warning.empty()) collapsing.insert(r.policy);
+  std::string over;  // cells that held more than their budget: "layer at 250 MiB (785.0), ..."
+  for (const auto& r : rs) {
+    if (r.below_cycle_warned) collapsing.insert(r.policy);
+    if (r.stats.peak_bytes > r.budget_bytes)
+      over += (over.empty() ? "" : ", ") + r.policy + " at " + detail::show_number(r.budget_mib) + " MiB (" +
+              fmt_mib(to_mib(r.stats.peak_bytes)) + ")";
+  }
+  if (!over.empty())
+    std::cerr << "note: cells that held more than their budget (peak resident MiB): " << over
+              << "; their hit rates are for that memory, not the budget (a batch's own experts are never evicted, "
+                 "and the per-layer policies evict only inside the layer being loaded and keep top-k experts a "
+                 "layer); see peak_resident_mib in --format json\n";
   if (!collapsing.empty()) {
     std::string names;
     for (const auto& p : collapsing) names += (names.empty() ? "" : ", ") + p;
@@ -299,7 +303,7 @@ void run(const CLI::App& sub, const replay_args& a) {
               << in.batches().experts.size() << " routed ids\n"
               << replay_table(rs);
   }
-  if (!a.plot.empty()) write_plot(a.plot, in.shape().name() + ": decode hit rate vs budget", rs);
+  if (given_plot) write_plot(a.plot, in.shape().name() + ": decode hit rate vs budget", rs);
 }
 
 const moe_residency_cli::command_registrar reg{
@@ -307,13 +311,16 @@ const moe_residency_cli::command_registrar reg{
       auto a = std::make_shared<replay_args>();
       moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--budgets", a->budgets, "cache budgets in MiB (1 MiB = 1048576 bytes), comma-separated")
+          ->check(moe_residency_cli::non_empty("cache budgets in MiB, comma-separated"))
           ->capture_default_str();
       sub.add_option("--policies", a->policies,
                      "comma-separated: " + cache_policy_names() + "; <policy>+prev or <policy>+oracle adds retention")
+          ->check(moe_residency_cli::non_empty("cache policies, comma-separated"))
           ->capture_default_str();
       sub.footer("Policies:\n" + cache_policy_help());
       moe_residency_cli::add_format_option(sub, a->format, {"table", "csv", "json"});
-      sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)");
+      sub.add_option("--plot", a->plot, "write an SVG of hit % vs budget (needs gnuplot)")
+          ->check(moe_residency_cli::non_empty("a file to write the SVG to"));
       sub.add_option("--threads", a->threads, "worker threads (0 = all cores)")
           ->check(moe_residency_cli::whole(0, 4096))
           ->capture_default_str();
@@ -346,7 +353,8 @@ const moe_residency_cli::command_registrar reg{
                      "read and never enters the cache; 0 = off")
           ->check(moe_residency_cli::real(detail::real_domain::closed(0, 1)));
       sub.add_option("--speculate", a->speculate,
-                     "speculative reads from prev-token, frequency, oracle:P or oracle:P,FILE (a per-layer profile)");
+                     "speculative reads from prev-token, frequency, oracle:P or oracle:P,FILE (a per-layer profile)")
+          ->check(moe_residency_cli::non_empty("none, prev-token, frequency, oracle:P or oracle:P,FILE"));
       sub.add_option("--spec-cap", a->spec_cap, "speculative reads per layer (the planner's cap)")
           ->check(moe_residency_cli::whole(0, 32))
           ->capture_default_str();
@@ -354,7 +362,8 @@ const moe_residency_cli::command_registrar reg{
           ->check(moe_residency_cli::whole(1, 2))
           ->capture_default_str();
       sub.add_option("--oracle-profile", a->oracle_profile,
-                     "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)");
+                     "oracle: per-layer P from a file (one P per line, or layer,P lines; every layer)")
+          ->check(moe_residency_cli::non_empty("an oracle profile file"));
       sub.add_flag("--decode-only", a->decode_only,
                    "prompt batches skip the cache (the live residency manager's rule); predictors still "
                    "learn from them");

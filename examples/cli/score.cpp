@@ -1,6 +1,7 @@
 // `moe-residency score`: scores the predictors that need only routing history
 // (prev-token, frequency, static hottest-k) on a recorded route trace.
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -18,7 +19,7 @@ using namespace moe_residency;
 
 struct score_args {
   std::string trace;
-  std::vector<std::string> predictors{"prev-token", "frequency", "static-hottest"};
+  std::string predictors = "prev-token,frequency,static-hottest";
   std::string format = "table";
   float decay = 1.0f;
   bool unpaired = false;
@@ -26,9 +27,14 @@ struct score_args {
   bool no_layers = false;
 };
 
-void run_score(const score_args& a) {
+void run_score(const CLI::App& sub, const score_args& a) {
+  const std::vector<std::string> predictors = moe_residency_cli::split_list(a.predictors, "--predictors");
+  // An option that only matters with another, given without it, is an error naming both.
+  if (sub.get_option("--decay")->count() > 0 &&
+      std::find(predictors.begin(), predictors.end(), "frequency") == predictors.end())
+    throw error("--decay: has no effect without the frequency predictor; --predictors is '" + a.predictors + "'");
   try {
-    check_history_predictor_names(a.predictors);
+    check_history_predictor_names(predictors);
   } catch (const error& e) {
     throw error(std::string("--") + e.what());  // "predictors: ..." names the option
   }
@@ -41,7 +47,7 @@ void run_score(const score_args& a) {
   frequency_options frequency;
   frequency.decay = a.decay;
   const prediction_report r = score_history_predictors(shape, span<const routing>(routings.routings), routings.declined,
-                                                       a.predictors, options, frequency);
+                                                       predictors, options, frequency);
   std::string out;
   if (a.format == "table") {
     std::printf("trace: %s (%s, %zu layers, %zu experts, top-%zu)\n", a.trace.c_str(), t.header.arch.c_str(),
@@ -60,18 +66,17 @@ const moe_residency_cli::command_registrar reg{
       auto a = std::make_shared<score_args>();
       moe_residency_cli::add_trace_option(sub, a->trace);
       sub.add_option("--predictors", a->predictors, "comma-separated: prev-token, frequency, static-hottest")
-          ->delimiter(',')
           ->capture_default_str();
       moe_residency_cli::add_format_option(sub, a->format, {"table", "csv", "json"});
       sub.add_option("--decay", a->decay, "frequency: per-routing decay of the counts, (0, 1]; 1 = running counts")
-          ->check(moe_residency_cli::real(moe_residency::detail::real_domain::open_closed(0, 1)))
+          ->check(moe_residency_cli::real_float(moe_residency::detail::real_domain::open_closed(0, 1)))
           ->capture_default_str();
       sub.add_flag("--unpaired", a->unpaired,
                    "offer every routing to every predictor; by default a routing is scored only "
                    "when every listed predictor could rank it (the published figures' comparison)");
       sub.add_flag("--include-prefill", a->include_prefill, "score prefill routings too");
       sub.add_flag("--no-layers", a->no_layers, "table: leave out the per-layer table");
-      sub.callback([a] { run_score(*a); });
+      sub.callback([a, &sub] { run_score(sub, *a); });
     }};
 
 }  // namespace

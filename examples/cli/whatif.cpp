@@ -15,6 +15,7 @@
 
 #include "checked_options.hpp"
 #include "command.hpp"
+#include "gnuplot.hpp"
 #include "output.hpp"
 #include "moe_residency/timing.hpp"
 
@@ -43,55 +44,27 @@ struct cell {
   timing_summary summary;
 };
 
-std::string gp_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += (c == '\'' ? std::string("''") : std::string(1, c));
-  return out + "'";
-}
-
+// The SVG of predicted tok/s against budget, one line per configuration other
+// than the budget (gnuplot.hpp: the title and keys go to gnuplot as escaped text).
 void write_plot(const std::string& svg, const std::string& title, const std::vector<cell>& cells) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    std::cerr << "moe-residency whatif: --plot needs gnuplot, which is not installed; install it with "
-                 "'apt-get install gnuplot-nox' (Debian/Ubuntu). Tip: --format csv gives the same data.\n";
-    return;
-  }
-  // One line per configuration other than the budget: policy, lanes, drop, speculation.
-  std::vector<std::string> keys;
   auto key_of = [](const cell& c) {
     std::string k = c.replay.policy + ", " + std::to_string(c.lanes) + " lanes";
     if (c.replay.drop) k += ", drop " + std::to_string(*c.replay.drop).substr(0, 4);
     if (c.speculate != "none") k += ", " + c.speculate;
     return k;
   };
-  for (const auto& c : cells)
-    if (std::find(keys.begin(), keys.end(), key_of(c)) == keys.end()) keys.push_back(key_of(c));
-  // Data, script and picture in new files of our own beside the SVG; the
-  // picture replaces the SVG only once gnuplot has written it whole.
-  const std::string data = moe_residency_cli::temp_file_beside(svg, "--plot"),
-                    script = moe_residency_cli::temp_file_beside(svg, "--plot"),
-                    picture = moe_residency_cli::temp_file_beside(svg, "--plot");
-  {
-    std::ofstream d(data);
-    for (const auto& k : keys) {
-      d << "# " << k << "\n";
-      for (const auto& c : cells)
-        if (key_of(c) == k) d << c.replay.budget_mib << " " << c.summary.tok_per_s << "\n";
-      d << "\n\n";
-    }
+  std::vector<moe_residency_cli::gnuplot_series> lines;
+  for (const auto& c : cells) {
+    const std::string k = key_of(c);
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.title == k; });
+    if (it == lines.end()) it = lines.insert(lines.end(), {k, {}});
+    it->points.emplace_back(c.replay.budget_mib, c.summary.tok_per_s);
   }
-  {
-    std::ofstream g(script);
-    g << "set terminal svg size 900,560 dynamic font 'sans,12' background rgb 'white'\n"
-      << "set output " << gp_quote(picture) << "\n"
-      << "set title " << gp_quote(title) << " noenhanced\n"
-      << "set xlabel 'cache budget (MiB)'\nset ylabel 'predicted decode tok/s'\n"
-      << "set key right bottom\nset grid\nset yrange [0:*]\nplot ";
-    for (std::size_t i = 0; i < keys.size(); ++i)
-      g << (i ? ", " : "") << gp_quote(data) << " index " << i << " with linespoints lw 2 title " << gp_quote(keys[i])
-        << " noenhanced";
-    g << "\n";
-  }
-  moe_residency_cli::render_gnuplot(script, data, picture, svg);
+  moe_residency_cli::render_svg_plot(svg,
+                                     "set title " + moe_residency_cli::gnuplot_text(title) +
+                                         " noenhanced\nset xlabel 'cache budget (MiB)'\nset ylabel 'predicted decode "
+                                         "tok/s'\nset key right bottom\nset grid\nset yrange [0:*]\n",
+                                     lines);
   std::cerr << "moe-residency whatif: wrote " << svg << "\n";
 }
 
@@ -114,8 +87,10 @@ void check_option_effects(const CLI::App& sub, const whatif_args& a, const std::
 }
 
 void run(const CLI::App& sub, const whatif_args& a) {
-  if (!a.plot.empty())  // before the replays, not after them
+  if (!a.plot.empty()) {  // before the replays, not after them (an empty --plot is refused while parsing)
     moe_residency_cli::check_output_path(a.plot, "--plot", {{"--trace", a.trace}, {"--config", a.config}});
+    moe_residency_cli::require_gnuplot("whatif");
+  }
   const timing_params device = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);
   const routed_replay_input in = routed_replay_input::from_trace(moe_residency_cli::read_trace(a.trace));
   moe_residency_cli::require_decode_tokens(in.decode_tokens(), a.trace);
@@ -124,7 +99,7 @@ void run(const CLI::App& sub, const whatif_args& a) {
   using moe_residency_cli::split_list;
   std::vector<double> budgets;
   for (const auto& b : split_list(a.budgets, "--budgets"))
-    budgets.push_back(detail::parse_real(b, "--budgets (MiB)", budget_mib_domain()));
+    budgets.push_back(moe_residency_cli::parse_budget_mib(b, "--budgets (MiB)"));
   std::vector<std::size_t> lanes;  // none given: the config's
   for (const auto& l : a.lanes.empty() ? std::vector<std::string>() : split_list(a.lanes, "--lanes")) {
     lanes.push_back(detail::parse_whole<std::size_t>(l, "--lanes", 1, 64));

@@ -34,11 +34,26 @@ inline CLI::Validator real(const moe_residency::detail::real_domain& d) {
                         "REAL: " + d.describe());
 }
 
+/// A finite real in `d`, for an option stored as a float: checked as that
+/// float (1e-50 is in (0, 1] as a double and 0 as a float).
+inline CLI::Validator real_float(const moe_residency::detail::real_domain& d) {
+  return CLI::Validator([d](std::string& s) { return moe_residency::detail::float_problem(s, d); },
+                        "REAL: " + d.describe());
+}
+
 /// A finite real > 0.
 inline CLI::Validator positive() { return real(moe_residency::detail::real_domain::positive()); }
 
 /// A finite real >= 0.
 inline CLI::Validator non_negative() { return real(moe_residency::detail::real_domain::non_negative()); }
+
+/// Anything but the empty string: an empty value is an error, never "not
+/// given" (`--plot ''` would otherwise draw nothing and say nothing):
+///   --plot: empty; expected a file to write the SVG to
+inline CLI::Validator non_empty(const std::string& expected) {
+  return CLI::Validator(
+      [expected](std::string& s) { return s.empty() ? "empty; expected " + expected : std::string(); }, "");
+}
 
 /// "a, b or c": the names an option takes, as its refusals and its help list them.
 inline std::string either(const std::vector<std::string>& names) {

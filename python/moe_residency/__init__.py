@@ -23,19 +23,93 @@ from ._core import (  # noqa: F401  (re-exported)
     Trace,
     __version__,
     policy_names,
-    read_trace,
-    timing_params,
-    write_trace,
 )
 
 __all__ = [
     "CacheView", "ModelShape", "Trace", "ReplayResult", "DynamicReplayResult", "ScoreResult", "WhatIf",
     "Calibration", "read_trace", "write_trace", "replay", "curve", "score", "whatif", "calibrate",
-    "timing_params", "policy_names", "history_predictors", "__version__",
+    "timing_params", "policy_names", "history_predictors", "adaptive_rule_names", "__version__",
 ]
 
 #: The predictors ``score`` knows: they need only the routing history a trace holds.
 history_predictors = ("prev-token", "frequency", "static-hottest")
+
+#: The rules the adaptive policy follows (``adaptive_first`` names one of them).
+adaptive_rule_names = _core.adaptive_rule_names
+
+
+# ---- parameters: the tool's rules, with the parameter's name in every message ----
+
+def _a(value):
+    """'a str', 'an int': the type of `value` as a message names it."""
+    name = type(value).__name__
+    return ("an " if name[:1].lower() in "aeiou" else "a ") + name
+
+
+def _is_bool(value):
+    return isinstance(value, (bool, _np.bool_))
+
+
+def _real(name, value, lo=float("-inf"), hi=float("inf"), lo_open=False, hi_open=False, as_float=False):
+    """A real number (not a str, not a bool) checked by the library's rule for the tool's options:
+    finite and in the domain, as the float it is stored in when `as_float`."""
+    if _is_bool(value) or not isinstance(value, _numbers.Real):
+        raise TypeError("%s: %r is %s; expected a number" % (name, value, _a(value)))
+    try:
+        v = float(value)
+    except OverflowError:
+        raise ValueError("%s: %r is beyond a double; expected a finite number" % (name, value)) from None
+    return _core._check_real(name, v, lo, hi, lo_open, hi_open, as_float)
+
+
+def _whole(name, value, lo, hi):
+    """A whole number (an int or numpy integer, not a bool or a float) from lo to hi."""
+    if _is_bool(value) or not isinstance(value, _numbers.Integral):
+        raise TypeError("%s: %r is %s; expected a whole number" % (name, value, _a(value)))
+    return _core._check_whole(name, str(int(value)), lo, hi)
+
+
+def _bool(name, value):
+    """True or False (numpy's bool too); a str such as "no" is not a truth value."""
+    if not _is_bool(value):
+        raise TypeError("%s: %r is %s; expected True or False" % (name, value, _a(value)))
+    return bool(value)
+
+
+def _text(name, value, expected):
+    """A non-empty str: an empty one is an error, never "not given"."""
+    if not isinstance(value, str):
+        raise TypeError("%s: %r is %s; expected a str: %s" % (name, value, _a(value), expected))
+    if not value:
+        raise ValueError("%s: empty; expected %s" % (name, expected))
+    return value
+
+
+def _config(config):
+    """A device: None (the defaults), a timing config file's path, or a dict of its keys."""
+    if config is None or isinstance(config, (dict, str, bytes, _os.PathLike)):
+        return config
+    raise TypeError("config: %r is %s; expected a timing config file (a path) or a dict of its keys"
+                    % (config, _a(config)))
+
+
+def read_trace(path):
+    """Reads a route trace, CSV or binary (told apart by the first byte). Raises OSError when the
+    file cannot be read, ValueError naming the line and column when it is malformed, TypeError
+    for a path that is not a str, bytes or os.PathLike."""
+    return _core.read_trace(path)
+
+
+def write_trace(trace, path, format="csv"):
+    """Writes a trace as "csv" or "binary" to a new temporary file beside `path`, renamed over it
+    only once whole. Refuses a link, a FIFO, a device, a directory, the file the trace was read
+    from, and "-" (the tool's standard output: the module writes files)."""
+    _core.write_trace(trace, path, format)
+
+
+def timing_params(config=None):
+    """The wall-clock model's parameters of a config (a path or a dict), defaults filled in, as a dict."""
+    return _core.timing_params(_config(config))
 
 
 def _trace(trace):
@@ -44,8 +118,8 @@ def _trace(trace):
         return trace
     if isinstance(trace, (str, bytes, _os.PathLike)):
         return read_trace(trace)
-    raise TypeError("trace: a %s; expected a moe_residency.Trace or a path to a route trace"
-                    % type(trace).__name__)
+    raise TypeError("trace: %r is %s; expected a moe_residency.Trace or a path to a route trace"
+                    % (trace, _a(trace)))
 
 
 def _decode_trace(trace):
@@ -68,32 +142,27 @@ def _list(value, name):
 
 
 def _budgets(value):
-    """MiB values: a number or an iterable of numbers (not strings)."""
+    """MiB values: a number or an iterable of numbers (not strings, not bools)."""
     out = []
     for b in _list(value, "budgets"):
-        if isinstance(b, (str, bytes, bool)) or not isinstance(b, _numbers.Real):
-            raise TypeError("budgets: %r is a %s; expected numbers of MiB" % (b, type(b).__name__))
+        if _is_bool(b) or isinstance(b, (str, bytes)) or not isinstance(b, _numbers.Real):
+            raise TypeError("budgets: %r is %s; expected numbers of MiB" % (b, _a(b)))
         out.append(float(b))
     return out
 
 
 def _mib(name, value):
     """One number of MiB."""
-    if isinstance(value, (str, bytes, bool)) or not isinstance(value, _numbers.Real):
-        raise TypeError("%s: %r is a %s; expected a number of MiB" % (name, value, type(value).__name__))
+    if _is_bool(value) or isinstance(value, (str, bytes)) or not isinstance(value, _numbers.Real):
+        raise TypeError("%s: %r is %s; expected a number of MiB" % (name, value, _a(value)))
     return float(value)
 
 
 def _int(name, value, lo, hi=None, none=None):
-    """A whole number in [lo, hi]; None gives `none` when that is allowed."""
+    """A whole number in [lo, hi] (hi None: up to 2**64 - 1); None gives `none` when that is allowed."""
     if value is None and none is not None:
         return none
-    if isinstance(value, bool) or not isinstance(value, _numbers.Integral):
-        raise TypeError("%s: %r is a %s; expected a whole number" % (name, value, type(value).__name__))
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        raise ValueError("%s: %d; expected %d to %s" % (name, value, lo, hi if hi is not None else "any"))
-    return value
+    return _whole(name, value, lo, 2 ** 64 - 1 if hi is None else hi)
 
 
 class _Columns:
@@ -130,7 +199,12 @@ class _Columns:
 class ReplayResult(_Columns):
     """A static replay grid. Columns: budget_mib, policy, hit_pct_cum, hit_pct_decode,
     read_mib, lookups, hits, decode_lookups, decode_hits, evictions, peak_resident_mib,
-    token_cycle_bytes, below_token_cycle, seconds, warning."""
+    token_cycle_bytes, below_token_cycle, seconds, warning.
+
+    peak_resident_mib is the most the cache held after a batch. A cell whose peak is above its
+    budget carries a warning saying so (the per-layer policies keep top-k experts a layer below
+    the token cycle, a batch's own experts are never evicted, a Python policy may decline to
+    evict): its hit rate is for that memory, not the budget."""
 
     def to_csv(self):
         """``moe-residency replay --format csv``: the reference curves' columns."""
@@ -142,9 +216,11 @@ class ReplayResult(_Columns):
 
 
 class DynamicReplayResult(_Columns):
-    """A replay with dropping and/or speculative reads. Columns: budget_mib, policy,
-    hit_pct_decode, demanded_mib_per_token, speculative_mib_per_token, spec_issued,
-    spec_useful, experts_dropped, io_saved_pct, mass_lost_pct, evictions, warning."""
+    """A replay with dropping, speculative reads and/or the prompt skipping the cache
+    (decode_only). Columns: budget_mib, policy, hit_pct_decode, demanded_mib_per_token,
+    speculative_mib_per_token, spec_issued, spec_useful, experts_dropped, io_saved_pct,
+    mass_lost_pct, evictions, peak_resident_mib, warning (as ReplayResult's: a cell above its
+    budget, Belady off the sequence its future was computed from, the drop policy's notes)."""
 
     def __init__(self, columns):
         super().__init__(columns)
@@ -163,17 +239,31 @@ class DynamicReplayResult(_Columns):
         return "\n".join(lines) + "\n"
 
 
-def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady", "cycle"), drop=None,
-           speculate=None, spec_cap=None, horizon=1, oracle_profile=None, threads=0, seed=None, decay=None):
-    """Replays a route trace through every (budget, policy) cell, as ``moe-residency replay`` does.
+_DEFAULT_POLICIES = ("lru", "lfu", "layer", "layerlfu", "belady", "cycle")
+
+
+def replay(trace, budgets, policies=_DEFAULT_POLICIES, drop=None, speculate=None, spec_cap=None, horizon=None,
+           oracle_profile=None, threads=None, seed=None, decay=None, decode_only=False, adaptive_window=None,
+           adaptive_margin=None, adaptive_objective=None, adaptive_first=None, adaptive_scope=None):
+    """Replays a route trace through every (budget, policy) cell, as ``moe-residency replay`` does,
+    with a keyword for each of its options and the same refusals.
 
     trace: a Trace or a path. budgets: MiB (1 MiB = 1048576 bytes), one or many.
     policies: built-in names (``policy_names()``, ``+prev``/``+oracle`` retention) and/or
     Python policies: a class (or any callable) returning a fresh policy object per cell.
-    drop: F in (0, 1] arms cache-aware dropping; speculate: "prev-token", "frequency" or
-    "oracle:P" adds speculative reads (spec_cap per layer, horizon 1 or 2, oracle_profile a
-    per-layer P sequence or a file of one). With drop or speculate the result is a
-    DynamicReplayResult (built-in policies only), else a ReplayResult.
+    drop: F in (0, 1] arms cache-aware dropping (--drop); speculate: "prev-token", "frequency",
+    "oracle:P" or "none" (--speculate), with spec_cap (0-32 per layer), horizon (1 or 2) and
+    oracle_profile (a per-layer sequence of P, or a file of one); decode_only=True: prompt
+    batches skip the cache, as the live residency manager does (--decode-only). With drop,
+    speculation or decode_only the result is a DynamicReplayResult (built-in policies only),
+    else a ReplayResult. seed: the random policy's and the oracle's (--seed); decay: the cycle
+    policy's usage decay per token, in (0, 1) (--decay); adaptive_window (>= 0 tokens, 0 = the
+    whole run), adaptive_margin ([0, 1)), adaptive_objective ("bytes" or "misses"),
+    adaptive_first (one of ``adaptive_rule_names``) and adaptive_scope ("global" or "layer"):
+    the adaptive policy's tuning (--adaptive-*). An option that has no effect in the run asked
+    for (decay without the cycle or adaptive policy, seed without the random policy or an
+    oracle, spec_cap or horizon without speculation, threads with a dynamic replay) is a
+    ValueError naming it, as the tool refuses it.
     threads: worker threads for the static grid's built-in cells (0 = all cores); the GIL is
     released while they run. Python policies run on the calling thread; dynamic cells run one
     after the other (GIL released), as the tool runs them.
@@ -181,27 +271,75 @@ def replay(trace, budgets, policies=("lru", "lfu", "layer", "layerlfu", "belady"
     t = _decode_trace(trace)
     budgets = _budgets(budgets)
     policies = _list(policies, "policies")
-    seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
-    decay = _core.default_cycle_decay if decay is None else float(decay)
-    threads = _int("threads", threads, 0, 4096, none=0)
-    horizon = _int("horizon", horizon, 0, 2 ** 31)
-    if drop is None and speculate in (None, "none") and oracle_profile is None:
-        if spec_cap is not None or horizon != 1:
-            raise ValueError("spec_cap/horizon: they need speculate=...; without it nothing is read ahead")
-        return ReplayResult(_core._replay_static(t, budgets, policies, int(threads), seed, decay))
     names = []
+    for i, p in enumerate(policies):
+        if isinstance(p, str):
+            if not p:
+                raise ValueError("policies: item %d is empty; expected a policy name (%s)"
+                                 % (i + 1, ", ".join(policy_names())))
+            names.append(p)
+        elif not callable(p):
+            raise TypeError("policies[%d]: %r is %s; expected a policy name (str) or a class/factory that "
+                            "returns a policy object" % (i, p, _a(p)))
+    decode_only = _bool("decode_only", decode_only)
+    if drop is not None:
+        drop = _real("drop", drop, 0.0, 1.0, lo_open=True)
+    if speculate is not None:
+        speculate = _text("speculate", speculate, "none, prev-token, frequency or oracle:P")
+    speculating = speculate not in (None, "none")
+    oracle = speculating and speculate.startswith("oracle")
+
+    def any_policy(prefix):
+        return any(n.startswith(prefix) for n in names)
+
+    # An option that only matters with another, given without it, is an error naming both (the tool's rule).
+    for name, value in (("spec_cap", spec_cap), ("horizon", horizon)):
+        if value is not None and not speculating:
+            raise ValueError("%s: has no effect without speculate; expected speculate='prev-token', 'frequency' "
+                             "or 'oracle:P' with it" % name)
+    if oracle_profile is not None and not oracle:
+        raise ValueError("oracle_profile: has no effect without speculate='oracle:P'; expected them together")
+    if decay is not None and not (any_policy("cycle") or any_policy("adaptive")):
+        raise ValueError("decay: has no effect without the cycle or adaptive policy; policies are %r" % (policies,))
+    for name, value in (("adaptive_window", adaptive_window), ("adaptive_margin", adaptive_margin),
+                        ("adaptive_objective", adaptive_objective), ("adaptive_first", adaptive_first),
+                        ("adaptive_scope", adaptive_scope)):
+        if value is not None and not any_policy("adaptive"):
+            raise ValueError("%s: has no effect without the adaptive policy; policies are %r" % (name, policies))
+    if seed is not None and not any_policy("random") and not oracle:
+        raise ValueError("seed: has no effect without the random policy or speculate='oracle:P'; policies are %r"
+                         % (policies,))
+    dynamic = drop is not None or speculating or decode_only
+    if threads is not None and dynamic:
+        raise ValueError("threads: has no effect with drop, speculate or decode_only (those cells run one after "
+                         "the other)")
+
+    seed = _core.default_seed if seed is None else _whole("seed", seed, 0, 2 ** 64 - 1)
+    decay = _core.default_cycle_decay if decay is None else _real("decay", decay, 0.0, 1.0, True, True)
+    threads = 0 if threads is None else _whole("threads", threads, 0, 4096)
+    tuning = (
+        _core.default_adaptive_window if adaptive_window is None
+        else _real("adaptive_window", adaptive_window, 0.0),
+        _core.default_adaptive_margin if adaptive_margin is None
+        else _real("adaptive_margin", adaptive_margin, 0.0, 1.0, hi_open=True),
+        "bytes" if adaptive_objective is None else _text("adaptive_objective", adaptive_objective, "bytes or misses"),
+        _core.default_adaptive_first if adaptive_first is None
+        else _text("adaptive_first", adaptive_first, ", ".join(adaptive_rule_names)),
+        "global" if adaptive_scope is None else _text("adaptive_scope", adaptive_scope, "global or layer"),
+    )
+    if not dynamic:
+        return ReplayResult(_core._replay_static(t, budgets, policies, threads, seed, decay, *tuning))
     for p in policies:
         if not isinstance(p, str):
-            raise TypeError("replay: drop/speculate run built-in policies only; %r is not a policy name" % (p,))
-        names.append(p)
-    if drop is not None:
-        drop = float(drop)
-    cap = _int("spec_cap", spec_cap, 0, 2 ** 31, none=_core.default_spec_cap)
-    return DynamicReplayResult(_core._replay_dynamic(t, budgets, names, drop, speculate or "none", cap,
-                                                     horizon, seed, decay, oracle_profile))
+            raise TypeError("replay: drop, speculate and decode_only run built-in policies only; %r is not a policy "
+                            "name" % (p,))
+    cap = _core.default_spec_cap if spec_cap is None else _whole("spec_cap", spec_cap, 0, 32)
+    horizon = 1 if horizon is None else _whole("horizon", horizon, 1, 2)
+    return DynamicReplayResult(_core._replay_dynamic(t, budgets, names, drop, speculate or "none", cap, horizon,
+                                                     seed, decay, oracle_profile, decode_only, *tuning))
 
 
-def curve(trace, policies=("lru", "belady"), budgets=None, points=16, threads=0):
+def curve(trace, policies=("lru", "belady"), budgets=None, points=16, threads=None):
     """Miss-ratio (and hit-rate) curves ready for matplotlib.
 
     Returns {"budget_mib": array, "token_cycle_mib": float, policy: {"hit_pct_decode": array,
@@ -257,14 +395,20 @@ class ScoreResult:
         return "<ScoreResult %s>" % ", ".join("%s %.1f%%" % (p["predictor"], p["slot_pct"]) for p in self.predictors)
 
 
-def score(trace, predictors=history_predictors, decay=1.0, paired=True, include_prefill=False):
+def score(trace, predictors=history_predictors, decay=None, paired=True, include_prefill=False):
     """Scores routing-history predictors on a trace (decode, slot overlap), as
-    ``moe-residency score`` does: prev-token, frequency (``decay`` per routing, in (0, 1]),
+    ``moe-residency score`` does: prev-token, frequency (``decay`` per routing, in (0, 1]; refused
+    without frequency, as the tool refuses it),
     static-hottest (an oracle: counted over the whole run). ``paired``: score a routing only
     when every listed predictor could rank it (the published comparison)."""
     t = _trace(trace)
-    return ScoreResult(_core._score(t, _list(predictors, "predictors"), float(decay), bool(paired),
-                                    bool(include_prefill)))
+    names = _list(predictors, "predictors")
+    for i, p in enumerate(names):
+        _text("predictors[%d]" % i, p, ", ".join(history_predictors))
+    if decay is not None and "frequency" not in names:  # the tool's rule: an option without effect is an error
+        raise ValueError("decay: has no effect without the frequency predictor; predictors are %r" % (names,))
+    decay = 1.0 if decay is None else _real("decay", decay, 0.0, 1.0, lo_open=True, as_float=True)
+    return ScoreResult(_core._score(t, names, decay, _bool("paired", paired), _bool("include_prefill", include_prefill)))
 
 
 class WhatIf:
@@ -298,11 +442,20 @@ def whatif(trace, config, budget_mib, policy="lru", drop=None, speculate="none",
     ``moe-residency calibrate --write-config``) or a dict of its keys. speculate: "none",
     "prev-token", "frequency", "oracle:P" or "full" (oracle:1 at cap top-k)."""
     t = _decode_trace(trace)
+    speculate = _text("speculate", speculate, "none, prev-token, frequency, oracle:P or full")
+    policy = _text("policy", policy, "a cache policy")
+    if spec_cap is not None and speculate == "none":  # the tool's rule: an option without effect is an error
+        raise ValueError("spec_cap: has no effect without speculate; expected speculate='prev-token', 'frequency', "
+                         "'oracle:P' or 'full' with it")
+    if seed is not None and not policy.startswith("random") and not speculate.startswith("oracle"):
+        raise ValueError("seed: has no effect without the random policy or speculate='oracle:P'; policy is %r, "
+                         "speculate %r" % (policy, speculate))
     seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
-    spec_cap = None if spec_cap is None else _int("spec_cap", spec_cap, 0, 2 ** 31)
-    lanes = None if lanes is None else _int("lanes", lanes, 0, 2 ** 31)
-    return WhatIf(_core._whatif(t, config, _mib("budget_mib", budget_mib), policy, None if drop is None else float(drop),
-                                speculate or "none", spec_cap, _int("horizon", horizon, 0, 2 ** 31), lanes, seed))
+    spec_cap = None if spec_cap is None else _int("spec_cap", spec_cap, 0, 32)
+    lanes = None if lanes is None else _int("lanes", lanes, 1, 64)
+    drop = None if drop is None else _real("drop", drop, 0.0, 1.0, lo_open=True)
+    return WhatIf(_core._whatif(t, _config(config), _mib("budget_mib", budget_mib), policy, drop, speculate,
+                                spec_cap, _int("horizon", horizon, 1, 2), lanes, seed))
 
 
 class Calibration:
@@ -334,4 +487,7 @@ def calibrate(trace, metrics, budget_mib, policy="lru", config=None, split="halv
     half of the decode tokens and scores the second, "interleaved" even/odd, "all" every token.
     config: fixed parameters (lanes, curve, ...), a path or a dict."""
     t = _decode_trace(trace)
-    return Calibration(_core._calibrate(t, metrics, _mib("budget_mib", budget_mib), policy, config, split, bool(fit_io)))
+    return Calibration(_core._calibrate(t, metrics, _mib("budget_mib", budget_mib),
+                                        _text("policy", policy, "a cache policy"), _config(config),
+                                        _text("split", split, "halves, interleaved or all"),
+                                        _bool("fit_io", fit_io)))

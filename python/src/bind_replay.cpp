@@ -2,6 +2,7 @@
 // replay (threads, GIL released), the dynamic replay (drop, speculation),
 // policies written in Python, and the history predictors' scores.
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -39,6 +40,18 @@ struct python_cache_view {
       throw error("CacheView: slot " + std::to_string(s) + " out of range [0, " + std::to_string(n_slots) +
                   "); a slot is layer * n_experts + expert");
     return static_cast<std::uint32_t>(s);
+  }
+  /// A slot passed by Python to `method`: an int or anything with __index__
+  /// (a numpy integer), not a bool; TypeError naming the method otherwise.
+  std::uint32_t slot(const py::handle& s, const char* method) const {
+    if (PyBool_Check(s.ptr()) || !PyIndex_Check(s.ptr()))
+      throw py::type_error(std::string("CacheView.") + method + ": slot " + py::repr(s).cast<std::string>() + " is " +
+                           type_phrase(s) + "; expected a slot (int): layer * n_experts + expert");
+    const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(s.ptr()));
+    if (!i) throw py::error_already_set();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+    return slot(overflow ? -1 : v);
   }
 };
 
@@ -235,15 +248,51 @@ py::dict replay_columns(const std::vector<replay_result>& rs) {
   return d;
 }
 
+/// One of `names`, or ValueError worded as the tool's choices are:
+///   adaptive_scope: 'both' is not a choice; expected global or layer
+std::string choice(const std::string& name, const std::string& value, const std::vector<std::string>& names) {
+  for (const std::string& n : names)
+    if (value == n) return value;
+  std::string either;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    either += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  throw py::value_error(name + ": '" + value + "' is not a choice; expected " + either);
+}
+
+/// The adaptive policy's tuning, as `replay --adaptive-*` takes it (the
+/// numbers' ranges are checked by the package before the call).
+adaptive_policy_options adaptive_options(double window, double margin, const std::string& objective,
+                                         const std::string& first, const std::string& scope, double decay) {
+  adaptive_policy_options a;
+  a.window_tokens = window;
+  a.margin = margin;
+  a.objective = choice("adaptive_objective", objective, {"bytes", "misses"}) == "misses" ? adaptive_objective::misses
+                                                                                         : adaptive_objective::bytes;
+  const auto& names = adaptive_rule_names();
+  choice("adaptive_first", first, names);
+  a.first_leader = static_cast<std::uint32_t>(std::find(names.begin(), names.end(), first) - names.begin());
+  a.scope =
+      choice("adaptive_scope", scope, {"global", "layer"}) == "layer" ? adaptive_scope::layer : adaptive_scope::global;
+  a.cycle.decay = decay;
+  return a;
+}
+
+/// "replaying 12 cells of qwen3moe (tables of 48 layers x 128 experts a cell)", for a MemoryError.
+std::string cells_activity(const model_shape& s, std::size_t cells) {
+  return "replaying " + std::to_string(cells) + " cells of " + s.name() + " (tables of " +
+         std::to_string(s.n_layers()) + " layers x " + std::to_string(s.n_experts()) + " experts a cell)";
+}
+
 /// The static grid: built-in policies on threads with the GIL released, then
 /// Python policies one cell at a time with it held; results budget-major,
 /// policies in the order given.
 py::dict replay_static(const trace_object& t, const std::vector<double>& budgets, const py::list& policies,
-                       unsigned threads, std::uint64_t seed, double decay) {
+                       unsigned threads, std::uint64_t seed, double decay, const adaptive_policy_options& adaptive) {
   replay_options o;
   o.threads = threads;
   o.seed = seed;
   o.cycle.decay = decay;
+  o.adaptive = adaptive;
   std::vector<std::string> builtin;
   std::vector<std::size_t> builtin_at, python_at;
   std::vector<py::object> python;
@@ -268,6 +317,7 @@ py::dict replay_static(const trace_object& t, const std::vector<double>& budgets
   for (double b : budgets) check_replay_cell("lru", b);
   for (const auto& p : builtin) check_replay_cell(p, budgets.front());
   const replay_input& in = t.replay_input();
+  const py_activity doing(cells_activity(in.shape(), budgets.size() * policies.size()));
   std::vector<replay_result> grid;
   if (!builtin.empty()) {
     py::gil_scoped_release nogil;
@@ -283,11 +333,38 @@ py::dict replay_static(const trace_object& t, const std::vector<double>& budgets
   return replay_columns(out);
 }
 
-/// The dynamic replay (drop and/or speculation): one cell per (budget, policy).
+/// A per-layer oracle profile given as a sequence of numbers: each a real
+/// number (not a str, not a bool) in [0, 1], one per layer; checked as they
+/// are, never written out as text and parsed back.
+std::vector<double> profile_values(const py::object& seq, std::size_t n_layers) {
+  if (!py::isinstance<py::iterable>(seq))
+    throw py::type_error("oracle_profile: " + type_phrase(seq) +
+                         "; expected a path to a profile file or a sequence of P, one per layer");
+  std::vector<double> out;
+  for (py::handle p : seq) {
+    const std::string where = "oracle_profile[" + std::to_string(out.size()) + "]";
+    if (PyBool_Check(p.ptr()) || py::isinstance<py::str>(p) || py::isinstance<py::bytes>(p) || !PyNumber_Check(p.ptr()))
+      throw py::type_error(where + ": " + py::repr(p).cast<std::string>() + " is " + type_phrase(p) +
+                           "; expected a number from 0 to 1");
+    const double v = PyFloat_AsDouble(p.ptr());
+    if (v == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    const std::string problem = detail::real_problem(detail::show_number(v), detail::real_domain::closed(0, 1));
+    if (!problem.empty()) throw py::value_error(where + ": " + problem);
+    out.push_back(v);
+  }
+  if (out.size() != n_layers)
+    throw py::value_error("oracle_profile: " + std::to_string(out.size()) + " values; expected " +
+                          std::to_string(n_layers) + " (one P per layer)");
+  return out;
+}
+
+/// The dynamic replay (drop, speculation, the prompt skipping the cache): one
+/// cell per (budget, policy), as `replay --drop/--speculate/--decode-only`.
 py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& budgets,
                              const std::vector<std::string>& policies, std::optional<double> drop,
                              const std::string& speculate, std::size_t spec_cap, std::size_t horizon,
-                             std::uint64_t seed, double decay, const py::object& oracle_profile) {
+                             std::uint64_t seed, double decay, const py::object& oracle_profile, bool decode_only,
+                             const adaptive_policy_options& adaptive) {
   if (budgets.empty()) throw error("replay: no budgets; expected at least one (MiB)");
   if (policies.empty()) throw error("replay: no policies; expected at least one of " + cache_policy_names());
   dynamic_replay_options base;
@@ -298,21 +375,22 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
   base.speculation.seed = seed;
   base.seed = seed;
   base.cycle.decay = decay;
+  base.adaptive = adaptive;
+  base.prefill_cached = !decode_only;
   const routed_replay_input& in = t.routed_input();
   if (!oracle_profile.is_none()) {
     if (base.speculation.source != speculation_source::oracle)
       throw error("replay: oracle_profile needs speculate='oracle:P'");
     if (py::isinstance<py::str>(oracle_profile) || py::isinstance<py::bytes>(oracle_profile) ||
         py::hasattr(oracle_profile, "__fspath__")) {
-      const std::string path = fspath(oracle_profile);
+      const std::string path = fspath(oracle_profile, "oracle_profile");
       base.speculation.oracle_profile =
           parse_oracle_profile(read_file(path, detail::text_head(path, "a text file")), path, in.shape().n_layers());
-    } else {  // a sequence of P, one per layer: the file's first form
-      std::string text;
-      for (auto p : oracle_profile) text += detail::format_printf("%.17g\n", p.cast<double>());
-      base.speculation.oracle_profile = parse_oracle_profile(text, "oracle_profile", in.shape().n_layers());
+    } else {
+      base.speculation.oracle_profile = profile_values(oracle_profile, in.shape().n_layers());
     }
   }
+  const py_activity doing(cells_activity(in.shape(), budgets.size() * policies.size()));
   for (double b : budgets)
     for (const auto& p : policies) check_replay_cell(p, b);
   std::vector<dynamic_replay_result> rs;
@@ -326,7 +404,7 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
         rs.push_back(replay_dynamic(in, o));
       }
   }
-  std::vector<double> budget, hit, dem, spec, io, lost;
+  std::vector<double> budget, hit, dem, spec, io, lost, peak;
   std::vector<std::uint64_t> issued, useful, dropped, evictions;
   py::list policy, warning;
   for (const auto& r : rs) {
@@ -341,6 +419,7 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
     io.push_back(100.0 * r.drops.miss_bytes_avoided_fraction());
     lost.push_back(100.0 * r.drops.weight_discarded_fraction());
     evictions.push_back(r.cache.all.evictions);
+    peak.push_back(to_mib(r.cache.peak_bytes));
     warning.append(r.warning);
   }
   py::dict d;
@@ -355,6 +434,7 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
   d["io_saved_pct"] = column(io);
   d["mass_lost_pct"] = column(lost);
   d["evictions"] = column(evictions);
+  d["peak_resident_mib"] = column(peak);
   d["warning"] = warning;
   d["decode_tokens"] = in.decode_tokens();
   d["speculate"] = base.speculation.name();
@@ -364,6 +444,9 @@ py::dict replay_dynamic_grid(const trace_object& t, const std::vector<double>& b
 py::dict score(const trace_object& t, const std::vector<std::string>& predictors, float decay, bool paired,
                bool include_prefill) {
   check_history_predictor_names(predictors);
+  const py_activity doing("scoring " + std::to_string(predictors.size()) + " predictors on " + t.shape().name() + " (" +
+                          std::to_string(t.shape().n_layers()) + " layers x " + std::to_string(t.shape().n_experts()) +
+                          " experts)");
   scorer_options options;
   options.paired = paired;
   options.score_prefill = include_prefill;
@@ -418,39 +501,79 @@ void bind_replay(py::module_& m) {
                                 "What a Python policy's victim() may ask the cache; valid only during that call. "
                                 "Slots are layer * n_experts + expert.")
       .def(
-          "evictable", [](const python_cache_view& v, long long s) { return v.get().evictable(v.slot(s)); },
-          "resident, not pinned, not looked up by the current batch")
-      .def("resident", [](const python_cache_view& v, long long s) { return v.get().resident(v.slot(s)); })
-      .def("layer_of",
-           [](const python_cache_view& v, long long s) {
-             v.get();
-             return v.slot(s) / v.n_experts;
-           })
-      .def("expert_of",
-           [](const python_cache_view& v, long long s) {
-             v.get();
-             return v.slot(s) % v.n_experts;
-           })
-      .def("bytes_of", [](const python_cache_view& v, long long s) { return v.get().bytes_of(v.slot(s)); })
+          "evictable",
+          [](const python_cache_view& v, const py::object& s) { return v.get().evictable(v.slot(s, "evictable")); },
+          py::arg("slot"), "resident, not pinned, not looked up by the current batch")
+      .def(
+          "resident",
+          [](const python_cache_view& v, const py::object& s) { return v.get().resident(v.slot(s, "resident")); },
+          py::arg("slot"))
+      .def(
+          "layer_of",
+          [](const python_cache_view& v, const py::object& s) {
+            v.get();
+            return v.slot(s, "layer_of") / v.n_experts;
+          },
+          py::arg("slot"))
+      .def(
+          "expert_of",
+          [](const python_cache_view& v, const py::object& s) {
+            v.get();
+            return v.slot(s, "expert_of") % v.n_experts;
+          },
+          py::arg("slot"))
+      .def(
+          "bytes_of",
+          [](const python_cache_view& v, const py::object& s) { return v.get().bytes_of(v.slot(s, "bytes_of")); },
+          py::arg("slot"))
       .def(
           "layer_count",
-          [](const python_cache_view& v, std::size_t l) {
+          [](const python_cache_view& v, const py::object& layer) {
             const auto& view = v.get();
-            if (l >= v.n_slots / v.n_experts)
-              throw error("CacheView: layer " + std::to_string(l) + " out of range [0, " +
-                          std::to_string(v.n_slots / v.n_experts) + ")");
-            return view.layer_count(l);
+            const std::uint32_t n_layers = v.n_slots / v.n_experts;
+            // A layer number, checked as a slot is: an int, not a bool.
+            if (PyBool_Check(layer.ptr()) || !PyIndex_Check(layer.ptr()))
+              throw py::type_error("CacheView.layer_count: layer " + py::repr(layer).cast<std::string>() + " is " +
+                                   type_phrase(layer) + "; expected a layer number (int)");
+            const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(layer.ptr()));
+            if (!i) throw py::error_already_set();
+            int overflow = 0;
+            const long long l = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+            if (overflow || l < 0 || l >= static_cast<long long>(n_layers))
+              throw error("CacheView: layer " + py::str(layer).cast<std::string>() + " out of range [0, " +
+                          std::to_string(n_layers) + ")");
+            return view.layer_count(static_cast<std::size_t>(l));
           },
-          "resident experts of the layer")
+          py::arg("layer"), "resident experts of the layer")
       .def_property_readonly("used_bytes", [](const python_cache_view& v) { return v.get().used_bytes(); })
       .def_property_readonly("budget_bytes", [](const python_cache_view& v) { return v.get().budget_bytes(); })
       .def_property_readonly("n_experts", [](const python_cache_view& v) { return v.n_experts; });
 
-  m.def("_replay_static", &replay_static, py::arg("trace"), py::arg("budgets"), py::arg("policies"), py::arg("threads"),
-        py::arg("seed"), py::arg("decay"));
-  m.def("_replay_dynamic", &replay_dynamic_grid, py::arg("trace"), py::arg("budgets"), py::arg("policies"),
-        py::arg("drop"), py::arg("speculate"), py::arg("spec_cap"), py::arg("horizon"), py::arg("seed"),
-        py::arg("decay"), py::arg("oracle_profile"));
+  m.def(
+      "_replay_static",
+      [](const trace_object& t, const std::vector<double>& budgets, const py::list& policies, unsigned threads,
+         std::uint64_t seed, double decay, double window, double margin, const std::string& objective,
+         const std::string& first, const std::string& scope) {
+        return replay_static(t, budgets, policies, threads, seed, decay,
+                             adaptive_options(window, margin, objective, first, scope, decay));
+      },
+      py::arg("trace"), py::arg("budgets"), py::arg("policies"), py::arg("threads"), py::arg("seed"), py::arg("decay"),
+      py::arg("adaptive_window"), py::arg("adaptive_margin"), py::arg("adaptive_objective"), py::arg("adaptive_first"),
+      py::arg("adaptive_scope"));
+  m.def(
+      "_replay_dynamic",
+      [](const trace_object& t, const std::vector<double>& budgets, const std::vector<std::string>& policies,
+         std::optional<double> drop, const std::string& speculate, std::size_t spec_cap, std::size_t horizon,
+         std::uint64_t seed, double decay, const py::object& oracle_profile, bool decode_only, double window,
+         double margin, const std::string& objective, const std::string& first, const std::string& scope) {
+        return replay_dynamic_grid(t, budgets, policies, drop, speculate, spec_cap, horizon, seed, decay,
+                                   oracle_profile, decode_only,
+                                   adaptive_options(window, margin, objective, first, scope, decay));
+      },
+      py::arg("trace"), py::arg("budgets"), py::arg("policies"), py::arg("drop"), py::arg("speculate"),
+      py::arg("spec_cap"), py::arg("horizon"), py::arg("seed"), py::arg("decay"), py::arg("oracle_profile"),
+      py::arg("decode_only"), py::arg("adaptive_window"), py::arg("adaptive_margin"), py::arg("adaptive_objective"),
+      py::arg("adaptive_first"), py::arg("adaptive_scope"));
   m.def("_score", &score, py::arg("trace"), py::arg("predictors"), py::arg("decay"), py::arg("paired"),
         py::arg("include_prefill"));
   m.def(
@@ -458,6 +581,10 @@ void bind_replay(py::module_& m) {
   m.attr("default_spec_cap") = speculation_planner::default_cap;
   m.attr("default_seed") = replay_options{}.seed;
   m.attr("default_cycle_decay") = cycle_policy_options{}.decay;
+  m.attr("default_adaptive_window") = adaptive_policy_options{}.window_tokens;
+  m.attr("default_adaptive_margin") = adaptive_policy_options{}.margin;
+  m.attr("default_adaptive_first") = adaptive_rule_names()[adaptive_policy_options{}.first_leader];
+  m.attr("adaptive_rule_names") = py::tuple(py::cast(adaptive_rule_names()));
 }
 
 }  // namespace moe_residency_py

@@ -68,7 +68,7 @@ timing_params device_params(const py::object& config) {
     // without settings is refused: there it is more likely a mistake).
     return text.empty() ? timing_params{} : parse_timing_config(text, "config");
   }
-  const std::string path = fspath(config);
+  const std::string path = fspath(config, "config");
   return parse_timing_config(read_file(path, detail::text_head(path, "a text file")), path);
 }
 
@@ -190,7 +190,7 @@ py::dict calibrate(const trace_object& t, const py::object& metrics, double budg
     co.free |= static_cast<unsigned>(timing_param::bandwidth_scale);
   }
   const timing_params start = device_params(config);
-  const std::string metrics_path = fspath(metrics);
+  const std::string metrics_path = fspath(metrics, "metrics");
   const token_metrics m =
       parse_token_metrics(read_file(metrics_path, detail::text_head(metrics_path, "a text file")), metrics_path);
   const routed_replay_input& in = t.routed_input();

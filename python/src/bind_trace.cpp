@@ -39,7 +39,8 @@ static_assert(sizeof(layer_id) == 2 && sizeof(expert_id) == 2 && sizeof(run_phas
               "the numpy views below assume 16-bit layer and expert ids and an 8-bit phase");
 
 std::shared_ptr<trace_object> read_trace(const py::object& path_like) {
-  const std::string path = fspath(path_like);
+  const std::string path = fspath(path_like, "read_trace: path");
+  const py_activity doing("reading the route trace " + path);
   std::string bytes = read_file(
       path, [&path](std::string_view head, std::uint64_t size) { detail::check_route_trace_head(head, size, path); });
   std::unique_ptr<validated_route_trace> t;
@@ -53,15 +54,33 @@ std::shared_ptr<trace_object> read_trace(const py::object& path_like) {
   }
   for (const std::string& w : warnings)
     if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) < 0) throw py::error_already_set();  // warnings as errors
-  auto out = std::make_shared<trace_object>(std::move(*t));
+  std::shared_ptr<trace_object> out;
+  try {  // the model shape (a top-k above 32 cannot be replayed), named with the file
+    out = std::make_shared<trace_object>(std::move(*t));
+  } catch (const error& e) {
+    throw error(path + ": " + e.what());
+  }
   out->set_source(path);
   return out;
 }
 
-void write_trace(const trace_object& t, const py::object& path_like, const std::string& format) {
-  const std::string path = fspath(path_like);
+void write_trace(const py::object& trace, const py::object& path_like, const py::object& format_obj) {
+  if (!py::isinstance<trace_object>(trace))
+    throw py::type_error("write_trace: trace: " + type_phrase(trace) + "; expected a moe_residency.Trace");
+  const trace_object& t = trace.cast<const trace_object&>();
+  if (!py::isinstance<py::str>(format_obj))
+    throw py::type_error("write_trace: format: " + py::repr(format_obj).cast<std::string>() + " is " +
+                         type_phrase(format_obj) + "; expected 'csv' or 'binary'");
+  const std::string format = format_obj.cast<std::string>();
+  const std::string path = fspath(path_like, "write_trace: path");
   if (format != "csv" && format != "binary")
     throw error("write_trace: format '" + format + "'; expected 'csv' or 'binary'");
+  // The tool reads "-" as standard output; the module writes files only, and
+  // never one named "-" by accident.
+  if (path == "-")
+    throw error(
+        "write_trace: path '-' is standard output to the tool; expected a file path (the module writes "
+        "files: open sys.stdout.buffer and write the file's bytes there)");
   // As the tool's outputs: never through a link, a FIFO, a device or a
   // directory, and never over the file the trace was read from.
   if (const std::string p = detail::output_file_problem(path); !p.empty())
@@ -117,10 +136,20 @@ void bind_trace(py::module_& m) {
       .def_property_readonly(
           "expert_bytes", [](const model_shape& s) { return column(s.all_expert_bytes()); },
           "bytes of one expert, per layer (0 for a dense layer)")
-      .def("is_moe",
-           [](const model_shape& s, std::size_t l) {
-             return l < s.n_layers() && s.is_moe(layer_id(static_cast<std::uint16_t>(l)));
-           })
+      .def(
+          "is_moe",
+          [](const model_shape& s, const py::object& layer) {
+            if (PyBool_Check(layer.ptr()) || !PyIndex_Check(layer.ptr()))
+              throw py::type_error("is_moe: layer: " + py::repr(layer).cast<std::string>() + " is " +
+                                   type_phrase(layer) + "; expected a layer number (int)");
+            const py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(layer.ptr()));
+            if (!i) throw py::error_already_set();
+            int overflow = 0;  // beyond a long long: outside any model
+            const long long l = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+            return overflow == 0 && l >= 0 && static_cast<unsigned long long>(l) < s.n_layers() &&
+                   s.is_moe(layer_id(static_cast<std::uint16_t>(l)));
+          },
+          py::arg("layer"), "whether layer `layer` is an MoE layer (False outside the model)")
       .def_property_readonly(
           "token_cycle_bytes", [](const model_shape& s) { return token_cycle_bytes(s); },
           "bytes one decode token routes: every MoE layer's top-k experts")

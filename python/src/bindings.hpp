@@ -3,6 +3,7 @@
 // path and error helpers, and the three binders module.cpp calls.
 
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,8 +46,35 @@ class trace_object {
   mutable std::unique_ptr<moe_residency::routed_replay_input> routed_;
 };
 
-/// os.fspath(p) as a std::string: str, bytes or any os.PathLike.
-std::string fspath(const py::handle& p);
+/// os.fspath(p) as the file system's bytes: str, bytes or any os.PathLike.
+/// Raises TypeError naming `what` (the parameter) for anything else, and
+/// ValueError for an empty path or one holding a NUL byte (the C library
+/// would cut it at the NUL and open another file).
+std::string fspath(const py::handle& p, const char* what);
+
+/// "a str", "an int": the type of `v` as a message names it.
+std::string type_phrase(const py::handle& v);
+
+/// What the module is doing, for the message of a MemoryError ("reading the
+/// route trace t.csv"); set by `py_activity` on the calling thread.
+std::string& current_activity();
+/// Left in place when an exception unwinds it: the translator, which runs
+/// after the unwinding, must still see what was being done.
+class py_activity {
+ public:
+  explicit py_activity(std::string what) : outer_(current_activity()), unwinding_(std::uncaught_exceptions()) {
+    current_activity() = std::move(what);
+  }
+  ~py_activity() {
+    if (std::uncaught_exceptions() == unwinding_) current_activity() = std::move(outer_);
+  }
+  py_activity(const py_activity&) = delete;
+  py_activity& operator=(const py_activity&) = delete;
+
+ private:
+  std::string outer_;
+  int unwinding_;
+};
 /// Reads a whole file; raises OSError (errno, message, path) when it cannot be
 /// opened or is a directory, so Python code can catch FileNotFoundError.
 /// `check_head` (when given) sees the file's first bytes and its size before

@@ -170,7 +170,7 @@ def test_errors_in_a_python_policy(traces):
     with pytest.raises(RuntimeError, match="budget 2097152000 refused"):
         mr.replay(t, budgets=[2000], policies=[BadInit])
 
-    with pytest.raises(TypeError, match="policies\\[1\\] is a int"):
+    with pytest.raises(TypeError, match=r"^policies\[1\]: 3 is an int; expected a policy name \(str\) or a class/factory that returns a policy object$"):
         mr.replay(t, budgets=[2000], policies=["lru", 3])
     with pytest.raises(TypeError, match="built-in policies only"):
         mr.replay(t, budgets=[2000], policies=[PyLRU], speculate="prev-token")

@@ -29,7 +29,10 @@ if(DEFINED HEAD AND NOT HEAD STREQUAL "")
   file(WRITE "${_dst}" "${_text}\n")
 endif()
 # PREP makes a file the test needs, in the build tree: "mkfifo|path",
-# "symlink|target|link", "copy|src|dst", "empty|path" or "write|path|one line".
+# "symlink|target|link", "copy|src|dst", "empty|path", "write|path|one line",
+# "lines|path|line 1|line 2|..." or "prefix|dst|src|b1,b2,..." (the bytes b,
+# in decimal, then the whole of src: a byte-order mark or a compressed file's
+# magic in front of a real file).
 if(DEFINED PREP AND NOT PREP STREQUAL "")
   string(REPLACE "|" ";" _prep "${PREP}")
   list(GET _prep 0 _what)
@@ -52,6 +55,17 @@ if(DEFINED PREP AND NOT PREP STREQUAL "")
   elseif(_what STREQUAL "write")
     list(GET _prep 2 _p2)
     file(WRITE "${_p1}" "${_p2}\n")
+  elseif(_what STREQUAL "lines")
+    list(SUBLIST _prep 2 -1 _lines)
+    list(JOIN _lines "\n" _text)
+    file(WRITE "${_p1}" "${_text}\n")
+  elseif(_what STREQUAL "prefix")
+    list(GET _prep 2 _p2)
+    list(GET _prep 3 _p3)
+    string(REPLACE "," ";" _codes "${_p3}")
+    string(ASCII ${_codes} _lead)
+    file(READ "${_p2}" _body)
+    file(WRITE "${_p1}" "${_lead}${_body}")
   else()
     message(FATAL_ERROR "PREP: unknown step '${_what}'")
   endif()
@@ -66,14 +80,31 @@ set(_stdin)
 if(DEFINED STDIN AND NOT STDIN STREQUAL "")
   set(_stdin INPUT_FILE "${STDIN}")
 endif()
-execute_process(COMMAND ${_emulator} "${EXE}" ${_args} ${_stdin} RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                ERROR_VARIABLE err)
+# An argument "<empty>" is passed as an empty argument (`--plot ''`): a CMake list
+# drops empty items, so the command then runs through sh with every argument quoted.
+if(ARGS MATCHES "(^|\\|)<empty>(\\||$)")
+  set(_line "exec")
+  foreach(_a IN LISTS _emulator ITEMS "${EXE}" ${_args})
+    if(_a STREQUAL "<empty>")
+      set(_a "")
+    endif()
+    string(REPLACE "'" "'\\''" _a "${_a}")
+    string(APPEND _line " '${_a}'")
+  endforeach()
+  execute_process(COMMAND sh -c "${_line}" ${_stdin} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+else()
+  execute_process(COMMAND ${_emulator} "${EXE}" ${_args} ${_stdin} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+endif()
 set(all "${out}${err}")
 if(NOT rc EQUAL EXPECT_RC)
   message(FATAL_ERROR "moe-residency ${ARGS} exited ${rc}; expected ${EXPECT_RC}\n${all}")
 endif()
+# A ';' in a regex is the message's own (cli.cmake passes it as "@semi@": add_test
+# would split an argument at a ';'); "@@" separates the regexes.
 string(REPLACE "@@" ";" _expect "${EXPECT}")
 foreach(re IN LISTS _expect)
+  string(REPLACE "@semi@" ";" re "${re}")
   if(NOT all MATCHES "${re}")
     message(FATAL_ERROR "moe-residency ${ARGS}: output does not match '${re}'\n${all}")
   endif()

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "moe_residency/detail/text_encoding.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
@@ -78,10 +79,12 @@ constexpr std::size_t input_head_bytes = 64 * 1024;
 using input_head_check = std::function<void(std::string_view head, std::uint64_t size)>;
 
 /// A head check for a text input (a configuration, a metrics or a curve
-/// file): a NUL byte in its head means binary data. Throws
-/// "<path>: holds binary data (a NUL byte at offset K); expected <expected>".
+/// file): compressed data or UTF-16/32 text is named as such
+/// (check_text_encoding), and a NUL byte in its head means binary data.
+/// Throws "<path>: holds binary data (a NUL byte at offset K); expected <expected>".
 inline input_head_check text_head(const std::string& path, const std::string& expected) {
   return [path, expected](std::string_view head, std::uint64_t) {
+    check_text_encoding(head, path, expected);
     if (const std::size_t nul = head.find('\0'); nul != std::string_view::npos)
       throw error(path + ": holds binary data (a NUL byte at offset " + std::to_string(nul) + "); expected " +
                   expected);

@@ -2,7 +2,9 @@
 // Checked number parsing, one rule for every number the library and its
 // programs accept (command-line options, configuration files, lab cells,
 // metrics): the text must be wholly a number (no trailing characters, no
-// leading blanks), a real must be finite and inside its domain, and a whole
+// leading blanks), a real must be finite, decimal (strtod's hexadecimal form
+// is refused, as it is for whole numbers) and inside its domain, checked in
+// the type it is stored in (a float option is checked as a float), and a whole
 // number is decimal digits only, so that "-1" can never wrap into a huge
 // unsigned value and "1e30" or "99999999999999999999" never saturates
 // silently. A refusal says what the text was and what was expected, with the
@@ -87,11 +89,33 @@ inline std::string real_problem(const std::string& text, const real_domain& d, d
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
   if (end == text.c_str() || end != text.c_str() + text.size()) return quoted + " is not a number" + expected;
+  // strtod also reads C99's hexadecimal form ("0x10", "0x1p-2"): reals are
+  // decimal, as whole numbers are ("0x10" MiB is not 16 MiB by accident).
+  if (text.find_first_of("xX") != std::string::npos) return quoted + " is not a decimal number" + expected;
   // ERANGE with a huge result: beyond a double (1e400). A tiny result
   // (underflow towards 0) is still the nearest double and is kept.
   if (!std::isfinite(v) || (errno == ERANGE && std::fabs(v) > 1.0)) return quoted + " is not finite" + expected;
   if (!d.contains(v)) return quoted + " is out of range" + expected;
   if (out) *out = v;
+  return {};
+}
+
+/// real_problem for a value stored as a float: the text must also be a
+/// finite float whose rounding stays inside `d` (1e-50 checked as a double is
+/// in (0, 1], and becomes 0 as a float). "" when it is (the float stored in
+/// `*out` when given); otherwise e.g.
+/// "'1e-50' is 0 as a float (the value is stored as one); expected a number in (0, 1]".
+inline std::string float_problem(const std::string& text, const real_domain& d, float* out = nullptr) {
+  double v = 0;
+  if (std::string p = real_problem(text, d, &v); !p.empty()) return p;
+  const float f = static_cast<float>(v);
+  const std::string expected = "; expected " + d.describe();
+  if (!std::isfinite(f))
+    return "'" + text + "' is beyond a float's range (the value is stored as one: at most about 3.4e+38)" + expected;
+  if (!d.contains(static_cast<double>(f)))
+    return "'" + text + "' is " + show_number(static_cast<double>(f)) + " as a float (the value is stored as one)" +
+           expected;
+  if (out) *out = f;
   return {};
 }
 
@@ -125,6 +149,15 @@ inline std::string whole_problem(const std::string& text, std::uint64_t lo, std:
 inline double parse_real(const std::string& text, const std::string& what, const real_domain& d = {}) {
   double v = 0;
   const std::string p = real_problem(text, d, &v);
+  if (!p.empty()) throw error(what + ": " + p);
+  return v;
+}
+
+/// `text` as a finite float in `d` (checked as the float it is stored in);
+/// throws moe_residency::error "<what>: <problem>".
+inline float parse_float_value(const std::string& text, const std::string& what, const real_domain& d = {}) {
+  float v = 0;
+  const std::string p = float_problem(text, d, &v);
   if (!p.empty()) throw error(what + ": " + p);
   return v;
 }

@@ -85,8 +85,11 @@ struct replay_result {
   std::uint64_t budget_bytes = 0;
   std::uint64_t token_cycle_bytes = 0;
   cache_stats stats;
-  std::string warning;  ///< the token-cycle guard's message, if any
-  double seconds = 0;   ///< wall time of the cell
+  /// The token-cycle guard's message, and over_budget_warning's when the
+  /// cell held more than its budget (stats.peak_bytes), "; " between them.
+  std::string warning;
+  bool below_cycle_warned = false;  ///< the token-cycle guard warned (a recency policy below the cycle)
+  double seconds = 0;               ///< wall time of the cell
 
   double hit_pct_cum() const noexcept { return stats.all.hit_pct(); }
   double hit_pct_decode() const noexcept { return stats.decode.hit_pct(); }
@@ -144,6 +147,24 @@ inline replay_policy_name parse_replay_policy(const std::string& full) {
   return r;
 }
 
+/// The warning of a cell whose cache held more than its budget after a
+/// batch (`peak_bytes`, cache_stats::peak_bytes): its hit rate is that
+/// memory's, not the budget's. A batch's own experts are never evicted (a
+/// prompt batch can need more than the budget), the per-layer policies evict
+/// only inside the layer being loaded (after a prompt every layer still holds
+/// its prompt batch's experts: Qwen's trace, layer at 4000 MiB, holds 7275
+/// MiB) and keep top-k experts a layer whatever the budget, and a policy may
+/// decline to evict (victim() gives no slot). "" when it held no more than
+/// its budget.
+inline std::string over_budget_warning(std::uint64_t budget_bytes, std::uint64_t peak_bytes) {
+  if (peak_bytes <= budget_bytes) return {};
+  return "held " + format_fixed(to_mib(peak_bytes), 1) + " MiB at its peak, above its budget of " +
+         format_fixed(to_mib(budget_bytes), 1) +
+         " MiB (a batch's own experts are never evicted, the per-layer policies evict only inside the layer being "
+         "loaded and keep top-k experts a layer, and a policy may decline to evict): its hit rate is for that "
+         "memory, not the budget";
+}
+
 inline cache_policy_args replay_policy_args(const replay_input& in, std::uint64_t seed,
                                             const cycle_policy_options& cycle,
                                             const adaptive_policy_options& adaptive) {
@@ -177,7 +198,11 @@ void replay_run(const replay_input& in, Policy policy, replay_result& out, const
   cache_options co;
   co.budget_bytes = out.budget_bytes;
   co.guard = o.guard;
-  co.on_warning = [&warning](const std::string& m) { warning = m; };
+  bool warned = false;
+  co.on_warning = [&warning, &warned](const std::string& m) {
+    warning = m;
+    warned = true;
+  };
   expert_cache<Policy> cache(in.shape(), std::move(co), std::move(policy));
   const load_batches& lb = in.batches();
   for (std::size_t i = 0; i < lb.batches.size(); ++i) {
@@ -192,6 +217,9 @@ void replay_run(const replay_input& in, Policy policy, replay_result& out, const
   }
   out.stats = cache.stats();
   out.token_cycle_bytes = cache.token_cycle_bytes();
+  out.below_cycle_warned = warned;
+  if (const std::string w = over_budget_warning(out.budget_bytes, out.stats.peak_bytes); !w.empty())
+    warning += (warning.empty() ? "" : "; ") + w;
   out.warning = warning;
 }
 
@@ -218,13 +246,25 @@ constexpr double max_budget_mib = 1e12;
 /// The budgets a replay takes: (0, max_budget_mib] MiB.
 inline detail::real_domain budget_mib_domain() { return detail::real_domain::open_closed(0, max_budget_mib); }
 
-/// Throws error on an unknown policy name, or a budget outside
-/// budget_mib_domain() (<= 0, not finite, or beyond max_budget_mib).
+/// "" when `budget_mib` is a budget a replay takes: in budget_mib_domain(),
+/// and at least one byte once rounded to whole bytes (from_mib); else what is
+/// wrong, e.g. "1e-07 MiB is 0 bytes once rounded; expected at least one byte
+/// (>= 4.8e-07 MiB)".
+inline std::string budget_mib_problem(double budget_mib) {
+  if (!budget_mib_domain().contains(budget_mib))
+    return detail::show_number(budget_mib) + " MiB; expected " + budget_mib_domain().describe() + " (MiB)";
+  if (from_mib(budget_mib) == 0)
+    return detail::show_number(budget_mib) +
+           " MiB is 0 bytes once rounded to whole bytes; expected at least one byte "
+           "(>= 4.8e-07 MiB)";
+  return {};
+}
+
+/// Throws error on an unknown policy name, or a budget budget_mib_problem
+/// refuses (<= 0, not finite, beyond max_budget_mib, or 0 bytes).
 inline void check_replay_cell(const std::string& policy, double budget_mib) {
   detail::parse_replay_policy(policy);
-  if (!budget_mib_domain().contains(budget_mib))
-    throw error("replay: budget " + detail::show_number(budget_mib) + " MiB; expected " +
-                budget_mib_domain().describe() + " (MiB)");
+  if (const std::string p = budget_mib_problem(budget_mib); !p.empty()) throw error("replay: budget " + p);
 }
 
 /// Replays one cell. Throws error on a bad policy or budget, or (guard

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -31,7 +32,10 @@ namespace moe_residency {
 
 /// A trace ready for the dynamic replay: its routings grouped into the
 /// engine's load batches (the same grouping as group_load_batches), decode
-/// tokens numbered from 0, and the next-use index Belady needs.
+/// tokens numbered from 0, and the next-use indexes Belady needs: one over
+/// every batch (base().next_use(), the prompt cached) and one over the decode
+/// batches alone (decode_next_use(), for a replay whose prompt batches skip
+/// the cache: Belady must know the future of the lookups it will see).
 class routed_replay_input {
  public:
   struct batch {
@@ -56,6 +60,8 @@ class routed_replay_input {
   const std::vector<routing>& routings() const noexcept { return rec_.routings; }
   const std::vector<batch>& batches() const noexcept { return batches_; }
   std::size_t decode_tokens() const noexcept { return decode_tokens_; }
+  /// Belady's next-use index over the decode batches only, in order.
+  std::shared_ptr<const next_use_index> decode_next_use() const noexcept { return decode_next_use_; }
   /// The decode routing of (token, layer), or null.
   const routing* decode_routing(std::uint32_t token, layer_id l) const noexcept {
     const std::size_t i = static_cast<std::size_t>(token) * shape().n_layers() + to_index(l);
@@ -98,6 +104,11 @@ class routed_replay_input {
       throw error("replay: " + std::to_string(batches_.size()) + " routing batches but " +
                   std::to_string(base_.batches().batches.size()) +
                   " load batches; expected the same grouping (a routing split across load batches?)");
+    auto idx = std::make_shared<next_use_index>(shape());
+    for (const load_batch& b : base_.batches().batches)
+      if (b.phase == run_phase::decode) idx->add_batch(b.layer, base_.batches().experts_of(b));
+    idx->finish();
+    decode_next_use_ = std::move(idx);
     decode_index_.assign(decode_tokens_ * shape().n_layers(), npos);
     for (const batch& b : batches_)
       if (b.phase == run_phase::decode && to_index(b.layer) < shape().n_layers())
@@ -109,6 +120,7 @@ class routed_replay_input {
   std::vector<batch> batches_;
   std::vector<std::size_t> decode_index_;
   std::size_t decode_tokens_ = 0;
+  std::shared_ptr<const next_use_index> decode_next_use_;
 };
 
 /// Where the speculative reads' predictions come from.
@@ -158,10 +170,12 @@ struct replay_speculation {
 };
 
 /// Parses `prev-token`, `frequency`, `oracle:P` (0 <= P <= 1) or `none`.
-/// Throws `error` naming the text otherwise.
+/// Throws `error` naming the text otherwise (an empty text too: "none" says
+/// no speculation, nothing does not).
 inline replay_speculation parse_replay_speculation(const std::string& text) {
   replay_speculation s;
-  if (text == "none" || text.empty()) return s;
+  if (text.empty()) throw error("--speculate: empty; expected none, prev-token, frequency or oracle:P (0 <= P <= 1)");
+  if (text == "none") return s;
   if (text == "prev-token" || text == "prev") {
     s.source = speculation_source::prev_token;
   } else if (text == "frequency") {
@@ -282,12 +296,17 @@ inline void oracle_ranking(const routing& truth, double p, std::size_t n_experts
 }
 
 /// Calls f(policy) with the base policy `name` (no retention decorators).
+/// Belady's future is the sequence of lookups the cache will see: every
+/// batch, or the decode batches alone when the prompt skips the cache.
 template <class F>
-void with_replay_policy(const std::string& name, const replay_input& in, const dynamic_replay_options& o, F&& f) {
+void with_replay_policy(const std::string& name, const routed_replay_input& in, const dynamic_replay_options& o,
+                        F&& f) {
   if (name.find('+') != std::string::npos)
-    throw error("replay: policy '" + name + "' with --drop/--speculate; expected a base policy: " +
-                cache_policy_names() + " (retention decorators are not combined with speculation)");
-  with_cache_policy(name, replay_policy_args(in, o.seed, o.cycle, o.adaptive), std::forward<F>(f));
+    throw error("replay: policy '" + name + "' with --drop/--speculate/--decode-only; expected a base policy: " +
+                cache_policy_names() + " (retention decorators are not combined with them)");
+  cache_policy_args a = replay_policy_args(in.base(), o.seed, o.cycle, o.adaptive);
+  if (!o.prefill_cached) a.next_use = in.decode_next_use();
+  with_cache_policy(name, a, std::forward<F>(f));
 }
 
 template <class Policy>
@@ -415,7 +434,16 @@ void replay_dynamic_run(const routed_replay_input& in, Policy policy, const dyna
     learn(b);
   }
   spec.finish();
+  // Belady is the optimum only over the lookups its index describes. Dropped
+  // experts are never looked up, so with dropping the sequence leaves the
+  // index and Belady falls back to "never used again": say so, not an oracle.
+  if constexpr (std::is_same<Policy, belady_policy>::value)
+    if (spec.cache().policy().diverged())
+      sink(
+          "belady: the cache's lookups left the sequence its future was computed from (dropped experts are "
+          "never looked up), so it is not the optimum here; compare it without --drop");
   out.cache = spec.cache().stats();
+  if (const std::string w = over_budget_warning(from_mib(o.budget_mib), out.cache.peak_bytes); !w.empty()) sink(w);
   out.speculation = spec.stats();
   out.reads = spec.read_stats();
   if (spec.drop()) out.drops = spec.drop()->stats();
@@ -441,7 +469,7 @@ inline dynamic_replay_result replay_dynamic(const routed_replay_input& in, const
   dynamic_replay_result out;
   out.options = o;
   out.options.policy = detail::parse_replay_policy(o.policy).canonical();
-  detail::with_replay_policy(o.policy, in.base(), o,
+  detail::with_replay_policy(o.policy, in, o,
                              [&](auto policy) { detail::replay_dynamic_run(in, std::move(policy), o, obs, out); });
   return out;
 }

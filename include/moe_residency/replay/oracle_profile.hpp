@@ -11,7 +11,8 @@
 ///   0,0.9          (a first line that starts with a letter is a header)
 ///
 /// '#' comments and empty lines are skipped; spaces around a field and
-/// carriage returns are ignored. Standard library only.
+/// carriage returns are ignored, and so is a UTF-8 byte-order mark;
+/// compressed or UTF-16 data is refused naming it. Standard library only.
 
 #include <cctype>
 #include <cstddef>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "moe_residency/detail/numbers.hpp"
+#include "moe_residency/detail/text_encoding.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
@@ -28,8 +30,10 @@ namespace moe_residency {
 /// with `source` and naming the line and the value on a P that is not a number
 /// in [0, 1], a layer that is not a whole number below `n_layers` or is listed
 /// twice, a file that mixes the two forms, and a layer with no P.
-inline std::vector<double> parse_oracle_profile(const std::string& text, const std::string& source,
+inline std::vector<double> parse_oracle_profile(const std::string& whole_text, const std::string& source,
                                                 std::size_t n_layers) {
+  detail::check_text_encoding(whole_text, source, "an oracle profile (one P per line, or layer,P lines)");
+  const std::string text(detail::strip_utf8_bom(whole_text));
   auto trim = [](const std::string& s) {
     const auto a = s.find_first_not_of(" \t\r"), b = s.find_last_not_of(" \t\r");
     return a == std::string::npos ? std::string() : s.substr(a, b - a + 1);

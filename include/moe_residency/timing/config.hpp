@@ -7,12 +7,14 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
 
 #include "moe_residency/detail/files.hpp"
 #include "moe_residency/detail/numbers.hpp"
+#include "moe_residency/detail/text_encoding.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/timing/params.hpp"
 #include "moe_residency/timing/storage_curve.hpp"
@@ -25,14 +27,19 @@ namespace moe_residency {
 /// compute_ms_per_token, expert_compute_share,
 /// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib,
 /// mgmt_ms_per_request, mgmt_ms_per_pin, kernel_overlap. Unlisted keys keep
-/// `defaults`. Throws `error` naming the line on an unknown key or bad value,
-/// and on a text without any setting (an empty file would otherwise mean
-/// every default, silently).
+/// `defaults`. Throws `error` naming the line on an unknown key, an empty
+/// key or value, or a bad value; naming both lines on a key given twice (or
+/// the curve given both as `curve` and `curve_file`), since one would
+/// silently win; and on a text without any setting (an empty file would
+/// otherwise mean every default, silently). A UTF-8 byte-order mark is
+/// skipped; compressed or UTF-16 data is refused naming it.
 inline timing_params parse_timing_config(const std::string& text, const std::string& source,
                                          timing_params defaults = {}) {
   timing_params p = std::move(defaults);
-  std::stringstream ss(text);
+  detail::check_text_encoding(text, source, "a timing config (key = value lines)");
+  std::stringstream ss(std::string(detail::strip_utf8_bom(text)));
   std::size_t n = 0, settings = 0;
+  std::map<std::string, std::pair<std::string, std::size_t>> given;  // setting -> (key as written, line)
   for (std::string line; std::getline(ss, line);) {
     ++n;
     if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
@@ -47,6 +54,14 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
     ++settings;
     if (eq == std::string::npos) throw error(where + "'" + line + "'; expected key = value");
     const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    if (key.empty()) throw error(where + "'" + line + "' has no key; expected key = value");
+    if (value.empty()) throw error(where + key + ": empty value; expected key = value");
+    // curve and curve_file set the same parameter: the second would win silently.
+    const std::string setting = key == "curve_file" ? "curve" : key;
+    if (const auto it = given.find(setting); it != given.end())
+      throw error(where + key + ": given again (first on line " + std::to_string(it->second.second) +
+                  (it->second.first == key ? "" : ", as " + it->second.first) + "); expected each setting once");
+    given.emplace(setting, std::make_pair(key, n));
     // Finite here; each parameter's own range in timing_params::validate.
     auto number = [&]() { return detail::parse_real(value, where + key); };
     try {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moe_residency/detail/numbers.hpp"
+#include "moe_residency/detail/text_encoding.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
@@ -35,9 +36,14 @@ struct token_metrics {
   std::size_t size() const noexcept { return wall_ms.size(); }
 };
 
-/// Throws `error` naming the source, line and column on a malformed file.
+/// Throws `error` naming the source, line and column on a malformed file:
+/// a header that names a column twice or leaves one unnamed, a row whose
+/// fields do not match it, a value that is not a finite number >= 0 (an
+/// empty one included), steps that do not pair. A UTF-8 byte-order mark is
+/// skipped; compressed or UTF-16 data is refused naming it.
 inline token_metrics parse_token_metrics(const std::string& text, const std::string& source) {
-  std::stringstream ss(text);
+  detail::check_text_encoding(text, source, "a metrics CSV (a header like step,steps,wall_ms,...)");
+  std::stringstream ss(std::string(detail::strip_utf8_bom(text)));
   std::string line;
   std::size_t n = 0;
   std::vector<std::string> cols;
@@ -45,8 +51,24 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     ++n;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line[0] == '#') continue;
-    std::stringstream ls(line);
-    for (std::string f; std::getline(ls, f, ',');) cols.push_back(f);
+    // Every field, an empty last one included ("a,b," names three columns).
+    for (std::size_t start = 0;;) {
+      const std::size_t comma = line.find(',', start);
+      cols.push_back(line.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    // A column named twice would pair one copy by name and drop the other
+    // silently; an unnamed one holds values nothing reads.
+    for (std::size_t c = 0; c < cols.size(); ++c) {
+      if (cols[c].empty())
+        throw error(source + ": line " + std::to_string(n) + ", column " + std::to_string(c + 1) +
+                    ": the header names no column here; expected a name in every field of '" + line + "'");
+      for (std::size_t d = 0; d < c; ++d)
+        if (cols[d] == cols[c])
+          throw error(source + ": line " + std::to_string(n) + ": column '" + cols[c] + "' named twice (columns " +
+                      std::to_string(d + 1) + " and " + std::to_string(c + 1) + "); expected each column once");
+    }
     break;
   }
   auto col = [&](const char* name) -> std::ptrdiff_t {
@@ -80,8 +102,12 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line[0] == '#') continue;
     std::vector<std::string> f;
-    std::stringstream ls(line);
-    for (std::string x; std::getline(ls, x, ',');) f.push_back(x);
+    for (std::size_t start = 0;;) {  // an empty last field counts: "1,2," is three fields
+      const std::size_t comma = line.find(',', start);
+      f.push_back(line.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
     if (f.size() != cols.size())
       throw error(source + ": line " + std::to_string(n) + ": " + std::to_string(f.size()) + " fields; expected " +
                   std::to_string(cols.size()));

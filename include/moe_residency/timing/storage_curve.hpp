@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moe_residency/detail/numbers.hpp"
+#include "moe_residency/detail/text_encoding.hpp"
 #include "moe_residency/error.hpp"
 
 namespace moe_residency {
@@ -29,16 +30,17 @@ class storage_curve {
       : points_{{1, 1809.9},  {2, 2459.8},  {4, 2457.9},  {8, 2420.0},
                 {12, 2360.1}, {16, 2243.9}, {24, 2308.6}, {32, 2254.8}} {}
   /// Points (lanes, MiB/s): lanes >= 1 and strictly increasing, MiB/s finite
-  /// and > 0. Throws `error` naming the point otherwise.
+  /// and > 0. Throws `error` naming the point (numbered from 1, as
+  /// parse_list numbers them) otherwise.
   explicit storage_curve(std::vector<std::pair<double, double>> points) : points_(std::move(points)) {
     if (points_.empty()) throw error("storage_curve: no points; expected (lanes, MiB/s) pairs");
     for (std::size_t i = 0; i < points_.size(); ++i) {
       const auto& p = points_[i];
       if (!(p.first >= 1) || !std::isfinite(p.first) || (i && !(p.first > points_[i - 1].first)))
-        throw error("storage_curve: point " + std::to_string(i) + ": lanes " + fmt(p.first) +
+        throw error("storage_curve: point " + std::to_string(i + 1) + ": lanes " + fmt(p.first) +
                     "; expected lanes >= 1, strictly increasing");
       if (!(p.second > 0) || !std::isfinite(p.second))
-        throw error("storage_curve: point " + std::to_string(i) + ": " + fmt(p.second) +
+        throw error("storage_curve: point " + std::to_string(i + 1) + ": " + fmt(p.second) +
                     " MiB/s; expected a finite bandwidth > 0");
     }
   }
@@ -65,12 +67,24 @@ class storage_curve {
   }
 
   /// Parses a CSV with a header naming the columns `lanes` and `mib_per_s`
-  /// (as shared/traces/flash-lanes.csv). `source` prefixes errors.
+  /// (as shared/traces/flash-lanes.csv). `source` prefixes errors. A header
+  /// that names a column twice or leaves one unnamed is refused; a UTF-8
+  /// byte-order mark is skipped, compressed or UTF-16 data refused naming it.
   static storage_curve parse_csv(const std::string& text, const std::string& source) {
-    std::stringstream ss(text);
+    detail::check_text_encoding(text, source, "a lanes CSV (a header with lanes and mib_per_s)");
+    std::stringstream ss(std::string(detail::strip_utf8_bom(text)));
     std::string line;
     if (!std::getline(ss, line)) throw error(source + ": empty; expected a header with lanes and mib_per_s");
     const auto cols = split(line);
+    for (std::size_t c = 0; c < cols.size(); ++c) {
+      if (cols[c].empty())
+        throw error(source + ": line 1, column " + std::to_string(c + 1) +
+                    ": the header names no column here; expected a name in every field");
+      for (std::size_t d = 0; d < c; ++d)
+        if (cols[d] == cols[c])
+          throw error(source + ": line 1: column '" + cols[c] + "' named twice (columns " + std::to_string(d + 1) +
+                      " and " + std::to_string(c + 1) + "); expected each column once");
+    }
     const auto lanes_col = std::find(cols.begin(), cols.end(), "lanes") - cols.begin();
     const auto bw_col = std::find(cols.begin(), cols.end(), "mib_per_s") - cols.begin();
     if (static_cast<std::size_t>(lanes_col) == cols.size() || static_cast<std::size_t>(bw_col) == cols.size())
@@ -131,14 +145,19 @@ class storage_curve {
     if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
     return buf;
   }
+  // Every field, an empty last one included ("1,2," is three fields).
   static std::vector<std::string> split(const std::string& line) {
     std::vector<std::string> out;
-    std::stringstream ss(line);
-    for (std::string f; std::getline(ss, f, ',');) {
-      while (!f.empty() && (f.back() == '\r' || f.back() == ' ')) f.pop_back();
+    std::string l = line;
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+    for (std::size_t start = 0;;) {
+      const std::size_t comma = l.find(',', start);
+      std::string f = l.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      while (!f.empty() && f.back() == ' ') f.pop_back();
       out.push_back(f);
+      if (comma == std::string::npos) return out;
+      start = comma + 1;
     }
-    return out;
   }
   std::vector<std::pair<double, double>> points_;
 };

@@ -144,6 +144,10 @@ inline binary_trace_frame read_binary_trace_frame(std::string_view head, std::ui
   if (body != expected_body)
     throw fail(std::to_string(body - expected_body) + " bytes after the last " + (f.checked ? "checksum of " : "of ") +
                std::to_string(f.n_rows) + " records; expected the file to end there");
+  // The declared shape bounded before anything is sized from it (an n_expert
+  // outside [1, 65535] is the header check's, with its own message).
+  if (f.n_expert >= 1 && f.n_expert <= 65535)
+    if (const std::string p = expert_slots_problem(f.n_layer, f.n_expert); !p.empty()) throw fail("header: " + p);
   return f;
 }
 

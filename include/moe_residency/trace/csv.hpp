@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moe_residency/core.hpp"
+#include "moe_residency/detail/text_encoding.hpp"
 #include "moe_residency/detail/trace_text.hpp"
 #include "moe_residency/error.hpp"
 #include "moe_residency/trace/types.hpp"
@@ -39,7 +40,9 @@ inline constexpr std::string_view csv_magic = "# route_trace v1";
 
 class csv_parser {
  public:
-  csv_parser(std::string_view text, const std::string& source) : text_(text), source_(source) {}
+  /// A UTF-8 byte-order mark before the magic line is skipped.
+  csv_parser(std::string_view text, const std::string& source)
+      : text_(strip_utf8_bom(text)), whole_(text), source_(source) {}
 
   validated_route_trace parse() {
     route_trace t;
@@ -102,6 +105,8 @@ class csv_parser {
   }
 
   void parse_magic() {
+    // Compressed data or UTF-16 text is named as such, not as a missing magic line.
+    check_text_encoding(whole_, source_, "a route trace (CSV or binary)");
     std::string_view line;
     if (!next_line(line)) {
       ++line_no_;
@@ -161,6 +166,8 @@ class csv_parser {
     const std::size_t c0 = model_parts;  // column of arch is model_parts + 1
     h.n_layer = header_number("n_layer", values[2], c0 + 2, 1, 65535);
     h.n_expert = header_number("n_expert", values[3], c0 + 3, 1, 65535);
+    // Bounded before anything is sized from it (the header's own vectors are n_layer long).
+    if (const std::string p = expert_slots_problem(h.n_layer, h.n_expert); !p.empty()) fail(c0 + 3, p);
     h.n_expert_used = header_number("n_expert_used", values[4], c0 + 4, 1, std::min<std::uint64_t>(h.n_expert, 256));
     h.expert_bytes.assign(h.n_layer, 0);
     h.dense_bytes.assign(h.n_layer, 0);
@@ -350,6 +357,7 @@ class csv_parser {
   }
 
   std::string_view text_;
+  std::string_view whole_;  // the text as given, its byte-order mark included
   const std::string& source_;
   std::size_t pos_ = 0;
   std::size_t line_no_ = 0;

@@ -16,7 +16,20 @@
 #include "moe_residency/detail/trace_text.hpp"
 #include "moe_residency/error.hpp"
 
+/// The most (layer, expert) pairs a trace's shape may declare, n_layer ×
+/// n_expert: every replay, cache policy and predictor sizes a table of one
+/// entry per pair from it, so a file of a few hundred bytes declaring 65535
+/// layers × 65535 experts would otherwise ask for 4.3 billion entries. The
+/// largest MoE models have about 25 000 (61 layers × 384 experts); the
+/// default allows 40 times that. Override it before including any header.
+#ifndef MOE_RESIDENCY_MAX_EXPERT_SLOTS
+#define MOE_RESIDENCY_MAX_EXPERT_SLOTS 1048576
+#endif
+
 namespace moe_residency {
+
+/// MOE_RESIDENCY_MAX_EXPERT_SLOTS: the largest n_layer × n_expert a trace may declare.
+inline constexpr std::uint64_t max_expert_slots = MOE_RESIDENCY_MAX_EXPERT_SLOTS;
 
 /// One routed expert: one row of the CSV. 32 bytes: the members are ordered by
 /// size, not as the CSV's columns (a row in CSV order padded to 48 bytes, and
@@ -125,11 +138,21 @@ inline std::string header_string_length_problem(const char* field, std::uint64_t
          " (the binary form stores a 32-bit length)";
 }
 
+/// A declared shape against max_expert_slots, before anything is sized from
+/// it: "" when n_layer × n_expert fits, else what is wrong.
+inline std::string expert_slots_problem(std::uint64_t n_layer, std::uint64_t n_expert) {
+  if (n_layer * n_expert <= max_expert_slots) return {};  // both <= 65535: no wrap
+  return "n_layer " + std::to_string(n_layer) + " x n_expert " + std::to_string(n_expert) + " = " +
+         std::to_string(n_layer * n_expert) + " expert slots; expected at most " + std::to_string(max_expert_slots) +
+         " (MOE_RESIDENCY_MAX_EXPERT_SLOTS: a replay sizes its tables by layer x expert)";
+}
+
 /// Header consistency shared by the parsers and the writers; "" when fine.
 inline std::string header_problem(const trace_header& h) {
   if (h.n_layer < 1 || h.n_layer > 65535) return "n_layer " + std::to_string(h.n_layer) + " out of range [1, 65535]";
   if (h.n_expert < 1 || h.n_expert > 65535)
     return "n_expert " + std::to_string(h.n_expert) + " out of range [1, 65535]";
+  if (std::string p = expert_slots_problem(h.n_layer, h.n_expert); !p.empty()) return p;
   const std::size_t kmax = std::min<std::size_t>(h.n_expert, 256);
   if (h.n_expert_used < 1 || h.n_expert_used > kmax)
     return "n_expert_used " + std::to_string(h.n_expert_used) + " out of range [1, " + std::to_string(kmax) +
