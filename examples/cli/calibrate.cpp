@@ -267,13 +267,25 @@ void run(const CLI::App& sub, const calibrate_args& a) {
                   preds[i].top_k.modelled ? "  (top-k modelled)" : "");
     std::cout << buf;
   }
+  // Each run's parts, predicted and (where its metrics record them) measured.
+  std::cout << "per token, predicted / measured: compute (of it faults, contention), management, stall, io (summed "
+               "over lanes), MiB read, major faults\n";
   for (std::size_t i = 0; i < preds.size(); ++i) {
     const timing_summary& s = preds[i].summary;
+    const token_metrics& m = i < runs.size() ? runs[i].metrics : held[i - runs.size()].metrics;
+    auto mean = [&m](const std::vector<double>& v) {
+      if (v.size() != m.size() || v.empty()) return std::nan("");
+      double x = 0;
+      for (double y : v) x += y;
+      return x / static_cast<double>(v.size());
+    };
     std::snprintf(buf, sizeof buf,
-                  "  %s predicted: compute %.1f (faults %.1f, contention %.1f), management %.1f, stall %.1f ms/token; "
-                  "%.1f MiB read, %.1f%% hit\n",
-                  preds[i].source.c_str(), s.compute_ms_per_token, s.fault_ms_per_token, s.contention_ms_per_token,
-                  s.mgmt_ms_per_token, s.stall_ms_per_token, s.demanded_mib_per_token, s.hit_pct);
+                  "  %s\n    compute %.1f / %.1f (%.1f, %.1f)  management %.1f / %.1f  stall %.1f / %.1f  io %.1f / "
+                  "%.1f  MiB %.1f / %.1f  faults %.0f / %.0f\n",
+                  preds[i].source.c_str(), s.compute_ms_per_token, mean(m.compute_ms), s.fault_ms_per_token,
+                  s.contention_ms_per_token, s.mgmt_ms_per_token, mean(m.mgmt_ms), s.stall_ms_per_token,
+                  mean(m.stall_ms), s.io_ms_per_token, mean(m.io_ms), s.demanded_mib_per_token,
+                  mean(m.read_bytes) / 1048576.0, s.faults_per_token, mean(m.majflt));
     std::cout << buf;
   }
 }

@@ -207,6 +207,7 @@ struct timing_summary {
   double hit_pct = 0;  ///< decode lookups that hit, %
   /// Of compute_ms_per_token: the major faults' and the reads' contention (1); faults charged per token.
   double fault_ms_per_token = 0, contention_ms_per_token = 0, faults_per_token = 0;
+  double io_ms_per_token = 0;  ///< read durations summed over lanes (the engine's io_ms)
 };
 
 /// The means of `ts`, token t weighted by weights[t] (a campaign's mix of
@@ -228,7 +229,7 @@ inline timing_summary summarize_timing(const std::vector<token_timing>& ts, cons
   s.tokens = ts.size();
   if (ts.empty()) return s;
   double wall = 0, stall = 0, mgmt = 0, comp = 0, dem = 0, spec = 0, canc = 0, hits = 0, looks = 0;
-  double fault = 0, cont = 0, faults = 0, n = 0;
+  double fault = 0, cont = 0, faults = 0, io = 0, n = 0;
   for (std::size_t i = 0; i < ts.size(); ++i) {
     const token_timing& t = ts[i];
     const double w = even ? 1.0 : weights[i];
@@ -236,6 +237,7 @@ inline timing_summary summarize_timing(const std::vector<token_timing>& ts, cons
     fault += w * t.fault_ms;
     cont += w * t.contention_ms;
     faults += w * t.faults;
+    io += w * t.io_ms;
     wall += w * t.wall_ms;
     stall += w * t.stall_ms;
     mgmt += w * t.mgmt_ms;
@@ -258,6 +260,7 @@ inline timing_summary summarize_timing(const std::vector<token_timing>& ts, cons
   s.fault_ms_per_token = fault / n;
   s.contention_ms_per_token = cont / n;
   s.faults_per_token = faults / n;
+  s.io_ms_per_token = io / n;
   return s;
 }
 
