@@ -62,7 +62,8 @@ std::vector<std::size_t> twin_pairing(const std::vector<std::uint64_t>& tokens, 
 
 }  // namespace
 
-TEST_CASE("a run's configuration: from the metrics header, completed from the command line, refused when it conflicts") {
+TEST_CASE(
+    "a run's configuration: from the metrics header, completed from the command line, refused when it conflicts") {
   const std::string text =
       "# bmoe_metrics v1\n"
       "# model=my model.gguf arch=gpt-oss n_layer=36 n_expert=128 n_expert_used=2 threads=4\n"
@@ -115,8 +116,7 @@ TEST_CASE("a run's configuration: from the metrics header, completed from the co
   bad = c;
   bad.cache_auto = true;
   CHECK_THROWS_WITH_AS(resolve_run_setup(bad, 2, "r.csv"), doctest::Contains("r.csv: cache_auto=1"), error);
-  CHECK_THROWS_WITH_AS(resolve_run_setup(run_config{}, 2, "r.csv"), doctest::Contains("r.csv: no cache budget"),
-                       error);
+  CHECK_THROWS_WITH_AS(resolve_run_setup(run_config{}, 2, "r.csv"), doctest::Contains("r.csv: no cache budget"), error);
   const run_setup s = resolve_run_setup(c, 2, "r.csv");
   CHECK(s.budget_mib == 2000);
   CHECK(s.lanes == 4);
@@ -223,7 +223,8 @@ TEST_CASE("top-k as a lever: narrower keeps each routing's first slots, wider ad
   CHECK(expert_share_from_bytes(t.header) == doctest::Approx(ex / (ex + de)));
 }
 
-TEST_CASE("the verdict: slower above 1 + band, faster below 1 - band; the band twice the standard error of block means") {
+TEST_CASE(
+    "the verdict: slower above 1 + band, faster below 1 - band; the band twice the standard error of block means") {
   CHECK(judge_ratio(110, 100, 5).verdict == timing_verdict::slower);
   CHECK(judge_ratio(104, 100, 5).verdict == timing_verdict::within_noise);
   CHECK(judge_ratio(94, 100, 5).verdict == timing_verdict::faster);

@@ -79,8 +79,8 @@ twin_token twin_load(const timing_params& p, std::size_t moe_layers, const load_
   for (std::size_t first = 0; first < d * q; first += n) {
     const std::size_t m = std::min(n, d * q - first);
     const double per_request_mib = static_cast<double>(e.expert_bytes) / mib / static_cast<double>(q);
-    const double dur =
-        p.read_latency_ms + 1000.0 * per_request_mib * static_cast<double>(m) / (p.bandwidth_scale * twin_bandwidth(p, m));
+    const double dur = p.read_latency_ms +
+                       1000.0 * per_request_mib * static_cast<double>(m) / (p.bandwidth_scale * twin_bandwidth(p, m));
     for (std::size_t r = first; r < first + m; ++r) request_end[r] = wave_start + dur;
     t.io += static_cast<double>(m) * dur;
     wave_start += dur;
@@ -131,8 +131,10 @@ TEST_CASE("an expert read as q requests: waves of n requests of b/q, latency per
   CHECK(p.read_ms(2, b) < four);
   // The config file carries q, and refuses 0.
   CHECK(parse_timing_config("requests_per_read = 3\n", "q.cfg").requests_per_read == 3);
-  CHECK_THROWS_WITH_AS(parse_timing_config("requests_per_read = 0\n", "q.cfg"),
-                       doctest::Contains("q.cfg: line 1: requests_per_read: '0' is out of range; expected a whole number from 1 to 16"), error);
+  CHECK_THROWS_WITH_AS(
+      parse_timing_config("requests_per_read = 0\n", "q.cfg"),
+      doctest::Contains("q.cfg: line 1: requests_per_read: '0' is out of range; expected a whole number from 1 to 16"),
+      error);
 }
 
 TEST_CASE("pipelined making-resident: the reads done in earlier waves are made resident behind the later ones") {

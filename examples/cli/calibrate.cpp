@@ -6,6 +6,7 @@
 // fitted: their mean token time and their ratio against the baseline run are
 // predicted and printed beside what they measured (docs/wall-clock.md).
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -72,8 +73,9 @@ unsigned parse_free(const std::string& list) {
 std::vector<recorded_run> read_runs(const std::vector<std::string>& files, const std::vector<std::string>& configs,
                                     const char* files_option, const char* configs_option, double budget) {
   if (!configs.empty() && configs.size() != files.size())
-    throw error(std::string(configs_option) + ": given " + std::to_string(configs.size()) + " times for " +
-                std::to_string(files.size()) + " " + files_option + " files; expected one per file, in order, or none");
+    throw error(std::string(configs_option) + ": given " + std::to_string(configs.size()) +
+                (configs.size() == 1 ? " time for " : " times for ") + std::to_string(files.size()) + " " +
+                files_option + " files; expected one per file, in order, or none");
   std::vector<recorded_run> runs;
   for (std::size_t i = 0; i < files.size(); ++i) {
     run_config given;
@@ -103,6 +105,9 @@ void run(const CLI::App& sub, const calibrate_args& a) {
   for (const auto& m : a.predict) inputs.push_back({"--predict", m});
   if (!a.write_config.empty())  // before the work, not after it
     moe_residency_cli::check_output_path(a.write_config, "--write-config", inputs);
+  if (!a.baseline.empty() && std::find(a.metrics.begin(), a.metrics.end(), a.baseline) == a.metrics.end() &&
+      std::find(a.predict.begin(), a.predict.end(), a.baseline) == a.predict.end())
+    throw error("--baseline: '" + a.baseline + "' is none of the --metrics and --predict files; expected one of them");
   timing_params start;
   if (!a.config.empty())
     start = parse_timing_config(moe_residency_cli::read_whole_file(a.config, "--config"), a.config);

@@ -155,7 +155,7 @@ void run(const CLI::App& sub, const whatif_args& a) {
   const route_trace& base_trace = trace;
   std::vector<std::size_t> ks;
   for (const auto& k : a.k.empty() ? std::vector<std::string>() : split_list(a.k, "--k"))
-    ks.push_back(detail::parse_whole<std::size_t>(k, "--k (experts per routing)", 1, 32));
+    ks.push_back(detail::parse_whole<std::size_t>(k, "--k", 1, 32));
   if (ks.empty()) ks.push_back(shape.top_k());
   std::map<std::size_t, routed_replay_input> inputs;
   std::map<std::size_t, top_k_change> changes;

@@ -246,13 +246,17 @@ py::dict score_dict(const calibration_score& s) {
 }
 
 unsigned free_mask(const std::vector<std::string>& names) {
-  static const std::pair<const char*, timing_param> table[] = {
-      {"compute", timing_param::compute_ms_per_token},   {"latency", timing_param::read_latency_ms},
-      {"overlap", timing_param::overlap},                {"mgmt", timing_param::mgmt_ms_per_read},
-      {"eviction", timing_param::mgmt_ms_per_eviction},  {"bandwidth", timing_param::bandwidth_scale},
-      {"kernel", timing_param::read_cpu_ms_per_mib},     {"share", timing_param::expert_compute_share},
-      {"faults", timing_param::compute_ms_per_fault},    {"contention", timing_param::compute_ms_per_read_mib},
-      {"lookup", timing_param::mgmt_ms_per_lookup}};
+  static const std::pair<const char*, timing_param> table[] = {{"compute", timing_param::compute_ms_per_token},
+                                                               {"latency", timing_param::read_latency_ms},
+                                                               {"overlap", timing_param::overlap},
+                                                               {"mgmt", timing_param::mgmt_ms_per_read},
+                                                               {"eviction", timing_param::mgmt_ms_per_eviction},
+                                                               {"bandwidth", timing_param::bandwidth_scale},
+                                                               {"kernel", timing_param::read_cpu_ms_per_mib},
+                                                               {"share", timing_param::expert_compute_share},
+                                                               {"faults", timing_param::compute_ms_per_fault},
+                                                               {"contention", timing_param::compute_ms_per_read_mib},
+                                                               {"lookup", timing_param::mgmt_ms_per_lookup}};
   unsigned mask = 0;
   for (const std::string& n : names) {
     bool found = false;
@@ -313,8 +317,10 @@ py::dict calibrate(const trace_object& t, const std::vector<py::object>& metrics
   {
     py::gil_scoped_release nogil;
     rc = calibrate_recorded_runs(trace, runs, start, co, policy, pc, seed);
-    for (const recorded_run& r : runs) preds.push_back(predict_recorded_run(trace, r, rc.result.params, rc.weights, policy, seed));
-    for (const recorded_run& r : held) preds.push_back(predict_recorded_run(trace, r, rc.result.params, rc.weights, policy, seed));
+    for (const recorded_run& r : runs)
+      preds.push_back(predict_recorded_run(trace, r, rc.result.params, rc.weights, policy, seed));
+    for (const recorded_run& r : held)
+      preds.push_back(predict_recorded_run(trace, r, rc.result.params, rc.weights, policy, seed));
   }
   const calibration_result& c = rc.result;
   const double noise = noise_pct ? *noise_pct : c.params.noise_pct;
@@ -326,7 +332,8 @@ py::dict calibrate(const trace_object& t, const std::vector<py::object>& metrics
   d["held_out"] = score_dict(c.held_out);
   d["predicted_ms"] = column(c.predicted_ms);
   std::vector<double> recorded;
-  for (const recorded_run& r : runs) recorded.insert(recorded.end(), r.metrics.wall_ms.begin(), r.metrics.wall_ms.end());
+  for (const recorded_run& r : runs)
+    recorded.insert(recorded.end(), r.metrics.wall_ms.begin(), r.metrics.wall_ms.end());
   d["recorded_ms"] = column(recorded);
   d["in_fit"] = column(c.in_fit);
   d["iterations"] = c.iterations;
