@@ -336,6 +336,30 @@ if(TARGET moe_residency_cli)
     list(GET _case 2 _msg)
     moe_residency_cli_error_test(${_n} "${_args}" "moe-residency: ${_msg}" "${_mr_g}" "")
   endforeach()
+  # lab-predict's A/B pairs, on cells of two lab runs (files written here, in the build tree):
+  # one configuration at 1 and 2 lanes, each by its label, and a cell the second run measured
+  # again (its metrics joined). The phone's gpt-oss metrics stand in for a lab run's (64
+  # decode rows, the trace's), so every cell measures the same tok/s and each pair's measured
+  # ratio is exactly 1: the table says "within noise", and the prediction's sign against it.
+  file(WRITE "${_mr_b}/ab-cells-1.csv"
+    "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics,lanes,label\n"
+    "2.5,exact,3000,500,87.1,${_mr_t}/gptoss.metrics.csv,1,exact-l1\n"
+    "2.5,exact,3000,500,87.1,${_mr_t}/gptoss.metrics.csv,2,exact-l2\n"
+    "2.5,all,3000,500,87.1,${_mr_t}/gptoss.metrics.csv\n")
+  file(WRITE "${_mr_b}/ab-cells-2.csv"
+    "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,all,3000,500,87.1,${_mr_t}/gptoss.metrics.csv\n")
+  set(_mr_lab "lab-predict|--trace|${_mr_g}|--curve|1:1809.9,2:2459.8,4:2457.9,8:2420|--cells|${_mr_b}/ab-cells-1.csv|--cells|${_mr_b}/ab-cells-2.csv|--fit|exact-l2|--free|compute,bandwidth")
+  moe_residency_cli_test(lab_predict_pairs "${_mr_lab}|--pairs|exact-l1:exact-l2,exact-l2:all@2.5"
+    "\n2\\.5 +exact-l1 +lanes +0\\.503 @@\n2\\.5 +exact-l2 +lanes +0\\.503 +0\\.503 @@\\(the calibration run\\)\n@@A/B pairs: B's decode time over A's@@\nexact-l1 +exact-l2 +1\\.000 +0\\.[0-9]+ +-[0-9.]+ +NO +no +within noise +faster +[0-9.]+\nexact-l2 +all@2\\.5 +1\\.000 @@\n0 of 2 measured pairs with the right sign"
+    "${_mr_g}")
+  moe_residency_cli_test(lab_predict_pairs_csv "${_mr_lab}|--pairs|exact-l1:exact-l2|--noise|20|--format|csv"
+    "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,measured_verdict,predicted_verdict,noise_pct\nexact-l1,exact-l2,1\\.0000,0\\.[0-9]+,-[0-9.]+,no,no,within noise,within noise,20\\.00\n"
+    "${_mr_g}")
+  moe_residency_cli_error_test(lab_predict_pairs_unknown "${_mr_lab}|--pairs|exact-l1:exact-l4"
+    "moe-residency: --pairs: 'exact-l1:exact-l4': no cell exact-l4 in --cells; expected the ids of listed cells" "${_mr_g}" "")
+  moe_residency_cli_error_test(lab_predict_fit_unknown
+    "lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|${_mr_b}/ab-cells-1.csv|--fit|exact@2.5"
+    "moe-residency: --fit: no cell exact@2\\.5 in --cells; expected one of exact-l1, exact-l2, all@2\\.5" "${_mr_g}" "")
   # Choices. Every option that takes one of a few names goes through one validator
   # (one_of, examples/common/checked_options.hpp), refused before any work with the
   # same wording in every subcommand.
