@@ -84,7 +84,8 @@
 /// Its parts, one job each: timing/storage_curve.hpp (B), timing/params.hpp
 /// (the parameters, equations 2 and 3), timing/config.hpp (the parameters
 /// file), timing/model.hpp (the per-token model, equations 1–8) and
-/// timing/metrics.hpp (recorded per-token metrics), timing/run_config.hpp (a
+/// timing/metrics.hpp (recorded per-token metrics), timing/fault_line.hpp (F_0
+/// and χ from recorded faults), timing/run_config.hpp (a
 /// recorded run's configuration), timing/pairing.hpp (recorded rows to replayed
 /// tokens), timing/top_k.hpp (top-k as a lever), timing/verdict.hpp (ratio and
 /// verdict against a baseline). The calibration (Eigen) is timing/calibrate.hpp,
@@ -95,6 +96,7 @@
 #include "moe_residency/error.hpp"
 #include "moe_residency/replay.hpp"
 #include "moe_residency/timing/config.hpp"
+#include "moe_residency/timing/fault_line.hpp"
 #include "moe_residency/timing/metrics.hpp"
 #include "moe_residency/timing/model.hpp"
 #include "moe_residency/timing/pairing.hpp"
