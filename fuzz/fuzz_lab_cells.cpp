@@ -19,7 +19,8 @@ namespace {
 bool same(const moe_residency::lab::lab_cell& a, const moe_residency::lab::lab_cell& b) {
   return a.ratio == b.ratio && a.config == b.config && moe_residency_fuzz::same_bits(a.limit_mib, b.limit_mib) &&
          moe_residency_fuzz::same_bits(a.budget_mib, b.budget_mib) &&
-         moe_residency_fuzz::same_bits(a.stale_gate_pct, b.stale_gate_pct) && a.metrics == b.metrics;
+         moe_residency_fuzz::same_bits(a.stale_gate_pct, b.stale_gate_pct) && a.metrics == b.metrics &&
+         a.lanes == b.lanes && a.label == b.label;
 }
 
 }  // namespace
@@ -46,8 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       check(std::isfinite(v) && v >= 0, "a number that is not finite and >= 0", std::to_string(v));
     check(c.stale_gate_pct <= 100, "a percentage above 100");
     check(parse_lab_config(to_string(c.config)) == c.config, "the configuration does not name itself");
-    for (std::size_t j = 0; j < i; ++j)
-      check(!((*cells)[j].config == c.config && (*cells)[j].ratio == c.ratio), "a cell listed twice");
+    for (std::size_t j = 0; j < i; ++j) check((*cells)[j].id() != c.id(), "a cell listed twice");
   }
   const std::string written = format_lab_cells(*cells);
   std::optional<std::vector<lab_cell>> back;

@@ -68,13 +68,51 @@ TEST_CASE("lab cells: the file memlab-predict writes, and what is skipped") {
   }
 }
 
+TEST_CASE("lab cells: an A/B campaign's cells, one configuration at several lanes, each by its label") {
+  const std::string text =
+      "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics,lanes,label\n"
+      "2.5,exact,563,141,87.1,a.csv,1,exact-l1\n"
+      "2.5,exact,563,141,87.1,b.csv,4,exact-l4\n"
+      "2.5,all,563,141,87.1,c.csv\n";
+  const std::vector<lab_cell> c = parse_lab_cells(text, "ab.csv");
+  REQUIRE(c.size() == 3);
+  CHECK(c[0].lanes == 1);
+  CHECK(c[1].lanes == 4);
+  CHECK(c[1].id() == "exact-l4");
+  CHECK(c[2].lanes == 0);
+  CHECK(c[2].label.empty());
+  CHECK(c[2].id() == "all@2.5");
+  // Written and read back, lanes and labels kept; a file without either stays six fields.
+  const std::vector<lab_cell> back = parse_lab_cells(format_lab_cells(c), "w.csv");
+  REQUIRE(back.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(back[i].lanes == c[i].lanes);
+    CHECK(back[i].label == c[i].label);
+    CHECK(back[i].metrics == c[i].metrics);
+  }
+  CHECK(format_lab_cells({c[2]}).rfind("ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n", 0) == 0);
+  // The same label twice is the same cell twice.
+  CHECK_THROWS_WITH_AS(parse_lab_cells(text + "1.5,cache,939,234,87.1,d.csv,,exact-l4\n", "ab.csv"),
+                       doctest::Contains("ab.csv: line 5: cell exact-l4 again (first on line 3)"), error);
+}
+
 TEST_CASE("lab cells: a malformed line is an error naming the file, the line, the value and what was expected") {
   SUBCASE("the number of fields") {
     CHECK_THROWS_WITH_AS(
         parse_lab_cells(cells_with("2.5,exact,563"), "cells.csv"),
-        "cells.csv: line 3: 3 fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics", error);
+        "cells.csv: line 3: 3 fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (and "
+        "optionally lanes,label)",
+        error);
+    CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,4,l,extra"), "cells.csv"),
+                         doctest::Contains("cells.csv: line 3: 9 fields; expected"), error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,extra"), "cells.csv"),
-                         doctest::Contains("cells.csv: line 3: 7 fields; expected"), error);
+                         "cells.csv: line 3, lanes: 'extra' is not a whole number in decimal digits; expected a whole "
+                         "number from 1 to 64",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,0,"), "cells.csv"),
+                         doctest::Contains("cells.csv: line 3, lanes: '0'"), error);
+    CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,2,a b"), "cells.csv"),
+                         "cells.csv: line 3, label: 'a b'; expected letters, digits and ._@+- only", error);
   }
   SUBCASE("an unknown configuration") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,turbo,563,141,87.1,m.csv"), "cells.csv"),
@@ -101,7 +139,7 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
                          "cells.csv: line 3: ratio ''; expected the run's memory ratio, e.g. 2.5", error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,exact,600,141,87.1,n.csv"), "cells.csv"),
                          "cells.csv: line 3: cell exact@2.5 again (first on line 2); expected each configuration once "
-                         "per ratio",
+                         "per ratio, or a label for each",
                          error);
     CHECK_THROWS_WITH_AS(
         parse_lab_cells("ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n# none\n", "cells.csv"),

@@ -547,3 +547,38 @@ TEST_CASE("the binary writer runs on a small thread stack (64 KiB, or the platfo
   CHECK(job.out.size() == 48 + 16 + 32 + 8 + 4 * 20 + 8 + 8);  // header, strings "m.gguf"+"tiny", layers, records
 }
 #endif
+
+TEST_CASE("first_layers: a trace's first layers, as a model cut there routes") {
+  const std::string path = moe_residency_test::real_trace("qwen.route.csv");
+  if (path.empty()) return;
+  const auto whole = moe_residency::read_route_trace(path);
+  const auto cut = moe_residency::first_layers(whole, 8, path);
+  CHECK(cut.header().n_layer == 8);
+  CHECK(cut.header().expert_bytes ==
+        std::vector<std::uint64_t>(whole.header().expert_bytes.begin(), whole.header().expert_bytes.begin() + 8));
+  // Its decode rows: the whole trace's of layers 0-7, in order.
+  std::vector<std::tuple<std::uint32_t, std::uint16_t, std::uint8_t, std::uint16_t>> a, b;
+  for (const auto& r : whole.rows())
+    if (r.phase == moe_residency::run_phase::decode && moe_residency::to_index(r.layer) < 8)
+      a.emplace_back(r.step, moe_residency::to_index(r.layer), r.slot, moe_residency::to_index(r.expert));
+  for (const auto& r : cut.rows())
+    if (r.phase == moe_residency::run_phase::decode)
+      b.emplace_back(r.step, moe_residency::to_index(r.layer), r.slot, moe_residency::to_index(r.expert));
+  CHECK(a == b);
+  CHECK(a.size() == 128u * 8 * 6);
+  // The prompt: layers 0-6 every one of the 28 tokens; the cut's last layer only the output
+  // row, the one token the whole trace's last layer (47) routed.
+  std::map<std::size_t, std::size_t> prompt_rows;
+  for (const auto& r : cut.rows())
+    if (r.phase == moe_residency::run_phase::prefill) ++prompt_rows[moe_residency::to_index(r.layer)];
+  CHECK(prompt_rows[0] == 28u * 6);
+  CHECK(prompt_rows[6] == 28u * 6);
+  CHECK(prompt_rows[7] == 6u);
+  // Refused: no layer, or more than it has.
+  CHECK_THROWS_WITH_AS(moe_residency::first_layers(whole, 0, "q.csv"),
+                       "q.csv: first 0 layers; expected 1 to 48 (its n_layer)", moe_residency::error);
+  CHECK_THROWS_WITH_AS(moe_residency::first_layers(whole, 49, "q.csv"),
+                       "q.csv: first 49 layers; expected 1 to 48 (its n_layer)", moe_residency::error);
+  // All of them: the trace itself.
+  CHECK(moe_residency::first_layers(whole, 48, path).rows().size() == whole.rows().size());
+}

@@ -6,10 +6,15 @@
 // the disk's lanes curve. The other cells' metrics are read only to print the
 // measured tok/s next to the prediction. A cell measured in several runs
 // lists their metrics files separated by ';': the fit sees every run's tokens,
-// and the measured tok/s is over all of them.
+// and the measured tok/s is over all of them; so does a cell that several
+// --cells files (several runs of the lab) list. --pairs names A/B pairs of
+// cells: each pair's measured and predicted time ratio, the verdicts and
+// whether the prediction has the sign and is within 10% (docs/lab-predict.md).
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -19,6 +24,7 @@
 #include "command.hpp"
 #include "moe_residency/timing.hpp"
 #include "moe_residency/timing/calibrate.hpp"
+#include "moe_residency/timing/verdict.hpp"
 #include "moe_residency_lab/lab.hpp"
 #include "moe_residency_lab/calibrate.hpp"
 #include "moe_residency_lab/manager.hpp"
@@ -30,7 +36,10 @@ using namespace moe_residency;
 using namespace moe_residency::lab;
 
 struct lab_args {
-  std::string trace, curve, cells, fit, format = "table";
+  std::string trace, curve, fit, format = "table";
+  std::vector<std::string> cells;  // one file per lab run; a cell in several is measured in each
+  std::string pairs;               // A:B,C:D (cell ids)
+  double noise = -1;               // the verdicts' band, %; < 0: measured, else 5 assumed
   double overhead_mib = 64, readaround_mib = 16;
   std::size_t lanes = 2, spec_cap = 2;
   std::string free = "compute,bandwidth,kernel";
@@ -44,6 +53,7 @@ struct lab_args {
 };
 
 struct cell {
+  std::string id;  ///< label, else CONFIG@RATIO (--fit, --pairs)
   std::string ratio;
   lab_config config;
   lab_setup setup;
@@ -84,39 +94,118 @@ token_metrics read_metrics_list(const std::string& list, const char* what, std::
   return m;
 }
 
-/// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics`
+/// --cells: CSV `ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics[,lanes,label]`
 /// (moe_residency_lab/cells.hpp parses it); the levers every cell shares come from the options.
-std::vector<cell> read_cells(const std::string& path, const lab_args& a) {
+/// Several files: a cell (by id) in more than one is the same cell measured in each run — its
+/// metrics are joined (';') and its setup must agree, else an error names both files.
+std::vector<cell> read_cells(const std::vector<std::string>& paths, const lab_args& a) {
   std::vector<cell> out;
-  for (const lab_cell& l : parse_lab_cells(read_lab_text(path, "--cells"), "--cells: " + path)) {
-    cell c;
-    c.ratio = l.ratio;
-    c.config = l.config;
-    c.setup.limit_mib = l.limit_mib;
-    c.setup.budget_mib = l.budget_mib;
-    c.setup.stale_gate_pct = l.stale_gate_pct;
-    c.setup.overhead_mib = a.overhead_mib;
-    c.setup.readaround_mib = a.readaround_mib;
-    c.setup.lanes = a.lanes;
-    c.setup.spec_cap = a.spec_cap;
-    c.metrics = l.metrics;
-    out.push_back(c);
-  }
+  std::vector<std::string> from;  // the file each cell was first listed in
+  for (const std::string& path : paths)
+    for (const lab_cell& l : parse_lab_cells(read_lab_text(path, "--cells"), "--cells: " + path)) {
+      cell c;
+      c.id = l.id();
+      c.ratio = l.ratio;
+      c.config = l.config;
+      c.setup.limit_mib = l.limit_mib;
+      c.setup.budget_mib = l.budget_mib;
+      c.setup.stale_gate_pct = l.stale_gate_pct;
+      c.setup.overhead_mib = a.overhead_mib;
+      c.setup.readaround_mib = a.readaround_mib;
+      c.setup.lanes = l.lanes ? l.lanes : a.lanes;
+      c.setup.spec_cap = a.spec_cap;
+      c.metrics = l.metrics;
+      const auto same = std::find_if(out.begin(), out.end(), [&](const cell& o) { return o.id == c.id; });
+      if (same == out.end()) {
+        out.push_back(c);
+        from.push_back(path);
+        continue;
+      }
+      const std::string first = from[static_cast<std::size_t>(same - out.begin())];
+      if (same->config != c.config || same->setup.limit_mib != c.setup.limit_mib ||
+          same->setup.budget_mib != c.setup.budget_mib || same->setup.lanes != c.setup.lanes)
+        throw error("--cells: cell " + c.id + " in " + path + " is not the cell " + c.id + " of " + first +
+                    " (configuration, limit, budget or lanes differ); expected the same cell in every run, or a label "
+                    "for each");
+      if (!c.metrics.empty()) same->metrics += (same->metrics.empty() ? "" : ";") + c.metrics;
+    }
   return out;
 }
 
-void run(const lab_args& a) {
-  const auto at = a.fit.find('@');
-  if (at == std::string::npos || at + 1 == a.fit.size())
-    throw error("--fit: '" + a.fit + "'; expected CONFIG@RATIO like exact@2.5");
-  const lab_config fit_config = parse_lab_config(a.fit.substr(0, at));
-  const std::string fit_ratio = a.fit.substr(at + 1);
+/// The A/B table: B's decode time over A's (> 1: B slower), measured (the
+/// cells' metrics) and predicted, the verdict each gives with the band (the
+/// larger of the two cells' measured bands, timing/verdict.hpp; else --noise,
+/// else 5% assumed), whether the prediction has the sign and is within 10%.
+void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
+                 const std::map<std::string, std::pair<double, double>>& tok, const std::map<std::string, double>& band,
+                 const lab_args& a) {
+  char buf[400];
+  if (a.format == "csv")
+    std::cout << "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,"
+                 "measured_verdict,predicted_verdict,noise_pct\n";
+  else
+    std::cout
+        << "\nA/B pairs: B's decode time over A's (> 1: B slower), measured and predicted\n"
+        << "A            B              meas x  pred x  x err %  sign  <=10  measured      predicted     band %\n";
+  std::size_t right = 0, within = 0, judged = 0;
+  for (const auto& [x, y] : pairs) {
+    const auto& [mx, px] = tok.at(x);
+    const auto& [my, py] = tok.at(y);
+    double noise = a.noise;
+    if (noise < 0) {
+      noise = -1;
+      for (const std::string& id : {x, y})
+        if (band.count(id) && std::isfinite(band.at(id))) noise = std::max(noise, band.at(id));
+      if (noise < 0) noise = 5.0;
+    }
+    // Time ratio from tok/s: B's time over A's = A's tok/s over B's.
+    const bool measured = std::isfinite(mx) && std::isfinite(my) && mx > 0 && my > 0;
+    const ratio_verdict pv = judge_ratio(1000.0 / py, 1000.0 / px, noise);
+    const ratio_verdict mv = measured ? judge_ratio(1000.0 / my, 1000.0 / mx, noise) : ratio_verdict{NAN, noise};
+    const double err = measured ? 100.0 * (pv.ratio / mv.ratio - 1.0) : NAN;
+    const auto side = [](double r) { return r > 1 ? 1 : r < 1 ? -1 : 0; };
+    const bool sign = measured && side(pv.ratio) == side(mv.ratio);
+    const bool close = measured && std::abs(err) <= 10;
+    if (measured) ++judged, right += sign, within += close;
+    const char* ms = measured ? to_string(mv.verdict) : "-";
+    if (a.format == "csv")
+      std::snprintf(buf, sizeof buf, "%s,%s,%.4f,%.4f,%.2f,%s,%s,%s,%s,%.2f\n", x.c_str(), y.c_str(), mv.ratio,
+                    pv.ratio, err, measured ? (sign ? "yes" : "no") : "-", measured ? (close ? "yes" : "no") : "-", ms,
+                    to_string(pv.verdict), noise);
+    else
+      std::snprintf(buf, sizeof buf, "%-12s %-12s %8.3f %7.3f %+8.1f  %-4s  %-4s  %-12s  %-12s  %5.1f\n", x.c_str(),
+                    y.c_str(), mv.ratio, pv.ratio, err, measured ? (sign ? "yes" : "NO") : "-",
+                    measured ? (close ? "yes" : "no") : "-", ms, to_string(pv.verdict), noise);
+    std::cout << buf;
+  }
+  if (a.format != "csv") {
+    std::snprintf(buf, sizeof buf, "%zu of %zu measured pairs with the right sign, %zu within 10%% (the band: %s)\n",
+                  right, judged, within,
+                  a.noise >= 0 ? "--noise" : "each pair's larger measured band, 16-token blocks, else 5% assumed");
+    std::cout << buf;
+  }
+}
 
+void run(const lab_args& a) {
   const route_trace trace = moe_residency_cli::read_trace(a.trace);
   double dense = 0;
   for (std::uint64_t b : trace.header.dense_bytes) dense += to_mib(b);
   std::vector<cell> cells = read_cells(a.cells, a);
   for (cell& c : cells) c.setup.dense_mib = dense;
+  // --pairs, checked against the cells before the work.
+  std::vector<std::pair<std::string, std::string>> pairs;
+  if (!a.pairs.empty())
+    for (const std::string& item : moe_residency_cli::split_list(a.pairs, "--pairs")) {
+      const auto colon = item.find(':');
+      const std::string x = item.substr(0, colon), y = colon == std::string::npos ? "" : item.substr(colon + 1);
+      if (colon == std::string::npos || x.empty() || y.empty() || x == y)
+        throw error("--pairs: '" + item + "' in '" + a.pairs +
+                    "'; expected A:B, two different cells' ids (CONFIG@RATIO or a label), e.g. exact@2.5:all@2.5");
+      for (const std::string& id : {x, y})
+        if (std::none_of(cells.begin(), cells.end(), [&](const cell& c) { return c.id == id; }))
+          throw error("--pairs: '" + item + "': no cell " + id + " in --cells; expected the ids of listed cells");
+      pairs.emplace_back(x, y);
+    }
 
   // The manager's own cost, measured with every expert resident (moe_residency_lab/lab.hpp).
   lab_manager_cost mc;
@@ -170,7 +259,7 @@ void run(const lab_args& a) {
 
   const cell* fit = nullptr;
   for (const cell& c : cells)
-    if (c.config == fit_config && c.ratio == fit_ratio) fit = &c;
+    if (c.id == a.fit) fit = &c;
   // The fault path measured in each fault cell's shape, before the runs. Not
   // for a fault calibration cell: its fit is what would set the fault path.
   // Every row of FILE;FILE;... (one walk's file per run), parsed by `parse`.
@@ -202,7 +291,12 @@ void run(const lab_args& a) {
       if (apply_inline_walk(rows, c.setup.limit_mib, c.setup)) ++inline_walked;
     }
   }
-  if (!fit) throw error("--fit: no cell " + a.fit + " in " + a.cells);
+  if (!fit) {
+    std::string ids;
+    for (const cell& c : cells) ids += (ids.empty() ? "" : ", ") + c.id;
+    throw error("--fit: no cell " + a.fit + " in --cells; expected one of " + ids +
+                " (CONFIG@RATIO like exact@2.5, or a cell's label)");
+  }
   if (fit->metrics.empty()) throw error("--fit: the cell " + a.fit + " has no metrics (the run did not finish)");
   std::size_t fit_runs = 1;
   const token_metrics fm = read_metrics_list(fit->metrics, "--cells metrics", &fit_runs);
@@ -255,20 +349,27 @@ void run(const lab_args& a) {
                   "meas_tok/s", "pred_tok/s", "err%", "<=15", "pred_MiB/t", "meas_MiB/t");
     std::cout << buf;
   }
+  // Per cell: measured and predicted tok/s, and the cell's own noise band (for --pairs).
+  std::map<std::string, std::pair<double, double>> tok;
+  std::map<std::string, double> band;
   for (const cell& c : cells) {
     const lab_prediction p = predict_lab(trace, c.config, c.setup, fitted);
     double meas = NAN, meas_mib = NAN;
     if (!c.metrics.empty()) {
       const token_metrics m = read_metrics_list(c.metrics, "--cells metrics");
       meas = metrics_tok_per_s(m);
+      band[c.id] = run_noise_pct(m.wall_ms);
       double rb = 0;
       for (double b : m.read_bytes) rb += b;
       meas_mib = to_mib(static_cast<std::uint64_t>(rb)) / static_cast<double>(m.size());
     }
     const double pred = p.summary.tok_per_s;
+    tok[c.id] = {meas, pred};
     const double err = 100.0 * (pred - meas) / meas;
     const bool is_fit = &c == fit;
     const double pmib = p.summary.demanded_mib_per_token + p.summary.speculative_mib_per_token;
+    // A labelled cell by its label (one configuration may then appear twice at a ratio).
+    const std::string name = c.id == std::string(to_string(c.config)) + "@" + c.ratio ? to_string(c.config) : c.id;
     if (a.format == "csv") {
       std::snprintf(buf, sizeof buf, "%s,%s,%s,%.3f,%.3f,%.1f,%s,%.2f,%.2f,%s\n", c.ratio.c_str(), to_string(c.config),
                     to_string(p.mapping.kind), meas, pred, err,
@@ -276,12 +377,13 @@ void run(const lab_args& a) {
                     is_fit ? "yes" : "no");
     } else {
       std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9.3f %9.3f %+8.1f %4s %10.1f %10.1f%s\n", c.ratio.c_str(),
-                    to_string(c.config), to_string(p.mapping.kind), meas, pred, err,
+                    name.c_str(), to_string(p.mapping.kind), meas, pred, err,
                     std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-", pmib, meas_mib,
                     is_fit ? "  (the calibration run)" : "");
     }
     std::cout << buf;
   }
+  if (!pairs.empty()) print_pairs(pairs, tok, band, a);
 }
 
 const moe_residency_cli::command_registrar reg{
@@ -294,10 +396,17 @@ const moe_residency_cli::command_registrar reg{
                                           "run)");
       sub.add_option("--curve", a->curve, "the disk's lanes curve, lanes:MiB/s list (moe-disk-lanes)")->required();
       sub.add_option("--cells", a->cells,
-                     "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (metrics: FILE, or "
-                     "FILE;FILE;... for a cell measured in several runs)")
+                     "CSV ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics[,lanes,label] (metrics: FILE, or "
+                     "FILE;FILE;... for a cell measured in several runs); several --cells: one per lab run, a cell "
+                     "listed in several measured in each")
           ->required();
-      sub.add_option("--fit", a->fit, "the calibration cell, CONFIG@RATIO (e.g. exact@2.5)")->required();
+      sub.add_option("--fit", a->fit, "the calibration cell, CONFIG@RATIO (e.g. exact@2.5) or its label")->required();
+      sub.add_option("--pairs", a->pairs,
+                     "A/B pairs of cells, A:B,... (ids: CONFIG@RATIO or labels): B's time over A's, measured and "
+                     "predicted, verdicts, sign and 10% (docs/lab-predict.md)");
+      sub.add_option("--noise", a->noise,
+                     "the pairs' noise band, % (default: each pair's larger measured band, else 5 assumed)")
+          ->check(moe_residency_cli::non_negative());
       sub.add_option("--overhead-mib", a->overhead_mib, "the cgroup's memory besides the model's pages (assumed)")
           ->check(moe_residency_cli::non_negative())
           ->capture_default_str();

@@ -103,43 +103,42 @@ inline bool types_for(std::uint64_t bytes, std::uint64_t embd, std::uint64_t ff,
   return best >= 0;
 }
 
-/// Widths (embd, ff) whose every layer's bytes some type pair makes, and
-/// the most common value's uniform type; the ratio ff/embd nearest 0.375
-/// (a fine-grained MoE's, as Qwen3's 768/2048) among the fits.
+/// Widths (embd, ff) whose every layer's bytes some type pair makes: one layer's bytes
+/// (the most common first) made by one type throughout fixes embd x ff; among the
+/// fits, the ratio ff/embd nearest 0.375 (a fine-grained MoE's, as Qwen3's 768/2048).
 inline bool search_widths(const std::map<std::uint64_t, std::size_t>& counts, std::uint64_t& embd, std::uint64_t& ff,
                           ggml_type& primary) {
-  std::uint64_t common = 0;
-  std::size_t most = 0;
-  for (const auto& [v, n] : counts)
-    if (n > most) {
-      most = n;
-      common = v;
-    }
-  double best = 1e300;
-  for (ggml_type t : weight_types()) {
-    const std::uint64_t per = 3 * static_cast<std::uint64_t>(ggml_type_size(t)),
-                        blck = static_cast<std::uint64_t>(ggml_blck_size(t));
-    if ((common * blck) % per != 0) continue;
-    const std::uint64_t product = common * blck / per;  // embd * ff
-    for (std::uint64_t e = 256; e <= 32768 && e <= product; e += 64) {
-      if (product % e != 0) continue;
-      const std::uint64_t f = product / e;
-      if (expert_bytes_of(e, f, t, t) != common) continue;
-      bool all = true;
-      for (const auto& kv : counts) {
-        ggml_type g, d;
-        all = all && types_for(kv.first, e, f, t, g, d);
+  std::vector<std::pair<std::size_t, std::uint64_t>> anchors;  // (count, bytes), most common first
+  for (const auto& [v, n] : counts) anchors.emplace_back(n, v);
+  std::stable_sort(anchors.begin(), anchors.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& anchor : anchors) {
+    const std::uint64_t common = anchor.second;
+    double best = 1e300;
+    for (ggml_type t : weight_types()) {
+      const std::uint64_t per = 3 * static_cast<std::uint64_t>(ggml_type_size(t)),
+                          blck = static_cast<std::uint64_t>(ggml_blck_size(t));
+      if ((common * blck) % per != 0) continue;
+      const std::uint64_t product = common * blck / per;  // embd * ff
+      for (std::uint64_t e = 256; e <= 32768 && e <= product; e += 64) {
+        if (product % e != 0) continue;
+        const std::uint64_t f = product / e;
+        if (expert_bytes_of(e, f, t, t) != common) continue;
+        bool all = true;
+        for (const auto& kv : counts) {
+          ggml_type g, d;
+          all = all && types_for(kv.first, e, f, t, g, d);
+        }
+        if (!all) continue;
+        const double score = std::abs(std::log(static_cast<double>(f) / static_cast<double>(e) / 0.375));
+        if (score < best) {
+          best = score;
+          embd = e;
+          ff = f;
+          primary = t;
+        }
       }
-      if (!all) continue;
-      const double score = std::abs(std::log(static_cast<double>(f) / static_cast<double>(e) / 0.375));
-      if (score < best) {
-        best = score;
-        embd = e;
-        ff = f;
-        primary = t;
-      }
+      if (best < 1e300) return true;  // the first type (in preference order) that fits decides
     }
-    if (best < 1e300) return true;  // the first type (in preference order) that fits decides
   }
   return false;
 }

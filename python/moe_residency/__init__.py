@@ -27,7 +27,7 @@ from ._core import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "CacheView", "ModelShape", "Trace", "ReplayResult", "DynamicReplayResult", "ScoreResult", "WhatIf",
-    "Calibration", "read_trace", "write_trace", "replay", "curve", "score", "whatif", "calibrate",
+    "Calibration", "read_trace", "write_trace", "replay", "curve", "score", "whatif", "calibrate", "verdict",
     "timing_params", "policy_names", "history_predictors", "adaptive_rule_names", "__version__",
 ]
 
@@ -413,9 +413,11 @@ def score(trace, predictors=history_predictors, decay=None, paired=True, include
 
 class WhatIf:
     """One configuration's predicted decode timing. ``tokens``: per-token numpy arrays
-    (wall_ms, compute_ms, stall_ms, mgmt_ms, wait_ms, io_ms, demanded_bytes,
-    speculative_bytes, demanded_reads, speculative_reads, speculative_cancelled, hits,
-    lookups); ``summary``: the means ``moe-residency whatif`` prints; ``params``: the device."""
+    (wall_ms, compute_ms, stall_ms, mgmt_ms, wait_ms, io_ms, fault_ms, contention_ms, faults,
+    demanded_bytes, speculative_bytes, demanded_reads, speculative_reads, speculative_cancelled,
+    hits, lookups); ``summary``: the means ``moe-residency whatif`` prints; ``params``: the
+    device; ``top_k`` and ``top_k_modelled`` (True when wider than the trace: the added experts
+    are modelled, not replayed)."""
 
     def __init__(self, d):
         self.tokens = d["tokens"]
@@ -426,6 +428,8 @@ class WhatIf:
         self.speculate = d["speculate"]
         self.spec_cap = d["spec_cap"]
         self.warning = d["warning"]
+        self.top_k = d["top_k"]
+        self.top_k_modelled = d["top_k_modelled"]
         for k, v in self.tokens.items():
             setattr(self, k, v)
 
@@ -436,33 +440,56 @@ class WhatIf:
 
 
 def whatif(trace, config, budget_mib, policy="lru", drop=None, speculate="none", spec_cap=None, horizon=1,
-           lanes=None, seed=None):
+           lanes=None, seed=None, k=None):
     """Predicted per-token decode times of one configuration on a device, as one row of
     ``moe-residency whatif``. config: a timing config file (``calibrate(...).config_text``,
     ``moe-residency calibrate --write-config``) or a dict of its keys. speculate: "none",
-    "prev-token", "frequency", "oracle:P" or "full" (oracle:1 at cap top-k)."""
+    "prev-token", "frequency", "oracle:P" or "full" (oracle:1 at cap top-k). k: experts per
+    routing (default the trace's): narrower replays each routing's first k slots, wider adds
+    experts drawn from each layer's routing frequency with ``seed`` (modelled, not replayed)."""
     t = _decode_trace(trace)
     speculate = _text("speculate", speculate, "none, prev-token, frequency, oracle:P or full")
     policy = _text("policy", policy, "a cache policy")
     if spec_cap is not None and speculate == "none":  # the tool's rule: an option without effect is an error
         raise ValueError("spec_cap: has no effect without speculate; expected speculate='prev-token', 'frequency', "
                          "'oracle:P' or 'full' with it")
-    if seed is not None and not policy.startswith("random") and not speculate.startswith("oracle"):
-        raise ValueError("seed: has no effect without the random policy or speculate='oracle:P'; policy is %r, "
+    if seed is not None and not policy.startswith("random") and not speculate.startswith("oracle") and k is None:
+        raise ValueError("seed: has no effect without the random policy, speculate='oracle:P' or k; policy is %r, "
                          "speculate %r" % (policy, speculate))
     seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
     spec_cap = None if spec_cap is None else _int("spec_cap", spec_cap, 0, 32)
     lanes = None if lanes is None else _int("lanes", lanes, 1, 64)
     drop = None if drop is None else _real("drop", drop, 0.0, 1.0, lo_open=True)
     return WhatIf(_core._whatif(t, _config(config), _mib("budget_mib", budget_mib), policy, drop, speculate,
-                                spec_cap, _int("horizon", horizon, 1, 2), lanes, seed))
+                                spec_cap, _int("horizon", horizon, 1, 2), lanes, seed,
+                                None if k is None else _int("k", k, 1, 32)))
+
+
+def verdict(time, baseline, noise_pct=None):
+    """A configuration against a baseline, as ``moe-residency whatif`` judges it: ``ratio`` =
+    time / baseline (> 1: slower), ``verdict`` "slower" above 1 + noise_pct/100, "faster" below
+    1 - noise_pct/100, else "within noise". time and baseline: WhatIf results or mean ms per
+    token; noise_pct: default the baseline's device's noise_pct (calibrate measures it), else 5."""
+    def ms(x, name):
+        if isinstance(x, WhatIf):
+            return x.summary["s_per_token"] * 1000.0
+        if isinstance(x, _numbers.Real) and not isinstance(x, bool):
+            return float(x)
+        raise TypeError("%s: a %s; expected a WhatIf or a mean token time in ms" % (name, type(x).__name__))
+    if noise_pct is None:
+        noise_pct = baseline.params.get("noise_pct", 0) if isinstance(baseline, WhatIf) else 0
+        noise_pct = noise_pct if noise_pct > 0 else 5.0
+    return _core._verdict(ms(time, "time"), ms(baseline, "baseline"), float(noise_pct))
 
 
 class Calibration:
-    """The wall-clock model fitted to a run's recorded per-token metrics. ``params``: the
-    fitted device (pass it to ``whatif`` as config); ``config_text``: the same as a config
-    file; ``fit``/``held_out``: the scores; ``predicted_ms``/``recorded_ms``/``in_fit``: per
-    decode token."""
+    """The wall-clock model fitted to recorded per-token metrics. ``params``: the fitted
+    device (pass it to ``whatif`` as config); ``config_text``: the same as a config file;
+    ``fit``/``held_out``: the scores over every fitted run's tokens;
+    ``predicted_ms``/``recorded_ms``/``in_fit``: per metrics row, run after run; ``runs``: per
+    run (the fitted ones, then the ``predict`` ones) its configuration, measured and predicted
+    mean ms per token, ratio against the first run measured and predicted, and verdicts with the
+    band ``noise_pct``."""
 
     def __init__(self, d):
         for k, v in d.items():
@@ -481,13 +508,26 @@ class Calibration:
             self.held_out["median_abs_err_pct"], ", ".join(self.free))
 
 
-def calibrate(trace, metrics, budget_mib, policy="lru", config=None, split="halves", fit_io=False):
-    """Fits the wall-clock model to a run's per-token metrics (``*.metrics.csv``) over the
-    replay of the same run, as ``moe-residency calibrate`` does: split "halves" fits the first
-    half of the decode tokens and scores the second, "interleaved" even/odd, "all" every token.
-    config: fixed parameters (lanes, curve, ...), a path or a dict."""
+def calibrate(trace, metrics, budget_mib=None, policy="lru", config=None, split="halves", fit_io=False,
+              run_configs=None, predict=None, predict_configs=None, pair="auto", free=None,
+              requests_per_read=None, pipelined_mgmt=False, expert_share=None, noise_pct=None, seed=None):
+    """Fits the wall-clock model to recorded per-token metrics (``*.metrics.csv``) over the
+    replay of the same trace, as ``moe-residency calibrate`` does: split "halves" fits the first
+    half of each run's decode tokens and scores the second, "interleaved" even/odd, "all" every
+    token. metrics: a path, or a list of paths of runs of one device and model fitted together,
+    each replayed at the configuration its header gives (``# cache_mb=... io_threads=...``) or
+    ``run_configs`` (one "key=value,..." per path); budget_mib: the budget of a run that says
+    none. predict: runs not fitted, predicted (``predict_configs`` as run_configs). pair: "auto",
+    "step" or "volume" (rows matched to the trace's tokens by read volume). free: the fitted
+    parameters' names (as ``--free``). config: fixed parameters, a path or a dict."""
     t = _decode_trace(trace)
-    return Calibration(_core._calibrate(t, metrics, _mib("budget_mib", budget_mib),
-                                        _text("policy", policy, "a cache policy"), _config(config),
-                                        _text("split", split, "halves, interleaved or all"),
-                                        _bool("fit_io", fit_io)))
+    metrics = list(metrics) if isinstance(metrics, (list, tuple)) else [metrics]
+    predict = [] if predict is None else list(predict) if isinstance(predict, (list, tuple)) else [predict]
+    seed = _int("seed", seed, 0, 2 ** 64 - 1, none=_core.default_seed)
+    return Calibration(_core._calibrate(
+        t, metrics, None if budget_mib is None else _mib("budget_mib", budget_mib),
+        _text("policy", policy, "a cache policy"), _config(config), _text("split", split, "halves, interleaved or all"),
+        _bool("fit_io", fit_io), list(run_configs or []), predict, list(predict_configs or []), pair,
+        None if free is None else _list(free, "free"),
+        None if requests_per_read is None else _int("requests_per_read", requests_per_read, 1, 16),
+        _bool("pipelined_mgmt", pipelined_mgmt), expert_share, None if noise_pct is None else float(noise_pct), seed))

@@ -1,5 +1,5 @@
-# The include-layering test (docs/overview.md draws the layers), and the header
-# size rule (at the end: at most 500 lines each):
+# The include-layering test (docs/overview.md draws the layers), and the
+# one-concept rule (at the end: a class stays in the file that declares it):
 #   cmake [-DMOE_RESIDENCY_INCLUDE_DIR=<include dir>] [-DEXPECT_VIOLATION=<text>] -P check.cmake
 # Every public header belongs to a layer (its component in
 # cmake/moe_residency_components.cmake; core is split into three). A header may
@@ -99,16 +99,28 @@ foreach(_h IN LISTS _mr_all_headers)
   endforeach()
 endforeach()
 
-# Size: no public header is over 500 lines; a longer one is split by job.
-set(_long 0)
+# One concept a file: a class stays in the file that declares it. A member defined out
+# of its class (`R Class<T>::member(...)` at namespace scope) in a header that does not
+# declare `class Class` or `struct Class` is a class cut into files by member group,
+# which is what a line cap once made of the residency manager (docs/overview.md, "Files").
 foreach(_h IN LISTS _mr_all_headers)
   file(READ "${_mr_inc}/${_h}" _text)
-  string(REGEX MATCHALL "\n" _newlines "${_text}")
-  list(LENGTH _newlines _count)
-  if(_count GREATER 500)
-    math(EXPR _long "${_long} + 1")
-    list(APPEND _violations "include/${_h}: ${_count} lines, expected at most 500 (split it by job)")
-  endif()
+  file(STRINGS "${_mr_inc}/${_h}" _defs REGEX "^[A-Za-z_][^(]*::~?[A-Za-z_][A-Za-z0-9_]*[ ]*\\(")
+  foreach(_line IN LISTS _defs)
+    if(_line MATCHES "^(using|return|namespace|template|typedef) ")
+      continue()
+    endif()
+    if(NOT _line MATCHES "([A-Za-z_][A-Za-z0-9_]*)(<[^<>]*>)?::~?[A-Za-z_][A-Za-z0-9_]*[ ]*\\(")
+      continue()
+    endif()
+    set(_class "${CMAKE_MATCH_1}")
+    if(_class STREQUAL "std" OR _text MATCHES "namespace[ \t]+([A-Za-z_:]*::)?${_class}[ \t]*{")
+      continue()  # a namespace's function, not a class's member
+    endif()
+    if(NOT _text MATCHES "(class|struct)[ \t]+${_class}[^;]*{")
+      list(APPEND _violations "include/${_h}: defines a member of ${_class}, which it does not declare (a class stays in one file)")
+    endif()
+  endforeach()
 endforeach()
 
 list(LENGTH _mr_all_headers _n)
@@ -126,4 +138,4 @@ if(_violations)
   string(REPLACE ";" "\n  " _text "${_violations}")
   message(FATAL_ERROR "layers: ${_n} headers, violations:\n  ${_text}")
 endif()
-message(STATUS "layers: ${_n} headers, ${_edges} includes between them, all downward; none over 500 lines")
+message(STATUS "layers: ${_n} headers, ${_edges} includes between them, all downward; every class in its own file")

@@ -26,7 +26,10 @@ namespace moe_residency {
 /// directory), read_latency_ms, bandwidth_scale, fault_bandwidth_scale,
 /// compute_ms_per_token, expert_compute_share,
 /// overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib,
-/// mgmt_ms_per_request, mgmt_ms_per_pin, kernel_overlap. Unlisted keys keep
+/// mgmt_ms_per_request, mgmt_ms_per_pin, kernel_overlap, and the
+/// contention and top-k terms: requests_per_read, pipelined_mgmt, compute_top_k,
+/// mgmt_ms_per_lookup, compute_ms_per_fault, faults_per_token,
+/// faults_per_evicted_mib, compute_ms_per_read_mib, noise_pct. Unlisted keys keep
 /// `defaults`. Throws `error` naming the line on an unknown key, an empty
 /// key or value, or a bad value; naming both lines on a key given twice (or
 /// the curve given both as `curve` and `curve_file`), since one would
@@ -96,12 +99,33 @@ inline timing_params parse_timing_config(const std::string& text, const std::str
         p.mgmt_ms_per_request = number();
       } else if (key == "mgmt_ms_per_pin") {
         p.mgmt_ms_per_pin = number();
+      } else if (key == "requests_per_read") {
+        p.requests_per_read = detail::parse_whole<std::size_t>(value, where + key, 1, 16);
+      } else if (key == "pipelined_mgmt") {
+        p.pipelined_mgmt = detail::parse_whole<unsigned>(value, where + key + " (0 or 1)", 0, 1) == 1;
+      } else if (key == "compute_top_k") {
+        p.compute_top_k = detail::parse_whole<std::size_t>(value, where + key, 0, 256);
+      } else if (key == "mgmt_ms_per_lookup") {
+        p.mgmt_ms_per_lookup = number();
+      } else if (key == "compute_ms_per_fault") {
+        p.compute_ms_per_fault = number();
+      } else if (key == "faults_per_token") {
+        p.faults_per_token = number();
+      } else if (key == "faults_per_evicted_mib") {
+        p.faults_per_evicted_mib = number();
+      } else if (key == "compute_ms_per_read_mib") {
+        p.compute_ms_per_read_mib = number();
+      } else if (key == "noise_pct") {
+        p.noise_pct = number();
       } else {
         throw error("unknown key '" + key +
                     "'; expected lanes, curve, curve_file, read_latency_ms, bandwidth_scale, fault_bandwidth_scale, "
                     "compute_ms_per_token, "
                     "expert_compute_share, overlap, mgmt_ms_per_read, mgmt_ms_per_eviction, read_cpu_ms_per_mib, "
-                    "mgmt_ms_per_request, mgmt_ms_per_pin or kernel_overlap");
+                    "mgmt_ms_per_request, mgmt_ms_per_pin, kernel_overlap, requests_per_read, pipelined_mgmt, "
+                    "compute_top_k, "
+                    "mgmt_ms_per_lookup, compute_ms_per_fault, faults_per_token, faults_per_evicted_mib, "
+                    "compute_ms_per_read_mib or noise_pct");
       }
     } catch (const error& e) {
       const std::string m = e.what();
@@ -131,7 +155,15 @@ inline std::string format_timing_config(const timing_params& p) {
                 p.read_latency_ms, p.bandwidth_scale, p.compute_ms_per_token, p.expert_compute_share, p.overlap,
                 p.mgmt_ms_per_read, p.mgmt_ms_per_eviction, p.read_cpu_ms_per_mib, p.mgmt_ms_per_request,
                 p.mgmt_ms_per_pin, p.fault_bandwidth_scale, p.kernel_overlap);
-  return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf;
+  char more[512];
+  std::snprintf(more, sizeof more,
+                "requests_per_read = %zu\npipelined_mgmt = %d\ncompute_top_k = %zu\nmgmt_ms_per_lookup = %.6g\n"
+                "compute_ms_per_fault = %.6g\nfaults_per_token = %.6g\nfaults_per_evicted_mib = %.6g\n"
+                "compute_ms_per_read_mib = %.6g\nnoise_pct = %.6g\n",
+                p.requests_per_read, p.pipelined_mgmt ? 1 : 0, p.compute_top_k, p.mgmt_ms_per_lookup,
+                p.compute_ms_per_fault, p.faults_per_token, p.faults_per_evicted_mib, p.compute_ms_per_read_mib,
+                p.noise_pct);
+  return "lanes = " + std::to_string(p.lanes) + "\ncurve = " + p.curve.to_list() + "\n" + buf + more;
 }
 
 }  // namespace moe_residency

@@ -21,9 +21,11 @@ namespace moe_residency {
 
 /// Recorded per-decode-token metrics (the engine's *.metrics.csv): columns by
 /// header name; wall_ms is required, stall_ms, mgmt_ms, compute_ms,
-/// read_bytes, io_ms, cpu_ms and sys_ms are kept when present (NaN
-/// otherwise). '#' lines are skipped. cpu_ms and sys_ms are the memory lab
-/// probe's: the eval thread's CPU time and the part of it in the kernel.
+/// read_bytes, io_ms, cpu_ms, sys_ms and majflt are kept when present (NaN
+/// otherwise). '#' lines are skipped (a run's configuration in them:
+/// timing/run_config.hpp). cpu_ms and sys_ms are the memory lab
+/// probe's: the eval thread's CPU time and the part of it in the kernel;
+/// majflt the major page faults the token took (the phone's engine and the probe).
 ///
 /// Rows are paired with decode tokens by the `step` they carry, not by their
 /// place in the file: step s is the run's s-th decode token (from 1), rows are
@@ -33,6 +35,7 @@ namespace moe_residency {
 /// column is paired by position.
 struct token_metrics {
   std::vector<double> wall_ms, stall_ms, mgmt_ms, compute_ms, read_bytes, io_ms, cpu_ms, sys_ms;
+  std::vector<double> majflt;  ///< major page faults per token
   std::size_t size() const noexcept { return wall_ms.size(); }
 };
 
@@ -79,12 +82,12 @@ inline token_metrics parse_token_metrics(const std::string& text, const std::str
   if (wall < 0)
     throw error(source + ": line " + std::to_string(n) +
                 ": no wall_ms column; expected a metrics header like step,steps,wall_ms,...");
-  constexpr int kept = 8;
+  constexpr int kept = 9;
   const std::ptrdiff_t idx[kept] = {wall,         col("stall_ms"), col("mgmt_ms"), col("compute_ms"), col("read_bytes"),
-                                    col("io_ms"), col("cpu_ms"),   col("sys_ms")};
+                                    col("io_ms"), col("cpu_ms"),   col("sys_ms"),  col("majflt")};
   token_metrics m;
-  std::vector<double>* dst[kept] = {&m.wall_ms,    &m.stall_ms, &m.mgmt_ms, &m.compute_ms,
-                                    &m.read_bytes, &m.io_ms,    &m.cpu_ms,  &m.sys_ms};
+  std::vector<double>* dst[kept] = {&m.wall_ms, &m.stall_ms, &m.mgmt_ms, &m.compute_ms, &m.read_bytes,
+                                    &m.io_ms,   &m.cpu_ms,   &m.sys_ms,  &m.majflt};
   const std::ptrdiff_t step_col = col("step"), steps_col = col("steps");
   struct row_step {
     std::uint64_t step, steps;
@@ -169,8 +172,9 @@ inline double metrics_tok_per_s(const token_metrics& m) {
 inline void append_token_metrics(token_metrics& into, const token_metrics& more) {
   const std::size_t n = into.size();
   std::vector<double> token_metrics::*cols[] = {
-      &token_metrics::wall_ms,    &token_metrics::stall_ms, &token_metrics::mgmt_ms, &token_metrics::compute_ms,
-      &token_metrics::read_bytes, &token_metrics::io_ms,    &token_metrics::cpu_ms,  &token_metrics::sys_ms};
+      &token_metrics::wall_ms,    &token_metrics::stall_ms,   &token_metrics::mgmt_ms,
+      &token_metrics::compute_ms, &token_metrics::read_bytes, &token_metrics::io_ms,
+      &token_metrics::cpu_ms,     &token_metrics::sys_ms,     &token_metrics::majflt};
   for (auto c : cols) {
     std::vector<double>& a = into.*c;
     const std::vector<double>& b = more.*c;

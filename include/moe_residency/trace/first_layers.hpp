@@ -1,9 +1,16 @@
 #pragma once
 /// A trace's first `n` layers: the same tokens, each routing only the layers
 /// below `n`. What a model of the trace's first layers (a shape cut in half to
-/// fit a disk, say) routes when a recorded trace drives it. Standard library only.
+/// fit a disk, say) routes when a recorded trace drives it: like the whole
+/// model, the cut one computes its last MoE layer of a prompt only for the
+/// rows whose logits it needs, so that layer's prompt rows are those of the
+/// steps the trace's own last MoE layer routed (llama.cpp's output rows).
+/// Standard library only.
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -29,8 +36,22 @@ inline validated_route_trace first_layers(const validated_route_trace& t, std::s
   out.header.expert_bytes.resize(n);
   out.header.dense_bytes.resize(n);
   if (!out.header.layer_listed.empty()) out.header.layer_listed.resize(n);
+  // The prompt steps the trace's last MoE layer routed, and the cut's last MoE layer.
+  std::size_t last = 0, cut_last = 0;
+  for (const trace_row& r : t.rows()) {
+    last = std::max<std::size_t>(last, to_index(r.layer));
+    if (to_index(r.layer) < n) cut_last = std::max<std::size_t>(cut_last, to_index(r.layer));
+  }
+  std::set<std::pair<std::uint32_t, std::uint32_t>> output_rows;  // (turn, step)
   for (const trace_row& r : t.rows())
-    if (to_index(r.layer) < n) out.rows.push_back(r);
+    if (r.phase == run_phase::prefill && to_index(r.layer) == last) output_rows.emplace(r.turn, r.step);
+  for (const trace_row& r : t.rows()) {
+    if (to_index(r.layer) >= n) continue;
+    if (r.phase == run_phase::prefill && cut_last != last && to_index(r.layer) == cut_last &&
+        output_rows.count({r.turn, r.step}) == 0)
+      continue;
+    out.rows.push_back(r);
+  }
   if (out.rows.empty())
     throw error(source + ": its first " + std::to_string(n) + " layers route nothing; expected a MoE layer among them");
   return validate_route_trace(std::move(out), source + " (first " + std::to_string(n) + " layers)");

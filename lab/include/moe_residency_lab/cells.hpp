@@ -9,13 +9,22 @@
 /// A header line (`ratio,...`), '#' comments and empty lines are skipped; the
 /// metrics field may be empty or missing (a run that did not finish), or list
 /// several runs of the same cell separated by ';' (lab-predict appends them:
-/// append_token_metrics). Carriage
+/// append_token_metrics). Two optional fields follow, for A/B campaigns whose
+/// cells differ in more than configuration and ratio:
+///
+///   ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics,lanes,label
+///   2.5,exact,563,141,87.1,/runs/r2.5-exact-l4.metrics.csv,4,exact-l4
+///
+/// `lanes` (empty: lab-predict's --lanes) is the cell's own read lanes; `label`
+/// (empty: CONFIG@RATIO) names the cell for --fit and --pairs, and must be
+/// given to list one configuration twice at a ratio (lanes 1 vs 2 vs 4). Carriage
 /// returns at the end of a line are dropped ("\r\n" files). Also the fault
 /// walk's file (parse_fault_walk) and the inline walk's (parse_inline_walk).
 /// Standard library only.
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,22 +73,29 @@ struct lab_cell {
   double budget_mib = 0;      ///< the pinned cache's budget, MiB
   double stale_gate_pct = 0;  ///< the stale-gate's slot accuracy an observer run measured, percent [0, 100]
   std::string metrics;        ///< the run's per-token metrics CSV; empty when the run did not finish
+  std::size_t lanes = 0;      ///< the cell's read lanes; 0: lab-predict's --lanes
+  std::string label;          ///< the cell's name; empty: CONFIG@RATIO
+  /// How --fit and --pairs name the cell: its label, else CONFIG@RATIO.
+  std::string id() const { return label.empty() ? std::string(to_string(config)) + "@" + ratio : label; }
 };
 
 /// Parses a cells file. Throws `error` starting with `source` and naming the
-/// line, the field and its value and what was expected: a line without 5 or 6
+/// line, the field and its value and what was expected: a line without 5 to 8
 /// fields, an unknown configuration, an empty ratio, a number that is not a
-/// finite number >= 0 (a percentage above 100), a configuration listed twice at
-/// one ratio, or a file with no cells.
+/// finite number >= 0 (a percentage above 100), lanes outside 1 to 64, a label
+/// holding a character other than letters, digits and `._@+-`, a cell id (the
+/// label, else CONFIG@RATIO) listed twice, or a file with no cells.
 inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std::string& source) {
   std::vector<lab_cell> out;
   std::vector<std::size_t> first_line;  // of each cell, for the duplicate message
   cells_detail::for_each_csv_row(text, "ratio,", [&](std::size_t n, std::vector<std::string>& f) {
     const std::string where = source + ": line " + std::to_string(n);
     if (f.size() == 5) f.emplace_back();
-    if (f.size() != 6)
+    if (f.size() < 6 || f.size() > 8)
       throw error(where + ": " + std::to_string(f.size()) +
-                  " fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics");
+                  " fields; expected ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics (and optionally "
+                  "lanes,label)");
+    f.resize(8);
     lab_cell c;
     if (f[0].empty()) throw error(where + ": ratio ''; expected the run's memory ratio, e.g. 2.5");
     c.ratio = f[0];
@@ -96,10 +112,15 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
     c.budget_mib = number(f[3], "budget_mib", none);
     c.stale_gate_pct = number(f[4], "stale_gate_pct", 100.0);
     c.metrics = f[5];
+    if (!f[6].empty()) c.lanes = detail::parse_whole<std::size_t>(f[6], where + ", lanes", 1, 64);
+    for (char ch : f[7])
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && std::string("._@+-").find(ch) == std::string::npos)
+        throw error(where + ", label: '" + f[7] + "'; expected letters, digits and ._@+- only");
+    c.label = f[7];
     for (std::size_t i = 0; i < out.size(); ++i)
-      if (out[i].config == c.config && out[i].ratio == c.ratio)
-        throw error(where + ": cell " + to_string(c.config) + "@" + c.ratio + " again (first on line " +
-                    std::to_string(first_line[i]) + "); expected each configuration once per ratio");
+      if (out[i].id() == c.id())
+        throw error(where + ": cell " + c.id() + " again (first on line " + std::to_string(first_line[i]) +
+                    "); expected each configuration once per ratio, or a label for each");
     out.push_back(std::move(c));
     first_line.push_back(n);
   });
@@ -110,13 +131,19 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
 
 /// The cells file of `cells` (a header line, then one line each; numbers with
 /// 17 significant digits), which parse_lab_cells reads back exactly.
+/// The lanes and label fields only when a cell has one.
 inline std::string format_lab_cells(const std::vector<lab_cell>& cells) {
-  std::string s = "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n";
+  bool more = false;
+  for (const lab_cell& c : cells) more = more || c.lanes || !c.label.empty();
+  std::string s =
+      std::string("ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics") + (more ? ",lanes,label" : "") + "\n";
   char buf[128];
   for (const lab_cell& c : cells) {
     std::snprintf(buf, sizeof buf, ",%s,%.17g,%.17g,%.17g,", to_string(c.config), c.limit_mib, c.budget_mib,
                   c.stale_gate_pct);
-    s += c.ratio + buf + c.metrics + "\n";
+    s += c.ratio + buf + c.metrics;
+    if (more) s += "," + (c.lanes ? std::to_string(c.lanes) : std::string()) + "," + c.label;
+    s += "\n";
   }
   return s;
 }
