@@ -184,6 +184,22 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
     const auto& be = rs[(&r - rs.data()) / 8 * 8 + 2];
     CHECK(be.stats.all.hits >= r.stats.all.hits);
   }
+  // The core's grid on the calling thread gives the same cells, in the same order.
+  std::size_t serial_calls = 0;
+  replay_options serial = o;
+  serial.progress = [&](std::size_t done, std::size_t total) { CHECK(done == ++serial_calls); CHECK(total == 16); };
+  const auto one = replay_cells(in, budgets, pols, serial);
+  REQUIRE(one.size() == rs.size());
+  CHECK(serial_calls == 16);
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    CAPTURE(i);
+    CHECK(one[i].policy == rs[i].policy);
+    CHECK(one[i].budget_mib == rs[i].budget_mib);
+    CHECK(one[i].stats.all.hits == rs[i].stats.all.hits);
+    CHECK(one[i].stats.all.bytes_read == rs[i].stats.all.bytes_read);
+    CHECK(one[i].hit_pct_decode() == rs[i].hit_pct_decode());
+  }
+  CHECK_THROWS_WITH_AS(replay_cells(in, budgets, {"lru", "mru"}, o), doctest::Contains("unknown policy 'mru'"), error);
   const std::string csv = replay_csv(rs);
   CHECK(csv.rfind("budget_mib,policy,hit_pct_cum,hit_pct_decode,read_mib\n", 0) == 0);
   CHECK(replay_table(rs).find("cycle+oracle") != std::string::npos);

@@ -518,14 +518,18 @@ int run(run_args a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // ggml's OpenMP workers spin between graphs unless told otherwise, on the
-  // cores the manager's read lanes and the kernel's reads need (27% slower
-  // in the memory lab; docs/llama-cpp-residency.md, "Overlap"). The OpenMP
-  // runtime reads OMP_WAIT_POLICY when it loads, before main: so moe-run
-  // sets it and runs itself again, once; a value the user set is kept.
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr && ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0) {
+  // ggml's OpenMP workers spin between graphs for ~300k iterations (libgomp's
+  // default) on the cores the manager's read lanes and the kernel's reads
+  // need; told to sleep at once (OMP_WAIT_POLICY=PASSIVE) they wake late and
+  // every token pays for it (docs/llama-cpp-residency.md, "Threads"). A short
+  // spin keeps both: GOMP_SPINCOUNT=1000 (libgomp), KMP_BLOCKTIME=1 (LLVM's
+  // libomp, ms). The runtime reads them when it loads, before main: so moe-run
+  // sets them and runs itself again, once; any of them the user set is kept.
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr &&
+      std::getenv("KMP_BLOCKTIME") == nullptr && ::setenv("GOMP_SPINCOUNT", "1000", 1) == 0 &&
+      ::setenv("KMP_BLOCKTIME", "1", 1) == 0) {
     ::execv("/proc/self/exe", argv);
-    // exec failed (no /proc): go on with the runtime's own policy; the variable stays set for children.
+    // exec failed (no /proc): go on with the runtime's own policy; the variables stay set for children.
   }
   namespace opt = moe_residency_cli;  // checked_options.hpp: the numbers every option takes
   using moe_residency::detail::real_domain;

@@ -7,7 +7,9 @@
 /// Its parts: replay/cells.hpp (one cell, the reports; no threads),
 /// replay/static_drop.hpp (the static drop replay over recorded residency),
 /// replay/dynamic.hpp (drop and speculation through the speculation glue).
-/// This header adds replay_grid, which runs cells on a pool of threads.
+/// This header adds replay_grid, which runs the grid of cells on a pool of
+/// threads (the threads component); replay/cells.hpp's replay_cells runs the
+/// same grid on the calling thread (the core).
 
 #include <algorithm>
 #include <atomic>
@@ -41,10 +43,7 @@ template <class Start>
 std::vector<replay_result> replay_grid_with(const replay_input& in, const std::vector<double>& budgets_mib,
                                             const std::vector<std::string>& policies, const replay_options& o,
                                             const Start& start) {
-  if (budgets_mib.empty()) throw error("replay: no budgets; expected at least one (MiB)");
-  if (policies.empty()) throw error("replay: no policies; expected at least one of " + replay_known_names());
-  for (double b : budgets_mib)
-    for (const auto& p : policies) check_replay_cell(p, b);
+  check_replay_grid(budgets_mib, policies);
   const std::size_t n = budgets_mib.size() * policies.size();
   std::vector<replay_result> out(n);
   unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());

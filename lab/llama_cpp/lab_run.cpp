@@ -64,6 +64,7 @@ struct lab_run_args {
   std::uint64_t seed = 7;
   // What is observed and what is recorded.
   bool no_observer = false;
+  bool score = false;  // with --residency: also the session's scoring (the observer alone always scores)
   std::string per_token_csv;
   std::string metrics_csv;  // the phone's metrics format (timing.hpp's parse_token_metrics)
   std::string trace_out;
@@ -130,14 +131,17 @@ void add_record_options(CLI::App& app, lab_run_args& a) {
       "--per-token-csv", a.per_token_csv,
       "Write one row per llama_decode call: token,phase,wall_ms,majflt,minflt,read_bytes,"
       "prefetch_issued,prefetch_useful,prefetch_late,pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,"
-      "read_wait_ms,read_waits (proc_*: every thread of the process; read_wait*: the eval thread waiting "
-      "for the manager's demanded reads, and the layers it had to)");
+      "read_wait_ms,read_waits,manage_ms (proc_*: every thread of the process; read_wait*: the eval thread waiting "
+      "for the manager's demanded reads, and the layers it had to; manage_ms: the eval thread in the manager)");
   app.add_option("--metrics-csv", a.metrics_csv,
                  "Write one row per decode token in the phone's metrics format for moe-residency calibrate: "
                  "step,steps,wall_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,majflt,cpu_ms,sys_ms "
                  "(cpu_ms: the eval thread's CPU time; sys_ms: the part of it in the kernel; "
                  "stall_ms = wall_ms - cpu_ms)");
   app.add_option("--trace-out", a.trace_out, "Write the route trace (route_trace v1 CSV)");
+  app.add_flag("--score", a.score,
+               "With --residency: score the predictors too (the observer alone always does); their GEMVs are the "
+               "lab's, not the manager's, and cost the decode token");
   app.add_option("--budget-mib", a.budget_mib,
                  "The route recorder's LRU cache line: its budget in MiB (default: half of all experts)")
       ->check(opt::real(real_domain::open_closed(0, 1e12)));
@@ -199,6 +203,7 @@ void option_needs(const CLI::App& app, const lab_run_args& a) {
          "--no-hit-measure", "--residency-when-fits", "--predictor", "--oracle-seed"},
         a.residency != "off", "--residency (the manager's parts)");
   needs({"--trace-out", "--budget-mib"}, !a.no_observer, "the observer (drop --no-observer)");
+  needs({"--score"}, a.residency != "off", "--residency (the observer alone always scores)");
   needs({"--trace-layers"}, !a.route_from.empty(), "--route-from");
   if (a.predictor != "stale-gate" && a.predictor.rfind("oracle:", 0) != 0)
     throw configuration_error("--predictor: '" + a.predictor + "'; expected stale-gate or oracle:P[,PROFILE]");
@@ -379,6 +384,10 @@ int lab_run(const lab_run_args& a) {
   const mrl::gguf_expert_map map(a.model_path, obs);
   rec.describe(label, obs.arch(), mrl::gguf_dense_bytes(a.model_path, map, shape.n_layers()));
   mrl::session_sink<lab_session> sink(s, &rec);
+  // The manager's runs feed the recorder alone, unless --score: the session's predictors
+  // (a GEMV a layer for the stale gate) are the lab's instrument, not the manager's cost.
+  const bool score = !managed || a.score;
+  mrl::observer_sink* after = score ? static_cast<mrl::observer_sink*>(&sink) : &rec;
 
   const std::vector<std::string> engine = lab::current_threads();  // before the manager's lanes
   std::unique_ptr<mrl::residency_manager> res;
@@ -406,7 +415,7 @@ int lab_run(const lab_run_args& a) {
   std::unique_ptr<lab::degraded_ranking> degraded;
   if (managed) {
     // Acts at each layer's routing, then hands every event on to the session.
-    res = mrl::make_residency_manager(a.policy, obs, a.model_path, ro, nullptr, &sink);
+    res = mrl::make_residency_manager(a.policy, obs, a.model_path, ro, nullptr, after);
     // --degrade: the predictor's rankings with a seeded share of wrong slots.
     if (ro.predicted && a.degrade > 0) {
       if (!oracle) stale.init(obs, shape, ro.horizon);
@@ -436,7 +445,7 @@ int lab_run(const lab_run_args& a) {
         "%s\nnote: the routing is the trace's, not the model's: the fresh-gate control and the predictors are "
         "scored against the trace's routing, which the random model's routers do not compute\n\n",
         routes->note().c_str());
-  std::fputs(format_text(s.report()).c_str(), stdout);
+  if (score) std::fputs(format_text(s.report()).c_str(), stdout);
   std::printf("\n%s\n", rec.cache_line().c_str());
   if (!rec.warning().empty()) std::printf("note: %s\n", rec.warning().c_str());
   const auto& st = obs.stats();

@@ -75,6 +75,7 @@ inline run_result timed_decode(llama_context* ctx, const llama_model* m, const s
       t.pinned_mib = to_mib(r1.pinned_bytes + r1.dense_bytes);
       t.read_wait_ms = 1e-6 * static_cast<double>(r1.read_wait_ns - r0.read_wait_ns);
       t.read_waits = r1.read_waits - r0.read_waits;
+      t.manage_ms = 1e-6 * static_cast<double>(r1.manage_ns - r0.manage_ns);
       const std::uint64_t routed = r1.routed_experts - r0.routed_experts;
       if (routed)
         t.hit_pct = 100.0 * static_cast<double>(r1.routed_resident - r0.routed_resident) / static_cast<double>(routed);

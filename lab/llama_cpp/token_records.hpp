@@ -33,6 +33,7 @@ struct token_record {
   double proc_cpu_ms = 0, proc_sys_ms = 0;  ///< every thread of the process (RUSAGE_SELF): compute, lanes, kernel
   double read_wait_ms = 0;                  ///< the eval thread waiting for the manager's demanded reads
   std::uint64_t read_waits = 0;             ///< layers whose reads it had to wait for
+  double manage_ms = 0;                     ///< the eval thread in the manager's routing events (its own cost)
 };
 
 /// One run: its rows, the decode's wall time and the digest of its logits.
@@ -151,19 +152,19 @@ inline void write_per_token_csv(const run_result& r, const std::string& path) {
   const bool use_cgroup = reads_from_cgroup(r);
   std::string text =
       "token,phase,wall_ms,majflt,minflt,read_bytes,prefetch_issued,prefetch_useful,prefetch_late,"
-      "pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,read_wait_ms,read_waits\n";
+      "pinned_mib,hit_pct,engine_majflt,proc_cpu_ms,proc_sys_ms,read_wait_ms,read_waits,manage_ms\n";
   char line[512];
   for (const auto& t : r.rows) {
     char hit[32] = "";
     if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
-    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu\n",
+    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu,%.3f\n",
                   t.token, t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
                   static_cast<unsigned long long>(t.minflt),
                   static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes),
                   static_cast<unsigned long long>(t.prefetch_issued),
                   static_cast<unsigned long long>(t.prefetch_useful), static_cast<unsigned long long>(t.prefetch_late),
                   t.pinned_mib, hit, static_cast<unsigned long long>(t.engine_majflt), t.proc_cpu_ms, t.proc_sys_ms,
-                  t.read_wait_ms, static_cast<unsigned long long>(t.read_waits));
+                  t.read_wait_ms, static_cast<unsigned long long>(t.read_waits), t.manage_ms);
     text += line;
   }
   write_whole_file(path, text, "--per-token-csv");

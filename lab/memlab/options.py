@@ -67,8 +67,12 @@ OPTIONS = (
     Option("--tools", "tools", "DIR",
            help="use the lab's tools in DIR (moe-lab-run, moe-lab-model, moe-disk-lanes); no build"),
     Option("--threads", "threads", "N", to_runs="--threads", check=_whole(1, 1024, "a whole number from 1 to 1024"),
-           help="llama.cpp threads (default: every core, nproc); every run gets OMP_WAIT_POLICY=PASSIVE unless "
-                "the environment sets it"),
+           help="llama.cpp threads (default: every core, nproc); every run gets GOMP_SPINCOUNT=1000 and "
+                "KMP_BLOCKTIME=1 (a short OpenMP spin, as moe-run) unless the environment sets one of them or "
+                "OMP_WAIT_POLICY"),
+    Option("--background-load", "background_load", "N",
+           check=_whole(0, 64, "a whole number of busy processes from 0 to 64"),
+           help="run N busy processes beside every run (other work competing for the cores; default 0)"),
     Option("--budget", "budget", "MIB|auto|P%",
            help="the pinned expert cache's budget: MiB, auto (the manager sizes it from the cgroup limit), or a "
                 "share of the limit (default: auto; quick and smoke: 25%%, their limits being too small for the "

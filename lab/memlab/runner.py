@@ -55,6 +55,34 @@ def machine(version):
             f"cgroup v{version}, hypervisor {hypervisor()}")
 
 
+def openmp_environment(environ):
+    """The OpenMP wait every run gets, and its name for the table's title.
+
+    ggml's OpenMP workers spin for ~300k iterations between graphs by default (libgomp), on the
+    cores the lanes and the kernel's reads need; told to sleep at once (OMP_WAIT_POLICY=PASSIVE)
+    they wake late and every token pays (docs/llama-cpp-residency.md, "Threads"). A short spin
+    keeps both: GOMP_SPINCOUNT=1000 (libgomp), KMP_BLOCKTIME=1 (LLVM's libomp) — what moe-run sets.
+    Any of the three set in the environment is kept, and named instead."""
+    names = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+    given = [f"{n}={environ[n]}" for n in names if environ.get(n)]
+    if given:
+        return {}, " ".join(given)
+    return {"GOMP_SPINCOUNT": "1000", "KMP_BLOCKTIME": "1"}, "GOMP_SPINCOUNT=1000"
+
+
+class BackgroundLoad:
+    """N busy processes beside a run (--background-load): other work competing for the cores."""
+
+    def __init__(self, n):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+
+
 @dataclass
 class Lab:
     """One invocation: its settings, tools, model and where its runs go."""
@@ -75,7 +103,8 @@ class Lab:
         self.unlimited = {c for c in self.configs if not cfg.BY_NAME[c].limited}
         self.disk = (not s.flag("no_disk") and self.preset.disk_reads > 0 and self.tools is not None
                      and bool(self.tools.lanes))
-        self.omp_wait = os.environ.get("OMP_WAIT_POLICY") or "PASSIVE"
+        self.openmp_env, self.openmp = openmp_environment(os.environ)
+        self.load = int(s.given.get("background_load") or 0)
         self.rdir = self.out
 
     def table_spec(self, extended):
@@ -86,7 +115,7 @@ class Lab:
         elif s.trace is not None:
             routing = "; the random model's own routing (near-uniform: the worst case)"
         return TableSpec(self.preset.name, os.path.basename(self.model) + routing, self.size_mib, self.preset.tokens,
-                         self.settings.decode, self.settings.threads, self.omp_wait,
+                         self.settings.decode, self.settings.threads, self.openmp, self.load,
                          machine(self.root.version if self.root else cgroup_version()), self.ratios, self.configs,
                          self.limits, self.unlimited, self.preset.slice_bytes, options.cores(), extended)
 
@@ -105,10 +134,10 @@ class Lab:
         argv = [self.tools.run, "--model", self.model, "--tokens", str(self.preset.tokens), "--decode",
                 str(self.settings.decode), "--per-token-csv", os.path.join(r, f"{name}.csv"), *extra,
                 *self.settings.forwarded("to_runs"), *args]
-        # OMP_WAIT_POLICY=PASSIVE for every configuration alike: ggml's OpenMP workers otherwise
-        # spin between graphs, here while the eval thread is in the observer's callback, taking a
-        # core from the lanes and the kernel's reads (docs/memlab.md, "Notes on this machine").
-        env = dict(os.environ, OMP_WAIT_POLICY=self.omp_wait)
+        # The same OpenMP wait for every configuration (openmp_environment), and the same
+        # background load, if asked for, started before the run and stopped after it.
+        env = dict(os.environ, **self.openmp_env)
+        load = BackgroundLoad(self.load)
         with open(os.path.join(r, f"{name}.log"), "wb") as logf:
             self.child = subprocess.Popen(self.root.in_cgroup(argv), stdout=logf, stderr=subprocess.STDOUT, env=env)
             try:
@@ -118,6 +147,7 @@ class Lab:
                 self.child.wait()
                 rc = 124
             self.child = None
+        load.stop()
         rc = 128 - rc if rc < 0 else rc  # killed by a signal: as a shell reports it
         rundir.write(os.path.join(r, f"{name}.peak"), self.root.peak_mib() + "\n")
         if rc == 0:
@@ -164,7 +194,7 @@ class Lab:
             # accuracy, acc being the stale-gate's slot accuracy the observer run measured.
             acc = self.stale_gate(ratio)
             if not acc:
-                log(f"r{ratio}-{name}: skipped — no stale-gate accuracy measured (run observer or all first)")
+                log(f"r{ratio}-{name}: skipped — no stale-gate accuracy measured (run observer first)")
                 return
             degrade = cfg.degrade_share(float(acc), self.settings.degrade_to)
             log(f"r{ratio}-{name}: stale-gate measured {acc}% of slots; --degrade {degrade}")

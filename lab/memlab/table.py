@@ -30,7 +30,8 @@ class TableSpec:
     tokens: int
     decode: int
     threads: str
-    omp_wait: str
+    openmp: str  # the OpenMP wait every run got (runner.openmp_environment)
+    load: int  # busy processes beside every run (--background-load)
     machine: str
     ratios: list
     configs: list
@@ -54,8 +55,9 @@ def make_table(d, spec, csv_path="", title_suffix=""):
                 break
         if reference:
             break
+    load = f", {spec.load} busy processes beside every run" if spec.load else ""
     lines = [f"memlab ({spec.preset}): {spec.model}, {spec.size_mib} MiB; {spec.tokens} prompt + {spec.decode} decode "
-             f"tokens, {spec.threads} threads (OMP_WAIT_POLICY={spec.omp_wait}); {spec.machine}{title_suffix}",
+             f"tokens, {spec.threads} threads ({spec.openmp}){load}; {spec.machine}{title_suffix}",
              text_row(TEXT_COLUMNS)]
     columns = CSV_COLUMNS + (CSV_EXTENDED if spec.extended else ())
     csv_lines = [",".join(columns)]

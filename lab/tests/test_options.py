@@ -147,5 +147,19 @@ class Configurations(unittest.TestCase):
         self.assertEqual(cfg.cell_budget("auto", 939), "auto")
 
 
+class OpenMP(unittest.TestCase):
+    def test_a_short_spin_unless_the_environment_names_a_wait(self):
+        from memlab.runner import openmp_environment
+        self.assertEqual(openmp_environment({}), ({"GOMP_SPINCOUNT": "1000", "KMP_BLOCKTIME": "1"},
+                                                  "GOMP_SPINCOUNT=1000"))
+        self.assertEqual(openmp_environment({"OMP_WAIT_POLICY": "PASSIVE"}), ({}, "OMP_WAIT_POLICY=PASSIVE"))
+        self.assertEqual(openmp_environment({"GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "5", "HOME": "/"}),
+                         ({}, "GOMP_SPINCOUNT=0 KMP_BLOCKTIME=5"))
+
+    def test_background_load_is_bounded_and_counted(self):
+        self.assertEqual(options.parse(["--quick", "--background-load", "2"]).given["background_load"], "2")
+        self.assertEqual("--background-load: '65'; expected a whole number of busy processes from 0 to 64", refusal(["--quick", "--background-load", "65"]))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -15,7 +15,7 @@ SIZE = 1476526080  # the quick model's bytes
 
 
 def spec(ratios, configs, unlimited=()):
-    return TableSpec("quick", "qwen3moe-L12-E128-k8-d1024-ff512-q4_K.gguf", SIZE // 1048576, 8, 16, "2", "PASSIVE",
+    return TableSpec("quick", "qwen3moe-L12-E128-k8-d1024-ff512-q4_K.gguf", SIZE // 1048576, 8, 16, "2", "OMP_WAIT_POLICY=PASSIVE", 0,
                      "2 cores, 24 GiB, Linux 6.1.0, cgroup v1", ratios, configs,
                      {r: int("%.0f" % (SIZE / float(r) / 1048576)) for r in ratios}, set(unlimited), 294912, 2,
                      extended=True)
@@ -94,6 +94,13 @@ class Table(unittest.TestCase):
             self.assertEqual(line[3:9], f[2:7] + [f[12]])  # tok/s .. majflt, engine faults
             self.assertEqual(line[13], f[10])  # roof_ms
             self.assertEqual(stats.value(line[15]), stats.value(f[11]))  # bw_frac
+
+    def test_the_title_names_the_openmp_wait_and_the_load(self):
+        d = self.copy("run-one")
+        s = spec(["1.5"], ["mmap"])
+        s.openmp, s.load = "GOMP_SPINCOUNT=1000", 2
+        title = make_table(d, s).split("\n")[0]
+        self.assertIn("2 threads (GOMP_SPINCOUNT=1000), 2 busy processes beside every run;", title)
 
 
 if __name__ == "__main__":

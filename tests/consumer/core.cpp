@@ -1,13 +1,15 @@
 // A user of moe_residency::core only: every core header, no xsimd, Eigen or
 // threads on the include path when scripts/check-core-only.sh builds it. It
 // parses a small trace and replays it through an LRU cache big enough to hold
-// every expert, so the hits are exactly the repeats: 6 lookups, 2 hits.
+// every expert, so the hits are exactly the repeats: 8 lookups, 4 hits; and
+// again through the core's replay grid (replay/cells.hpp, no threads).
 #include <moe_residency/cache.hpp>
 #include <moe_residency/core.hpp>
 #include <moe_residency/error.hpp>
 #include <moe_residency/plan.hpp>
 #include <moe_residency/predict/contract.hpp>
 #include <moe_residency/predict/history.hpp>
+#include <moe_residency/replay/cells.hpp>
 #include <moe_residency/score.hpp>
 #include <moe_residency/trace.hpp>
 #include <moe_residency/version.hpp>
@@ -36,5 +38,9 @@ int main() {
   const cache_counters& c = cache.stats().all;
   std::printf("consumer (core): moe-residency %d, %zu batches, %llu lookups, %llu hits\n", MOE_RESIDENCY_VERSION,
               lb.batches.size(), static_cast<unsigned long long>(c.lookups), static_cast<unsigned long long>(c.hits));
-  return lb.batches.size() == 4 && c.lookups == 8 && c.hits == 4 ? 0 : 1;
+  // The same trace, budget and policy through the core's replay grid: the same hits.
+  const replay_input in = replay_input::from_trace(trace);
+  const std::vector<replay_result> grid = replay_cells(in, {1000.0 / 1048576}, {"lru"});
+  const bool same = grid.size() == 1 && grid[0].stats.all.hits == c.hits && grid[0].stats.all.lookups == c.lookups;
+  return lb.batches.size() == 4 && c.lookups == 8 && c.hits == 4 && same ? 0 : 1;
 }

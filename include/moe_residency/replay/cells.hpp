@@ -2,8 +2,8 @@
 /// One replay cell: a route trace's load batches through expert_cache<Policy>
 /// at one (policy, budget), with the figures of the engine authors' replay
 /// curves (cumulative and decode-only hit %, MiB read; MiB = 1048576 bytes),
-/// and the CSV and table of many cells. No threads: replay.hpp's replay_grid
-/// runs cells in parallel.
+/// the grid of many cells one after another (replay_cells), and their CSV and
+/// table. No threads: replay.hpp's replay_grid runs the same grid in parallel.
 
 #include <algorithm>
 #include <chrono>
@@ -280,6 +280,32 @@ inline replay_result replay_cell(const replay_input& in, const std::string& poli
   detail::replay_dispatch(in, policy, r, o);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
+}
+
+/// Throws error unless every (budget, policy) cell of a grid is one a replay
+/// takes, before any is run; an empty list of either is refused too.
+inline void check_replay_grid(const std::vector<double>& budgets_mib, const std::vector<std::string>& policies) {
+  if (budgets_mib.empty()) throw error("replay: no budgets; expected at least one (MiB)");
+  if (policies.empty()) throw error("replay: no policies; expected at least one of " + detail::replay_known_names());
+  for (double b : budgets_mib)
+    for (const auto& p : policies) check_replay_cell(p, b);
+}
+
+/// Replays every (budget, policy) cell on the calling thread, budget-major,
+/// policies in the order given: the same results as replay.hpp's replay_grid
+/// without its threads (`o.threads` is not used; `o.progress` is called after
+/// each cell). Validates every cell before running any.
+inline std::vector<replay_result> replay_cells(const replay_input& in, const std::vector<double>& budgets_mib,
+                                               const std::vector<std::string>& policies, const replay_options& o = {}) {
+  check_replay_grid(budgets_mib, policies);
+  const std::size_t n = budgets_mib.size() * policies.size();
+  std::vector<replay_result> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out.push_back(replay_cell(in, policies[i % policies.size()], budgets_mib[i / policies.size()], o));
+    if (o.progress) o.progress(i + 1, n);
+  }
+  return out;
 }
 
 /// CSV with exactly the reference curves' columns:

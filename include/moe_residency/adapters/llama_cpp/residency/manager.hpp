@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -316,7 +317,9 @@ class mmap_residency final : public residency_manager {
     }
     if (!pages_.unmapped().empty()) o << " left to llama.cpp: " << pages_.unmapped_note() << " |";
     if (s.unlock_failed_bytes != 0) o << " munlock failed on " << detail::mib(s.unlock_failed_bytes) << " |";
-    o << " advice errors " << s.advice_errors();
+    char manage_ms[64];
+    std::snprintf(manage_ms, sizeof manage_ms, " | eval thread in the manager %.1f ms", 1e-6 * double(s.manage_ns));
+    o << " advice errors " << s.advice_errors() << manage_ms;
     return o.str();
   }
 
@@ -345,8 +348,14 @@ class mmap_residency final : public residency_manager {
         status_ = e.what();
       }
     }
-    if (active_ && !standing_down_) manage(b);
-    else if (!active_) ++stats_.inactive_layers;
+    if (active_ && !standing_down_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      manage(b);
+      stats_.manage_ns += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    } else if (!active_) {
+      ++stats_.inactive_layers;
+    }
     if (next_ != nullptr && next_->wants(engine_event::routed)) next_->on_routed(b);
   }
 

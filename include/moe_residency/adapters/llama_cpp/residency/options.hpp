@@ -167,6 +167,7 @@ inline std::string residency_parts_name(const residency_options& o) {
 /// Counters since construction (host thread; read between llama_decode calls).
 struct residency_stats {
   std::uint64_t routed_layers = 0;    ///< on_routed events managed
+  std::uint64_t manage_ns = 0;        ///< the eval thread's time in them (the manager's own cost on the critical path)
   std::uint64_t inactive_layers = 0;  ///< events before activation (the first graph)
   // exact
   std::uint64_t exact_reads = 0, exact_bytes = 0, exact_failed = 0;
