@@ -1,5 +1,5 @@
 // One test per failure the fuzzers in fuzz/ found, named after what it found, so
-// the fix stays fixed without the fuzzer (docs/results/2026-12-01-fuzzing-runs.md lists them).
+// the fix stays fixed without the fuzzer (docs/reliability.md, "Fuzz targets", links the runs that found them).
 
 #include <doctest/doctest.h>
 

@@ -221,7 +221,7 @@ TEST_CASE("inline walk: the file memlab writes, a cache cell's rows averaged, an
   CHECK(apply_inline_walk(rows, 563, s));  // the median of both 563 rows (within 0.5 MiB): their mean
   CHECK(s.inline_walk_off_cpu_ms_per_mib == doctest::Approx(0.2));
   CHECK(s.inline_walk_sys_ms_per_mib == doctest::Approx(1.13));
-  // Three walks, one of them caught in a device stall (run L's, docs/results/2026-12-03-memlab-predict-runs.md): the median of
+  // Three walks, one of them caught in a device stall (run L's, the run history docs/lab-predict.md links): the median of
   // each column, which the stalled walk does not move, where the mean would be 0.54 off the CPU.
   const std::vector<inline_walk_row> three =
       parse_inline_walk(header +

@@ -187,7 +187,10 @@ TEST_CASE("replay_grid: order, parallelism, progress, output formats") {
   // The core's grid on the calling thread gives the same cells, in the same order.
   std::size_t serial_calls = 0;
   replay_options serial = o;
-  serial.progress = [&](std::size_t done, std::size_t total) { CHECK(done == ++serial_calls); CHECK(total == 16); };
+  serial.progress = [&](std::size_t done, std::size_t total) {
+    CHECK(done == ++serial_calls);
+    CHECK(total == 16);
+  };
   const auto one = replay_cells(in, budgets, pols, serial);
   REQUIRE(one.size() == rs.size());
   CHECK(serial_calls == 16);

@@ -46,7 +46,7 @@ struct run_args {
   int n_predict = 128;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::string budget = "auto";
-  std::string residency = "all";
+  std::string residency = mrl::residency_parts_name(mrl::residency_options{});  // dense,exact,cache
   std::string policy = "lru";  // the cache policy (live_cache_policies())
   bool policy_given = false;   // --policy on the command line: refused without the cache
   bool chat = false, compare = false, ignore_eos = false, no_mmap = false, quiet = false, pool = false, repack = false;
@@ -426,20 +426,21 @@ int run(run_args a) {
   const bool manages = mrl::parse_residency_parts(a.residency, probe);  // refuse a bad list before loading anything
   (void)mrl::live_cache_policy(a.policy);
   if (a.policy_given && (!manages || !probe.cache))
-    throw error("--policy " + a.policy + " with --residency " + a.residency +
-                ": the policy is the cache's, and the cache is not on; expected --residency all or a list with cache");
+    throw error(
+        "--policy " + a.policy + " with --residency " + a.residency +
+        ": the policy is the cache's, and the cache is not on; expected --residency with cache (all, or a list)");
   if (a.budget != "auto") {
     (void)moe_residency::detail::parse_real(a.budget, "--budget (auto, or MiB)",
                                             moe_residency::detail::real_domain::open_closed(0, 1e9));
     if (!manages || !probe.cache)
       throw error(
           "--budget " + a.budget + " with --residency " + a.residency +
-          ": the budget is the cache's, and the cache is not on; expected --residency all or a list with cache");
+          ": the budget is the cache's, and the cache is not on; expected --residency with cache (all, or a list)");
   }
   if (a.pool && (!manages || !probe.cache))
-    throw error(
-        "--pool with --residency " + a.residency +
-        ": the pool holds the cache's experts, and the cache is not on; expected --residency all or a list with cache");
+    throw error("--pool with --residency " + a.residency +
+                ": the pool holds the cache's experts, and the cache is not on; expected --residency with cache (all, "
+                "or a list)");
   // The files first (a later split, a missing or misnamed split, a truncated
   // file), with the file named, before llama.cpp's own messages; then what
   // moe-run needs of the model, before anything is changed on the machine.
@@ -547,7 +548,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--budget", a.budget, "Pinned expert cache in MiB, or auto (from the memory limit)")
       ->capture_default_str();
-  app.add_option("--residency", a.residency, "all, off, or a comma list of dense, exact, predicted, cache")
+  app.add_option("--residency", a.residency,
+                 "all, off, or a comma list of dense, exact, predicted, cache (the default: the library's "
+                 "defaults, predicted reads off)")
       ->capture_default_str();
   app.add_option("--policy", a.policy, "The expert cache's policy: " + mrl::live_cache_policy_names())
       ->capture_default_str();

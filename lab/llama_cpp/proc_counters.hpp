@@ -39,7 +39,7 @@ inline std::uint64_t proc_read_bytes() {
 /// How much of this process's memory is mapped by 2 MiB pages: /proc/self/smaps_rollup's
 /// Rss and FilePmdMapped (a file's page cache held in 2 MiB folios, as a sequential read of
 /// the whole file leaves it, is mapped by PMD entries; pages read in pieces are mapped 4 KiB
-/// at a time, and the same weights then cost more to compute over: docs/results/2026-12-03-memlab-predict-runs.md, "The
+/// at a time, and the same weights then cost more to compute over: the run history docs/lab-predict.md links, "The
 /// weights' page size"). Zeros if unknown.
 struct mapping_kib {
   std::uint64_t rss = 0;

@@ -157,8 +157,9 @@ inline void write_per_token_csv(const run_result& r, const std::string& path) {
   for (const auto& t : r.rows) {
     char hit[32] = "";
     if (t.hit_pct >= 0) std::snprintf(hit, sizeof hit, "%.2f", t.hit_pct);
-    std::snprintf(line, sizeof line, "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu,%.3f\n",
-                  t.token, t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
+    std::snprintf(line, sizeof line,
+                  "%zu,%s,%.3f,%llu,%llu,%llu,%llu,%llu,%llu,%.1f,%s,%llu,%.3f,%.3f,%.3f,%llu,%.3f\n", t.token,
+                  t.prompt ? "prompt" : "decode", t.wall_ms, static_cast<unsigned long long>(t.majflt),
                   static_cast<unsigned long long>(t.minflt),
                   static_cast<unsigned long long>(use_cgroup ? t.cgroup_read_bytes : t.read_bytes),
                   static_cast<unsigned long long>(t.prefetch_issued),

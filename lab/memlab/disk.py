@@ -41,7 +41,7 @@ def curves(lab, d):
     log(f"disk: cold random {slice_bytes // 1024} KiB O_DIRECT reads (one expert slice, the manager's request) "
         "against concurrent readers")
     rundir.write(os.path.join(d, "disk-expert.csv"),
-                 _lanes(lab, "--readers", "1,2,4,8", "--block-mib", "%.6f" % (slice_bytes / 1048576), "--reads",
+                 _lanes(lab, "--readers", "1,2,4,8", "--block-mib", "%.10g" % (slice_bytes / 1048576), "--reads",
                         str(lab.preset.disk_reads * 4)))
 
 

@@ -25,7 +25,7 @@ from .tools import REPO
 # The configurations lab-predict models (docs/lab-predict.md, "The mapping").
 MODELLED = ("mmap", "observer", "dense", "exact", "predicted", "cache", "all", "degraded", "resident")
 _RESIDENCY_CACHE = re.compile(r"^residency: .*cache [a-z]* ([0-9.]*) MiB")
-_MODEL = re.compile(r"^memlab \([a-z]*\): ([^,]*),")
+_MODEL = re.compile(r"^memlab \([a-z]*\): ([^,;]*)[,;]")  # the model file; a forced routing follows after ";"
 
 OPTIONS = {  # flag -> (dest, what a value is; None: a flag)
     "--fit": ("fit", "CONFIG@RATIO"), "--tool": ("tool", "a path"), "--format": ("format", "table or csv"),

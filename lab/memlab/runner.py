@@ -247,6 +247,7 @@ class Lab:
             if self.rounds > 1:
                 make_table(self.rdir, self.table_spec(False), title_suffix=f"; round {k} of {self.rounds}")
                 self.plots(self.rdir)
+                self.replay_check(self.rdir)  # each round's runs recorded their own routing
         # The disk and the walks again after the runs (a long fault-driven run reads tens of GiB):
         # whether the device still reads as it did before them; with rounds, the model centres
         # its curve and walks on the middle of the run with these.
@@ -262,16 +263,22 @@ class Lab:
         s = self.settings
         sys.stdout.write(make_table(self.out, self.table_spec(s.flag("extended")), s.csv, suffix))
         sys.stdout.flush()
-        if self.tools is not None and self.tools.cli and self.rounds == 1:
-            check = replay_check.make(self.out, self.ratios, self.configs, self.tools.cli, s.decode)
-            if check:
-                sys.stdout.write("live against the replay of each run's own routing (decode-only, the cell's policy, "
-                                 "budget and oracle):\n" + check)
+        if self.rounds == 1:
+            self.replay_check(self.out)
         if s.csv:
             shutil.copyfile(s.csv, os.path.join(self.out, "table.csv"))
         if plot:
             self.plots(self.out)
         log(f"done: {self.out}/table.txt")
+
+    def replay_check(self, d):
+        """replay-check.txt in run directory `d` (one round), and on the standard output."""
+        if self.tools is None or not self.tools.cli:
+            return
+        check = replay_check.make(d, self.ratios, self.configs, self.tools.cli, self.settings.decode)
+        if check:
+            sys.stdout.write(f"live against the replay of each run's own routing (decode-only, the cell's policy, "
+                             f"budget and oracle), {os.path.basename(d)}:\n" + check)
 
     def plots(self, d):
         if not self.settings.flag("no_plot"):

@@ -28,11 +28,12 @@ class TraceInfo:
     digest: str  # sha256 of the file, first 12 hex digits
 
     def slice_bytes(self, layers=0):
-        """One expert slice (a third of the most common layer's expert: gate, up, down),
-        bytes: the manager's request shape, at which the roofline's bandwidth is measured."""
+        """One expert slice (a third of the most common layer's expert: gate, up, down, in
+        whole 4 KiB blocks, as O_DIRECT reads them), bytes: the manager's request shape, at
+        which the roofline's bandwidth is measured."""
         used = [b for b in self.expert_bytes[:layers or self.n_layer] if b]
         common = max(set(used), key=used.count) if used else 0
-        return common // 3
+        return max(4096, common // 3 // 4096 * 4096) if common else 0
 
 
 def read(path, option):

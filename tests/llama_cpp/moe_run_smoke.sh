@@ -37,8 +37,8 @@ common=(-p "The residency of experts" -n 24 --ignore-eos --threads 2)
 cat compare.err
 grep -Eq '^moe-run: residency off, read-ahead [0-9]+ KiB \(the device.s\): prompt ' compare.err ||
   fail "--compare printed no residency-off summary at the device's read-ahead"
-grep -q '^moe-run: residency all.*: prompt ' compare.err || fail "--compare printed no residency-on summary"
-grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all against the best stock run \(read-ahead [0-9]+ KiB \(the (device|kernel)'"'"'s( default)?\)\)(; [0-9.]+x stock at read-ahead [0-9]+ KiB \(the (device|kernel)'"'"'s( default)?\))?; texts identical \(24 tokens\)$' compare.err ||
+grep -q '^moe-run: residency dense,exact,cache.*: prompt ' compare.err || fail "--compare printed no residency-on summary"
+grep -Eq '^moe-run: compare: decode [0-9.]+x with residency dense,exact,cache against the best stock run \(read-ahead [0-9]+ KiB \(the (device|kernel)'"'"'s( default)?\)\)(; [0-9.]+x stock at read-ahead [0-9]+ KiB \(the (device|kernel)'"'"'s( default)?\))?; texts identical \(24 tokens\)$' compare.err ||
   fail "--compare did not say the texts are identical against the best stock run"
 # Each run streamed its text: one line a run (stock at the device's read-ahead, at the kernel's
 # default when root may set it and the device's differs, then managed), all the same.
@@ -66,7 +66,7 @@ grep -q '^moe-run: managing 4 MoE layers x 64 experts (top-4) of three-00001-of-
   fail "no 'managing' line for the split model"
 
 # The summary line's fields.
-line="$(grep '^moe-run: residency all' split.err)"
+line="$(grep '^moe-run: residency dense,exact,cache' split.err)"
 re='prompt ([0-9]+) tokens ([0-9.]+) tok/s, decode ([0-9]+) tokens ([0-9.]+) tok/s, p50 ([0-9.]+) ms, p90 ([0-9.]+) ms, ([0-9.]+) MiB read/token, expert hit ([0-9.]+%|n/a), pinned ([0-9]+) MiB, ([0-9.]+) major faults/token'
 [[ "$line" =~ $re ]] || fail "summary line does not parse: $line"
 [[ "${BASH_REMATCH[3]}" -eq 23 ]] || fail "decode tokens ${BASH_REMATCH[3]}, expected 23 (24 generated, the first from the prompt)"
@@ -98,7 +98,7 @@ if grep -qw avx2 /proc/cpuinfo; then
     fail "--repack: no line saying which expert tensors are left to llama.cpp"
   grep -q '^moe-run: managing 2 MoE layers x 16 experts (top-4) of mixed.gguf: experts 12 MiB, the rest (dense and left to llama.cpp) ' repack.err ||
     fail "--repack: the 'managing' line does not count the 2 managed layers' 12 MiB of experts"
-  grep -Eq '^moe-run: compare: decode [0-9.]+x with residency all against the best stock run .*; texts identical \(24 tokens\)$' repack.err ||
+  grep -Eq '^moe-run: compare: decode [0-9.]+x with residency dense,exact,cache against the best stock run .*; texts identical \(24 tokens\)$' repack.err ||
     fail "--repack: the texts differ"
   refuse repack-all "moe-run: residency off: mmap_residency: no expert tensor is in the model's file mapping: 12 expert tensors" \
     "$run" -m one.gguf "${common[@]}" --repack || fail "--repack with every expert repacked did not run stock"
@@ -177,19 +177,19 @@ limited() {
 }
 limited limited --budget 8
 grep -q "memory limit 48 MiB (cgroup" limited.err || fail "the limited run did not detect the 48 MiB cgroup limit"
-line="$(grep '^moe-run: residency all' limited.err)"
+line="$(grep '^moe-run: residency dense,exact,cache' limited.err)"
 [[ "$line" =~ $re ]] || fail "summary line does not parse: $line"
 awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
 [[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
 # The adaptive policy, in the same limit: the cache pinned under its name.
 limited adaptive --budget 8 --policy adaptive
 grep -q '^moe-run: managing .* budget 8 MiB, policy adaptive;' adaptive.err || fail "--policy adaptive: not named in the managing line"
-line="$(grep '^moe-run: residency all' adaptive.err)"
+line="$(grep '^moe-run: residency dense,exact,cache' adaptive.err)"
 [[ "$line" =~ $re ]] || fail "--policy adaptive: summary line does not parse: $line"
 [[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "--policy adaptive: pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
 # The expert pool, in the same limit: read past the page cache.
 limited pool --budget 8 --pool
-line="$(grep '^moe-run: residency all in the expert pool: ' pool.err)"
+line="$(grep '^moe-run: residency dense,exact,cache in the expert pool: ' pool.err)"
 [[ "$line" =~ $re ]] || fail "--pool: summary line does not parse: $line"
 awk -v r="${BASH_REMATCH[7]}" 'BEGIN { exit !(r > 0) }' || fail "--pool: read ${BASH_REMATCH[7]} MiB/token under a limit, expected > 0"
 # --repack in the same limit (the model no longer fits, so the manager acts on layers 0-1): the same
@@ -201,7 +201,7 @@ if [[ -f mixed.gguf ]]; then
   cat repack-limited.err
   [[ "$(cat repack-limited.out)" == "$(sed -n 1p repack.out)" ]] || fail "the limited run with --repack: its text differs"
   grep -q '^moe-run: managing 2 MoE layers .* budget 4 MiB' repack-limited.err || fail "--repack under a limit: not managing with the 4 MiB budget"
-  line="$(grep '^moe-run: residency all: ' repack-limited.err)"
+  line="$(grep '^moe-run: residency dense,exact,cache: ' repack-limited.err)"
   [[ "$line" =~ $re ]] || fail "--repack: summary line does not parse: $line"
   [[ "${BASH_REMATCH[9]}" -gt 0 ]] || fail "--repack: pinned ${BASH_REMATCH[9]} MiB under a limit, expected > 0"
 fi

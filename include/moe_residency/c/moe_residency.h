@@ -81,7 +81,8 @@ typedef struct moe_residency_stats {
   uint64_t advice_errors;
 } moe_residency_stats;
 
-/** The defaults: every part on, auto budget, 2 lanes, overlap, stand down when the model fits, no pool. */
+/** The defaults (the C++ residency_options{}): dense, exact and cache on, predicted off, auto budget,
+ *  2 lanes, overlap, stand down when the model fits, no pool. */
 void moe_residency_options_default(moe_residency_options* options);
 
 /** Creates a handle for `model` (loaded from `gguf_path`, the first split of a split model)

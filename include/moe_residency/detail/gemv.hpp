@@ -54,12 +54,12 @@ inline namespace MOE_RESIDENCY_GEMV_ABI {
 /// builds run at the same speed. AVX-512 takes it too: for a token of 16-bit
 /// routers from the last-level cache or DRAM it prefetches the next rows,
 /// which the xsimd kernel does not (per token its bf16 ran close to the
-/// read's time, xsimd's 16-wide kernel well above;
-/// docs/results/2026-12-03-benchmark-runs.md), and for f32 its 32-byte loads
+/// read's time, xsimd's 16-wide kernel well above, in bench_router's
+/// BM_token_tunes), and for f32 its 32-byte loads
 /// never split a cache line where xsimd's 64-byte ones split two whenever the
 /// rows start 32 bytes past a line (ggml aligns tensor data to 32 bytes). With
 /// one 16-bit router in cache xsimd's 16-wide conversions were faster
-/// (docs/results/2026-12-03-benchmark-runs.md); the 512-bit kernel for 16-bit
+/// (bench_router); the 512-bit kernel for 16-bit
 /// weights (gemv_x86z_impl, taken by x86_tune_default on AVX-512F CPUs) now is
 /// faster still, and prefetches. Every other architecture, and
 /// every other compiler, takes the xsimd kernel (gemv_simd_generic). Same

@@ -40,7 +40,7 @@
 ///   slices, two at a time); the fault-driven configurations read 16 MiB
 ///   read-around windows one fault at a time, and their time off the CPU per
 ///   MiB need not be β's: on one VM it was about the cold curve's, on another
-///   about β's (docs/results/2026-12-03-memlab-predict-runs.md, "The fault path's own bandwidth").
+///   about β's (the run history docs/lab-predict.md links, "The fault path's own bandwidth").
 ///   By default the two are tied (`start.fault_bandwidth_scale` 0): one β,
 ///   fitted on whichever cell calibrates. Untied (β_f > 0 in `start`), a
 ///   fault cell fits β_f and keeps `start`'s β, and any other cell fits β and

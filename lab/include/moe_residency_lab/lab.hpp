@@ -75,7 +75,7 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     for (const auto& q : p.curve.points()) top = std::max(top, q.second);
     p.curve = storage_curve({{1.0, top}});
     // What the device delivers to read-around need not be what it delivers to
-    // the manager's lanes (docs/results/2026-12-03-memlab-predict-runs.md, "The fault path's own bandwidth").
+    // the manager's lanes (the run history docs/lab-predict.md links, "The fault path's own bandwidth").
     p.bandwidth_scale = p.fault_scale();
     if (s.fault_walk_off_cpu_ms_per_mib > 0) walked(s.fault_walk_off_cpu_ms_per_mib, s.fault_walk_sys_ms_per_mib);
     // predicted: its reads share the device with the faults (equation 7);

@@ -4,7 +4,7 @@
 /// without a memory limit, the page cache warm, every expert resident, so
 /// whatever they spend beyond the baseline is the manager's calls and lane
 /// hand-offs, not reads (scripts/memlab.sh's resident-all, manager-exact and
-/// manager-cache; docs/results/2026-12-03-memlab-predict-runs.md, "The manager's own cost").
+/// manager-cache; the run history docs/lab-predict.md links, "The manager's own cost").
 ///
 /// Standard library only.
 

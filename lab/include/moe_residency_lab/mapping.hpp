@@ -106,7 +106,7 @@ struct lab_mapping {
   /// lanes: the eval thread reads and locks the misses itself (`cache` alone,
   /// one lane): the device time of those reads overlaps its own kernel work
   /// for them, which the model says with ψ = 1 (timing_params::kernel_overlap;
-  /// docs/results/2026-12-03-memlab-predict-runs.md, "Pooled runs, the manager's user time, and misses
+  /// the run history docs/lab-predict.md links, "Pooled runs, the manager's user time, and misses
   /// locked inline"). On the lanes, the eval thread only waits for another
   /// thread's reads (ψ = 0).
   bool reads_inline = false;

@@ -162,8 +162,7 @@ MOE_RESIDENCY_DETAIL_X86_TARGET inline float x86_reduce_lanes(const float* lane,
 /// prefetches the whole rows two passes ahead, one line per row per step, with
 /// prefetcht2: into L1, the next rows and x fill a 32 KiB L1 and evict each
 /// other, which measured slower per token than into L2
-/// (docs/results/2026-12-03-benchmark-runs.md,
-/// "On Zen 4: prefetching into L2, and f32 one row a pass").
+/// (docs/benchmarks.md, "What the kernels do").
 template <element_type T, std::size_t R, std::size_t D, int Loc = 3>
 MOE_RESIDENCY_DETAIL_X86_TARGET inline void x86_prefetch_next(const char* p, std::size_t stride,
                                                               std::size_t c) noexcept {

@@ -38,23 +38,22 @@ inline namespace MOE_RESIDENCY_GEMV_ABI {
 /// - f16_lane_groups: f16 lane groups per sweep (< 4: x86_pass_split, whole
 ///   rows prefetched, f16_prefetch_head_lines, f16_prefetch_in_row and
 ///   prefetch_locality unused). 6 f16 rows in two sweeps (2) measured no
-///   faster (docs/results/2026-12-03-benchmark-runs.md).
+///   faster (bench_router's BM_token_tunes).
 /// - wide_rows: rows per pass of the 512-bit kernel for f16 and bf16 when the
 ///   CPU has AVX-512F (x86z_pass); 0: never, the 256-bit kernel on every CPU.
 ///
 /// x86_tune_default takes the 512-bit kernel for f16 and bf16 where the CPU
 /// has AVX-512F, 2 rows a pass (x86z_pass; 4 measured as fast in cache but,
 /// unprefetched, slower per token), two passes prefetched into L2 (per token
-/// faster than one pass ahead, or than into L1;
-/// docs/results/2026-12-03-benchmark-runs.md).
+/// faster than one pass ahead, or than into L1; docs/benchmarks.md,
+/// "What the kernels do" and "The 512-bit kernel for f16 and bf16").
 struct x86_tune_default {
   static constexpr std::size_t f32_rows = 1;
   static constexpr std::size_t f16_rows = 3;
 #if defined(__AVX512F__)
   // A TU built for AVX-512 (e.g. -march=native on such a host) compiles the
   // kernel with 32 vector registers: 3 bf16 rows fit without spilling, and
-  // measured faster there (bf16 per token and in cache;
-  // docs/results/2026-12-03-benchmark-runs.md).
+  // measured faster there (bf16 per token and in cache, bench_router).
   // f16 keeps 3 rows: 4 or 5 per token cost more than they gain in cache.
   static constexpr std::size_t bf16_rows = 3;
 #else

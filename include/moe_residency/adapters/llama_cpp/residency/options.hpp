@@ -20,14 +20,17 @@ enum class when_fits : std::uint8_t {
 };
 
 /// Which parts are on, and how they are sized. The defaults are what moe-run
-/// and the C ABI run: every part on, the budget sized from the memory limit,
-/// standing down when the model fits (so safe to leave on). `none()` for a
-/// manager that switches parts on one by one.
+/// and the C ABI run, the memory lab's fastest on real routing: dense, exact
+/// and the cache on, predicted reads off (at a real model's 88.6% slot
+/// accuracy their wasted reads cost more than the hits they bring:
+/// docs/llama-cpp-residency.md, "Real routing"), the budget sized from the
+/// memory limit, standing down when the model fits (so safe to leave on).
+/// `none()` for a manager that switches parts on one by one.
 struct residency_options {
-  bool pin_dense = true;  ///< lock the non-expert tensors once
-  bool exact = true;      ///< read each layer's routed experts on the lanes before its matmuls
-  bool predicted = true;  ///< speculative reads of the next MoE layer (residency/predictor.hpp)
-  bool cache = true;      ///< a budgeted, pinned expert cache
+  bool pin_dense = true;   ///< lock the non-expert tensors once
+  bool exact = true;       ///< read each layer's routed experts on the lanes before its matmuls
+  bool predicted = false;  ///< speculative reads of the next MoE layer (residency/predictor.hpp)
+  bool cache = true;       ///< a budgeted, pinned expert cache
   /// Pinned cache budget, bytes. 0: sized from the memory limit (see auto_budget).
   std::uint64_t cache_budget_bytes = 0;
   /// Auto budget: at most this many bytes (0: no ceiling).
@@ -70,7 +73,7 @@ struct residency_options {
   bool pool = false;
   /// Read lanes: they wait for (populate) or lock the reads the eval thread
   /// queued, or read themselves (owned_reads: then they are the device's queue
-  /// depth). Storage saturates at ~2 readers (LAB.md).
+  /// depth). Random reads on phone flash saturate at ~2 readers (docs/speculation.md).
   std::size_t lanes = 2;
   std::size_t spec_cap = 2;  ///< predicted reads per layer at most
   std::size_t horizon = 1;   ///< 1: stale-gate (l -> l+1); 2: l -> l+2
