@@ -1450,7 +1450,7 @@ TEST_CASE("docs/llama-cpp-residency.md: the block is this test's code, and it ru
     llama_context_params cp = llama_context_default_params();
     obs.install(cp);
     llama_context* ctx = llama_init_from_model(model, cp);
-    mrl::mmap_residency<> res(obs, path);  // every part on; the cache's budget sized from the memory limit
+    mrl::mmap_residency<> res(obs, path);  // dense, exact, cache; the budget sized from the memory limit
     mrl::start(ctx, obs, res, path);       // a warm-up token teaches the structure; then it acts
     // end of the block
     run_tokens(ctx, model, 4, 8);
