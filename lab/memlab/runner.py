@@ -138,16 +138,19 @@ class Lab:
         # background load, if asked for, started before the run and stopped after it.
         env = dict(os.environ, **self.openmp_env)
         load = BackgroundLoad(self.load)
-        with open(os.path.join(r, f"{name}.log"), "wb") as logf:
-            self.child = subprocess.Popen(self.root.in_cgroup(argv), stdout=logf, stderr=subprocess.STDOUT, env=env)
-            try:
-                rc = self.child.wait(timeout=self.settings.run_timeout)
-            except subprocess.TimeoutExpired:
-                self.child.send_signal(signal.SIGTERM)
-                self.child.wait()
-                rc = 124
-            self.child = None
-        load.stop()
+        try:
+            with open(os.path.join(r, f"{name}.log"), "wb") as logf:
+                self.child = subprocess.Popen(self.root.in_cgroup(argv), stdout=logf, stderr=subprocess.STDOUT,
+                                              env=env)
+                try:
+                    rc = self.child.wait(timeout=self.settings.run_timeout)
+                except subprocess.TimeoutExpired:
+                    self.child.send_signal(signal.SIGTERM)
+                    self.child.wait()
+                    rc = 124
+                self.child = None
+        finally:
+            load.stop()  # also when the run or the lab is interrupted
         rc = 128 - rc if rc < 0 else rc  # killed by a signal: as a shell reports it
         rundir.write(os.path.join(r, f"{name}.peak"), self.root.peak_mib() + "\n")
         if rc == 0:
