@@ -43,6 +43,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     check(!c.ratio.empty(), "a cell with no ratio");
     check(c.ratio.find_first_of(",\n") == std::string::npos && c.metrics.find_first_of(",\n") == std::string::npos,
           "a field holding a separator");
+    for (const std::string* field : {&c.ratio, &c.metrics})
+      for (char ch : *field)
+        check(static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f, "a field holding a control character", *field);
     for (double v : {c.limit_mib, c.budget_mib, c.stale_gate_pct})
       check(std::isfinite(v) && v >= 0, "a number that is not finite and >= 0", std::to_string(v));
     check(c.stale_gate_pct <= 100, "a percentage above 100");

@@ -134,6 +134,16 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
                          "cells.csv: line 3, stale_gate_pct: '871' is out of range; expected a number from 0 to 100",
                          error);
   }
+  SUBCASE("a control character in the ratio or the metrics path (a carriage return would not survive a write)") {
+    CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv\r,,"), "cells.csv"),
+                         "cells.csv: line 3, metrics: a control character (byte 13); expected the path of the run's "
+                         "metrics CSV",
+                         error);
+    CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2\t5,cache,563,141,87.1,m.csv"), "cells.csv"),
+                         "cells.csv: line 3, ratio: a control character (byte 9); expected the run's memory ratio, "
+                         "e.g. 2.5",
+                         error);
+  }
   SUBCASE("an empty ratio, a cell listed twice, no cells") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with(",cache,563,141,87.1,m.csv"), "cells.csv"),
                          "cells.csv: line 3: ratio ''; expected the run's memory ratio, e.g. 2.5", error);

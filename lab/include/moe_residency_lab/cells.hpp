@@ -81,7 +81,8 @@ struct lab_cell {
 
 /// Parses a cells file. Throws `error` starting with `source` and naming the
 /// line, the field and its value and what was expected: a line without 5 to 8
-/// fields, an unknown configuration, an empty ratio, a number that is not a
+/// fields, an unknown configuration, an empty ratio, a ratio or metrics path
+/// holding a control character, a number that is not a
 /// finite number >= 0 (a percentage above 100), lanes outside 1 to 64, a label
 /// holding a character other than letters, digits and `._@+-`, a cell id (the
 /// label, else CONFIG@RATIO) listed twice, or a file with no cells.
@@ -98,6 +99,14 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
     f.resize(8);
     lab_cell c;
     if (f[0].empty()) throw error(where + ": ratio ''; expected the run's memory ratio, e.g. 2.5");
+    // A control character (a carriage return left inside a line, a tab) would
+    // not survive a write and a read: "\r" at a line's end is dropped.
+    for (int col : {0, 5})
+      for (char ch : f[col])
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          throw error(where + ", " + (col == 0 ? "ratio" : "metrics") + ": a control character (byte " +
+                      std::to_string(static_cast<unsigned char>(ch)) + "); expected " +
+                      (col == 0 ? "the run's memory ratio, e.g. 2.5" : "the path of the run's metrics CSV"));
     c.ratio = f[0];
     try {
       c.config = parse_lab_config(f[1]);
