@@ -17,8 +17,8 @@ TEXT_COLUMNS = ("ratio", "limit", "config", "tok/s", "p50_ms", "p90_ms", "MiB_rd
 TEXT_WIDTHS = (-6, -6, -12, 9, 8, 8, 10, 10, 10, 6, 8, 7, 8, 9, 7, 7, 7, 8)
 
 
-def text_row(fields):
-    return " ".join(f"{f:<{-w}}" if w < 0 else f"{f:>{w}}" for f, w in zip(fields, TEXT_WIDTHS))
+def text_row(fields, widths=TEXT_WIDTHS):
+    return " ".join(f"{f:<{-w}}" if w < 0 else f"{f:>{w}}" for f, w in zip(fields, widths))
 
 
 @dataclass
@@ -56,9 +56,12 @@ def make_table(d, spec, csv_path="", title_suffix=""):
         if reference:
             break
     load = f", {spec.load} busy processes beside every run" if spec.load else ""
+    # The configuration column as wide as its longest name (all-oracle-pool is 15).
+    config_width = max([12] + [len(c) for c in spec.configs])
+    widths = TEXT_WIDTHS[:2] + (-config_width,) + TEXT_WIDTHS[3:]
     lines = [f"memlab ({spec.preset}): {spec.model}, {spec.size_mib} MiB; {spec.tokens} prompt + {spec.decode} decode "
              f"tokens, {spec.threads} threads ({spec.openmp}){load}; {spec.machine}{title_suffix}",
-             text_row(TEXT_COLUMNS)]
+             text_row(TEXT_COLUMNS, widths)]
     columns = CSV_COLUMNS + (CSV_EXTENDED if spec.extended else ())
     csv_lines = [",".join(columns)]
     # The roofline of each row: max(its MiB read a token / the expert-shaped bandwidth, the
@@ -84,7 +87,7 @@ def make_table(d, spec, csv_path="", title_suffix=""):
             per_token = os.path.join(d, f"{name}.csv")
             if status != "ok" or not os.path.isfile(per_token):
                 # A run that did not finish: a row saying so, no figures.
-                lines.append(f"{ratio:<6} {lim:<6} {config:<12} {'-':>9}   ({status}: see {name}.log)")
+                lines.append(f"{ratio:<6} {lim:<6} {config:<{config_width}} {'-':>9}   ({status}: see {name}.log)")
                 csv_lines.append(f"{ratio},{config},,,,,,,,no,," + (f",,{status},,,," if spec.extended else ""))
                 continue
             s = stats.summarize_tokens(per_token)
@@ -95,7 +98,7 @@ def make_table(d, spec, csv_path="", title_suffix=""):
             roof, xroof, bwf, use = stats.roofline(s.tok_s, s.read_mib, bw, resident, s.proc_cpu_ms, spec.cores)
             lines.append(text_row((ratio, lim, config, s.tok_s, s.p50_ms, s.p90_ms, s.read_mib, s.majflt,
                                    s.engine_majflt, hit, s.pinned_mib, peak, same, roof, xroof, bwf, use,
-                                   s.read_wait_ms)))
+                                   s.read_wait_ms), widths))
             blank = lambda x: "" if x == "-" else x  # noqa: E731
             row = [ratio, config, s.tok_s, s.p50_ms, s.p90_ms, s.read_mib, s.majflt, blank(hit), s.pinned_mib, same,
                    blank(roof), blank(bwf)]

@@ -47,6 +47,13 @@ class Table(unittest.TestCase):
         csv = os.path.join(self.tmp, "one.csv")
         text = make_table(d, spec(ratios, configs, ("resident", "manager-exact")), csv)
         self.assertEqual(text, read(os.path.join(DATA, "expected", "one.txt")))
+        # Every row's columns under their names, a configuration longer than 12 (manager-exact)
+        # too (the bash lab's column was 12 wide and shifted such a row by one).
+        header = text.splitlines()[1]
+        tok_s_end = header.index("tok/s") + len("tok/s")
+        for line in text.splitlines()[3:]:
+            self.assertEqual(line.split()[3], line[:tok_s_end].split()[-1], line)
+            self.assertEqual(line[tok_s_end:tok_s_end + 1], " ", line)
         self.assertEqual(read(os.path.join(d, "table.txt")), text)
         self.assertEqual(read(csv), read(os.path.join(DATA, "expected", "one.csv")))
 
