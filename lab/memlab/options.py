@@ -87,6 +87,10 @@ OPTIONS = (
     Option("--degrade-to", "degrade_to", "PCT", check=_share,
            help=f"the stale-gate slot accuracy the degraded cells fall to, percent (default {cfg.REAL_STALE_GATE_PCT}: "
                 "the seed engine's on a real Qwen3-30B-A3B)"),
+    Option("--warm-from", "warm_from", "N", check=_whole(1, 10**9, "a whole number of a decode token, at least 1"),
+           help="the table's figures (tok/s, percentiles, reads, faults, CPU, the roofline's resident) over each "
+                "run's decode tokens N and later: the first N-1 left out, a cache filling from empty (default 1: "
+                "every decode token); hit%% stays the run's own; with --table-only, an earlier run's table again"),
     Option("--table-only", "table_only", "DIR",
            help="no runs: the table (and --csv) again from the run directory DIR of an earlier invocation with the "
                 "same preset, ratios and configs (needs no root)"),
@@ -245,6 +249,8 @@ def parse(argv):
                 "without --own-routing)")
     csv_path = s.given.get("csv", "")
     s.csv = os.path.abspath(csv_path) if csv_path else ""
+    if int(s.given.get("warm_from") or 1) > s.decode:
+        die(f"--warm-from: '{s.given['warm_from']}'; expected a decode token from 1 to {s.decode} (--decode)")
     if "table_only" in s.given and s.rounds != 1:
         die("--table-only: one round only (the rounds' pooling is not redone)")
     return s

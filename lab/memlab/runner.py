@@ -117,7 +117,8 @@ class Lab:
         return TableSpec(self.preset.name, os.path.basename(self.model) + routing, self.size_mib, self.preset.tokens,
                          self.settings.decode, self.settings.threads, self.openmp, self.load,
                          machine(self.root.version if self.root else cgroup_version()), self.ratios, self.configs,
-                         self.limits, self.unlimited, self.preset.slice_bytes, options.cores(), extended)
+                         self.limits, self.unlimited, self.preset.slice_bytes, options.cores(), extended,
+                         int(s.given.get("warm_from") or 1))
 
     # ---- one run -------------------------------------------------------------
     def run(self, name, limit_mib, args):

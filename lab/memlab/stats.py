@@ -72,9 +72,10 @@ class TokenSummary:
                 self.engine_majflt, self.proc_cpu_ms, self.read_wait_ms, self.read_waits)
 
 
-def summarize_tokens(path):
-    """The decode summary of one run's per-token CSV. A column the file lacks (a run
-    recorded before it existed) counts as 0."""
+def summarize_tokens(path, first=1):
+    """The decode summary of one run's per-token CSV, over its decode tokens numbered
+    `first` and later (the `token` column; 1: all of them, --warm-from). A column the
+    file lacks (a run recorded before it existed) counts as 0."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
     if not rows:
@@ -91,6 +92,8 @@ def summarize_tokens(path):
     pinned, hit = 0.0, None
     for line, row in enumerate(rows[1:], start=2):
         if len(row) <= col["phase"] or row[col["phase"]] != "decode":
+            continue
+        if first > 1 and column(row, "token", line) < first:
             continue
         ms.append(column(row, "wall_ms", line))
         read.append(column(row, "read_bytes", line))

@@ -40,6 +40,7 @@ class TableSpec:
     slice_bytes: int
     cores: int
     extended: bool = False
+    warm_from: int = 1  # the figures over decode tokens numbered this and later (--warm-from)
 
 
 def make_table(d, spec, csv_path="", title_suffix=""):
@@ -56,11 +57,13 @@ def make_table(d, spec, csv_path="", title_suffix=""):
         if reference:
             break
     load = f", {spec.load} busy processes beside every run" if spec.load else ""
+    warm = (f"; figures over decode tokens {spec.warm_from}-{spec.decode} of every run (hit% the run's own)"
+            if spec.warm_from > 1 else "")
     # The configuration column as wide as its longest name (all-oracle-pool is 15).
     config_width = max([12] + [len(c) for c in spec.configs])
     widths = TEXT_WIDTHS[:2] + (-config_width,) + TEXT_WIDTHS[3:]
     lines = [f"memlab ({spec.preset}): {spec.model}, {spec.size_mib} MiB; {spec.tokens} prompt + {spec.decode} decode "
-             f"tokens, {spec.threads} threads ({spec.openmp}){load}; {spec.machine}{title_suffix}",
+             f"tokens, {spec.threads} threads ({spec.openmp}){load}; {spec.machine}{title_suffix}{warm}",
              text_row(TEXT_COLUMNS, widths)]
     columns = CSV_COLUMNS + (CSV_EXTENDED if spec.extended else ())
     csv_lines = [",".join(columns)]
@@ -71,7 +74,7 @@ def make_table(d, spec, csv_path="", title_suffix=""):
     for ratio in spec.ratios:
         path = os.path.join(d, f"{rundir.cell(ratio, 'resident')}.csv")
         if os.path.isfile(path):
-            resident = stats.resident_ms(stats.summarize_tokens(path))
+            resident = stats.resident_ms(stats.summarize_tokens(path, spec.warm_from))
             break
     if bw or resident:
         lines.append(f"roofline: the disk's best cold bandwidth at the expert slice ({spec.slice_bytes // 1024} KiB) "
@@ -90,7 +93,7 @@ def make_table(d, spec, csv_path="", title_suffix=""):
                 lines.append(f"{ratio:<6} {lim:<6} {config:<{config_width}} {'-':>9}   ({status}: see {name}.log)")
                 csv_lines.append(f"{ratio},{config},,,,,,,,no,," + (f",,{status},,,," if spec.extended else ""))
                 continue
-            s = stats.summarize_tokens(per_token)
+            s = stats.summarize_tokens(per_token, spec.warm_from)
             hit = rundir.read_text(os.path.join(d, f"{name}.hit")) or s.hit_pct  # pooled rounds: their mean
             peak = rundir.read_text(os.path.join(d, f"{name}.peak"), "-")
             dg = rundir.digest(os.path.join(d, f"{name}.log"))

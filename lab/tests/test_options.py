@@ -45,6 +45,9 @@ class Options(unittest.TestCase):
                 (["--degrade-to", "100"], "--degrade-to: '100'; expected the percentage"),
                 (["--csv"], "--csv needs FILE"),
                 (["--fast"], "unknown argument '--fast' (see --help)"),
+                (["--warm-from", "0"], "--warm-from: '0'; expected a whole number of a decode token, at least 1"),
+                (["--quick", "--warm-from", "17"], "--warm-from: '17'; expected a decode token from 1 to 16 "
+                                                   "(--decode)"),
                 (["--table-only", "/tmp", "--rounds", "2"], "--table-only: one round only")):
             with self.subTest(argv=argv):
                 got = refusal(argv)

@@ -1,6 +1,9 @@
 """The table and the rounds' pooling against what the former bash lab printed for the
 same run directories (data/: two fixture runs, data/expected: scripts/memlab.sh's make_table
-and pooling at commit 5181162, byte for byte), and the pooled files against their twins."""
+and pooling at commit 5181162, byte for byte, but for one.txt's configuration column, since widened
+to its longest name), and the pooled files against their twins."""
+
+import dataclasses
 
 import os
 import shutil
@@ -86,6 +89,31 @@ class Table(unittest.TestCase):
                     total += float(f[2])
         row = [r for r in read(csv).split("\n") if r.startswith("2,all,")][0]
         self.assertEqual(row.split(",")[2], "%.3f" % (n / (total / 1000)))
+
+    def test_warm_from(self):
+        """--warm-from W: a pooled cell's figures over each round's decode tokens W and later (the
+        token column restarts every round), against the rows summed by hand; the title says so."""
+        d = self.copy("run-rounds")
+        ratios, configs = ["2"], ["mmap", "all", "all-serial", "all-pool"]
+        rundir.pool_rounds(d, 2, ratios, configs)
+        warm = dataclasses.replace(spec(ratios, configs), warm_from=9)
+        csv = os.path.join(self.tmp, "warm.csv")
+        text = make_table(d, warm, csv)
+        self.assertIn("; figures over decode tokens 9-16 of every run (hit% the run's own)", text.split("\n")[0])
+        for config in ("mmap", "all", "all-pool"):
+            ms, read_bytes = [], 0.0
+            for k in (1, 2):
+                for line in read(os.path.join(d, f"round-{k}", f"r2-{config}.csv")).strip().split("\n")[1:]:
+                    f = line.split(",")
+                    if f[1] == "decode" and int(f[0]) >= 9:
+                        ms.append(float(f[2]))
+                        read_bytes += float(f[5])
+            self.assertEqual(len(ms), 8, config)  # the fixture runs decode 12 tokens: 9-12 in each round
+            row = [r for r in read(csv).split("\n") if r.startswith(f"2,{config},")][0].split(",")
+            self.assertEqual(row[2], "%.3f" % (len(ms) / (sum(ms) / 1000)), config)
+            self.assertEqual(row[5], "%.2f" % (read_bytes / len(ms) / 1048576), config)
+            self.assertNotEqual(row[2], [r for r in read(os.path.join(DATA, "expected", "rounds.csv")).split("\n")
+                                         if r.startswith(f"2,{config},")][0].split(",")[2], config)
 
     def test_text_and_csv_say_the_same(self):
         d = self.copy("run-one")
