@@ -7,7 +7,7 @@
 ///   llama_context_params cp = llama_context_default_params();
 ///   obs.install(cp);
 ///   llama_context* ctx = llama_init_from_model(model, cp);
-///   auto res = mrl::make_residency_manager("lru", obs, path);   // residency_options{}: every part
+///   auto res = mrl::make_residency_manager("lru", obs, path);   // residency_options{}: dense, exact, cache
 ///   mrl::start(ctx, obs, *res);   // warm-up, structure, activation; then the manager is the sink
 ///
 /// `warm_up` alone is the first half, for a caller that only observes.
