@@ -367,6 +367,30 @@ if(TARGET moe_residency_cli)
   moe_residency_cli_test(lab_predict_pairs_csv "${_mr_lab}|--pairs|exact-l1:exact-l2|--noise|20|--format|csv"
     "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,measured_verdict,predicted_verdict,noise_pct\nexact-l1,exact-l2,1\\.0000,0\\.[0-9]+,-[0-9.]+,no,no,within noise,within noise,20\\.00\n"
     "${_mr_g}")
+  # The real-routing lab's configurations (lab/memlab.sh --shape-from): mmap-128k in the fault
+  # model, exact-cache at two lanes (one by its label), the oracle in the page cache and in the
+  # pool; the same stand-in metrics. A pool without a budget is refused, naming it.
+  file(WRITE "${_mr_b}/ab-cells-trace.csv"
+    "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics,lanes,label\n"
+    "2,mmap-128k,6000,0,100,${_mr_t}/gptoss.metrics.csv\n"
+    "2,exact-cache,6000,1500,100,${_mr_t}/gptoss.metrics.csv\n"
+    "2,exact-cache,6000,1500,100,${_mr_t}/gptoss.metrics.csv,1,exact-cache-l1@2\n"
+    "2,all-oracle,6000,1500,88.6,${_mr_t}/gptoss.metrics.csv\n"
+    "2,all-oracle-pool,6000,1500,88.6,${_mr_t}/gptoss.metrics.csv\n")
+  file(WRITE "${_mr_b}/ab-cells-pool0.csv"
+    "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n"
+    "2,exact-cache,6000,1500,100,${_mr_t}/gptoss.metrics.csv\n"
+    "2,all-oracle-pool,6000,0,88.6,${_mr_t}/gptoss.metrics.csv\n")
+  moe_residency_cli_test(lab_predict_trace_configs
+    "lab-predict|--trace|${_mr_g}|--curve|1:1809.9,2:2459.8,4:2457.9,8:2420|--cells|${_mr_b}/ab-cells-trace.csv|--fit|exact-cache@2|--free|compute,bandwidth|--pairs|exact-cache-l1@2:exact-cache@2,all-oracle@2:all-oracle-pool@2,mmap-128k@2:exact-cache@2"
+    "\n2 +mmap-128k +faults +0\\.503 @@\n2 +exact-cache +lanes +0\\.503 +0\\.503 @@\\(the calibration run\\)\n2 +exact-cache-l1@2 +lanes @@\n2 +all-oracle +lanes @@\n2 +all-oracle-pool +lanes @@A/B pairs@@\nexact-cache-l1@2 +exact-cache@2 +1\\.000 @@\nall-oracle@2 +all-oracle-pool@2 +1\\.000 @@\nmmap-128k@2 +exact-cache@2 +1\\.000 @@\n[0-3] of 3 measured pairs"
+    "${_mr_g}")
+  moe_residency_cli_error_test(lab_predict_pool_budget
+    "lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|${_mr_b}/ab-cells-pool0.csv|--fit|exact-cache@2"
+    "moe-residency: lab configuration all-oracle-pool: budget 0\\.000000 MiB; expected the pool's budget > 0" "${_mr_g}" "")
+  moe_residency_cli_error_test(lab_predict_dense_below_trace
+    "lab-predict|--trace|${_mr_g}|--curve|1:100|--cells|${_mr_b}/ab-cells-trace.csv|--fit|exact-cache@2|--dense-mib|100"
+    "moe-residency: --dense-mib: 100\\.000000 MiB is below the trace's own dense bytes \\(789\\.[0-9]+ MiB\\); expected the model file's dense bytes" "${_mr_g}" "")
   moe_residency_cli_error_test(lab_predict_pairs_unknown "${_mr_lab}|--pairs|exact-l1:exact-l4"
     "moe-residency: --pairs: 'exact-l1:exact-l4': no cell exact-l4 in --cells; expected the ids of listed cells" "${_mr_g}" "")
   moe_residency_cli_error_test(lab_predict_fit_unknown

@@ -113,11 +113,17 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
                          doctest::Contains("cells.csv: line 3, lanes: '0'"), error);
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,2,a b"), "cells.csv"),
                          "cells.csv: line 3, label: 'a b'; expected letters, digits and ._@+- only", error);
+    CHECK_THROWS_WITH_AS(
+        parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,2," + std::string(65, 'x')), "cells.csv"),
+        "cells.csv: line 3, label: 65 characters; expected at most 64", error);
+    CHECK(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,2," + std::string(64, 'x')), "cells.csv")[1].label ==
+          std::string(64, 'x'));
   }
   SUBCASE("an unknown configuration") {
     CHECK_THROWS_WITH_AS(parse_lab_cells(cells_with("2.5,turbo,563,141,87.1,m.csv"), "cells.csv"),
                          "cells.csv: line 3, config: lab configuration 'turbo'; expected mmap, observer, dense, exact, "
-                         "predicted, cache, all, degraded or resident",
+                         "predicted, cache, all, degraded, resident, mmap-128k, exact-cache, all-oracle or "
+                         "all-oracle-pool",
                          error);
   }
   SUBCASE("a number that is not one, negative, not finite, or a percentage above 100") {

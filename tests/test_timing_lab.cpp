@@ -112,6 +112,94 @@ TEST_CASE("each lab configuration maps to its model, by hand") {
                        doctest::Contains("lab configuration 'resident-all'; expected"), error);
 }
 
+TEST_CASE("the real-routing lab's configurations map to their models, by hand") {
+  lab_setup s = quick_setup(563);
+  s.stale_gate_pct = 88.6;  // the trace oracle's accuracy, as the cells file gives it for the oracle cells
+  // exact-cache: all's mapping without speculation: the union LRU, lanes, the cache's misses pinned on them.
+  lab_mapping m = map_lab_config(lab_config::exact_cache, s);
+  CHECK(m.kind == lab_model_kind::lanes);
+  CHECK(m.cache_mib == doctest::Approx(386.75));
+  CHECK(m.lanes == 2);
+  CHECK(m.pinned_mib == 140);
+  CHECK(m.pins_on_lanes);
+  CHECK_FALSE(m.requests_routed);
+  CHECK_FALSE(m.reads_inline);
+  CHECK(m.speculation.source == speculation_source::none);
+  const lab_mapping all = map_lab_config(lab_config::all, s);
+  CHECK(all.cache_mib == m.cache_mib);
+  CHECK(all.pinned_mib == m.pinned_mib);
+  CHECK(all.pins_on_lanes == m.pins_on_lanes);
+  // its lanes are the cell's (the cells file's lanes field: exact-cache-l1, -l4).
+  s.lanes = 4;
+  CHECK(map_lab_config(lab_config::exact_cache, s).lanes == 4);
+  s.lanes = 2;
+  // all-oracle: the same plus the oracle at the cell's accuracy, spec_cap of the next layer.
+  m = map_lab_config(lab_config::all_oracle, s);
+  CHECK(m.cache_mib == doctest::Approx(386.75));
+  CHECK(m.speculation.source == speculation_source::oracle);
+  CHECK(m.speculation.oracle_p == doctest::Approx(0.886));
+  CHECK(m.speculation.cap == 2);
+  CHECK(m.speculation.horizon == 1);
+  // all-oracle-pool: an LRU of the pool's budget alone, the oracle's top 8 placed ahead.
+  m = map_lab_config(lab_config::all_oracle_pool, s);
+  CHECK(m.kind == lab_model_kind::lanes);
+  CHECK(m.cache_mib == 140);
+  CHECK(m.pinned_mib == 140);
+  CHECK(m.speculation.cap == 8);
+  CHECK(m.speculation.oracle_p == doctest::Approx(0.886));
+  CHECK_FALSE(m.prompt_cached);  // the pool starts empty: the prompt's reads went to the page cache
+  CHECK(map_lab_config(lab_config::all_oracle, s).prompt_cached);
+  lab_setup no_budget = s;
+  no_budget.budget_mib = 0;
+  CHECK_THROWS_WITH_AS(map_lab_config(lab_config::all_oracle_pool, no_budget),
+                       doctest::Contains("budget 0.000000 MiB; expected the pool's budget > 0"), error);
+  lab_setup too_big = s;
+  too_big.budget_mib = 400;
+  CHECK_THROWS_WITH_AS(map_lab_config(lab_config::all_oracle_pool, too_big),
+                       doctest::Contains("budget 400.000000 MiB above the 386.750000 MiB"), error);
+  // mmap-128k: mmap's fault model at a 256 KiB window, which the fault walk (at the device's) does not price.
+  m = map_lab_config(lab_config::mmap_128k, s);
+  CHECK(m.kind == lab_model_kind::faults);
+  CHECK(m.cache_mib == doctest::Approx(499));
+  CHECK(m.readaround_mib == doctest::Approx(0.25));
+  CHECK_FALSE(m.walk_applies);
+  CHECK(map_lab_config(lab_config::mmap, s).readaround_mib == doctest::Approx(16));
+  // The file's dense bytes outside the trace's layers (lab-predict --dense-mib) leave a fault
+  // cell's page cache smaller; a lanes cell's is already net of all dense bytes.
+  lab_setup file = s;
+  file.dense_mib = 112.25 + 40;
+  file.unlaid_dense_mib = 40;
+  CHECK(map_lab_config(lab_config::mmap_128k, file).cache_mib == doctest::Approx(499 - 40));
+  CHECK(map_lab_config(lab_config::dense, file).cache_mib == doctest::Approx(499 - 152.25));
+  CHECK(map_lab_config(lab_config::exact_cache, file).cache_mib == doctest::Approx(386.75 - 40));
+  CHECK(map_lab_config(lab_config::mmap, s).walk_applies);
+  for (const char* name : {"mmap-128k", "exact-cache", "all-oracle", "all-oracle-pool"})
+    CHECK(std::string(to_string(parse_lab_config(name))) == name);
+}
+
+TEST_CASE("the pool starts empty at decode: an expert the prompt read is read again, by hand") {
+  // One layer of 4 experts (three one-page slices each), k = 1: the prompt routes expert 0,
+  // decode tokens 0 and 1 route 0 again. In the page cache (exact-cache) the prompt's read
+  // serves both; the pool reads expert 0 at decode token 0, then holds it.
+  const route_trace t = toy_trace(1, 4, 1, {0}, {{{0}}, {{0}}});
+  lab_setup s;
+  s.limit_mib = 1, s.overhead_mib = 0, s.dense_mib = 0, s.budget_mib = 0.5, s.stale_gate_pct = 100;
+  timing_params p;
+  p.curve = storage_curve::parse_list("1:100");
+  p.compute_ms_per_token = 10, p.overlap = 0, p.read_latency_ms = 0;
+  const lab_prediction page_cache = predict_lab(t, lab_config::exact_cache, s, p);
+  const lab_prediction pool = predict_lab(t, lab_config::all_oracle_pool, s, p);
+  REQUIRE(page_cache.loads.size() == 2);
+  REQUIRE(pool.loads.size() == 2);
+  CHECK(page_cache.loads[0].misses == 0);
+  CHECK(pool.loads[0].misses == 1);
+  CHECK(pool.loads[0].demanded_bytes == 3 * page);
+  CHECK(pool.loads[1].misses == 0);
+  // 12 KiB at 100 MiB/s more at decode token 0; the same token after.
+  CHECK(pool.tokens[0].wall_ms - page_cache.tokens[0].wall_ms == doctest::Approx(1000.0 * 3 * page / 1048576 / 100));
+  CHECK(pool.tokens[1].wall_ms == doctest::Approx(page_cache.tokens[1].wall_ms));
+}
+
 TEST_CASE("the read-around page cache: a fault reads the window around it, the LRU evicts") {
   readaround_page_cache pc(100, 6, 4);
   std::uint64_t read = 0;
@@ -284,6 +372,12 @@ TEST_CASE("the fault path measured in the cell's shape: a fault cell's reads at 
   lab_setup plain = s;
   plain.fault_walk_off_cpu_ms_per_mib = plain.fault_walk_sys_ms_per_mib = 0;
   CHECK(predict_lab(t, lab_config::mmap, plain, p).tokens[0].wall_ms ==
+        doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / 400.0) + 7 * mib));
+  // mmap-128k ignores the walk (measured at the device's read-ahead): its reads are the curve's, as
+  // mmap's without the walk, at its own window (one page here, as the case's mmap).
+  lab_setup small = s;
+  small.readaround_128k_mib = s.readaround_mib;
+  CHECK(predict_lab(t, lab_config::mmap_128k, small, p).tokens[0].wall_ms ==
         doctest::Approx(3 * (0.5 + 1000.0 * 4096.0 / 1048576.0 / 400.0) + 7 * mib));
   // A lanes cell ignores the walk: its reads are the manager's.
   lab_setup lanes = quick_setup(563);

@@ -41,6 +41,7 @@ struct lab_args {
   std::string pairs;               // A:B,C:D (cell ids)
   double noise = -1;               // the verdicts' band, %; < 0: measured, else 5 assumed
   double overhead_mib = 64, readaround_mib = 16;
+  double dense_mib = 0;  // the model file's dense bytes; 0: the trace header's
   std::size_t lanes = 2, spec_cap = 2;
   std::string free = "compute,bandwidth,kernel";
   double overlap = 0;
@@ -140,13 +141,18 @@ void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
                  const std::map<std::string, std::pair<double, double>>& tok, const std::map<std::string, double>& band,
                  const lab_args& a) {
   char buf[400];
+  // The ids' columns as wide as the longest id (all-oracle-pool@1.5 is 19), at least 12.
+  int w = 12;
+  for (const auto& [x, y] : pairs) w = std::max({w, static_cast<int>(x.size()), static_cast<int>(y.size())});
+  w = std::min(w, 64);  // ids are the cells file's labels: bounded for the buffer
   if (a.format == "csv")
     std::cout << "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,"
                  "measured_verdict,predicted_verdict,noise_pct\n";
-  else
-    std::cout
-        << "\nA/B pairs: B's decode time over A's (> 1: B slower), measured and predicted\n"
-        << "A            B              meas x  pred x  x err %  sign  <=10  measured      predicted     band %\n";
+  else {
+    std::snprintf(buf, sizeof buf, "%-*s %-*s %8s %7s %8s  %-4s  %-4s  %-12s  %-12s  %5s\n", w, "A", w, "B", "meas x",
+                  "pred x", "x err %", "sign", "<=10", "measured", "predicted", "band %");
+    std::cout << "\nA/B pairs: B's decode time over A's (> 1: B slower), measured and predicted\n" << buf;
+  }
   std::size_t right = 0, within = 0, judged = 0;
   for (const auto& [x, y] : pairs) {
     const auto& [mx, px] = tok.at(x);
@@ -173,7 +179,7 @@ void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
                     pv.ratio, err, measured ? (sign ? "yes" : "no") : "-", measured ? (close ? "yes" : "no") : "-", ms,
                     to_string(pv.verdict), noise);
     else
-      std::snprintf(buf, sizeof buf, "%-12s %-12s %8.3f %7.3f %+8.1f  %-4s  %-4s  %-12s  %-12s  %5.1f\n", x.c_str(),
+      std::snprintf(buf, sizeof buf, "%-*s %-*s %8.3f %7.3f %+8.1f  %-4s  %-4s  %-12s  %-12s  %5.1f\n", w, x.c_str(), w,
                     y.c_str(), mv.ratio, pv.ratio, err, measured ? (sign ? "yes" : "NO") : "-",
                     measured ? (close ? "yes" : "no") : "-", ms, to_string(pv.verdict), noise);
     std::cout << buf;
@@ -191,7 +197,15 @@ void run(const lab_args& a) {
   double dense = 0;
   for (std::uint64_t b : trace.header.dense_bytes) dense += to_mib(b);
   std::vector<cell> cells = read_cells(a.cells, a);
-  for (cell& c : cells) c.setup.dense_mib = dense;
+  // The file's dense bytes: the trace's layers', or what a run of the model says the manager locks.
+  const double laid = dense;
+  if (a.dense_mib > 0) {
+    if (a.dense_mib < laid)
+      throw error("--dense-mib: " + std::to_string(a.dense_mib) + " MiB is below the trace's own dense bytes (" +
+                  std::to_string(laid) + " MiB); expected the model file's dense bytes, the trace's layers included");
+    dense = a.dense_mib;
+  }
+  for (cell& c : cells) c.setup.dense_mib = dense, c.setup.unlaid_dense_mib = dense - laid;
   // --pairs, checked against the cells before the work.
   std::vector<std::pair<std::string, std::string>> pairs;
   if (!a.pairs.empty())
@@ -276,7 +290,8 @@ void run(const lab_args& a) {
     const std::vector<fault_walk_row> rows = walk_rows(a.fault_walk, "--fault-walk", parse_fault_walk);
     for (cell& c : cells) {
       const lab_mapping m = map_lab_config(c.config, c.setup);
-      if (m.kind != lab_model_kind::faults || &c == fit) continue;
+      // Not mmap-128k: the walk runs at the device's own read-ahead.
+      if (m.kind != lab_model_kind::faults || !m.walk_applies || &c == fit) continue;
       ++fault_cells;
       if (apply_fault_walk(rows, c.setup.limit_mib, m.dense_pinned, c.setup)) ++walked;
     }
@@ -306,9 +321,17 @@ void run(const lab_args& a) {
   const timing_params& fitted = cr.params;
 
   char buf[512];
+  // A cell's name in the table: its configuration, or its label where it has one (one
+  // configuration may then appear twice at a ratio); the column as wide as the longest (at most 40).
+  const auto table_name = [](const cell& c) {
+    return c.id == std::string(to_string(c.config)) + "@" + c.ratio ? std::string(to_string(c.config)) : c.id;
+  };
+  int name_w = 10;
+  for (const cell& c : cells)
+    name_w = std::max(name_w, static_cast<int>(std::min<std::size_t>(40, table_name(c).size())));
   if (a.format == "csv")
     std::cout << "ratio,config,model,measured_tok_s,predicted_tok_s,err_pct,within_15,predicted_mib_per_token,"
-                 "measured_mib_per_token,fit\n";
+                 "measured_mib_per_token,fit,cell\n";
   else {
     std::cout << "lab-predict: calibrated on " << a.fit << " (" << fm.size() << " decode tokens"
               << (fit_runs > 1 ? " of " + std::to_string(fit_runs) + " runs" : std::string()) << ", all fitted; "
@@ -317,8 +340,13 @@ void run(const lab_args& a) {
     for (const std::string& b : params_on_bound(cr))
       std::cout << "lab-predict: warning: " << b << " ended on a bound of its range: " << a.fit
                 << " does not determine it (its tokens read too alike); try another --fit or --free\n";
-    std::snprintf(buf, sizeof buf, "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (from the trace)\n",
-                  a.overhead_mib, a.readaround_mib, dense);
+    if (a.dense_mib > 0)
+      std::snprintf(buf, sizeof buf,
+                    "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (--dense-mib; the trace's layers %.1f)\n",
+                    a.overhead_mib, a.readaround_mib, dense, laid);
+    else
+      std::snprintf(buf, sizeof buf, "overhead %.0f MiB, read-around %.0f MiB, dense %.1f MiB (from the trace)\n",
+                    a.overhead_mib, a.readaround_mib, dense);
     std::cout << buf;
     if (!a.fault_walk.empty()) {
       std::snprintf(buf, sizeof buf,
@@ -345,7 +373,7 @@ void run(const lab_args& a) {
           mc.cache_extra_ms, mc.pins_per_token, a.manager_budget, mc.pin_ms, mc.pin_sys_ms, mc.pin_user_ms);
       std::cout << buf;
     }
-    std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9s %9s %8s %4s %10s %10s\n", "ratio", "config", "model",
+    std::snprintf(buf, sizeof buf, "%-6s %-*s %-8s %9s %9s %8s %4s %10s %10s\n", "ratio", name_w, "config", "model",
                   "meas_tok/s", "pred_tok/s", "err%", "<=15", "pred_MiB/t", "meas_MiB/t");
     std::cout << buf;
   }
@@ -368,15 +396,14 @@ void run(const lab_args& a) {
     const double err = 100.0 * (pred - meas) / meas;
     const bool is_fit = &c == fit;
     const double pmib = p.summary.demanded_mib_per_token + p.summary.speculative_mib_per_token;
-    // A labelled cell by its label (one configuration may then appear twice at a ratio).
-    const std::string name = c.id == std::string(to_string(c.config)) + "@" + c.ratio ? to_string(c.config) : c.id;
+    const std::string name = table_name(c);
     if (a.format == "csv") {
-      std::snprintf(buf, sizeof buf, "%s,%s,%s,%.3f,%.3f,%.1f,%s,%.2f,%.2f,%s\n", c.ratio.c_str(), to_string(c.config),
-                    to_string(p.mapping.kind), meas, pred, err,
+      std::snprintf(buf, sizeof buf, "%s,%s,%s,%.3f,%.3f,%.1f,%s,%.2f,%.2f,%s,%s\n", c.ratio.c_str(),
+                    to_string(c.config), to_string(p.mapping.kind), meas, pred, err,
                     std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-", pmib, meas_mib,
-                    is_fit ? "yes" : "no");
+                    is_fit ? "yes" : "no", c.id.c_str());
     } else {
-      std::snprintf(buf, sizeof buf, "%-6s %-10s %-8s %9.3f %9.3f %+8.1f %4s %10.1f %10.1f%s\n", c.ratio.c_str(),
+      std::snprintf(buf, sizeof buf, "%-6s %-*s %-8s %9.3f %9.3f %+8.1f %4s %10.1f %10.1f%s\n", c.ratio.c_str(), name_w,
                     name.c_str(), to_string(p.mapping.kind), meas, pred, err,
                     std::isfinite(err) ? (std::abs(err) <= 15 ? "yes" : "no") : "-", pmib, meas_mib,
                     is_fit ? "  (the calibration run)" : "");
@@ -410,6 +437,10 @@ const moe_residency_cli::command_registrar reg{
       sub.add_option("--overhead-mib", a->overhead_mib, "the cgroup's memory besides the model's pages (assumed)")
           ->check(moe_residency_cli::non_negative())
           ->capture_default_str();
+      sub.add_option("--dense-mib", a->dense_mib,
+                     "the model file's dense bytes, MiB, where a run says them (the manager's 'dense N MiB'): the "
+                     "token embedding and output besides the trace's layers (default: the trace header's)")
+          ->check(moe_residency_cli::positive());
       sub.add_option("--readaround-mib", a->readaround_mib, "a fault's read-around window")
           ->check(moe_residency_cli::non_negative())
           ->capture_default_str();

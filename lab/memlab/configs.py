@@ -60,6 +60,10 @@ CONFIGS = (
            "all-pool with degraded's share of wrong predictions", degraded=True),
     Config("exact-cache", _manager("dense,exact,cache"),
            "dense, exact and the cache, no predicted reads: what the manager does without a predictor"),
+    Config("exact-cache-l1", _manager("dense,exact,cache") + ("--lanes", "1"),
+           "exact-cache on one read lane (the others have 2): lanes as a lever"),
+    Config("exact-cache-l4", _manager("dense,exact,cache") + ("--lanes", "4"),
+           "exact-cache on four read lanes"),
     Config("all-oracle", _manager("all") + ("--predictor", ORACLE),
            f"every part, the predicted reads from the trace's next layer at {REAL_STALE_GATE_PCT}% of slots "
            "(the trace oracle; --route-from)", needs_route=True),

@@ -18,14 +18,22 @@ import subprocess
 import sys
 import tempfile
 
+from . import configs as cfg
 from . import rundir, stats
 from .log import die, log
 from .tools import REPO
 
-# The configurations lab-predict models (docs/lab-predict.md, "The mapping").
-MODELLED = ("mmap", "observer", "dense", "exact", "predicted", "cache", "all", "degraded", "resident")
+# The configurations lab-predict models (docs/lab-predict.md, "The mapping"), and the lab's
+# configurations that are one of them at other read lanes (the cells file's lanes and label).
+MODELLED = ("mmap", "observer", "dense", "exact", "predicted", "cache", "all", "degraded", "resident", "mmap-128k",
+            "exact-cache", "all-oracle", "all-oracle-pool")
+AT_LANES = {"exact-cache-l1": ("exact-cache", "1"), "exact-cache-l4": ("exact-cache", "4")}
+# The trace oracle's cells: their predicted reads' accuracy is the oracle's, not an observer's stale-gate.
+ORACLE_CONFIGS = ("all-oracle", "all-oracle-pool")
 _RESIDENCY_CACHE = re.compile(r"^residency: .*cache [a-z]* ([0-9.]*) MiB")
 _MODEL = re.compile(r"^memlab \([a-z]*\): ([^,;]*)[,;]")  # the model file; a forced routing follows after ";"
+_PRESET = re.compile(r"^memlab \(([a-z]*)\): ")
+_DENSE = re.compile(r"^residency budget: .* - dense ([0-9.]+) MiB - ")  # what the manager locks as dense
 
 OPTIONS = {  # flag -> (dest, what a value is; None: a flag)
     "--fit": ("fit", "CONFIG@RATIO"), "--tool": ("tool", "a path"), "--format": ("format", "table or csv"),
@@ -36,17 +44,20 @@ OPTIONS = {  # flag -> (dest, what a value is; None: a flag)
     "--fault-walk": ("walk", "a comma list of files"), "--no-fault-walk": ("no_walk", None),
     "--inline-walk": ("iwalk", "a comma list of files"), "--no-inline-walk": ("no_inline", None),
     "--fault-bandwidth-scale": ("fault_scale", "a factor"),
+    "--pairs": ("pairs", "ab or a comma list of A:B cell pairs"), "--noise": ("noise", "a percentage"),
 }
 
 HELP = __doc__ + """
 Options:
-  --fit C@R          the calibration cell (default exact@2.5)
+  --fit C@R          the calibration cell (default exact@2.5; a real-routing run's, --shape-from:
+                     exact-cache@2)
   --tool PATH        moe-residency (default: build/llama-cpp/bin, build/release/bin, build/debug/bin)
   --format F         table (default) or csv
   --overhead-mib N   memory of the cgroup besides the model's pages (default 64; assumed)
   --readaround-mib N a fault's read-around window (default: read_ahead_kb x 2 of the model's disk / 1024)
   --trace FILE       the route trace to use
-  --budget B         the cache budget of the runs: MiB or a share like 25% (default 25%)
+  --budget B         the cache budget of the runs: MiB, a share like 25%, or auto: each cell's own, from
+                     its log's residency line (default 25%; a real-routing run's: auto)
   --free LIST        the parameters fitted (default compute,bandwidth,kernel; see lab-predict --help)
   --fit-run DIR[,DIR...]
                      calibrate on the --fit cell of OTHER runs of the same preset (their metrics and
@@ -66,11 +77,17 @@ Options:
   --inline-walk LIST inline-walk.csv files for the cache cells (default: as for the fault walk)
   --no-inline-walk   leave it out
   --no-manager-cost  leave the manager's own cost (resident-all, manager-exact, manager-cache) out
+  --pairs LIST       A/B pairs of cells, A:B,... (CONFIG@RATIO, or NAME@RATIO for exact-cache-l1 and -l4):
+                     each pair's measured and predicted time ratio, verdicts, sign and 10% (lab-predict
+                     --pairs); `ab`: the real-routing lab's pairs at every ratio the run has (prediction
+                     off against on, lanes 1 against 2 against 4, each budget against the next ratio's,
+                     the pool against the page cache, stock mmap-128k against exact-cache)
+  --noise PCT        the pairs' noise band (default: each pair's larger measured band)
 """
 
 
 def parse(argv):
-    a = {"fit": "exact@2.5", "format": "table", "overhead": "64", "budget": "25%"}
+    a = {"format": "table", "overhead": "64"}
     d = None
     i = 0
     while i < len(argv):
@@ -99,7 +116,35 @@ def parse(argv):
         die(f"RUNS_DIR: '{d or ''}' is not a directory (a run of the memory lab)")
     if a["format"] not in ("table", "csv"):
         die(f"--format: '{a['format']}'; expected table or csv")
+    if "noise" in a and not re.fullmatch(r"[0-9]+(\.[0-9]+)?", a["noise"]):
+        die(f"--noise: '{a['noise']}'; expected a percentage like 5")
     return d, a
+
+
+def cell_rows(cells):
+    """(id, metrics) of every cell of a cells file: the id its label, else CONFIG@RATIO."""
+    out = []
+    for line in cells.strip().split("\n")[1:]:
+        f = line.split(",")
+        label = f[7] if len(f) > 7 else ""
+        out.append((label or f"{f[1]}@{f[0]}", f[5]))
+    return out
+
+
+def ab_pairs(cells):
+    """The real-routing lab's A/B pairs (issue 51) among the cells of a cells file, in the
+    order of the ratios: prediction off against on, lanes 1 against 2 and 2 against 4, the
+    pool against the page cache, stock against the manager, then each ratio's budget against
+    the next ratio's (exact-cache). Only pairs whose cells are both listed."""
+    ids = [i for i, _ in cell_rows(cells)]
+    ratios = sorted({i.rpartition("@")[2] for i in ids}, key=float)
+    out = []
+    for r in ratios:
+        for x, y in (("exact-cache", "all-oracle"), ("exact-cache-l1", "exact-cache"), ("exact-cache", "exact-cache-l4"),
+                     ("all-oracle", "all-oracle-pool"), ("mmap-128k", "exact-cache")):
+            out.append((f"{x}@{r}", f"{y}@{r}"))
+    out += [(f"exact-cache@{r}", f"exact-cache@{n}") for r, n in zip(ratios, ratios[1:])]
+    return ",".join(f"{x}:{y}" for x, y in out if x in ids and y in ids)
 
 
 def after_files(name, dirs):
@@ -175,6 +220,10 @@ def main(argv):
     if not os.path.isfile(model):
         die(f"the lab's model {model} is missing")
     size = os.stat(model).st_size
+    # A real-routing run (--shape-from): its cells' auto budgets, calibrated on exact-cache at ratio 2.
+    trace_run = rundir.first_match(os.path.join(d, "table.txt"), _PRESET) == "trace"
+    a.setdefault("fit", "exact-cache@2" if trace_run else "exact@2.5")
+    a.setdefault("budget", "auto" if trace_run else "25%")
 
     # The calibration runs: RUNS_DIR and the --pool runs, or --fit-run's list. The first of them
     # (src) gives the route trace and the stale-gate accuracy; the disk curve is the mean of theirs.
@@ -238,7 +287,9 @@ def main(argv):
     if not trace:
         for t in ([os.path.join(src, f"r{fit_ratio}-{fit_config}.route.csv"),
                    os.path.join(src, f"r{fit_ratio}-observer.route.csv")]
-                  + sorted(glob.glob(os.path.join(src, "r*-observer.route.csv")))):
+                  + sorted(glob.glob(os.path.join(src, "r*-observer.route.csv")))
+                  # routing is the same in every run: any cell's recorded trace (no observer in a real-routing run)
+                  + sorted(glob.glob(os.path.join(src, "r*.route.csv")))):
             if os.path.isfile(t):
                 trace = t
                 break
@@ -250,9 +301,20 @@ def main(argv):
         f.write(cells)
         cells_path = f.name
     try:
+        pairs = ab_pairs(cells) if a.get("pairs") == "ab" else a.get("pairs", "")
+        if a.get("pairs") == "ab" and not pairs:
+            die("--pairs ab: the run has none of the real-routing lab's pairs (exact-cache, all-oracle, ... at a ratio)")
         base = [tool, "lab-predict", "--trace", trace, "--curve", curve, "--cells", cells_path]
-        common = ["--overhead-mib", a["overhead"], "--readaround-mib", readaround]
+        # The model file's dense bytes as a manager run sized them (the trace's layers and the
+        # embedding and output), where one says them.
+        dense = ""
+        for log_file in sorted(glob.glob(os.path.join(src, "*.log"))):
+            dense = rundir.first_match(log_file, _DENSE)
+            if dense:
+                break
+        common = ["--overhead-mib", a["overhead"], "--readaround-mib", readaround] + (["--dense-mib", dense] if dense else [])
         tail = ((["--free", a["free"]] if a.get("free") else [])
+                + (["--pairs", pairs] if pairs else []) + (["--noise", a["noise"]] if a.get("noise") else [])
                 + (["--fault-bandwidth-scale", a["fault_scale"]] if a.get("fault_scale") else []) + mgr + walks_args)
         if a.get("sweep"):
             return sweep(cells, base, common, tail)
@@ -287,18 +349,20 @@ def cells_csv(d, src, preds, fits, size, budget, fit, fit_run):
     (its limit, budget, the observer's stale-gate accuracy, and the runs' metrics files)."""
     lines = ["ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics"]
     ratios = sorted({m.group(1) for m in (re.match(r"^r([0-9.]*)-.*\.status$", n) for n in os.listdir(d)) if m})
+    labelled = False
     for r in ratios:
         limit = "%.0f" % (size / float(r) / 1048576)
         b = budget
         if b.endswith("%"):
             b = "%.0f" % (float(limit) * float(b[:-1]) / 100)
         acc = rundir.stale_gate_pct(os.path.join(src, f"r{r}-observer.log")) or "100"
-        for c in MODELLED:
-            if not os.path.isfile(os.path.join(d, f"r{r}-{c}.status")):
+        for name in MODELLED + tuple(AT_LANES):
+            if not os.path.isfile(os.path.join(d, f"r{r}-{name}.status")):
                 continue
-            m = join_metrics(f"r{r}-{c}", preds)
-            if fit_run and f"{c}@{r}" == fit:  # the calibration cell is the other runs'
-                m = join_metrics(f"r{r}-{c}", fits)
+            c, lanes = AT_LANES.get(name, (name, ""))
+            m = join_metrics(f"r{r}-{name}", preds)
+            if fit_run and f"{name}@{r}" == fit:  # the calibration cell is the other runs'
+                m = join_metrics(f"r{r}-{name}", fits)
                 if not m:
                     die(f"--fit-run: no finished {fit} in {fit_run}")
             lim = limit
@@ -306,7 +370,17 @@ def cells_csv(d, src, preds, fits, size, budget, fit, fit_run):
                 lim = "0"
                 if any(",resident," in line for line in lines):
                     continue
-            lines.append(f"{r},{c},{lim},{b},{acc},{m}")
+            cb = b
+            if b == "auto":  # the budget the manager sized, from the cell's residency line (0: none)
+                cb = rundir.first_match(os.path.join(d, f"r{r}-{name}.log"), _RESIDENCY_CACHE) or "0"
+            cacc = "%g" % cfg.REAL_STALE_GATE_PCT if c in ORACLE_CONFIGS else acc
+            line = f"{r},{c},{lim},{cb},{cacc},{m}"
+            if name in AT_LANES:
+                line += f",{lanes},{name}@{r}"
+                labelled = True
+            lines.append(line)
+    if labelled:
+        lines[0] += ",lanes,label"
     return "\n".join(lines) + "\n"
 
 
@@ -314,14 +388,12 @@ def sweep(cells, base, common, tail):
     """Calibrated on every finished cell in turn: how many other cells are within 15%, and
     their median |error|."""
     print("fit_cell,within_15,other_cells,median_abs_err_pct")
-    for line in cells.strip().split("\n")[1:]:
-        r, c, _, _, _, m = line.split(",", 5)
+    for f, m in cell_rows(cells):
         if not m:
             continue
-        f = f"{c}@{r}"
         out = lab_predict(base + ["--fit", f] + common + ["--format", "csv"] + tail)
         errs = []
-        for row in out.strip().split("\n")[1:]:
+        for row in out.split("\n\n")[0].strip().split("\n")[1:]:  # the cells' table, not --pairs'
             x = row.split(",")
             if len(x) > 9 and x[9] == "no" and x[6] != "-":
                 errs.append(abs(stats.value(x[5])))
@@ -339,7 +411,7 @@ def repeats_table(predicted, d, reps, fmt):
         out.append("%-6s %-10s %-32s %9s %7s %9s %8s %5s %7s" % ("ratio", "config", "measured", "mean", "spread%",
                                                                "pred_tok/s", "err%", "<=15", "<=spr"))
     n = in15 = inspread = 0
-    for row in predicted.strip().split("\n")[1:]:
+    for row in predicted.split("\n\n")[0].strip().split("\n")[1:]:  # the cells' table, not --pairs'
         f = row.split(",")
         if len(f) < 10 or f[9] == "yes":
             continue

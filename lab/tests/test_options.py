@@ -30,7 +30,8 @@ class Options(unittest.TestCase):
                 (["--budget", "0"], "--budget: '0'; expected MiB > 0"),
                 (["--configs", "mmap,fast"], "--configs: 'fast'; expected mmap, mmap-128k, no-mmap, mlock, observer, "
                                              "dense, exact, predicted, cache, all, all-adaptive, all-serial, all-pool, "
-                                             "cache-pool, degraded, degraded-pool, exact-cache, all-oracle, "
+                                             "cache-pool, degraded, degraded-pool, exact-cache, exact-cache-l1, "
+                                             "exact-cache-l4, all-oracle, "
                                              "all-oracle-pool, all-perfect, resident, resident-all, "
                                              "manager-exact or manager-cache"),
                 (["--configs", "all-oracle"], "--configs: 'all-oracle' predicts from the trace's routing; expected "
@@ -121,6 +122,8 @@ class Configurations(unittest.TestCase):
             "degraded": "--residency all --residency-budget 141 --degrade 0.0564",
             "degraded-pool": "--residency all --residency-budget 141 --pool --spec-cap 8 --degrade 0.0564",
             "exact-cache": "--residency dense,exact,cache --residency-budget 141",
+            "exact-cache-l1": "--residency dense,exact,cache --residency-budget 141 --lanes 1",
+            "exact-cache-l4": "--residency dense,exact,cache --residency-budget 141 --lanes 4",
             "all-oracle": "--residency all --residency-budget 141 --predictor oracle:0.886",
             "all-oracle-pool": "--residency all --residency-budget 141 --pool --spec-cap 8 --predictor oracle:0.886",
             "all-perfect": "--residency all --residency-budget 141 --predictor oracle:1",

@@ -84,7 +84,7 @@ struct lab_cell {
 /// fields, an unknown configuration, an empty ratio, a ratio or metrics path
 /// holding a control character, a number that is not a
 /// finite number >= 0 (a percentage above 100), lanes outside 1 to 64, a label
-/// holding a character other than letters, digits and `._@+-`, a cell id (the
+/// longer than 64 or holding a character other than letters, digits and `._@+-`, a cell id (the
 /// label, else CONFIG@RATIO) listed twice, or a file with no cells.
 inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std::string& source) {
   std::vector<lab_cell> out;
@@ -122,6 +122,9 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
     c.stale_gate_pct = number(f[4], "stale_gate_pct", 100.0);
     c.metrics = f[5];
     if (!f[6].empty()) c.lanes = detail::parse_whole<std::size_t>(f[6], where + ", lanes", 1, 64);
+    // Bounded: a label is a column of lab-predict's tables.
+    if (f[7].size() > 64)
+      throw error(where + ", label: " + std::to_string(f[7].size()) + " characters; expected at most 64");
     for (char ch : f[7])
       if (!std::isalnum(static_cast<unsigned char>(ch)) && std::string("._@+-").find(ch) == std::string::npos)
         throw error(where + ", label: '" + f[7] + "'; expected letters, digits and ._@+- only");

@@ -77,7 +77,8 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     // What the device delivers to read-around need not be what it delivers to
     // the manager's lanes (the run history docs/lab-predict.md links, "The fault path's own bandwidth").
     p.bandwidth_scale = p.fault_scale();
-    if (s.fault_walk_off_cpu_ms_per_mib > 0) walked(s.fault_walk_off_cpu_ms_per_mib, s.fault_walk_sys_ms_per_mib);
+    if (out.mapping.walk_applies && s.fault_walk_off_cpu_ms_per_mib > 0)
+      walked(s.fault_walk_off_cpu_ms_per_mib, s.fault_walk_sys_ms_per_mib);
     // predicted: its reads share the device with the faults (equation 7);
     // each one made resident is a request of the manager (WILLNEED, POPULATE_READ).
     timing_simulator sim(trace.shape(), p);
@@ -88,7 +89,7 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
       set_manager_counts(x, out.mapping, 0);
       forward(x);
     };
-    out.loads = readaround_loads(trace, out.mapping, s.readaround_mib, 3, page_reclaim::two_list, obs);
+    out.loads = readaround_loads(trace, out.mapping, out.mapping.readaround_mib, 3, page_reclaim::two_list, obs);
     for (load_event& e : out.loads) set_manager_counts(e, out.mapping, 0);
     out.tokens = sim.tokens();
   } else {
@@ -114,6 +115,7 @@ inline lab_prediction predict_lab(const route_trace& trace, lab_config c, const 
     } else {
       o.budget_mib = out.mapping.cache_mib;
       o.speculation = out.mapping.speculation;
+      o.prefill_cached = out.mapping.prompt_cached;
       // The pinned cache's misses at each load (none without the cache).
       const std::optional<pinned_misses> pins =
           out.mapping.pinned_mib > 0 ? std::optional<pinned_misses>(std::in_place, trace, out.mapping.pinned_mib)

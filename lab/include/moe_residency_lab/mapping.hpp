@@ -16,8 +16,23 @@
 
 namespace moe_residency::lab {
 
-/// The lab's configurations (docs/memlab.md, "The configurations").
-enum class lab_config : std::uint8_t { mmap, observer, dense, exact, predicted, cache, all, degraded, resident };
+/// The lab's configurations (docs/memlab.md, "The configurations"). The last
+/// four are the real-routing lab's (lab/memlab/presets.py, TRACE_CONFIGS).
+enum class lab_config : std::uint8_t {
+  mmap,
+  observer,
+  dense,
+  exact,
+  predicted,
+  cache,
+  all,
+  degraded,
+  resident,
+  mmap_128k,
+  exact_cache,
+  all_oracle,
+  all_oracle_pool
+};
 
 inline const char* to_string(lab_config c) noexcept {
   switch (c) {
@@ -30,6 +45,10 @@ inline const char* to_string(lab_config c) noexcept {
     case lab_config::all: return "all";
     case lab_config::degraded: return "degraded";
     case lab_config::resident: return "resident";
+    case lab_config::mmap_128k: return "mmap-128k";
+    case lab_config::exact_cache: return "exact-cache";
+    case lab_config::all_oracle: return "all-oracle";
+    case lab_config::all_oracle_pool: return "all-oracle-pool";
   }
   return "?";
 }
@@ -38,23 +57,37 @@ inline const char* to_string(lab_config c) noexcept {
 inline lab_config parse_lab_config(const std::string& s) {
   for (lab_config c :
        {lab_config::mmap, lab_config::observer, lab_config::dense, lab_config::exact, lab_config::predicted,
-        lab_config::cache, lab_config::all, lab_config::degraded, lab_config::resident})
+        lab_config::cache, lab_config::all, lab_config::degraded, lab_config::resident, lab_config::mmap_128k,
+        lab_config::exact_cache, lab_config::all_oracle, lab_config::all_oracle_pool})
     if (s == to_string(c)) return c;
   throw error("lab configuration '" + s +
-              "'; expected mmap, observer, dense, exact, predicted, cache, all, degraded or resident");
+              "'; expected mmap, observer, dense, exact, predicted, cache, all, degraded, resident, mmap-128k, "
+              "exact-cache, all-oracle or all-oracle-pool");
 }
 
 /// What is known of one lab run before it runs.
 struct lab_setup {
-  double limit_mib = 0;         ///< the cgroup's memory limit; 0: none (resident)
-  double dense_mib = 0;         ///< the file's non-expert bytes (the trace header's dense_bytes)
-  double overhead_mib = 64;     ///< the cgroup's other memory: llama.cpp's buffers, the binary's pages (assumed)
-  double budget_mib = 0;        ///< the pinned cache's budget (--residency-budget)
-  double stale_gate_pct = 100;  ///< the stale-gate's slot accuracy (measured by an observer run)
-  double degraded_pct = 88.6;   ///< the `degraded` configuration's target accuracy
-  std::size_t lanes = 2;        ///< the manager's read lanes (--lanes)
-  std::size_t spec_cap = 2;     ///< predicted reads per layer at most (--spec-cap)
-  double readaround_mib = 16;   ///< a fault's read-around window (read_ahead_kb × 2 under FADV_SEQUENTIAL)
+  double limit_mib = 0;      ///< the cgroup's memory limit; 0: none (resident)
+  /// The file's non-expert bytes: the trace header's dense_bytes, or what the
+  /// manager locks as dense where a run says it (lab-predict --dense-mib).
+  double dense_mib = 0;
+  /// The part of dense_mib outside the trace's layers (the token embedding, the
+  /// output): not in the fault model's file layout, so taken off a fault cell's
+  /// page cache as read every token. An approximation: the embedding is read a
+  /// row at a time, so the page cache holds less of it.
+  double unlaid_dense_mib = 0;
+  double overhead_mib = 64;  ///< the cgroup's other memory: llama.cpp's buffers, the binary's pages (assumed)
+  double budget_mib = 0;     ///< the pinned cache's budget (--residency-budget)
+  /// The predicted reads' slot accuracy: the stale-gate's, measured by an
+  /// observer run; for all-oracle and all-oracle-pool the trace oracle's (88.6).
+  double stale_gate_pct = 100;
+  double degraded_pct = 88.6;     ///< the `degraded` configuration's target accuracy
+  std::size_t lanes = 2;          ///< the manager's read lanes (--lanes)
+  std::size_t spec_cap = 2;       ///< predicted reads per layer at most (--spec-cap)
+  std::size_t pool_spec_cap = 8;  ///< the same for all-oracle-pool (memlab runs it with --spec-cap 8)
+  double readaround_mib = 16;     ///< a fault's read-around window (read_ahead_kb × 2 under FADV_SEQUENTIAL)
+  /// mmap-128k's window: the device's read_ahead_kb set to 128 for the run, × 2 under FADV_SEQUENTIAL.
+  double readaround_128k_mib = 0.25;
   /// The manager's own cost with every expert resident (memlab's manager-exact
   /// and manager-cache runs against resident-all; measure_manager_cost): ν_q and ν_p of
   /// equation (6), ms of wall per requested expert and per pinned-cache miss,
@@ -87,13 +120,23 @@ struct lab_mapping {
   /// lanes: expert bytes the page cache (and the pinned cache inside it) holds;
   /// faults: the page cache's bytes for the file (dense included unless pinned).
   double cache_mib = 0;
-  bool dense_pinned = false;       ///< faults: the dense pages are locked, outside the page cache's lists
+  bool dense_pinned = false;  ///< faults: the dense pages are locked, outside the page cache's lists
+  /// faults: the read-around window, MiB (lab_setup::readaround_mib, or
+  /// readaround_128k_mib for mmap-128k).
+  double readaround_mib = 0;
+  /// faults: the cell runs at the device's own read-ahead, the one the fault
+  /// walk is measured at (not mmap-128k), so the walk prices its reads.
+  bool walk_applies = false;
   std::size_t lanes = 1;           ///< concurrent demanded reads
   replay_speculation speculation;  ///< predicted reads
   /// lanes: the manager requests every routed expert at each load (exact
   /// without the pinned cache), or only the pinned cache's misses.
   bool requests_routed = false;
   double pinned_mib = 0;  ///< lanes: the pinned cache's budget (0: none)
+  /// lanes: the prompt's experts are in the cache at the first decode token
+  /// (the page cache keeps what the prompt read); false for the pool, which
+  /// reads past the page cache and starts empty.
+  bool prompt_cached = true;
   /// lanes: the pinned cache's misses are locked on the manager's lanes
   /// (with exact reads: `all`, `degraded`), not inline on the eval thread
   /// (`cache` alone); the pins' cost ν_p is then shared by `lanes` in parallel.
@@ -130,13 +173,14 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
     throw error(std::string("lab configuration ") + to_string(c) + ": limit " + std::to_string(s.limit_mib) +
                 " MiB; expected a memory limit > 0 (only resident runs without one)");
   // The stale-gate's reads, as a predictor of that slot accuracy (%): its first spec_cap, one layer ahead.
-  const auto oracle = [&s](double pct) {
+  const auto oracle = [&s](double pct, std::size_t cap) {
     replay_speculation r;
-    r.source = speculation_source::oracle, r.oracle_p = std::min(1.0, pct / 100.0), r.cap = s.spec_cap, r.horizon = 1;
+    r.source = speculation_source::oracle, r.oracle_p = std::min(1.0, pct / 100.0), r.cap = cap, r.horizon = 1;
     return r;
   };
   switch (c) {
     case lab_config::mmap:
+    case lab_config::mmap_128k:
     case lab_config::observer:
     case lab_config::predicted:
     case lab_config::dense:
@@ -147,9 +191,12 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       // pinned cache to plan around, it plans them whatever the page cache holds.
       m.kind = lab_model_kind::faults;
       m.dense_pinned = c == lab_config::dense;
-      m.cache_mib = s.limit_mib - s.overhead_mib - (m.dense_pinned ? s.dense_mib : 0.0);
+      m.cache_mib = s.limit_mib - s.overhead_mib - (m.dense_pinned ? s.dense_mib : s.unlaid_dense_mib);
       m.lanes = 1;
-      if (c == lab_config::predicted) m.speculation = oracle(s.stale_gate_pct);
+      // mmap-128k: stock llama.cpp with the device's read_ahead_kb at 128 for the run.
+      m.readaround_mib = c == lab_config::mmap_128k ? s.readaround_128k_mib : s.readaround_mib;
+      m.walk_applies = c != lab_config::mmap_128k;
+      if (c == lab_config::predicted) m.speculation = oracle(s.stale_gate_pct, s.spec_cap);
       break;
     case lab_config::exact:
     case lab_config::cache:
@@ -171,7 +218,39 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       m.pins_on_lanes = m.pinned_mib > 0 && c != lab_config::cache;
       m.reads_inline = c == lab_config::cache;
       if (c == lab_config::all || c == lab_config::degraded)
-        m.speculation = oracle(c == lab_config::all ? s.stale_gate_pct : s.degraded_pct);
+        m.speculation = oracle(c == lab_config::all ? s.stale_gate_pct : s.degraded_pct, s.spec_cap);
+      break;
+    case lab_config::exact_cache:
+    case lab_config::all_oracle:
+      // dense, exact and the cache (all-oracle: and the trace oracle's reads of
+      // the next layer at the cell's accuracy): `all`'s mapping, which also has
+      // dense pinned and is modelled the same way (dense is outside the LRU either way).
+      m.kind = lab_model_kind::lanes;
+      m.cache_mib = s.limit_mib - s.dense_mib - s.overhead_mib;
+      m.lanes = s.lanes;
+      m.pinned_mib = s.budget_mib;
+      m.pins_on_lanes = m.pinned_mib > 0;
+      if (c == lab_config::all_oracle) m.speculation = oracle(s.stale_gate_pct, s.spec_cap);
+      break;
+    case lab_config::all_oracle_pool:
+      // The cache's experts in the expert pool: read with O_DIRECT past the
+      // page cache into slots of the budget, so the page cache keeps no expert
+      // the cache evicted (docs/llama-cpp-residency.md, "The expert pool"): an
+      // LRU of the budget alone. The oracle's top spec_cap (8) placed ahead.
+      m.kind = lab_model_kind::lanes;
+      m.cache_mib = s.budget_mib;
+      m.lanes = s.lanes;
+      m.pinned_mib = s.budget_mib;
+      m.pins_on_lanes = m.pinned_mib > 0;
+      m.speculation = oracle(s.stale_gate_pct, s.pool_spec_cap);
+      m.prompt_cached = false;
+      if (!(s.budget_mib > 0))
+        throw error(std::string("lab configuration ") + to_string(c) + ": budget " + std::to_string(s.budget_mib) +
+                    " MiB; expected the pool's budget > 0 (the run's residency line says it)");
+      if (s.budget_mib > s.limit_mib - s.dense_mib - s.overhead_mib)
+        throw error(std::string("lab configuration ") + to_string(c) + ": budget " + std::to_string(s.budget_mib) +
+                    " MiB above the " + std::to_string(s.limit_mib - s.dense_mib - s.overhead_mib) +
+                    " MiB the limit leaves after the dense weights and the overhead; expected at most that");
       break;
     case lab_config::resident: break;
   }
