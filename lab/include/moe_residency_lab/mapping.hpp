@@ -67,7 +67,7 @@ inline lab_config parse_lab_config(const std::string& s) {
 
 /// What is known of one lab run before it runs.
 struct lab_setup {
-  double limit_mib = 0;      ///< the cgroup's memory limit; 0: none (resident)
+  double limit_mib = 0;  ///< the cgroup's memory limit; 0: none (resident)
   /// The file's non-expert bytes: the trace header's dense_bytes, or what the
   /// manager locks as dense where a run says it (lab-predict --dense-mib).
   double dense_mib = 0;
