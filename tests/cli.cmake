@@ -362,10 +362,21 @@ if(TARGET moe_residency_cli)
     "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics\n2.5,all,3000,500,87.1,${_mr_t}/gptoss.metrics.csv\n")
   set(_mr_lab "lab-predict|--trace|${_mr_g}|--curve|1:1809.9,2:2459.8,4:2457.9,8:2420|--cells|${_mr_b}/ab-cells-1.csv|--cells|${_mr_b}/ab-cells-2.csv|--fit|exact-l2|--free|compute,bandwidth")
   moe_residency_cli_test(lab_predict_pairs "${_mr_lab}|--pairs|exact-l1:exact-l2,exact-l2:all@2.5"
-    "\n2\\.5 +exact-l1 +lanes +0\\.503 @@\n2\\.5 +exact-l2 +lanes +0\\.503 +0\\.503 @@\\(the calibration run\\)\n@@A/B pairs: B's decode time over A's@@\nexact-l1 +exact-l2 +1\\.000 +0\\.[0-9]+ +-[0-9.]+ +NO +no +within noise +faster +[0-9.]+\nexact-l2 +all@2\\.5 +1\\.000 @@\n0 of 2 measured pairs with the right sign"
+    "\n2\\.5 +exact-l1 +lanes +0\\.503 @@\n2\\.5 +exact-l2 +lanes +0\\.503 +0\\.503 @@\\(the calibration run\\)\n@@A/B pairs: B's decode time over A's@@\nexact-l1 +exact-l2 +1\\.000 +0\\.[0-9]+ +-[0-9.]+ +NO +no +within noise +faster +[0-9.]+ +- +-\nexact-l2 +all@2\\.5 +1\\.000 @@\n0 of 2 measured pairs with the right sign"
     "${_mr_g}")
   moe_residency_cli_test(lab_predict_pairs_csv "${_mr_lab}|--pairs|exact-l1:exact-l2|--noise|20|--format|csv"
-    "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,measured_verdict,predicted_verdict,noise_pct\nexact-l1,exact-l2,1\\.0000,0\\.[0-9]+,-[0-9.]+,no,no,within noise,within noise,20\\.00\n"
+    "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,measured_verdict,predicted_verdict,noise_pct,runs,runs_min_ratio,runs_max_ratio,within_runs\nexact-l1,exact-l2,1\\.0000,0\\.[0-9]+,-[0-9.]+,no,no,within noise,within noise,20\\.00,0,,,-\n"
+    "${_mr_g}")
+  # A second run of two cells (ab-cells-3.csv; the phone's lanes4 and lanes8 runs stand in for
+  # it): the pair's ratio in each run, matched by run (the metrics file's directory and its
+  # occurrence), 1 in the first and 454.1 / 414.1 ms in the second.
+  file(WRITE "${_mr_b}/ab-cells-3.csv"
+    "ratio,config,limit_mib,budget_mib,stale_gate_pct,metrics,lanes,label\n"
+    "2.5,exact,3000,500,87.1,${_mr_t}/lanes4_k2.csv,2,exact-l2\n"
+    "2.5,all,3000,500,87.1,${_mr_t}/lanes8_k2.csv\n")
+  moe_residency_cli_test(lab_predict_pairs_runs
+    "lab-predict|--trace|${_mr_g}|--curve|1:1809.9,2:2459.8,4:2457.9,8:2420|--cells|${_mr_b}/ab-cells-1.csv|--cells|${_mr_b}/ab-cells-3.csv|--fit|exact-l1|--free|compute,bandwidth|--pairs|exact-l2:all@2.5,exact-l1:exact-l2"
+    "\nexact-l2 +all@2\\.5 @@ +2: 0\\.91[12]-1\\.000 +no\nexact-l1 +exact-l2 @@ +- +-\n@@\n0 of 1 pairs measured in several runs predicted inside the runs' spread"
     "${_mr_g}")
   # The real-routing lab's configurations (lab/memlab.sh --shape-from): mmap-128k in the fault
   # model, exact-cache at two lanes (one by its label), the oracle in the page cache and in the

@@ -137,9 +137,34 @@ std::vector<cell> read_cells(const std::vector<std::string>& paths, const lab_ar
 /// cells' metrics) and predicted, the verdict each gives with the band (the
 /// larger of the two cells' measured bands, timing/verdict.hpp; else --noise,
 /// else 5% assumed), whether the prediction has the sign and is within 10%.
+/// A cell measured in several runs: each run's tok/s by its run, the
+/// directory of its metrics file (memlab writes one directory a run), with
+/// the occurrence of that directory in the cell's list (a run listed twice).
+using run_tok = std::map<std::string, double>;
+
+/// A pair's ratio in each run that measured both of its cells (matched by
+/// run): the smallest and the largest, the spread a repetition of the lab shows.
+struct run_spread {
+  std::size_t runs = 0;
+  double lo = NAN, hi = NAN;
+};
+
+run_spread pair_spread(const run_tok& x, const run_tok& y) {
+  run_spread r;
+  for (const auto& [run, tx] : x) {
+    const auto other = y.find(run);
+    if (other == y.end() || !(tx > 0) || !(other->second > 0)) continue;
+    const double ratio = tx / other->second;  // B's time over A's: A's tok/s over B's
+    r.lo = r.runs ? std::min(r.lo, ratio) : ratio;
+    r.hi = r.runs ? std::max(r.hi, ratio) : ratio;
+    ++r.runs;
+  }
+  return r.runs >= 2 ? r : run_spread{};
+}
+
 void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
                  const std::map<std::string, std::pair<double, double>>& tok, const std::map<std::string, double>& band,
-                 const lab_args& a) {
+                 const std::map<std::string, run_tok>& runs_tok, const lab_args& a) {
   char buf[400];
   // The ids' columns as wide as the longest id (all-oracle-pool@1.5 is 19), at least 12.
   int w = 12;
@@ -147,13 +172,19 @@ void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
   w = std::min(w, 64);  // ids are the cells file's labels: bounded for the buffer
   if (a.format == "csv")
     std::cout << "\npair_a,pair_b,measured_ratio,predicted_ratio,ratio_err_pct,sign_right,within_10,"
-                 "measured_verdict,predicted_verdict,noise_pct\n";
+                 "measured_verdict,predicted_verdict,noise_pct,runs,runs_min_ratio,runs_max_ratio,within_runs\n";
   else {
-    std::snprintf(buf, sizeof buf, "%-*s %-*s %8s %7s %8s  %-4s  %-4s  %-12s  %-12s  %5s\n", w, "A", w, "B", "meas x",
-                  "pred x", "x err %", "sign", "<=10", "measured", "predicted", "band %");
+    std::snprintf(buf, sizeof buf, "%-*s %-*s %8s %7s %8s  %-4s  %-4s  %-12s  %-12s  %5s  %-15s  %s\n", w, "A", w, "B",
+                  "meas x", "pred x", "x err %", "sign", "<=10", "measured", "predicted", "band %", "runs: x from-to",
+                  "in runs");
     std::cout << "\nA/B pairs: B's decode time over A's (> 1: B slower), measured and predicted\n" << buf;
   }
-  std::size_t right = 0, within = 0, judged = 0;
+  std::size_t right = 0, within = 0, judged = 0, in_runs = 0, spread_judged = 0;
+  const run_tok none;
+  const auto runs_of = [&](const std::string& id) -> const run_tok& {
+    const auto it = runs_tok.find(id);
+    return it == runs_tok.end() ? none : it->second;
+  };
   for (const auto& [x, y] : pairs) {
     const auto& [mx, px] = tok.at(x);
     const auto& [my, py] = tok.at(y);
@@ -174,14 +205,24 @@ void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
     const bool close = measured && std::abs(err) <= 10;
     if (measured) ++judged, right += sign, within += close;
     const char* ms = measured ? to_string(mv.verdict) : "-";
+    // The runs' spread: is the prediction inside what repeating the lab measured?
+    const run_spread sp = pair_spread(runs_of(x), runs_of(y));
+    const bool inside = sp.runs > 0 && pv.ratio >= sp.lo && pv.ratio <= sp.hi;
+    if (sp.runs > 0) ++spread_judged, in_runs += inside;
+    char runs_col[64] = "-", runs_csv[64] = "0,,";  // the table's column; the CSV's runs,min,max (empty: none)
+    if (sp.runs > 0) {
+      std::snprintf(runs_col, sizeof runs_col, "%zu: %.3f-%.3f", sp.runs, sp.lo, sp.hi);
+      std::snprintf(runs_csv, sizeof runs_csv, "%zu,%.4f,%.4f", sp.runs, sp.lo, sp.hi);
+    }
     if (a.format == "csv")
-      std::snprintf(buf, sizeof buf, "%s,%s,%.4f,%.4f,%.2f,%s,%s,%s,%s,%.2f\n", x.c_str(), y.c_str(), mv.ratio,
+      std::snprintf(buf, sizeof buf, "%s,%s,%.4f,%.4f,%.2f,%s,%s,%s,%s,%.2f,%s,%s\n", x.c_str(), y.c_str(), mv.ratio,
                     pv.ratio, err, measured ? (sign ? "yes" : "no") : "-", measured ? (close ? "yes" : "no") : "-", ms,
-                    to_string(pv.verdict), noise);
+                    to_string(pv.verdict), noise, runs_csv, sp.runs ? (inside ? "yes" : "no") : "-");
     else
-      std::snprintf(buf, sizeof buf, "%-*s %-*s %8.3f %7.3f %+8.1f  %-4s  %-4s  %-12s  %-12s  %5.1f\n", w, x.c_str(), w,
-                    y.c_str(), mv.ratio, pv.ratio, err, measured ? (sign ? "yes" : "NO") : "-",
-                    measured ? (close ? "yes" : "no") : "-", ms, to_string(pv.verdict), noise);
+      std::snprintf(buf, sizeof buf, "%-*s %-*s %8.3f %7.3f %+8.1f  %-4s  %-4s  %-12s  %-12s  %5.1f  %-15s  %s\n", w,
+                    x.c_str(), w, y.c_str(), mv.ratio, pv.ratio, err, measured ? (sign ? "yes" : "NO") : "-",
+                    measured ? (close ? "yes" : "no") : "-", ms, to_string(pv.verdict), noise, runs_col,
+                    sp.runs ? (inside ? "yes" : "no") : "-");
     std::cout << buf;
   }
   if (a.format != "csv") {
@@ -189,6 +230,13 @@ void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
                   right, judged, within,
                   a.noise >= 0 ? "--noise" : "each pair's larger measured band, 16-token blocks, else 5% assumed");
     std::cout << buf;
+    if (spread_judged > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "%zu of %zu pairs measured in several runs predicted inside the runs' spread (runs: how many, and "
+                    "each run's ratio, smallest to largest)\n",
+                    in_runs, spread_judged);
+      std::cout << buf;
+    }
   }
 }
 
@@ -380,6 +428,7 @@ void run(const lab_args& a) {
   // Per cell: measured and predicted tok/s, and the cell's own noise band (for --pairs).
   std::map<std::string, std::pair<double, double>> tok;
   std::map<std::string, double> band;
+  std::map<std::string, run_tok> runs_tok;  // a cell measured in several runs: each run's tok/s
   for (const cell& c : cells) {
     const lab_prediction p = predict_lab(trace, c.config, c.setup, fitted);
     double meas = NAN, meas_mib = NAN;
@@ -387,6 +436,17 @@ void run(const lab_args& a) {
       const token_metrics m = read_metrics_list(c.metrics, "--cells metrics");
       meas = metrics_tok_per_s(m);
       band[c.id] = run_noise_pct(m.wall_ms);
+      // Measured in several runs: each run's tok/s, for the pairs' spread.
+      const std::vector<std::string> files = file_list(c.metrics, "--cells metrics");
+      if (files.size() > 1)
+        for (const std::string& path : files) {
+          const std::size_t slash = path.find_last_of('/');
+          const std::string run = slash == std::string::npos ? std::string() : path.substr(0, slash);
+          std::size_t seen = 0;
+          while (runs_tok[c.id].count(run + "#" + std::to_string(seen))) ++seen;
+          runs_tok[c.id][run + "#" + std::to_string(seen)] =
+              metrics_tok_per_s(read_metrics_list(path, "--cells metrics"));
+        }
       double rb = 0;
       for (double b : m.read_bytes) rb += b;
       meas_mib = to_mib(static_cast<std::uint64_t>(rb)) / static_cast<double>(m.size());
@@ -410,7 +470,7 @@ void run(const lab_args& a) {
     }
     std::cout << buf;
   }
-  if (!pairs.empty()) print_pairs(pairs, tok, band, a);
+  if (!pairs.empty()) print_pairs(pairs, tok, band, runs_tok, a);
 }
 
 const moe_residency_cli::command_registrar reg{
