@@ -116,6 +116,11 @@ TEST_CASE("lab cells: a malformed line is an error naming the file, the line, th
     CHECK_THROWS_WITH_AS(
         parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,2," + std::string(65, 'x')), "cells.csv"),
         "cells.csv: line 3, label: 65 characters; expected at most 64", error);
+    CHECK_THROWS_WITH_AS(
+        parse_lab_cells(cells_with(std::string(17, '2') + ",cache,563,141,87.1,m.csv"), "cells.csv"),
+        "cells.csv: line 3: ratio of 17 characters; expected the run's memory ratio, e.g. 2.5 (at most 16 "
+        "characters)",
+        error);
     CHECK(parse_lab_cells(cells_with("2.5,cache,563,141,87.1,m.csv,2," + std::string(64, 'x')), "cells.csv")[1].label ==
           std::string(64, 'x'));
   }

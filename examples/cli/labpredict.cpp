@@ -133,10 +133,6 @@ std::vector<cell> read_cells(const std::vector<std::string>& paths, const lab_ar
   return out;
 }
 
-/// The A/B table: B's decode time over A's (> 1: B slower), measured (the
-/// cells' metrics) and predicted, the verdict each gives with the band (the
-/// larger of the two cells' measured bands, timing/verdict.hpp; else --noise,
-/// else 5% assumed), whether the prediction has the sign and is within 10%.
 /// A cell measured in several runs: each run's tok/s by its run, the
 /// directory of its metrics file (memlab writes one directory a run), with
 /// the occurrence of that directory in the cell's list (a run listed twice).
@@ -162,6 +158,12 @@ run_spread pair_spread(const run_tok& x, const run_tok& y) {
   return r.runs >= 2 ? r : run_spread{};
 }
 
+/// The A/B table: B's decode time over A's (> 1: B slower), measured (the
+/// cells' metrics) and predicted, the verdict each gives with the band (the
+/// larger of the two cells' measured bands, timing/verdict.hpp; else --noise,
+/// else 5% assumed), whether the prediction has the sign and is within 10%,
+/// and where both cells were measured in several runs, the pair's ratio in
+/// each (run_spread) and whether the prediction falls inside it.
 void print_pairs(const std::vector<std::pair<std::string, std::string>>& pairs,
                  const std::map<std::string, std::pair<double, double>>& tok, const std::map<std::string, double>& band,
                  const std::map<std::string, run_tok>& runs_tok, const lab_args& a) {

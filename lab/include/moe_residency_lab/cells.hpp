@@ -81,7 +81,7 @@ struct lab_cell {
 
 /// Parses a cells file. Throws `error` starting with `source` and naming the
 /// line, the field and its value and what was expected: a line without 5 to 8
-/// fields, an unknown configuration, an empty ratio, a ratio or metrics path
+/// fields, an unknown configuration, an empty ratio or one longer than 16, a ratio or metrics path
 /// holding a control character, a number that is not a
 /// finite number >= 0 (a percentage above 100), lanes outside 1 to 64, a label
 /// longer than 64 or holding a character other than letters, digits and `._@+-`, a cell id (the
@@ -99,6 +99,10 @@ inline std::vector<lab_cell> parse_lab_cells(const std::string& text, const std:
     f.resize(8);
     lab_cell c;
     if (f[0].empty()) throw error(where + ": ratio ''; expected the run's memory ratio, e.g. 2.5");
+    // Bounded: with the configuration it names the cell in lab-predict's tables.
+    if (f[0].size() > 16)
+      throw error(where + ": ratio of " + std::to_string(f[0].size()) +
+                  " characters; expected the run's memory ratio, e.g. 2.5 (at most 16 characters)");
     // A control character (a carriage return left inside a line, a tab) would
     // not survive a write and a read: "\r" at a line's end is dropped.
     for (int col : {0, 5})
