@@ -173,7 +173,7 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
     throw error(std::string("lab configuration ") + to_string(c) + ": limit " + std::to_string(s.limit_mib) +
                 " MiB; expected a memory limit > 0 (only resident runs without one)");
   // The stale-gate's reads, as a predictor of that slot accuracy (%): its first spec_cap, one layer ahead.
-  const auto oracle = [&s](double pct, std::size_t cap) {
+  const auto oracle = [](double pct, std::size_t cap) {
     replay_speculation r;
     r.source = speculation_source::oracle, r.oracle_p = std::min(1.0, pct / 100.0), r.cap = cap, r.horizon = 1;
     return r;
