@@ -28,27 +28,39 @@ CASES = [  # the Nth is expected/N.out
 ]
 
 
-class Predict(unittest.TestCase):
+class InLab(unittest.TestCase):
+    """A test in a scratch directory holding lab/ (the runs and the model, `lab_layout`),
+    predicting with the stand-in tool."""
+
     def setUp(self):
         self.cwd = os.getcwd()
         self.tmp = tempfile.mkdtemp(prefix="memlab-predict-")
-        shutil.copytree(os.path.join(DATA, "runs"), os.path.join(self.tmp, "lab", "runs"))
-        # The model only for its size (the limits): a sparse file of the quick model's bytes.
-        with open(os.path.join(self.tmp, "lab", "model.gguf"), "wb") as f:
-            f.truncate(1476526080)
+        os.makedirs(os.path.join(self.tmp, "lab"))
         os.chdir(self.tmp)
         self.tool = os.path.join(DATA, "fake-moe-residency")
+        self.lab_layout()
 
     def tearDown(self):
         os.chdir(self.cwd)
         shutil.rmtree(self.tmp)
 
-    def run_predict(self, args):
+    def predict_output(self, argv):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            rc = predict.main(args + ["--tool", self.tool, "--readaround-mib", "16"])
+            rc = predict.main(argv + ["--tool", self.tool, "--readaround-mib", "16"])
         self.assertEqual(rc, 0)
         return out.getvalue()
+
+
+class Predict(InLab):
+    def lab_layout(self):
+        shutil.copytree(os.path.join(DATA, "runs"), os.path.join("lab", "runs"))
+        # The model only for its size (the limits): a sparse file of the quick model's bytes.
+        with open(os.path.join("lab", "model.gguf"), "wb") as f:
+            f.truncate(1476526080)
+
+    def run_predict(self, args):
+        return self.predict_output(args)
 
     def test_as_the_former_script(self):
         for i, case in enumerate(CASES, start=1):
@@ -70,18 +82,15 @@ class Predict(unittest.TestCase):
                 self.assertIn(message, str(e.exception))
 
 
-class PredictRealRouting(unittest.TestCase):
+class PredictRealRouting(InLab):
     """A real-routing run (--shape-from, preset trace): each manager cell's budget from its
     log (the manager's auto budget differs per ratio), the oracle cells at the oracle's
     accuracy, exact-cache-l1 and -l4 as exact-cache at their lanes under their own ids,
     calibrated on exact-cache@2, and --pairs ab naming the pairs the run has."""
 
-    def setUp(self):
-        self.cwd = os.getcwd()
-        self.tmp = tempfile.mkdtemp(prefix="memlab-predict-trace-")
+    def lab_layout(self):
         d = self.run_dir = os.path.join("lab", "runs", "20261207-000000-trace")
-        os.makedirs(os.path.join(self.tmp, d))
-        os.chdir(self.tmp)
+        os.makedirs(d)
         with open(os.path.join("lab", "model.gguf"), "wb") as f:
             f.truncate(4 * 1048576 * 100)  # 400 MiB: limits 200 (ratio 2) and 100 (ratio 4)
         with open(os.path.join(d, "table.txt"), "w") as f:
@@ -104,18 +113,9 @@ class PredictRealRouting(unittest.TestCase):
                             f"5.0 MiB - margin 1.0 MiB = {b} MiB\n" if b else "stock\n")
         with open(os.path.join(d, "r2-exact-cache.route.csv"), "w") as f:
             f.write("a trace\n")
-        self.tool = os.path.join(DATA, "fake-moe-residency")
-
-    def tearDown(self):
-        os.chdir(self.cwd)
-        shutil.rmtree(self.tmp)
 
     def run_predict(self, args):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            rc = predict.main([self.run_dir] + args + ["--tool", self.tool, "--readaround-mib", "16"])
-        self.assertEqual(rc, 0)
-        return out.getvalue()
+        return self.predict_output([self.run_dir] + args)
 
     def test_cells_and_pairs(self):
         out = self.run_predict(["--pairs", "ab", "--noise", "6"])
