@@ -140,8 +140,9 @@ def ab_pairs(cells):
     ratios = sorted({i.rpartition("@")[2] for i in ids}, key=float)
     out = []
     for r in ratios:
-        for x, y in (("exact-cache", "all-oracle"), ("exact-cache-l1", "exact-cache"), ("exact-cache", "exact-cache-l4"),
-                     ("all-oracle", "all-oracle-pool"), ("mmap-128k", "exact-cache")):
+        for x, y in (("exact-cache", "all-oracle"), ("exact-cache-l1", "exact-cache"),
+                     ("exact-cache", "exact-cache-l4"), ("all-oracle", "all-oracle-pool"),
+                     ("mmap-128k", "exact-cache")):
             out.append((f"{x}@{r}", f"{y}@{r}"))
     out += [(f"exact-cache@{r}", f"exact-cache@{n}") for r, n in zip(ratios, ratios[1:])]
     return ",".join(f"{x}:{y}" for x, y in out if x in ids and y in ids)
@@ -303,7 +304,8 @@ def main(argv):
     try:
         pairs = ab_pairs(cells) if a.get("pairs") == "ab" else a.get("pairs", "")
         if a.get("pairs") == "ab" and not pairs:
-            die("--pairs ab: the run has none of the real-routing lab's pairs (exact-cache, all-oracle, ... at a ratio)")
+            die("--pairs ab: the run has none of the real-routing lab's pairs "
+                "(exact-cache, all-oracle, ... at a ratio)")
         base = [tool, "lab-predict", "--trace", trace, "--curve", curve, "--cells", cells_path]
         # The model file's dense bytes as a manager run sized them (the trace's layers and the
         # embedding and output), where one says them.
@@ -312,7 +314,8 @@ def main(argv):
             dense = rundir.first_match(log_file, _DENSE)
             if dense:
                 break
-        common = ["--overhead-mib", a["overhead"], "--readaround-mib", readaround] + (["--dense-mib", dense] if dense else [])
+        common = (["--overhead-mib", a["overhead"], "--readaround-mib", readaround]
+                  + (["--dense-mib", dense] if dense else []))
         tail = ((["--free", a["free"]] if a.get("free") else [])
                 + (["--pairs", pairs] if pairs else []) + (["--noise", a["noise"]] if a.get("noise") else [])
                 + (["--fault-bandwidth-scale", a["fault_scale"]] if a.get("fault_scale") else []) + mgr + walks_args)
