@@ -202,11 +202,22 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
     case lab_config::cache:
     case lab_config::all:
     case lab_config::degraded:
+    case lab_config::exact_cache:
+    case lab_config::all_oracle:
+    case lab_config::all_oracle_pool: {
       // The page cache holds the experts besides the dense weights (read every
       // token, so never the LRU's victims) and the overhead; the pinned cache
       // is part of that memory, so the union behaves as one LRU of that size.
+      // exact-cache and all-oracle are `all` without, and with the trace
+      // oracle's, predicted reads (`all` pins dense too: outside the LRU either way).
+      // The expert pool reads past the page cache with O_DIRECT into slots of
+      // the budget, so the page cache keeps no expert the cache evicted, and
+      // the prompt's pages do not serve it (docs/llama-cpp-residency.md, "The
+      // expert pool"): an LRU of the budget alone, empty at the first decode token.
+      const bool pool = c == lab_config::all_oracle_pool;
       m.kind = lab_model_kind::lanes;
-      m.cache_mib = s.limit_mib - s.dense_mib - s.overhead_mib;
+      m.cache_mib = pool ? s.budget_mib : s.limit_mib - s.dense_mib - s.overhead_mib;
+      m.prompt_cached = !pool;
       // cache alone reads its misses inline on the eval thread: one lane.
       m.lanes = c == lab_config::cache ? 1 : s.lanes;
       // exact alone requests every routed expert (WILLNEED, then POPULATE_READ
@@ -219,39 +230,20 @@ inline lab_mapping map_lab_config(lab_config c, const lab_setup& s) {
       m.reads_inline = c == lab_config::cache;
       if (c == lab_config::all || c == lab_config::degraded)
         m.speculation = oracle(c == lab_config::all ? s.stale_gate_pct : s.degraded_pct, s.spec_cap);
+      // The oracle's first spec_cap of the next layer; the pool places its top 8 ahead.
+      if (c == lab_config::all_oracle || pool)
+        m.speculation = oracle(s.stale_gate_pct, pool ? s.pool_spec_cap : s.spec_cap);
+      if (pool) {
+        if (!(s.budget_mib > 0))
+          throw error(std::string("lab configuration ") + to_string(c) + ": budget " + std::to_string(s.budget_mib) +
+                      " MiB; expected the pool's budget > 0 (the run's residency line says it)");
+        if (s.budget_mib > s.limit_mib - s.dense_mib - s.overhead_mib)
+          throw error(std::string("lab configuration ") + to_string(c) + ": budget " + std::to_string(s.budget_mib) +
+                      " MiB above the " + std::to_string(s.limit_mib - s.dense_mib - s.overhead_mib) +
+                      " MiB the limit leaves after the dense weights and the overhead; expected at most that");
+      }
       break;
-    case lab_config::exact_cache:
-    case lab_config::all_oracle:
-      // dense, exact and the cache (all-oracle: and the trace oracle's reads of
-      // the next layer at the cell's accuracy): `all`'s mapping, which also has
-      // dense pinned and is modelled the same way (dense is outside the LRU either way).
-      m.kind = lab_model_kind::lanes;
-      m.cache_mib = s.limit_mib - s.dense_mib - s.overhead_mib;
-      m.lanes = s.lanes;
-      m.pinned_mib = s.budget_mib;
-      m.pins_on_lanes = m.pinned_mib > 0;
-      if (c == lab_config::all_oracle) m.speculation = oracle(s.stale_gate_pct, s.spec_cap);
-      break;
-    case lab_config::all_oracle_pool:
-      // The cache's experts in the expert pool: read with O_DIRECT past the
-      // page cache into slots of the budget, so the page cache keeps no expert
-      // the cache evicted (docs/llama-cpp-residency.md, "The expert pool"): an
-      // LRU of the budget alone. The oracle's top spec_cap (8) placed ahead.
-      m.kind = lab_model_kind::lanes;
-      m.cache_mib = s.budget_mib;
-      m.lanes = s.lanes;
-      m.pinned_mib = s.budget_mib;
-      m.pins_on_lanes = m.pinned_mib > 0;
-      m.speculation = oracle(s.stale_gate_pct, s.pool_spec_cap);
-      m.prompt_cached = false;
-      if (!(s.budget_mib > 0))
-        throw error(std::string("lab configuration ") + to_string(c) + ": budget " + std::to_string(s.budget_mib) +
-                    " MiB; expected the pool's budget > 0 (the run's residency line says it)");
-      if (s.budget_mib > s.limit_mib - s.dense_mib - s.overhead_mib)
-        throw error(std::string("lab configuration ") + to_string(c) + ": budget " + std::to_string(s.budget_mib) +
-                    " MiB above the " + std::to_string(s.limit_mib - s.dense_mib - s.overhead_mib) +
-                    " MiB the limit leaves after the dense weights and the overhead; expected at most that");
-      break;
+    }
     case lab_config::resident: break;
   }
   if (!(m.cache_mib > 0))
