@@ -18,6 +18,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checked_options.hpp"
@@ -435,20 +436,22 @@ void run(const lab_args& a) {
     const lab_prediction p = predict_lab(trace, c.config, c.setup, fitted);
     double meas = NAN, meas_mib = NAN;
     if (!c.metrics.empty()) {
-      const token_metrics m = read_metrics_list(c.metrics, "--cells metrics");
+      // Each run's metrics read once: appended for the cell, and each run's
+      // tok/s where it was measured in several (the pairs' spread).
+      token_metrics m;
+      run_tok per_run;
+      for (const std::string& path : file_list(c.metrics, "--cells metrics")) {
+        const token_metrics one = read_metrics_list(path, "--cells metrics");
+        const std::size_t slash = path.find_last_of('/');
+        const std::string run = slash == std::string::npos ? std::string() : path.substr(0, slash);
+        std::size_t seen = 0;
+        while (per_run.count(run + "#" + std::to_string(seen))) ++seen;
+        per_run[run + "#" + std::to_string(seen)] = metrics_tok_per_s(one);
+        append_token_metrics(m, one);
+      }
+      if (per_run.size() > 1) runs_tok[c.id] = std::move(per_run);
       meas = metrics_tok_per_s(m);
       band[c.id] = run_noise_pct(m.wall_ms);
-      // Measured in several runs: each run's tok/s, for the pairs' spread.
-      const std::vector<std::string> files = file_list(c.metrics, "--cells metrics");
-      if (files.size() > 1)
-        for (const std::string& path : files) {
-          const std::size_t slash = path.find_last_of('/');
-          const std::string run = slash == std::string::npos ? std::string() : path.substr(0, slash);
-          std::size_t seen = 0;
-          while (runs_tok[c.id].count(run + "#" + std::to_string(seen))) ++seen;
-          runs_tok[c.id][run + "#" + std::to_string(seen)] =
-              metrics_tok_per_s(read_metrics_list(path, "--cells metrics"));
-        }
       double rb = 0;
       for (double b : m.read_bytes) rb += b;
       meas_mib = to_mib(static_cast<std::uint64_t>(rb)) / static_cast<double>(m.size());
